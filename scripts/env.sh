@@ -1,0 +1,57 @@
+# Sourced by scripts/demo.sh and scripts/test.sh: makes sure a Python environment with this package exists.
+#
+# Idempotent. Uses the active virtualenv/conda env if there is one ($VIRTUAL_ENV / $CONDA_PREFIX), else creates
+# .venv in the repo. torch: an installed torch is left alone; with no torch and an NVIDIA GPU, pip's default build is
+# installed; with no torch and no GPU, only a CPU build is accepted ($VERL_ASYNC_RM_TORCH_SPEC, default
+# torch==2.13.0+cpu), so a CPU machine never downloads the multi-GB CUDA wheels.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export PIP_DISABLE_PIP_VERSION_CHECK=1 TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+export VERL_ASYNC_RM_CACHE="${VERL_ASYNC_RM_CACHE:-$ROOT/.cache}"
+
+_log() { printf '[setup] %s\n' "$*" >&2; }
+
+if [ -n "${VIRTUAL_ENV:-}" ]; then
+  PY="$VIRTUAL_ENV/bin/python"
+elif [ -n "${CONDA_PREFIX:-}" ]; then
+  PY="$CONDA_PREFIX/bin/python"
+else
+  VENV="$ROOT/.venv"
+  if [ ! -x "$VENV/bin/python" ]; then
+    BASE_PY="${PYTHON:-python3}"
+    "$BASE_PY" -c 'import sys; sys.exit(not ((3, 10) <= sys.version_info[:2] < (3, 13)))' || {
+      _log "need Python 3.10-3.12, found $("$BASE_PY" --version 2>&1); set PYTHON=/path/to/python3.11"; exit 1; }
+    _log "creating $VENV"
+    "$BASE_PY" -m venv "$VENV"
+  fi
+  PY="$VENV/bin/python"
+fi
+export PATH="$(dirname "$PY"):$PATH"
+
+STAMP="$("$PY" -c 'import sys; print(sys.prefix)')/.verl_async_rm.stamp"
+WANT="$(cat "$ROOT/pyproject.toml" "$ROOT/scripts/env.sh" | sha256sum | cut -c1-16) $ROOT"
+if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
+  LOG="$(mktemp -t verl_async_rm_setup.XXXXXX)"
+  _pip() { "$PY" -m pip install -q "$@" >>"$LOG" 2>&1 || { tail -n 40 "$LOG" >&2; _log "pip install $* failed (log: $LOG)"; exit 1; }; }
+  start=$(date +%s)
+  if "$PY" -c 'import torch' 2>/dev/null; then
+    _log "torch $("$PY" -c 'import torch; print(torch.__version__)') already installed: leaving it alone"
+  elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+    _log "NVIDIA GPU found: installing torch (default CUDA build)"
+    _pip torch
+  else
+    SPEC="${VERL_ASYNC_RM_TORCH_SPEC:-torch==2.13.0+cpu}"
+    _log "no torch and no GPU: installing the CPU build ($SPEC)"
+    "$PY" -m pip install -q "$SPEC" >>"$LOG" 2>&1 || {
+      _log "could not find a CPU build of torch ($SPEC). Point pip at PyTorch's CPU wheel index"
+      _log "(PIP_EXTRA_INDEX_URL=...), set VERL_ASYNC_RM_TORCH_SPEC, or install torch yourself first."
+      exit 1; }
+  fi
+  _log "installing verl-async-rm[test] and its dependencies (verl 0.9.1, ray, ...): a few minutes the first time"
+  _pip -e "$ROOT[test]"
+  "$PY" -c 'import torch, verl_async_rm' >/dev/null
+  echo "$WANT" >"$STAMP"
+  _log "environment ready in $(( $(date +%s) - start )) s ($PY)"
+  rm -f "$LOG"
+fi

@@ -1,0 +1,82 @@
+"""Shared fixtures: tiny offline models, a local Ray cluster started once per session, tier markers."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+# Ray workers must import this package by name even when it is not pip-installed.
+os.environ.setdefault("PYTHONPATH", str(REPO_ROOT))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip the ``gpu`` tier where CUDA is not available."""
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except ImportError:
+        has_cuda = False
+    if has_cuda:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_models():
+    """The tiny policy / RM / alt-RM built offline (cached in $VERL_ASYNC_RM_CACHE or <repo>/.cache)."""
+    from verl_async_rm.testing import build_tiny_models
+
+    cache = os.environ.get("VERL_ASYNC_RM_CACHE") or str(REPO_ROOT / ".cache")
+    return build_tiny_models(cache)
+
+
+def ray_runtime_env() -> dict:
+    """runtime_env that lets Ray workers import this package and keeps them quiet and offline."""
+    keys = ("TOKENIZERS_PARALLELISM", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VERL_ASYNC_RM_CACHE")
+    env = {k: os.environ[k] for k in keys if k in os.environ}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    return {"env_vars": env}
+
+
+@pytest.fixture
+def ray_local():
+    """A local Ray cluster (8 logical CPUs, no GPU), started on first use and kept for the whole session.
+
+    A test that needs its own cluster (for example a multi-node ``ray.cluster_utils.Cluster``) shuts this one down;
+    the next test asking for ``ray_local`` starts it again.
+    """
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(
+            num_cpus=8,
+            num_gpus=0,
+            include_dashboard=False,
+            log_to_driver=True,
+            runtime_env=ray_runtime_env(),
+            namespace="verl_async_rm_tests",
+        )
+    yield ray
+
+
+def pytest_sessionfinish(session, exitstatus):
+    try:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+    except ImportError:
+        pass

@@ -1,0 +1,83 @@
+"""The CPU generation server answers verl's real LLMServerClient through verl's real router, on a local Ray cluster."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from verl_async_rm.testing import LengthDistribution, compose_trainer_config, make_llm_client, start_generation_servers
+
+pytestmark = pytest.mark.integration
+
+TIMEOUT_S = 120
+
+
+def _prompt(tok, text="how many apples are left?"):
+    return list(tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                        tokenize=True, return_dict=False))
+
+
+def test_hf_mode_answers_llm_server_client_like_hf_generate(ray_local, tiny_models):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_models.policy)
+    config = compose_trainer_config(tiny_models.policy, trainer="v0", response_length=12)
+    servers = start_generation_servers(1, mode="hf", model_path=str(tiny_models.policy), response_length=12)
+    client = make_llm_client(config, servers)
+    prompt = _prompt(tok)
+
+    async def ask():
+        return await asyncio.wait_for(
+            client.generate("req-0", prompt_ids=prompt, sampling_params={"temperature": 0.0, "logprobs": True}),
+            TIMEOUT_S,
+        )
+
+    out = asyncio.run(ask())
+    from verl.workers.rollout.replica import TokenOutput
+
+    assert isinstance(out, TokenOutput)
+    assert 1 <= len(out.token_ids) <= 12
+    assert len(out.log_probs) == len(out.token_ids) and all(lp <= 0.0 for lp in out.log_probs)
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_models.policy).eval()
+    with torch.no_grad():
+        ref = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                             max_new_tokens=12, do_sample=False, eos_token_id=[tok.eos_token_id],
+                             pad_token_id=tok.pad_token_id)
+    assert out.token_ids == ref[0, len(prompt):].tolist()
+
+
+def test_synthetic_mode_is_heavy_tailed_deterministic_and_spread_over_servers(ray_local, tiny_models):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_models.policy)
+    config = compose_trainer_config(tiny_models.policy, trainer="v1", response_length=256)
+    kwargs = dict(mode="synthetic", model_path=str(tiny_models.policy), response_length=256, seed=3,
+                  lengths=LengthDistribution(median_tokens=16, sigma=1.2), decode_s_per_token=0.0005)
+    prompts = [_prompt(tok, f"question {i}") for i in range(40)]
+
+    async def run_all(servers):
+        client = make_llm_client(config, servers)
+        outs = await asyncio.wait_for(asyncio.gather(*(
+            client.generate(f"r{i}", prompt_ids=p, sampling_params={"temperature": 1.0})
+            for i, p in enumerate(prompts))), TIMEOUT_S)
+        return outs
+
+    servers = start_generation_servers(2, name_prefix="syn-a", **kwargs)
+    first = asyncio.run(run_all(servers))
+    lengths = [len(o.token_ids) for o in first]
+    assert all(1 <= n <= 256 for n in lengths)
+    assert len(set(lengths)) > 5 and max(lengths) > 3 * sorted(lengths)[len(lengths) // 2]
+    assert all(o.token_ids[-1] == tok.eos_token_id for o in first)
+    special = set(tok.all_special_ids)
+    assert not any(t in special for o in first for t in o.token_ids[:-1])
+
+    import ray
+
+    counts = [ray.get(h.stats.remote(), timeout=TIMEOUT_S)["num_requests"] for h in servers.values()]
+    assert sum(counts) == len(prompts) and min(counts) > 0
+
+    again = asyncio.run(run_all(start_generation_servers(2, name_prefix="syn-b", **kwargs)))
+    assert [o.token_ids for o in again] == [o.token_ids for o in first]

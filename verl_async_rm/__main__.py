@@ -1,0 +1,5 @@
+import sys
+
+from verl_async_rm.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Benchmarks run by ``verl-async-rm bench ...`` (measurements, never tests)."""

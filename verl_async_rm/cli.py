@@ -1,0 +1,48 @@
+"""Command-line interface: ``verl-async-rm {smoke,bench}`` (also ``python -m verl_async_rm``)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _cmd_smoke(args: argparse.Namespace) -> int:
+    from verl_async_rm.smoke import smoke
+
+    result = smoke(cache_dir=args.cache_dir)
+    for key, value in result.items():
+        print(f"{key:>20}: {value!r}")
+    print("smoke run OK")
+    return 0
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.target == "executor":
+        from verl_async_rm.bench.executor import main as bench_executor
+
+        return bench_executor(args.rest)
+    raise SystemExit(f"unknown benchmark {args.target!r}; choose from: executor")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="verl-async-rm", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    smoke = sub.add_parser("smoke", help="import verl with the plugin, build the tiny models, answer one prompt")
+    smoke.add_argument("--cache-dir", default=None, help="where the tiny models go (default: $VERL_ASYNC_RM_CACHE)")
+    smoke.set_defaults(func=_cmd_smoke)
+
+    bench = sub.add_parser("bench", help="benchmarks; `verl-async-rm bench executor --help` for options")
+    bench.add_argument("target", choices=["executor"], help="what to benchmark")
+    bench.add_argument("rest", nargs=argparse.REMAINDER, help="options of that benchmark")
+    bench.set_defaults(func=_cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

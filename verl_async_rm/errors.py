@@ -1,0 +1,61 @@
+"""Exceptions raised by verl_async_rm, one per failure kind.
+
+Configuration mistakes are reported as ``ValueError``/``TypeError`` (the message names the key, the bad value and the
+fix); the classes below cover failures at run time. Every class derives from :class:`AsyncRMError` so callers can
+catch the package's failures in one place.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AsyncRMError",
+    "ExecutorClosedError",
+    "ExecutorCrashedError",
+    "QueueFullError",
+    "RequestTimeoutError",
+    "BatchResultError",
+    "RewardModelError",
+    "NonFiniteScoreError",
+    "RewardInputError",
+    "ResourcePoolError",
+]
+
+
+class AsyncRMError(RuntimeError):
+    """Raised when any part of verl_async_rm fails at run time; base of every error below."""
+
+
+class ExecutorClosedError(AsyncRMError):
+    """Raised when a request is submitted to, or still pending in, an executor that is being closed."""
+
+
+class ExecutorCrashedError(AsyncRMError):
+    """Raised when the executor's batching loop died while the request was pending; ``__cause__`` holds why."""
+
+
+class QueueFullError(AsyncRMError):
+    """Raised when ``max_pending`` requests are already waiting and the overflow policy is ``reject``."""
+
+
+class RequestTimeoutError(AsyncRMError, TimeoutError):
+    """Raised when a request's deadline passes before its result arrives."""
+
+
+class BatchResultError(AsyncRMError):
+    """Raised when a batch function breaks its contract (for example returns a list of the wrong length)."""
+
+
+class RewardModelError(AsyncRMError):
+    """Raised when the reward model fails to score a trajectory (load failure, forward failure)."""
+
+
+class NonFiniteScoreError(RewardModelError):
+    """Raised when the reward model returns NaN or an infinite score for a trajectory."""
+
+
+class RewardInputError(RewardModelError, ValueError):
+    """Raised when a trajectory cannot be turned into reward-model input (missing ``raw_prompt``, empty text...)."""
+
+
+class ResourcePoolError(AsyncRMError):
+    """Raised when the reward pool's placement groups cannot be reserved (too few GPUs/CPUs, or a timeout)."""

@@ -1,0 +1,30 @@
+"""Public test utilities: tiny offline models, a CPU generation server and a verl config composer.
+
+They let tests, the demo and benchmarks run verl's real agent loop on a CPU machine with no downloads:
+
+- :func:`build_tiny_models` builds a tiny tokenizer, policy and reward models into a cache folder;
+- :class:`CPUGenerationServer` stands in for verl's vLLM server behind verl's real ``LLMServerClient``
+  (:func:`start_generation_servers`, :func:`make_llm_client`);
+- :func:`compose_trainer_config` composes verl's own ``ppo_trainer`` config for those models (v0 or v1 trainer).
+"""
+
+from verl_async_rm.testing.config import compose_trainer_config, verl_config_dir
+from verl_async_rm.testing.generation import (
+    CPUGenerationServer,
+    LengthDistribution,
+    make_llm_client,
+    start_generation_servers,
+)
+from verl_async_rm.testing.models import TinyModels, build_tiny_models, default_cache_dir
+
+__all__ = [
+    "TinyModels",
+    "build_tiny_models",
+    "default_cache_dir",
+    "CPUGenerationServer",
+    "LengthDistribution",
+    "start_generation_servers",
+    "make_llm_client",
+    "compose_trainer_config",
+    "verl_config_dir",
+]

@@ -1,0 +1,234 @@
+"""A CPU stand-in for verl's vLLM server, usable behind verl's real ``LLMServerClient``.
+
+vLLM does not run on CPU, so tests and the demo replace only the server: :class:`CPUGenerationServer` is a Ray actor
+whose ``generate`` has the signature of ``vLLMHttpServer.generate`` (verl 0.9.1,
+``workers/rollout/vllm_rollout/vllm_async_server.py:558``) and returns verl's ``TokenOutput``. Everything in front of
+it — the router (``verl.workers.rollout.router.get_router_handle``), ``LLMServerClient`` and the agent loops — is
+verl's own code.
+
+Two modes:
+
+- ``hf``: HF ``generate`` on a (tiny) causal LM from a local path, serialised on one lock, run off the event loop;
+- ``synthetic``: no model; response lengths drawn from a heavy-tailed (log-normal) distribution, random ordinary
+  tokens, and a simulated decode time per token (``asyncio.sleep``), with any number of requests in flight, the way
+  a continuous-batching server behaves. Deterministic per (seed, prompt, n-th repeat of that prompt).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import math
+import random
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Optional
+
+__all__ = ["LengthDistribution", "CPUGenerationServer", "start_generation_servers", "make_llm_client"]
+
+
+@dataclass(frozen=True)
+class LengthDistribution:
+    """Log-normal response lengths, clipped to ``[min_tokens, max_tokens]`` (and to the request's budget).
+
+    Log-normal with ``sigma`` around 0.8-1.2 gives the long tail seen in RL rollouts: most responses near the
+    median, a few many times longer.
+    """
+
+    median_tokens: float = 32.0
+    sigma: float = 1.0
+    min_tokens: int = 1
+    max_tokens: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if not self.median_tokens > 0:
+            raise ValueError(f"LengthDistribution.median_tokens must be > 0, got {self.median_tokens!r}")
+        if not self.sigma >= 0:
+            raise ValueError(f"LengthDistribution.sigma must be >= 0, got {self.sigma!r}")
+        if self.min_tokens < 1:
+            raise ValueError(f"LengthDistribution.min_tokens must be >= 1, got {self.min_tokens!r}")
+        if self.max_tokens is not None and self.max_tokens < self.min_tokens:
+            raise ValueError(
+                f"LengthDistribution.max_tokens ({self.max_tokens}) must be >= min_tokens ({self.min_tokens})"
+            )
+
+    def sample(self, rng: random.Random, budget: int) -> int:
+        n = int(round(rng.lognormvariate(math.log(self.median_tokens), self.sigma)))
+        upper = budget if self.max_tokens is None else min(budget, self.max_tokens)
+        return max(1, min(max(n, self.min_tokens), upper))
+
+
+class CPUGenerationServer:
+    """Token-in/token-out generation server with verl's vLLM server ``generate`` signature (see module doc).
+
+    Args:
+        mode: ``"hf"`` or ``"synthetic"``.
+        model_path: local HF folder; required for ``hf``; for ``synthetic`` it supplies the vocabulary and the
+            special tokens to avoid (else ``vocab_size`` is used).
+        prompt_length, response_length: the rollout's lengths; the default ``max_tokens`` is computed from them as
+            verl's vLLM server does.
+        seed: seeds sampling (both modes).
+        lengths: synthetic response-length distribution.
+        decode_s_per_token, prefill_s: simulated time of a synthetic request: ``prefill_s + n * decode_s_per_token``.
+        vocab_size: synthetic vocabulary when no ``model_path`` is given.
+    """
+
+    def __init__(
+        self,
+        mode: str = "hf",
+        model_path: Optional[str] = None,
+        *,
+        prompt_length: int = 256,
+        response_length: int = 64,
+        seed: int = 0,
+        lengths: Optional[LengthDistribution] = None,
+        decode_s_per_token: float = 0.0,
+        prefill_s: float = 0.0,
+        vocab_size: int = 256,
+    ) -> None:
+        if mode not in ("hf", "synthetic"):
+            raise ValueError(f"CPUGenerationServer mode must be 'hf' or 'synthetic', got {mode!r}")
+        if mode == "hf" and not model_path:
+            raise ValueError("CPUGenerationServer(mode='hf') needs model_path: a local causal-LM folder")
+        if decode_s_per_token < 0 or prefill_s < 0:
+            raise ValueError(
+                f"simulated times must be >= 0, got decode_s_per_token={decode_s_per_token}, prefill_s={prefill_s}"
+            )
+        self.mode = mode
+        self.prompt_length = prompt_length
+        self.response_length = response_length
+        self.max_model_len = prompt_length + response_length
+        self.seed = seed
+        self.lengths = lengths or LengthDistribution()
+        self.decode_s_per_token = decode_s_per_token
+        self.prefill_s = prefill_s
+        self._seen: Counter = Counter()
+        self._lock = asyncio.Lock()
+        self.num_requests = 0
+        self._model = None
+        self._eos: list[int] = []
+        self._pad: Optional[int] = None
+        self._ordinary = list(range(vocab_size))
+        if model_path:
+            self._load(model_path)
+
+    def _load(self, model_path: str) -> None:
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(model_path)
+        specials = set(tok.all_special_ids)
+        self._ordinary = [i for i in range(len(tok)) if i not in specials]
+        self._eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
+        self._pad = tok.pad_token_id
+        if self.mode == "hf":
+            import torch
+            from transformers import AutoModelForCausalLM
+
+            self._model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+
+    def _rng(self, prompt_ids: list[int]) -> random.Random:
+        key = tuple(prompt_ids)
+        nth = self._seen[key]
+        self._seen[key] += 1
+        digest = hashlib.sha256(repr((self.seed, key, nth)).encode()).digest()
+        return random.Random(int.from_bytes(digest[:8], "little"))
+
+    def _max_tokens(self, prompt_ids: list[int], sampling_params: dict[str, Any]) -> int:
+        room = self.max_model_len - len(prompt_ids)
+        if room < 1:
+            raise ValueError(
+                f"Prompt length ({len(prompt_ids)}) leaves no room to generate within max_model_len "
+                f"({self.max_model_len})"
+            )
+        asked = sampling_params.get("max_tokens", sampling_params.get("max_new_tokens"))
+        if asked is None:
+            asked = min(self.response_length, self.max_model_len - len(prompt_ids))
+        return max(1, min(int(asked), room))
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        sampling_params: dict[str, Any],
+        request_id: str,
+        image_data: Optional[list[Any]] = None,
+        video_data: Optional[list[Any]] = None,
+        audio_data: Optional[list[Any]] = None,
+        mm_processor_kwargs: Optional[dict[str, Any]] = None,
+        priority: int = 0,
+        kv_transfer_params: Optional[dict] = None,
+    ):
+        """Generate a response for ``prompt_ids``; returns ``verl.workers.rollout.replica.TokenOutput``."""
+        from verl.workers.rollout.replica import TokenOutput
+
+        if image_data or video_data or audio_data:
+            raise ValueError("CPUGenerationServer is text-only: image/video/audio data are not supported")
+        prompt_ids = [int(t) for t in prompt_ids]
+        max_tokens = self._max_tokens(prompt_ids, sampling_params)
+        rng = self._rng(prompt_ids)
+        self.num_requests += 1
+        if self.mode == "synthetic":
+            n = self.lengths.sample(rng, max_tokens)
+            delay = self.prefill_s + n * self.decode_s_per_token
+            if delay > 0:
+                await asyncio.sleep(delay)
+            ids = [rng.choice(self._ordinary) for _ in range(n - 1)] + [self._eos[0] if self._eos else 0]
+            ids = ids[:n]
+            logps = [-1.0] * n
+        else:
+            async with self._lock:
+                ids, logps = await asyncio.to_thread(
+                    self._hf_generate, prompt_ids, dict(sampling_params), max_tokens, rng.randrange(2**31)
+                )
+        want_logprobs = bool(sampling_params.get("logprobs"))
+        return TokenOutput(
+            token_ids=ids, log_probs=logps if want_logprobs else None, stop_reason="completed", num_preempted=0
+        )
+
+    def _hf_generate(self, prompt_ids, sampling_params, max_tokens, seed):
+        import torch
+
+        temperature = float(sampling_params.get("temperature", 1.0) or 0.0)
+        top_k = int(sampling_params.get("top_k", -1) or -1)
+        kwargs = dict(
+            max_new_tokens=max_tokens,
+            do_sample=temperature > 0,
+            eos_token_id=self._eos or None,
+            pad_token_id=self._pad,
+            output_scores=True,
+            return_dict_in_generate=True,
+        )
+        if temperature > 0:
+            kwargs.update(temperature=temperature, top_p=float(sampling_params.get("top_p", 1.0)))
+            kwargs["top_k"] = top_k if top_k > 0 else None
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            out = self._model.generate(torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids),
+                                                                                             dtype=torch.long), **kwargs)
+        ids = out.sequences[0, len(prompt_ids):].tolist()
+        logps = []
+        for step, tok in enumerate(ids):
+            logps.append(float(torch.log_softmax(out.scores[step][0].float(), dim=-1)[tok]))
+        return ids, logps
+
+    def stats(self) -> dict:
+        return {"num_requests": self.num_requests, "mode": self.mode}
+
+
+def start_generation_servers(num_servers: int = 1, *, name_prefix: str = "cpu_gen", **server_kwargs) -> dict:
+    """Start ``num_servers`` :class:`CPUGenerationServer` actors; returns ``{address: handle}`` for verl's router.
+
+    The addresses are labels (no socket is opened); verl's load balancer only uses them as keys.
+    """
+    import ray
+
+    actor_cls = ray.remote(num_cpus=0)(CPUGenerationServer).options(max_concurrency=4096)
+    return {f"{name_prefix}-{i}": actor_cls.remote(**server_kwargs) for i in range(num_servers)}
+
+
+def make_llm_client(config, servers: dict):
+    """verl's real ``LLMServerClient`` over ``servers`` (``{address: handle}``), routed by verl's load balancer."""
+    from verl.workers.rollout.llm_server import LLMServerClient
+    from verl.workers.rollout.router import get_router_handle
+
+    full_det = bool(getattr(config.actor_rollout_ref.rollout, "full_determinism", False))
+    return LLMServerClient(config=config, load_balancer_handle=get_router_handle(servers, full_determinism=full_det))
