@@ -48,8 +48,11 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
       _log "(PIP_EXTRA_INDEX_URL=...), set VERL_ASYNC_RM_TORCH_SPEC, or install torch yourself first."
       exit 1; }
   fi
-  _log "installing verl-async-rm[test] and its dependencies (verl 0.9.1, ray, ...): a few minutes the first time"
-  _pip -e "$ROOT[test]"
+  # Naming verl pinned lets pip's resolver see verl's own pins (transformers<5.11, ...) before it picks versions of
+  # the shared dependencies; without it, pip backtracks through dozens of transformers releases.
+  VERL_SPEC="${VERL_ASYNC_RM_VERL_SPEC:-verl==0.9.1}"
+  _log "installing verl-async-rm[test] with $VERL_SPEC, Ray and the rest: a few minutes the first time"
+  _pip -e "$ROOT[test]" "$VERL_SPEC"
   "$PY" -c 'import torch, verl_async_rm' >/dev/null
   echo "$WANT" >"$STAMP"
   _log "environment ready in $(( $(date +%s) - start )) s ($PY)"
