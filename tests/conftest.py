@@ -51,7 +51,7 @@ def ray_runtime_env() -> dict:
     return {"env_vars": env}
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def ray_local():
     """A local Ray cluster (8 logical CPUs, no GPU), started on first use and kept for the whole session.
 

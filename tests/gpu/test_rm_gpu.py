@@ -1,0 +1,183 @@
+"""The RM scorer and worker group on a CUDA GPU, bf16, with a randomly initialised ~0.5B model built from a config.
+
+The model has Qwen2.5-0.5B's shape (hidden 896, 24 layers, 14 heads, 2 KV heads, vocab 151936: ~0.49B parameters)
+and the tiny tokenizer (its ids are a subset of the vocabulary). Nothing is downloaded.
+
+- bf16 scores equal a per-sample bf16 HF forward within 5e-2 absolute / 5e-2 relative (bf16 has ~3 significant
+  digits; a padded batch and a single row take different kernels), and stay close to a float32 forward;
+- throughput: the scorer's ``score()`` (what each RM worker runs) against a raw HF forward loop over the very same
+  micro-batches; target >= 0.9x tokens/s;
+- the Ray worker group with ``use_gpu=True`` loads the RM in bf16 on ``cuda`` and scores like the scorer.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+
+import pytest
+import torch
+from conftest import ray_runtime_env
+
+from verl_async_rm.rm.config import RMConfig
+from verl_async_rm.rm.request import RMRequest
+
+pytestmark = pytest.mark.gpu
+
+logger = logging.getLogger(__name__)
+
+BF16_TOL = 5e-2
+SPEED_TARGET = 0.9
+
+
+@pytest.fixture(scope="module")
+def big_rm(tiny_models, tmp_path_factory):
+    """A ~0.5B Qwen2ForSequenceClassification (random weights, bf16 on disk) with the tiny tokenizer."""
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForSequenceClassification
+
+    tok = AutoTokenizer.from_pretrained(tiny_models.rm)
+    config = Qwen2Config(
+        vocab_size=151936,
+        hidden_size=896,
+        intermediate_size=4864,
+        num_hidden_layers=24,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        num_labels=1,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = Qwen2ForSequenceClassification(config)
+    n_params = sum(p.numel() for p in model.parameters())
+    assert 0.4e9 < n_params < 1.6e9, n_params
+    path = tmp_path_factory.mktemp("rm_0p5b")
+    model.to(torch.bfloat16).save_pretrained(path)
+    tok.save_pretrained(path)
+    del model
+    torch.cuda.empty_cache()
+    return path
+
+
+def random_requests(n: int, seed: int, vocab: int = 600, lengths=(64, 1024)) -> list[RMRequest]:
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        prompt = [rng.randrange(5, vocab) for _ in range(rng.randint(16, 256))]
+        response = [rng.randrange(5, vocab) for _ in range(rng.randint(*lengths))]
+        out.append(RMRequest(f"r{i}", prompt, response))
+    return out
+
+
+def gpu_config(path, **kwargs) -> RMConfig:
+    return RMConfig(model_path=str(path), retemplate="never", use_gpu=True, **kwargs)
+
+
+def hf_model(path, dtype):
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+    return model.to("cuda").eval().requires_grad_(False)
+
+
+@pytest.fixture(scope="module")
+def scorer(big_rm):
+    from verl_async_rm.rm.scorer import RewardModelScorer
+
+    scorer = RewardModelScorer(gpu_config(big_rm))
+    assert scorer.dtype == torch.bfloat16 and scorer.device.type == "cuda"
+    return scorer
+
+
+def test_bf16_scores_match_a_per_sample_hf_forward(scorer, big_rm):
+    requests = random_requests(24, seed=1)
+    scores = scorer.score(requests)
+    assert all(isinstance(s, float) for s in scores)
+    bf16, fp32 = hf_model(big_rm, torch.bfloat16), hf_model(big_rm, torch.float32)
+    with torch.inference_mode():
+        ref16 = [float(bf16(input_ids=torch.tensor([r.prompt_ids + r.response_ids], device="cuda")).logits[0, 0])
+                 for r in requests]
+        ref32 = [float(fp32(input_ids=torch.tensor([r.prompt_ids + r.response_ids], device="cuda")).logits[0, 0])
+                 for r in requests]
+    assert scores == pytest.approx(ref16, abs=BF16_TOL, rel=BF16_TOL)
+    assert scores == pytest.approx(ref32, abs=2 * BF16_TOL, rel=2 * BF16_TOL)
+
+
+def _raw_hf_loop(model, batches: list[list[list[int]]], pad_id: int) -> list[float]:
+    """The baseline: right-padded micro-batches through the plain HF model, scores copied to the host."""
+    out: list[float] = []
+    with torch.inference_mode():
+        for batch in batches:
+            width = max(len(ids) for ids in batch)
+            input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+            mask = torch.zeros((len(batch), width), dtype=torch.long)
+            for row, ids in enumerate(batch):
+                input_ids[row, : len(ids)] = torch.tensor(ids)
+                mask[row, : len(ids)] = 1
+            logits = model(input_ids=input_ids.cuda(), attention_mask=mask.cuda()).logits
+            out.extend(logits[:, 0].float().cpu().tolist())
+    return out
+
+
+def _best_time(fn, repeats: int = 5) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def test_worker_throughput_against_a_raw_hf_loop(scorer, big_rm):
+    from verl_async_rm.rm.inputs import plan_micro_batches
+
+    requests = random_requests(256, seed=2)
+    inputs = [scorer.prepare(r)[0] for r in requests]
+    tokens = sum(len(ids) for ids in inputs)
+    plan = plan_micro_batches([len(ids) for ids in inputs], scorer.config.micro_batch_max_tokens)
+    batches = [[inputs[i] for i in batch] for batch in plan]
+    model = hf_model(big_rm, torch.bfloat16)
+
+    scorer.score(requests[:8])  # warm-up: kernels, allocator
+    _raw_hf_loop(model, batches[:2], scorer.pad_id)
+    worker_s = _best_time(lambda: scorer.score(requests))
+    raw_s = _best_time(lambda: _raw_hf_loop(model, batches, scorer.pad_id))
+    ratio = (tokens / worker_s) / (tokens / raw_s)
+    logger.info(
+        "RM throughput on %d tokens in %d micro-batches: worker %.0f tok/s, raw HF loop %.0f tok/s (%.2fx)",
+        tokens,
+        len(batches),
+        tokens / worker_s,
+        tokens / raw_s,
+        ratio,
+    )
+    assert ratio >= SPEED_TARGET, f"worker at {ratio:.2f}x of a raw HF loop (target {SPEED_TARGET}x)"
+
+
+def test_gpu_worker_group_scores_in_bf16(big_rm, scorer):
+    import asyncio
+
+    import ray
+
+    from verl_async_rm.rm import RMBatchFn, create_rm_worker_group, shutdown_rm_worker_group
+
+    ray.shutdown()
+    ray.init(num_gpus=1, include_dashboard=False, runtime_env=ray_runtime_env(), namespace="verl_async_rm_gpu")
+    cfg = gpu_config(big_rm, n_gpus_per_node=1, nnodes=1)
+    requests = random_requests(16, seed=3)
+    wg = create_rm_worker_group(cfg)
+    try:
+        info = ray.get(wg.workers[0].describe.remote(), timeout=120)
+        assert info["device"].startswith("cuda") and info["dtype"] == "torch.bfloat16"
+        scores = asyncio.run(RMBatchFn.from_config(cfg)(requests, wg.workers[0]))
+    finally:
+        shutdown_rm_worker_group(wg)
+        ray.shutdown()
+    assert scores == pytest.approx(scorer.score(requests), abs=BF16_TOL, rel=BF16_TOL)

@@ -1,0 +1,255 @@
+"""The RM worker group on a local Ray cluster (CPU), with the tiny offline models.
+
+One 2-replica group serves most tests (module-scoped: a replica takes ~10 s to start here). Its RM is the tiny RM
+with the embedding of one rare token (``</s>``) set to NaN, so an input containing that token scores NaN and every
+other input scores exactly as with the tiny RM. References are computed in this process with a plain HF forward
+of one unpadded sequence; float32 on CPU, tolerance 1e-4 absolute and relative (batched vs single rows differ only
+by summation order and thread count).
+"""
+
+from __future__ import annotations
+
+import pytest
+import ray
+import torch
+
+from verl_async_rm.errors import NonFiniteScoreError, ResourcePoolError, RewardModelError
+from verl_async_rm.rm import (
+    RMBatchFn,
+    RMConfig,
+    RMRequest,
+    RMResourcePool,
+    create_rm_worker_group,
+    score_with_group,
+    shutdown_rm_worker_group,
+)
+from verl_async_rm.rm.pool import reserve_placement_groups
+
+pytestmark = pytest.mark.integration
+
+ATOL = RTOL = 1e-4
+MAX_LENGTH = 48
+QUESTIONS = ["how many apples does the farmer have", "what is the total cost of two books", "how fast is the train"]
+ANSWERS = ["five", "the total cost is 12 dollars", "the train takes 3 hours so the speed is 20 miles per hour"]
+
+
+@pytest.fixture(scope="module")
+def policy_tok(tiny_models):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_models.policy)
+
+
+def make_request(policy_tok, question: str, answer: str, uid: str) -> RMRequest:
+    messages = [{"role": "user", "content": question}]
+    prompt = policy_tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    prompt_ids = policy_tok(prompt, add_special_tokens=False)["input_ids"]
+    response_ids = policy_tok(answer, add_special_tokens=False)["input_ids"] + [policy_tok.eos_token_id]
+    return RMRequest(uid=uid, prompt_ids=prompt_ids, response_ids=response_ids, raw_prompt=messages)
+
+
+@pytest.fixture(scope="module")
+def batch(policy_tok):
+    return [make_request(policy_tok, q, a, f"t{i}") for i, (q, a) in enumerate(zip(QUESTIONS, ANSWERS, strict=True))]
+
+
+def hf_model(path):
+    from transformers import AutoModelForSequenceClassification
+
+    return AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def direct_score(model, ids) -> float:
+    with torch.inference_mode():
+        return float(model(input_ids=torch.tensor([ids])).logits[0, 0])
+
+
+@pytest.fixture(scope="module")
+def nan_rm(tiny_models, tmp_path_factory):
+    """(path, poisoned token id) of the tiny RM whose ``</s>`` embedding is NaN."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_models.rm)
+    poison = tok.convert_tokens_to_ids("</s>")
+    model = hf_model(tiny_models.rm)
+    with torch.no_grad():
+        model.get_input_embeddings().weight[poison] = float("nan")
+    path = tmp_path_factory.mktemp("nan_rm")
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path, poison
+
+
+@pytest.fixture(scope="module")
+def rm_group(ray_local, tiny_models, nan_rm):
+    cfg = RMConfig(
+        model_path=str(nan_rm[0]),
+        policy_tokenizer_path=str(tiny_models.policy),
+        use_gpu=False,
+        n_gpus_per_node=2,
+        nnodes=1,
+        max_length=MAX_LENGTH,
+        micro_batch_max_tokens=64,
+        placement_timeout_s=60,
+    )
+    wg = create_rm_worker_group(cfg)
+    yield wg, cfg
+    shutdown_rm_worker_group(wg)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_models):
+    return hf_model(tiny_models.rm)
+
+
+def expected_scores(model, requests) -> list[float]:
+    return [direct_score(model, (r.prompt_ids + r.response_ids)[-MAX_LENGTH:]) for r in requests]
+
+
+@pytest.mark.asyncio
+async def test_each_replica_is_a_slot_scoring_like_a_direct_hf_forward(rm_group, batch, reference):
+    wg, cfg = rm_group
+    assert len(wg.workers) == 2 == cfg.num_replicas
+    batch_fn = RMBatchFn.from_config(cfg)
+    expected = expected_scores(reference, batch)
+    for slot in wg.workers:  # per-replica actor handles, called directly
+        assert await batch_fn(batch, slot) == pytest.approx(expected, abs=ATOL, rel=RTOL)
+
+
+def test_replicas_describe_themselves(rm_group):
+    wg, _ = rm_group
+    infos = wg.describe()  # the whole-group ONE_TO_ALL path
+    assert sorted(info["rank"] for info in infos) == [0, 1]
+    assert all(info["loaded"] and info["device"] == "cpu" and info["retemplate"] is False for info in infos)
+    assert all(info["dtype"] == "torch.float32" and info["max_length"] == MAX_LENGTH for info in infos)
+
+
+@pytest.mark.asyncio
+async def test_truncation_keeps_the_response_end(rm_group, policy_tok, reference, batch):
+    wg, cfg = rm_group
+    long = make_request(policy_tok, "how many apples does the farmer have " * 12, "so the answer is five", "long")
+    assert long.num_tokens > MAX_LENGTH
+    slot = wg.workers[0]
+    await slot.pop_step_stats.remote()
+    results = await RMBatchFn.from_config(cfg)([long, batch[0]], slot)
+    kept = (long.prompt_ids + long.response_ids)[-MAX_LENGTH:]
+    assert kept[-len(long.response_ids) :] == long.response_ids
+    assert results == pytest.approx(expected_scores(reference, [long, batch[0]]), abs=ATOL, rel=RTOL)
+    step = await slot.pop_step_stats.remote()
+    assert (step["requests"], step["truncated"], step["failed"]) == (2, 1, 0)
+
+
+@pytest.mark.asyncio
+async def test_a_nan_producing_input_fails_only_that_item(rm_group, nan_rm, batch, reference):
+    wg, cfg = rm_group
+    poison = nan_rm[1]
+    bad = RMRequest("poisoned", batch[1].prompt_ids, [poison, *batch[1].response_ids], batch[1].raw_prompt)
+    results = await RMBatchFn.from_config(cfg)([batch[0], bad, batch[2]], wg.workers[1])
+    assert isinstance(results[1], NonFiniteScoreError) and "poisoned" in str(results[1])
+    assert [results[0], results[2]] == pytest.approx(expected_scores(reference, [batch[0], batch[2]]), abs=ATOL)
+
+
+def test_whole_group_call_pads_and_matches_per_replica(rm_group, batch, reference):
+    wg, _ = rm_group
+    assert len(batch) % len(wg.workers) != 0  # exercises verl's _verl_auto_padding
+    assert score_with_group(wg, batch) == pytest.approx(expected_scores(reference, batch), abs=ATOL, rel=RTOL)
+
+
+@pytest.mark.asyncio
+async def test_template_switch_equals_rendering_by_hand(ray_local, tiny_models, batch):
+    """rm_alt: other tokenizer and a Llama-3 template that renders BOS while its tokenizer adds BOS too."""
+    from transformers import AutoTokenizer
+
+    cfg = RMConfig(
+        model_path=str(tiny_models.rm_alt), policy_tokenizer_path=str(tiny_models.policy), use_gpu=False
+    )
+    alt_tok = AutoTokenizer.from_pretrained(tiny_models.rm_alt)
+    model = hf_model(tiny_models.rm_alt)
+    expected = []
+    for request, answer in zip(batch, ANSWERS, strict=True):
+        conversation = [*request.raw_prompt, {"role": "assistant", "content": answer}]
+        text = alt_tok.apply_chat_template(conversation, tokenize=False).removeprefix(alt_tok.bos_token)
+        ids = alt_tok(text)["input_ids"]
+        assert ids.count(alt_tok.bos_token_id) == 1
+        expected.append(direct_score(model, ids))
+    wg = create_rm_worker_group(cfg)
+    try:
+        assert (await wg.workers[0].describe.remote())["retemplate"] is True
+        results = await RMBatchFn.from_config(cfg)(batch, wg.workers[0])
+    finally:
+        shutdown_rm_worker_group(wg)
+    assert results == pytest.approx(expected, abs=ATOL, rel=RTOL)
+
+
+def test_missing_resources_say_what_was_asked_and_what_the_cluster_has(ray_local):
+    with pytest.raises(ResourcePoolError, match=r"needs 1 node\(s\) with \{CPU: 1, GPU: 1\}.*The cluster has: node"):
+        RMResourcePool(1, 1, use_gpu=True).get_placement_groups()
+    with pytest.raises(ResourcePoolError, match=r"needs 2 node\(s\).*1 node\(s\) have it"):
+        RMResourcePool(1, 2, use_gpu=False).get_placement_groups()
+
+
+def test_placement_timeout_is_an_error_and_leaks_nothing(ray_local):
+    from ray.util.placement_group import placement_group_table
+
+    before = set(placement_group_table())
+    with pytest.raises(ResourcePoolError, match=r"not placed within 1s \(0 of 1 ready\).*The cluster has"):
+        reserve_placement_groups(
+            [[{"CPU": 1.0}]], node_ids=["f" * 56], strategy="STRICT_PACK", name_prefix="rm_test:", timeout_s=1
+        )
+    created = {k: v for k, v in placement_group_table().items() if k not in before}
+    assert created and all(v["state"] == "REMOVED" for v in created.values())
+
+
+def test_a_replica_that_cannot_load_fails_the_group_and_frees_the_pool(ray_local, tiny_models, tmp_path):
+    cfg = RMConfig(model_path=str(tmp_path / "missing"), policy_tokenizer_path=str(tiny_models.policy), use_gpu=False)
+    pool = RMResourcePool.from_config(cfg)
+    with pytest.raises(RewardModelError, match=r"RM replica 0 failed to load .*is not a directory"):
+        create_rm_worker_group(cfg, pool=pool)
+    assert pool.pgs is None
+
+
+@ray.remote
+class _Slot:
+    """A stand-in replica for the batch function's failure paths (the batch function is what is under test)."""
+
+    async def wrong_length(self, items):
+        return [1.0] * (len(items) + 1)
+
+    async def raises(self, items):
+        raise RewardModelError("the RM worker has no model yet: call init_model() first")
+
+    async def never_answers(self, items):
+        import asyncio
+
+        await asyncio.Event().wait()
+
+    async def mixed(self, items):
+        return [0.5, ValueError("bad item"), "not a float"][: len(items)]
+
+
+@pytest.mark.asyncio
+async def test_batch_fn_failure_paths(ray_local, batch):
+    from verl_async_rm.errors import BatchResultError, RequestTimeoutError
+
+    slot = _Slot.remote()
+    entries = await RMBatchFn(method="mixed")(batch, slot)
+    assert entries[0] == 0.5 and isinstance(entries[1], ValueError) and isinstance(entries[2], RewardModelError)
+    assert await RMBatchFn()([], slot) == []
+    with pytest.raises(BatchResultError, match="returned 4 results for 3 requests"):
+        await RMBatchFn(method="wrong_length")(batch, slot)
+    with pytest.raises(RewardModelError, match="failed on a batch of 3: the RM worker has no model yet"):
+        await RMBatchFn(method="raises")(batch, slot)
+    with pytest.raises(RequestTimeoutError, match="within 0.5s"):
+        await RMBatchFn(timeout_s=0.5, method="never_answers")(batch, slot)
+    ray.kill(slot)
+    with pytest.raises(RewardModelError, match="RM replica is gone"):
+        await RMBatchFn(method="mixed")(batch, slot)
+    with pytest.raises(ValueError, match="timeout_s=0"):
+        RMBatchFn(timeout_s=0)
+
+
+def test_batch_fn_pickles():
+    import pickle
+
+    fn = pickle.loads(pickle.dumps(RMBatchFn(timeout_s=7)))
+    assert (fn.timeout_s, fn.method) == (7.0, "score")

@@ -1,0 +1,221 @@
+"""The RM scorer in-process (no Ray) with the tiny offline models: equivalence with a direct HF forward.
+
+Tolerance: float32 on CPU; a row of a padded batch and the same row alone differ only by summation order,
+so scores must agree within 1e-4 (absolute) / 1e-4 (relative).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import pytest
+import torch
+
+from verl_async_rm.errors import NonFiniteScoreError, RewardInputError
+from verl_async_rm.rm.config import RMConfig
+from verl_async_rm.rm.request import RMRequest
+from verl_async_rm.rm.scorer import RewardModelScorer, last_token_logits, reduce_outputs
+
+pytestmark = pytest.mark.unit
+
+ATOL = RTOL = 1e-4
+QUESTIONS = ["how many apples does the farmer have", "what is the total cost of two books", "how fast is the train"]
+ANSWERS = ["five", "the total cost is 12 dollars", "the train takes 3 hours so the speed is 20 miles per hour"]
+
+
+@pytest.fixture(scope="module")
+def policy_tok(tiny_models):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_models.policy)
+
+
+def make_request(policy_tok, question: str, answer: str, uid: str) -> RMRequest:
+    messages = [{"role": "user", "content": question}]
+    prompt = policy_tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    prompt_ids = policy_tok(prompt, add_special_tokens=False)["input_ids"]
+    response_ids = policy_tok(answer, add_special_tokens=False)["input_ids"] + [policy_tok.eos_token_id]
+    return RMRequest(uid=uid, prompt_ids=prompt_ids, response_ids=response_ids, raw_prompt=messages)
+
+
+@pytest.fixture(scope="module")
+def requests_(policy_tok):
+    return [make_request(policy_tok, q, a, f"t{i}") for i, (q, a) in enumerate(zip(QUESTIONS, ANSWERS, strict=True))]
+
+
+def cpu_config(model_path, policy_path, **kwargs) -> RMConfig:
+    return RMConfig(model_path=str(model_path), policy_tokenizer_path=str(policy_path), use_gpu=False, **kwargs)
+
+
+def hf_model(path):
+    from transformers import AutoModelForSequenceClassification
+
+    return AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def direct_score(model, ids, index: int = 0) -> float:
+    """The reference: one unpadded sequence through the plain HF model (its last token is the last row position)."""
+    with torch.inference_mode():
+        return float(model(input_ids=torch.tensor([ids])).logits[0, index])
+
+
+@pytest.fixture(scope="module")
+def scorer(tiny_models):
+    return RewardModelScorer(cpu_config(tiny_models.rm, tiny_models.policy))
+
+
+def test_batched_scores_equal_per_sample_hf_forward(scorer, tiny_models, requests_):
+    assert scorer.retemplate is False  # same tokenizer and template: the policy's ids are reused
+    model = hf_model(tiny_models.rm)
+    scores = scorer.score(requests_)
+    expected = [direct_score(model, r.prompt_ids + r.response_ids) for r in requests_]
+    assert scores == pytest.approx(expected, abs=ATOL, rel=RTOL)
+    assert len(set(round(s, 3) for s in scores)) == len(scores), "distinct texts should get distinct scores"
+
+
+def test_micro_batch_budget_does_not_change_scores(tiny_models, requests_, scorer):
+    small = RewardModelScorer(cpu_config(tiny_models.rm, tiny_models.policy, micro_batch_max_tokens=8))
+    assert small.score(requests_) == pytest.approx(scorer.score(requests_), abs=ATOL, rel=RTOL)
+
+
+def test_score_is_read_at_the_last_valid_token_not_by_pad_id(scorer, tiny_models, policy_tok):
+    """A response ending in a token equal to pad_token_id (0 here): HF's own pooling skips it, the scorer does not."""
+    pad = policy_tok.pad_token_id
+    req = make_request(policy_tok, QUESTIONS[0], ANSWERS[1], "pad-end")
+    req.response_ids = [*req.response_ids[:-1], pad]
+    short = make_request(policy_tok, QUESTIONS[2], "five", "short")  # shorter row: the first one gets padded
+    model = hf_model(tiny_models.rm)
+    ids = torch.tensor([req.prompt_ids + req.response_ids])
+    with torch.inference_mode():
+        per_token = model.score(model.model(input_ids=ids).last_hidden_state)
+        hf_pooled = float(model(input_ids=ids).logits[0, 0])
+    at_last = float(per_token[0, -1, 0])
+    got = scorer.score([req, short])[0]
+    assert got == pytest.approx(at_last, abs=ATOL, rel=RTOL)
+    assert not math.isclose(hf_pooled, at_last, abs_tol=1e-3), "HF's pad-id pooling reads an earlier token"
+
+
+def test_template_switch_equals_rendering_by_hand(tiny_models, policy_tok, requests_):
+    from transformers import AutoTokenizer
+
+    alt = RewardModelScorer(cpu_config(tiny_models.rm_alt, tiny_models.policy))
+    assert alt.retemplate is True
+    alt_tok = AutoTokenizer.from_pretrained(tiny_models.rm_alt)
+    model = hf_model(tiny_models.rm_alt)
+    expected = []
+    for request, answer in zip(requests_, ANSWERS, strict=True):
+        conversation = [*request.raw_prompt, {"role": "assistant", "content": answer}]
+        text = alt_tok.apply_chat_template(conversation, tokenize=False)
+        text = text.removeprefix(alt_tok.bos_token)  # the tokenizer adds its own BOS
+        expected.append(direct_score(model, alt_tok(text)["input_ids"]))
+    assert alt.score(requests_) == pytest.approx(expected, abs=ATOL, rel=RTOL)
+
+
+def test_truncation_keeps_the_response_end_and_is_counted(tiny_models, policy_tok, caplog):
+    long = make_request(policy_tok, "how many apples " * 30, "the answer is five", "long")
+    short = make_request(policy_tok, "two plus two", "four", "short")
+    trunc = RewardModelScorer(cpu_config(tiny_models.rm, tiny_models.policy, max_length=16))
+    ids, cut = trunc.prepare(long)
+    assert cut and ids == (long.prompt_ids + long.response_ids)[-16:]
+    model = hf_model(tiny_models.rm)
+    scores = trunc.score([long, short])
+    assert scores[0] == pytest.approx(direct_score(model, ids), abs=ATOL, rel=RTOL)
+    assert trunc.stats()["truncated"] == 2 - (short.num_tokens <= 16)
+    with caplog.at_level(logging.INFO, logger="verl_async_rm.rm.scorer"):
+        step = trunc.pop_step_stats()
+    assert step["truncated"] == trunc.stats()["truncated"] and step["requests"] == 2
+    assert sum("truncated to max_length=16" in r.getMessage() for r in caplog.records) == 1
+    assert trunc.pop_step_stats()["requests"] == 0
+
+
+@pytest.fixture(scope="module")
+def nan_rm(tiny_models, tmp_path_factory):
+    """The tiny RM with the embedding of one rare token set to NaN: any input containing it scores NaN."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_models.rm)
+    poison = tok.convert_tokens_to_ids("</s>")
+    model = hf_model(tiny_models.rm)
+    with torch.no_grad():
+        model.get_input_embeddings().weight[poison] = float("nan")
+    path = tmp_path_factory.mktemp("nan_rm")
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path, poison
+
+
+def test_nan_score_fails_only_its_item(nan_rm, tiny_models, requests_, scorer):
+    path, poison = nan_rm
+    good = requests_[0]
+    bad = RMRequest("bad", good.prompt_ids, [*good.response_ids[:-1], poison, 4], good.raw_prompt)
+    nan_scorer = RewardModelScorer(cpu_config(path, tiny_models.policy))
+    results = nan_scorer.score([requests_[0], bad, requests_[1]])
+    assert isinstance(results[1], NonFiniteScoreError) and "bad" in str(results[1])
+    assert [results[0], results[2]] == pytest.approx(scorer.score([requests_[0], requests_[1]]), abs=ATOL, rel=RTOL)
+    assert nan_scorer.stats()["failed"] == 1
+
+
+def test_bad_input_fails_only_its_item(tiny_models, requests_):
+    alt = RewardModelScorer(cpu_config(tiny_models.rm_alt, tiny_models.policy))
+    no_prompt = RMRequest("np", requests_[0].prompt_ids, requests_[0].response_ids)
+    results = alt.score([requests_[0], no_prompt])
+    assert isinstance(results[0], float)
+    assert isinstance(results[1], RewardInputError)
+
+
+@pytest.fixture(scope="module")
+def three_output_rm(tiny_models, tmp_path_factory):
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(tiny_models.rm, num_labels=3)
+    torch.manual_seed(3)
+    model = AutoModelForSequenceClassification.from_config(config).eval()
+    path = tmp_path_factory.mktemp("rm3")
+    model.save_pretrained(path)
+    AutoTokenizer.from_pretrained(tiny_models.rm).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize(("options", "pick"), [
+    ({"score_index": 2}, lambda row: row[2]),
+    ({"score_index": -1}, lambda row: row[2]),
+    ({"score_reduction": "mean"}, lambda row: sum(row) / 3),
+    ({"score_reduction": "max"}, max),
+])
+def test_multi_output_head_index_or_reduction(three_output_rm, tiny_models, requests_, options, pick):
+    model = hf_model(three_output_rm)
+    with torch.inference_mode():
+        rows = [model(input_ids=torch.tensor([r.prompt_ids + r.response_ids])).logits[0].tolist() for r in requests_]
+    multi = RewardModelScorer(cpu_config(three_output_rm, tiny_models.policy, **options))
+    assert multi.score(requests_) == pytest.approx([pick(row) for row in rows], abs=ATOL, rel=RTOL)
+
+
+def test_out_of_range_score_index_is_a_config_error(three_output_rm, tiny_models):
+    with pytest.raises(ValueError, match=r"score_index=3: .* has 3 output\(s\).*Fix"):
+        RewardModelScorer(cpu_config(three_output_rm, tiny_models.policy, score_index=3))
+
+
+def test_model_own_logits_path_and_missing_head(tiny_models, requests_, scorer):
+    own = RewardModelScorer(cpu_config(tiny_models.rm, tiny_models.policy, score_head="none"))
+    assert own.head is None
+    assert own.score(requests_) == pytest.approx(scorer.score(requests_), abs=ATOL, rel=RTOL)
+    with pytest.raises(ValueError, match=r"score_head='reward_head'.*Fix"):
+        RewardModelScorer(cpu_config(tiny_models.rm, tiny_models.policy, score_head="reward_head"))
+
+
+def test_missing_model_dir_is_a_clear_error(tiny_models, tmp_path):
+    from verl_async_rm.errors import RewardModelError
+
+    with pytest.raises(RewardModelError, match=r"model_path=.*is not a directory.*Fix"):
+        RewardModelScorer(cpu_config(tmp_path / "nope", tiny_models.policy))
+
+
+def test_score_extraction_helpers():
+    per_token = torch.arange(2 * 4 * 2, dtype=torch.float32).reshape(2, 4, 2)
+    mask = torch.tensor([[1, 1, 0, 0], [0, 1, 1, 1]])  # right- and left-padded rows
+    assert last_token_logits(per_token, mask).tolist() == [[2.0, 3.0], [14.0, 15.0]]
+    logits = torch.tensor([[1.0, 3.0], [2.0, 6.0]])
+    assert reduce_outputs(logits, "index", 1).tolist() == [3.0, 6.0]
+    assert reduce_outputs(logits, "sum", 0).tolist() == [4.0, 8.0]
+    assert reduce_outputs(logits, "min", 0).tolist() == [1.0, 2.0]

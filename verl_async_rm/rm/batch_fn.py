@@ -1,0 +1,88 @@
+"""The executor's batch function for the RM worker group: one batch of requests, scored on one replica (slot)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+
+from verl_async_rm.errors import BatchResultError, RequestTimeoutError, RewardModelError
+from verl_async_rm.rm.config import RMConfig
+from verl_async_rm.rm.request import RMRequest
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["RMBatchFn"]
+
+
+class RMBatchFn:
+    """``async batch_fn(items, slot) -> list`` for the executor; ``slot`` is one RM replica's actor handle.
+
+    Returns one entry per item, in order: a float score, or the exception that failed that item (bad input,
+    NaN/inf score, ...). A failure of the whole call (the replica died, raised, or did not answer within
+    ``timeout_s``) is raised instead, so the executor fails the batch's items and can see that the slot is unhealthy:
+    :class:`RequestTimeoutError` on timeout, :class:`RewardModelError` otherwise.
+
+    Picklable (plain attributes), so it can be handed to an executor actor.
+
+    Args:
+        timeout_s: longest wait for one batch.
+        method: the replica's scoring method.
+    """
+
+    def __init__(self, timeout_s: float = 600.0, method: str = "score") -> None:
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not timeout_s > 0:
+            raise ValueError(f"timeout_s={timeout_s!r}: must be a positive number of seconds. Fix: timeout_s=600")
+        self.timeout_s = float(timeout_s)
+        self.method = method
+
+    @classmethod
+    def from_config(cls, config: RMConfig) -> RMBatchFn:
+        """A batch function waiting at most ``config.score_timeout_s`` per batch."""
+        return cls(timeout_s=config.score_timeout_s)
+
+    async def __call__(self, items: Sequence[RMRequest], slot: Any) -> list[float | Exception]:
+        """Score ``items`` on the replica ``slot``; one float or exception per item."""
+        items = list(items)
+        if not items:
+            return []
+        ref = getattr(slot, self.method).remote(items)
+        try:
+            results = await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout=self.timeout_s)
+        except asyncio.TimeoutError:
+            _cancel(ref)
+            raise RequestTimeoutError(
+                f"RM replica did not score a batch of {len(items)} within {self.timeout_s:g}s "
+                "(raise score_timeout_s, or lower the batch size / micro_batch_max_tokens)"
+            ) from None
+        except asyncio.CancelledError:
+            _cancel(ref)
+            raise
+        except ray.exceptions.RayActorError as err:
+            raise RewardModelError(f"RM replica is gone: {err}") from err
+        except ray.exceptions.RayError as err:
+            cause = getattr(err, "cause", None) or err  # RayTaskError carries the replica's own exception
+            raise RewardModelError(f"RM replica failed on a batch of {len(items)}: {cause}") from err
+        if not isinstance(results, list) or len(results) != len(items):
+            got = len(results) if isinstance(results, list) else type(results).__name__
+            raise BatchResultError(f"RM replica returned {got} results for {len(items)} requests")
+        return [_entry(result) for result in results]
+
+
+def _entry(result: Any) -> float | Exception:
+    if isinstance(result, Exception):
+        return result
+    if isinstance(result, float):
+        return result
+    return RewardModelError(f"RM replica returned {type(result).__name__} where a float score was expected")
+
+
+def _cancel(ref: ray.ObjectRef) -> None:
+    """Best effort: a queued call is dropped; a running one on a synchronous actor finishes anyway."""
+    try:
+        ray.cancel(ref)
+    except Exception:
+        logger.debug("could not cancel an RM call", exc_info=True)

@@ -1,0 +1,274 @@
+"""Settings of the reward-model worker group, and their conversion from verl's config.
+
+:class:`RMConfig` is the only thing the RM worker group receives: a typed dataclass, validated in ``__post_init__``.
+:func:`rm_config_from_verl` reads verl's ``DictConfig`` once, at the boundary. Where a legacy top-level key is set
+(not null) it wins, as in verl's own ``migrate_legacy_reward_impl``:
+
+- ``model_path``: ``reward_model.model.path`` (legacy), else ``reward.reward_model.model_path``;
+- ``n_gpus_per_node``, ``nnodes``: ``reward_model.<key>`` (legacy), else ``reward.reward_model.<key>``;
+- ``trust_remote_code``: ``reward_model.model.trust_remote_code`` (legacy; verl 0.9.1 has no new key for it);
+- ``policy_tokenizer_path``: ``actor_rollout_ref.model.tokenizer_path``, else ``actor_rollout_ref.model.path``;
+- ``use_gpu``: ``trainer.device != "cpu"``.
+
+With ``use_gpu``, ``reward.reward_model.enable_resource_pool`` (or the legacy key) must be True: otherwise verl
+reserves no GPUs for the reward pool and overwrites its size with the trainer's.
+
+Every other field comes from ``overrides`` (a mapping of RMConfig field names; the verl integration passes its own
+section of the config there) or keeps its default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+__all__ = ["RMConfig", "ConfigValueError", "rm_config_from_verl"]
+
+_DTYPES = ("auto", "bfloat16", "float16", "float32")
+_RETEMPLATE = ("auto", "always", "never")
+_REDUCTIONS = ("index", "mean", "sum", "max", "min")
+
+
+class ConfigValueError(ValueError):
+    """Raised when a setting has a bad value; the message names the key, the value and the fix.
+
+    ``key``, ``value`` and ``fix`` are kept as attributes so a caller that read the value from another place (a verl
+    key) can re-raise the same error under that key's name.
+    """
+
+    def __init__(self, key: str, value: Any, why: str, fix: str) -> None:
+        self.key, self.value, self.why, self.fix = key, value, why, fix
+        super().__init__(f"{key}={value!r}: {why}. Fix: {fix.replace('{key}', key)}")
+
+    def renamed(self, key: str) -> ConfigValueError:
+        """The same error, reported under ``key`` (for example the verl key the value came from)."""
+        return ConfigValueError(key, self.value, self.why, self.fix)
+
+
+@dataclass
+class RMConfig:
+    """How to load, feed and place the reward model (RM) worker group."""
+
+    model_path: str = field(
+        default="",
+        metadata={"help": "Local directory of a HuggingFace sequence-classification RM (config, weights, tokenizer)."},
+    )
+    policy_tokenizer_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "Local directory of the policy's tokenizer, used to decode responses when the RM's tokenizer or "
+            "chat template differs from the policy's. Required unless retemplate='never'."
+        },
+    )
+    retemplate: str = field(
+        default="auto",
+        metadata={
+            "help": "'auto': re-render the conversation with the RM's chat template only when the RM's tokenizer or "
+            "template differs from the policy's, else reuse the token ids; 'always'; 'never' (reuse the ids)."
+        },
+    )
+    dtype: str = field(
+        default="auto",
+        metadata={"help": "Weights dtype: 'auto' (bfloat16 on GPU, float32 on CPU), 'bfloat16', 'float16', 'float32'."},
+    )
+    attn_implementation: str = field(
+        default="sdpa", metadata={"help": "HF attention implementation: 'sdpa', 'eager', 'flash_attention_2', ..."}
+    )
+    trust_remote_code: bool = field(
+        default=False,
+        metadata={
+            "help": "Run the model repository's own Python code (RM and policy tokenizer). Only for code you trust."
+        },
+    )
+    max_length: int | None = field(
+        default=None,
+        metadata={
+            "help": "Longest RM input in tokens. Longer inputs keep their end (the response) and lose the start of "
+            "the prompt. None: the model's max_position_embeddings."
+        },
+    )
+    score_index: int = field(
+        default=0,
+        metadata={"help": "Which output of a multi-output head is the reward (Python indexing, -1 is the last)."},
+    )
+    score_reduction: str = field(
+        default="index",
+        metadata={"help": "'index' (use score_index) or a reduction over all outputs: 'mean', 'sum', 'max', 'min'."},
+    )
+    score_head: str = field(
+        default="auto",
+        metadata={
+            "help": "Module whose per-token output holds the scores; the score is read at the last token of the "
+            "attention mask. 'auto' tries 'score', 'v_head', 'classifier'; 'none' uses the model's own pooled "
+            "logits (which decoder RMs pick by pad_token_id)."
+        },
+    )
+    micro_batch_max_tokens: int = field(
+        default=16384,
+        metadata={
+            "help": "Token budget of one forward pass (rows x longest row, after padding). A longer single input "
+            "runs alone."
+        },
+    )
+    use_gpu: bool = field(default=True, metadata={"help": "False: CPU replicas (tests, demo)."})
+    n_gpus_per_node: int = field(
+        default=1,
+        metadata={"help": "RM replicas per node; each holds a full copy of the RM on one GPU (or one CPU bundle)."},
+    )
+    nnodes: int = field(default=1, metadata={"help": "Nodes of the reward pool; each gets n_gpus_per_node replicas."})
+    placement_timeout_s: float = field(
+        default=300.0, metadata={"help": "How long to wait for the reward pool's placement groups."}
+    )
+    init_timeout_s: float = field(default=900.0, metadata={"help": "How long a replica may take to load the RM."})
+    score_timeout_s: float = field(
+        default=600.0, metadata={"help": "How long one batch may take on a replica before the call fails."}
+    )
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model_path, str) or not self.model_path:
+            raise ConfigValueError(
+                "model_path", self.model_path, "the RM path is required", "set it to the RM's local directory"
+            )
+        if self.retemplate not in _RETEMPLATE:
+            raise ConfigValueError("retemplate", self.retemplate, "unknown mode", f"use one of {_RETEMPLATE}")
+        if self.retemplate != "never" and not self.policy_tokenizer_path:
+            raise ConfigValueError(
+                "policy_tokenizer_path",
+                self.policy_tokenizer_path,
+                "the policy tokenizer is needed to decode responses and to tell whether the RM can reuse token ids",
+                "set it to the policy model's directory, or set retemplate='never' if the RM shares the policy's "
+                "tokenizer and chat template",
+            )
+        if self.dtype not in _DTYPES:
+            raise ConfigValueError("dtype", self.dtype, "unknown dtype", f"use one of {_DTYPES}")
+        if not isinstance(self.attn_implementation, str) or not self.attn_implementation:
+            raise ConfigValueError(
+                "attn_implementation", self.attn_implementation, "must be a non-empty string", "use 'sdpa' or 'eager'"
+            )
+        if self.max_length is not None and (_not_int(self.max_length) or self.max_length < 2):
+            raise ConfigValueError(
+                "max_length", self.max_length, "must be an integer >= 2 or None", "set a token count such as 4096"
+            )
+        if _not_int(self.score_index):
+            raise ConfigValueError("score_index", self.score_index, "must be an integer", "use 0 for one-output RMs")
+        if self.score_reduction not in _REDUCTIONS:
+            raise ConfigValueError("score_reduction", self.score_reduction, "unknown", f"use one of {_REDUCTIONS}")
+        if not isinstance(self.score_head, str) or not self.score_head:
+            raise ConfigValueError("score_head", self.score_head, "must be a module name", "use 'auto'")
+        if _not_int(self.micro_batch_max_tokens) or self.micro_batch_max_tokens <= 0:
+            raise ConfigValueError(
+                "micro_batch_max_tokens",
+                self.micro_batch_max_tokens,
+                "must be a positive integer",
+                "set a token budget such as 16384 (lower it if the RM runs out of memory)",
+            )
+        for name in ("n_gpus_per_node", "nnodes"):
+            value = getattr(self, name)
+            if _not_int(value) or value <= 0:
+                what = "one RM replica (GPU) per node" if name == "n_gpus_per_node" else "one node"
+                raise ConfigValueError(
+                    name,
+                    value,
+                    f"the reward pool needs at least {what}",
+                    "set {key} to a positive integer (one RM replica on one GPU: n_gpus_per_node=1, nnodes=1)",
+                )
+        for name in ("placement_timeout_s", "init_timeout_s", "score_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ConfigValueError(name, value, "must be a positive number of seconds", "set {key}=300")
+
+    @property
+    def num_replicas(self) -> int:
+        """Data-parallel RM replicas in the pool (one executor slot each)."""
+        return self.n_gpus_per_node * self.nnodes
+
+
+def _not_int(value: Any) -> bool:
+    return isinstance(value, bool) or not isinstance(value, int)
+
+
+def _select(config: Any, key: str) -> Any:
+    """``config[key]`` for a dotted key, or None when any part is missing (a ``DictConfig`` or nested mappings)."""
+    if isinstance(config, DictConfig):
+        return OmegaConf.select(config, key, default=None)
+    node = config
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _first_set(config: Any, *keys: str) -> tuple[Any, str | None]:
+    """The first of ``keys`` whose value is not None, with the key it came from."""
+    for key in keys:
+        value = _select(config, key)
+        if value is not None:
+            return value, key
+    return None, None
+
+
+def rm_config_from_verl(config: Any, overrides: Mapping[str, Any] | None = None, overrides_key: str = "") -> RMConfig:
+    """Build :class:`RMConfig` from verl's trainer config (a ``DictConfig`` or nested mappings).
+
+    Args:
+        config: verl's whole config; only the keys in the module docstring's table are read.
+        overrides: RMConfig fields to set (they win over values read from ``config``), for example the plugin's own
+            section of the config. Unknown names raise ``ValueError``.
+        overrides_key: where ``overrides`` came from (for example ``"async_rm.rm"``), used to name keys in errors.
+
+    Raises:
+        ValueError: a value is missing or bad; the message names the verl key it was read from and the fix.
+    """
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+
+    def take(name: str, *keys: str) -> None:
+        value, key = _first_set(config, *keys)
+        if key is not None:
+            values[name], sources[name] = value, key
+
+    take("model_path", "reward_model.model.path", "reward.reward_model.model_path")
+    take("n_gpus_per_node", "reward_model.n_gpus_per_node", "reward.reward_model.n_gpus_per_node")
+    take("nnodes", "reward_model.nnodes", "reward.reward_model.nnodes")
+    take("trust_remote_code", "reward_model.model.trust_remote_code")
+    take("policy_tokenizer_path", "actor_rollout_ref.model.tokenizer_path", "actor_rollout_ref.model.path")
+    device = _select(config, "trainer.device")
+    if device is not None:
+        values["use_gpu"], sources["use_gpu"] = str(device) != "cpu", "trainer.device"
+
+    known = {f.name for f in dataclasses.fields(RMConfig)}
+    prefix = f"{overrides_key}." if overrides_key else ""
+    for name, value in dict(overrides or {}).items():
+        if name not in known:
+            raise ConfigValueError(
+                f"{prefix}{name}", value, "not a setting of the RM worker group", f"use one of {sorted(known)}"
+            )
+        values[name], sources[name] = value, f"{prefix}{name}"
+
+    if "model_path" not in values:
+        raise ConfigValueError(
+            "reward.reward_model.model_path",
+            None,
+            "the RM worker group needs a reward model",
+            "set reward.reward_model.model_path=/path/to/rm (legacy: reward_model.model.path)",
+        )
+    enable_pool, pool_key = _first_set(
+        config, "reward_model.enable_resource_pool", "reward.reward_model.enable_resource_pool"
+    )
+    if values.get("use_gpu", True) and pool_key is not None and not enable_pool:
+        raise ConfigValueError(
+            pool_key,
+            enable_pool,
+            "the RM worker group runs on its own GPUs, and verl reserves them only with a separate reward pool "
+            "(without it verl overwrites reward.reward_model.n_gpus_per_node/nnodes with the trainer's)",
+            f"set {pool_key}=True and reward.reward_model.n_gpus_per_node / nnodes to the RM's GPUs",
+        )
+    try:
+        return RMConfig(**values)
+    except ConfigValueError as err:
+        raise err.renamed(sources.get(err.key, err.key)) from None

@@ -1,0 +1,172 @@
+"""Turning trajectories into reward-model input: pure functions, no model, no Ray.
+
+The steps, in the order :func:`prepare_input_ids` runs them:
+
+1. Same tokenizer and chat template as the policy (:func:`tokenizers_match`): reuse ``prompt_ids + response_ids``.
+   Otherwise re-template: strip the trailing end-of-sequence/pad ids of the response, decode it with the policy
+   tokenizer, append it as the assistant turn to ``raw_prompt`` (or take the full ``messages``), render with the RM's
+   chat template, tokenize with the RM tokenizer and drop a duplicated leading BOS (:func:`dedup_bos`: a template
+   that renders BOS, tokenized by a tokenizer that adds BOS too, would start with two).
+2. Truncate to ``max_length`` from the left (:func:`truncate_left`): the end of the response, which is where the
+   score is read, is kept; the prompt loses its start; a leading BOS survives.
+
+:func:`plan_micro_batches` then groups inputs into forward passes by a padded-token budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from verl_async_rm.errors import RewardInputError
+from verl_async_rm.rm.request import RMRequest
+
+__all__ = [
+    "tokenizers_match",
+    "strip_trailing",
+    "conversation_for",
+    "render_conversation",
+    "dedup_bos",
+    "truncate_left",
+    "prepare_input_ids",
+    "plan_micro_batches",
+]
+
+
+def tokenizers_match(policy_tokenizer: Any, rm_tokenizer: Any) -> bool:
+    """True when the policy's token ids mean the same text, in the same chat format, to the RM."""
+    return (
+        policy_tokenizer.get_vocab() == rm_tokenizer.get_vocab()
+        and getattr(policy_tokenizer, "chat_template", None) == getattr(rm_tokenizer, "chat_template", None)
+        and policy_tokenizer.bos_token_id == rm_tokenizer.bos_token_id
+        and policy_tokenizer.eos_token_id == rm_tokenizer.eos_token_id
+    )
+
+
+def strip_trailing(ids: Sequence[int], drop: Iterable[int]) -> list[int]:
+    """``ids`` without its trailing run of ids in ``drop`` (end-of-sequence and pad ids of a response)."""
+    drop = set(drop)
+    end = len(ids)
+    while end > 0 and ids[end - 1] in drop:
+        end -= 1
+    return list(ids[:end])
+
+
+def conversation_for(request: RMRequest, response_text: str | None) -> list[dict[str, Any]]:
+    """The chat messages to render for ``request``: its ``messages``, else ``raw_prompt`` + the response turn.
+
+    Raises:
+        RewardInputError: no ``raw_prompt``, or a multi-turn trajectory without its ``messages``.
+    """
+    if request.messages is not None:
+        return list(request.messages)
+    if request.num_turns > 2:
+        raise RewardInputError(
+            f"trajectory {request.uid}: multi-turn trajectory (num_turns={request.num_turns}) cannot be re-rendered "
+            "with the RM's chat template from its token ids; pass RMRequest.messages (the whole conversation), or "
+            "use an RM with the policy's tokenizer and template"
+        )
+    if not request.raw_prompt:
+        raise RewardInputError(
+            f"trajectory {request.uid}: raw_prompt is missing; it is needed to re-render the conversation with the "
+            "RM's chat template (verl keeps it when data.return_raw_chat=True)"
+        )
+    assert response_text is not None, "the response must be decoded before it can be appended"
+    return [*request.raw_prompt, {"role": "assistant", "content": response_text}]
+
+
+def render_conversation(messages: list[dict[str, Any]], rm_tokenizer: Any) -> str:
+    """The conversation rendered as text by the RM's chat template (no generation prompt)."""
+    text = rm_tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+    if not isinstance(text, str):  # some templates return a list for batched input
+        raise RewardInputError(f"the RM's chat template returned {type(text).__name__}, expected a string")
+    return text
+
+
+def dedup_bos(ids: list[int], bos_id: int | None) -> list[int]:
+    """``ids`` with a repeated leading BOS reduced to one."""
+    if bos_id is None:
+        return ids
+    start = 0
+    while start + 1 < len(ids) and ids[start] == bos_id and ids[start + 1] == bos_id:
+        start += 1
+    return ids[start:]
+
+
+def truncate_left(ids: list[int], max_length: int | None, bos_id: int | None = None) -> tuple[list[int], bool]:
+    """Keep the last ``max_length`` tokens (the prompt loses its start); a leading BOS is kept in front.
+
+    Returns:
+        The ids and whether anything was cut.
+    """
+    if max_length is None or len(ids) <= max_length:
+        return ids, False
+    if bos_id is not None and ids and ids[0] == bos_id and max_length >= 2:
+        return [bos_id, *ids[len(ids) - (max_length - 1) :]], True
+    return ids[len(ids) - max_length :], True
+
+
+def prepare_input_ids(
+    request: RMRequest,
+    *,
+    rm_tokenizer: Any,
+    policy_tokenizer: Any | None,
+    retemplate: bool,
+    response_stop_ids: Iterable[int] | None = None,
+    max_length: int | None = None,
+) -> tuple[list[int], bool]:
+    """The RM's input ids for one trajectory, and whether they were truncated.
+
+    Args:
+        request: the trajectory.
+        rm_tokenizer: the RM's tokenizer (renders the chat template, tokenizes).
+        policy_tokenizer: decodes the response; needed only when ``retemplate``.
+        retemplate: re-render with the RM's chat template (else reuse ``prompt_ids + response_ids``).
+        response_stop_ids: ids stripped from the end of the response before decoding; default: the policy
+            tokenizer's EOS and pad ids.
+        max_length: longest input; longer inputs are cut from the left.
+
+    Raises:
+        RewardInputError: the trajectory cannot be turned into RM input.
+    """
+    bos_id = rm_tokenizer.bos_token_id
+    if not retemplate:
+        ids = [*request.prompt_ids, *request.response_ids]
+    else:
+        response_text = None
+        if request.messages is None:
+            assert policy_tokenizer is not None, "re-templating needs the policy tokenizer"
+            if response_stop_ids is None:
+                response_stop_ids = {policy_tokenizer.eos_token_id, policy_tokenizer.pad_token_id} - {None}
+            response = strip_trailing(request.response_ids, response_stop_ids)
+            response_text = policy_tokenizer.decode(response, skip_special_tokens=False)
+        text = render_conversation(conversation_for(request, response_text), rm_tokenizer)
+        ids = dedup_bos(list(rm_tokenizer(text, add_special_tokens=True)["input_ids"]), bos_id)
+    if not ids:
+        raise RewardInputError(f"trajectory {request.uid}: empty RM input (no prompt and no response tokens)")
+    return truncate_left(ids, max_length, bos_id)
+
+
+def plan_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Group indices into micro-batches whose padded size (rows x longest row) stays within ``max_tokens``.
+
+    Indices are sorted by length, longest first, so rows of a micro-batch have similar lengths and padding stays
+    small; an input longer than the budget runs alone. Every index appears in exactly one micro-batch.
+    """
+    if max_tokens <= 0:
+        raise ValueError(f"max_tokens={max_tokens!r}: must be positive")
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True)
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i in order:
+        # Sorted longest first: the first row of a micro-batch is its longest.
+        width = max(longest, lengths[i], 1)
+        if current and width * (len(current) + 1) > max_tokens:
+            batches.append(current)
+            current, width = [], max(lengths[i], 1)
+        current.append(i)
+        longest = width
+    if current:
+        batches.append(current)
+    return batches

@@ -1,0 +1,325 @@
+"""The reward pool: the RM's own Ray resources, and the RM worker group ("rm_wg") built on them.
+
+:class:`RMResourcePool` is a verl ``RayResourcePool`` (``process_on_nodes=[n_gpus_per_node] * nnodes``,
+``max_colocate_count=1``) that reserves its placement groups differently from verl's:
+
+- each node's placement group is pinned to a distinct node chosen from the resources free right now, so replicas
+  spread over ``nnodes`` nodes (two ``STRICT_PACK`` groups could otherwise share one big node);
+- the reservation waits at most ``placement_timeout_s``; verl's ``get_placement_groups`` waits on ``pg.ready()``
+  forever, which hangs when the cluster is too small. Missing resources raise :class:`ResourcePoolError` saying what
+  was asked and what each node has;
+- a bundle asks 1 CPU (plus 1 GPU unless ``use_gpu=False``), not verl's default 10 CPUs (``max_colocate_count=10``).
+
+:func:`create_rm_worker_group` builds a verl ``RayWorkerGroup`` of :class:`RewardModelWorker` on the pool, loads
+the RM on every replica (with ``init_timeout_s``) and returns it; ``wg.workers`` are the per-replica actor handles,
+one executor slot each. :func:`shutdown_rm_worker_group` kills the replicas and frees the placement groups.
+
+Data-parallel replicas only. Each worker holds a full copy of the RM on one GPU. An RM too big for one GPU would be
+served in *group mode* (not built yet): a replica becomes ``k`` GPUs on one node. Either (a) one actor per replica
+asks ``num_gpus=k`` from a ``k``-GPU bundle and loads the model with ``device_map="auto"`` (layers split over its
+GPUs; simplest, no collectives, one GPU busy at a time), or (b) ``k`` ranks per replica shard the model (tensor
+parallel or FSDP): the pool is carved into per-replica sub-pools with verl's ``split_resource_pool``
+(``single_controller/ray/base.py``), each sub-pool gets its own ``RayWorkerGroup`` whose ranks run the same forward
+with collectives, and the executor slot becomes that replica group (a small async wrapper that sends the batch to
+all ``k`` ranks and awaits rank 0's result). The slot contract (``batch_fn(items, slot)``) does not change.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from typing import Any
+
+import numpy as np
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from verl import DataProto
+from verl.single_controller.ray.base import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+
+from verl_async_rm.errors import ResourcePoolError, RewardModelError
+from verl_async_rm.rm.config import RMConfig
+from verl_async_rm.rm.request import RMRequest
+from verl_async_rm.rm.worker import RewardModelWorker
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "RMResourcePool",
+    "reserve_placement_groups",
+    "create_rm_worker_group",
+    "shutdown_rm_worker_group",
+    "score_with_group",
+]
+
+_NODE_ID_LABEL = "ray.io/node-id"
+
+
+class RMResourcePool(RayResourcePool):
+    """verl ``RayResourcePool`` for the RM: node-pinned placement groups reserved with a timeout.
+
+    Args:
+        n_gpus_per_node: replicas (bundles) per node.
+        nnodes: nodes.
+        use_gpu: bundles ask one accelerator each; False gives CPU-only bundles (tests, demo).
+        placement_timeout_s: how long to wait for the placement groups.
+        name_prefix: placement group name prefix.
+    """
+
+    def __init__(
+        self,
+        n_gpus_per_node: int,
+        nnodes: int,
+        *,
+        use_gpu: bool = True,
+        placement_timeout_s: float = 300.0,
+        name_prefix: str | None = None,
+    ) -> None:
+        for key, value in (("n_gpus_per_node", n_gpus_per_node), ("nnodes", nnodes)):
+            if value <= 0:
+                raise ValueError(f"{key}={value!r}: the reward pool needs at least one. Fix: pass a positive {key}")
+        super().__init__(
+            process_on_nodes=[n_gpus_per_node] * nnodes,
+            use_gpu=use_gpu,
+            name_prefix=name_prefix,
+            max_colocate_count=1,
+        )
+        self.n_gpus_per_node = n_gpus_per_node
+        self.nnodes = nnodes
+        self.placement_timeout_s = placement_timeout_s
+
+    @classmethod
+    def from_config(cls, config: RMConfig, name_prefix: str | None = None) -> RMResourcePool:
+        """The pool described by ``config`` (``n_gpus_per_node``, ``nnodes``, ``use_gpu``, ``placement_timeout_s``)."""
+        return cls(
+            config.n_gpus_per_node,
+            config.nnodes,
+            use_gpu=config.use_gpu,
+            placement_timeout_s=config.placement_timeout_s,
+            name_prefix=name_prefix,
+        )
+
+    def bundle(self) -> dict[str, float]:
+        """Resources of one replica's bundle."""
+        bundle = {"CPU": float(self.max_colocate_count)}
+        if self.use_gpu:
+            bundle[_accelerator_resource()] = 1.0
+        return bundle
+
+    def get_placement_groups(
+        self, strategy: str = "STRICT_PACK", name: str | None = None, device_name: str | None = None
+    ) -> list[PlacementGroup]:
+        """Reserve (once) one placement group per node, each pinned to its own node; raises ResourcePoolError."""
+        if self.pgs is not None:
+            return self.pgs
+        bundle = self.bundle()
+        nodes = _pick_nodes(bundle, self.n_gpus_per_node, self.nnodes)
+        prefix = name or f"{self.name_prefix}verl_async_rm_pool:"
+        self.pgs = reserve_placement_groups(
+            [[dict(bundle) for _ in range(self.n_gpus_per_node)] for _ in range(self.nnodes)],
+            node_ids=nodes,
+            strategy=strategy,
+            name_prefix=prefix,
+            timeout_s=self.placement_timeout_s,
+        )
+        return self.pgs
+
+    def release(self) -> None:
+        """Free the placement groups (the replicas on them must be gone or going)."""
+        for pg in self.pgs or []:
+            try:
+                remove_placement_group(pg)
+            except Exception:  # already removed, or the cluster is shutting down
+                logger.debug("placement group %s already removed", pg.id, exc_info=True)
+        self.pgs = None
+
+
+def reserve_placement_groups(
+    bundles_per_group: list[list[dict[str, float]]],
+    *,
+    node_ids: list[str] | None,
+    strategy: str,
+    name_prefix: str,
+    timeout_s: float,
+) -> list[PlacementGroup]:
+    """Create placement groups (group ``i`` pinned to ``node_ids[i]`` when given) and wait at most ``timeout_s``.
+
+    Raises:
+        ResourcePoolError: not all groups were placed in time; every group created here is removed first.
+    """
+    pin = node_ids is not None and "bundle_label_selector" in inspect.signature(placement_group).parameters
+    if node_ids is not None and not pin and len(bundles_per_group) > 1:
+        logger.warning(
+            "this Ray (%s) cannot pin placement groups to nodes (no bundle_label_selector): the reward pool's "
+            "%d node groups may share a node",
+            ray.__version__,
+            len(bundles_per_group),
+        )
+    pgs = []
+    for i, bundles in enumerate(bundles_per_group):
+        kwargs: dict[str, Any] = {}
+        if pin:
+            kwargs["bundle_label_selector"] = [{_NODE_ID_LABEL: node_ids[i]} for _ in bundles]
+        pgs.append(placement_group(bundles=bundles, strategy=strategy, name=f"{name_prefix}{i}", **kwargs))
+    ready, _ = ray.wait([pg.ready() for pg in pgs], num_returns=len(pgs), timeout=timeout_s)
+    if len(ready) < len(pgs):
+        for pg in pgs:
+            remove_placement_group(pg)
+        raise ResourcePoolError(
+            f"the reward pool's placement groups were not placed within {timeout_s:g}s "
+            f"({len(ready)} of {len(pgs)} ready). Asked: {_describe_ask(bundles_per_group)}"
+            f"{' pinned to nodes ' + ', '.join(n[:8] for n in node_ids) if pin else ''}. "
+            f"The cluster has: {_describe_cluster()}. Fix: free those resources (other placement groups, actors) "
+            "or make the reward pool smaller (reward.reward_model.n_gpus_per_node / nnodes)"
+        )
+    logger.info("reward pool reserved: %s", _describe_ask(bundles_per_group))
+    return pgs
+
+
+def create_rm_worker_group(
+    config: RMConfig, pool: RMResourcePool | None = None, name_prefix: str | None = None
+) -> RayWorkerGroup:
+    """Reserve the reward pool, start one :class:`RewardModelWorker` per bundle and load the RM on each.
+
+    Args:
+        config: the RM settings.
+        pool: a pool to use; default: ``RMResourcePool.from_config(config)``.
+        name_prefix: actor name prefix (verl picks a random one by default).
+
+    Returns:
+        The verl ``RayWorkerGroup``; ``wg.workers`` are the replicas' actor handles (executor slots) and
+        ``wg.resource_pool`` the pool.
+
+    Raises:
+        ResourcePoolError: the pool cannot be reserved.
+        RewardModelError: a replica failed to load the RM, or took longer than ``init_timeout_s``; the group is
+            shut down first.
+    """
+    pool = pool if pool is not None else RMResourcePool.from_config(config)
+    pool.get_placement_groups()
+    device_name = "cpu" if not pool.use_gpu else _device_name()
+    try:
+        wg = RayWorkerGroup(
+            resource_pool=pool,
+            ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(RewardModelWorker), config=config),
+            name_prefix=name_prefix,
+            device_name=device_name,
+        )
+    except BaseException:
+        pool.release()
+        raise
+    refs = [worker.init_model.remote() for worker in wg.workers]
+    ready, pending = ray.wait(refs, num_returns=len(refs), timeout=config.init_timeout_s)
+    if pending:
+        shutdown_rm_worker_group(wg)
+        raise RewardModelError(
+            f"{len(pending)} of {len(refs)} RM replicas did not load {config.model_path} within "
+            f"{config.init_timeout_s:g}s. Fix: raise init_timeout_s for a large RM, or check the replicas' logs"
+        )
+    infos = []
+    for rank, ref in enumerate(refs):
+        try:
+            infos.append(ray.get(ref))
+        except Exception as err:
+            shutdown_rm_worker_group(wg)
+            cause = getattr(err, "cause", None) or err  # RayTaskError carries the replica's own exception
+            raise RewardModelError(f"RM replica {rank} failed to load {config.model_path}: {cause}") from err
+    logger.info(
+        "RM worker group ready: %d replica(s) of %s on nodes %s",
+        len(infos),
+        config.model_path,
+        sorted({info["node_ip"] for info in infos}),
+    )
+    return wg
+
+
+def shutdown_rm_worker_group(wg: RayWorkerGroup) -> None:
+    """Kill the replicas of ``wg`` and free its pool's placement groups (safe to call twice)."""
+    for worker in wg.workers:
+        try:
+            ray.kill(worker, no_restart=True)
+        except Exception:  # already dead
+            logger.debug("RM replica already gone", exc_info=True)
+    pool = getattr(wg, "resource_pool", None)
+    if isinstance(pool, RMResourcePool):
+        pool.release()
+
+
+def score_with_group(wg: RayWorkerGroup, requests: list[RMRequest]) -> list[float | Exception]:
+    """Score ``requests`` on the whole group in one blocking call (``Dispatch.DP_COMPUTE_PROTO``, auto-padded).
+
+    For synchronous callers; the executor uses the per-replica path instead (``wg.workers[i].score.remote``).
+    """
+    if not requests:
+        return []
+    array = np.empty(len(requests), dtype=object)
+    array[:] = requests
+    data = DataProto.from_dict(non_tensors={"rm_requests": array}, meta_info={"_verl_auto_padding": True})
+    out = wg.compute_rm_score(data)
+    scores = out.batch["rm_scores"].tolist()
+    errors = out.non_tensor_batch["rm_errors"]
+    return [err if err is not None else score for score, err in zip(scores, errors, strict=True)]
+
+
+def _accelerator_resource() -> str:
+    from verl.plugin.platform import get_platform
+
+    return get_platform().ray_resource_name()
+
+
+def _device_name() -> str:
+    from verl.utils.device import get_device_name
+
+    return get_device_name()
+
+
+def _pick_nodes(bundle: dict[str, float], per_node: int, nnodes: int) -> list[str]:
+    """``nnodes`` distinct alive nodes with room for ``per_node`` bundles now, roomiest first."""
+    available = _available_per_node()
+    need = {key: amount * per_node for key, amount in bundle.items()}
+    fits = [
+        node_id
+        for node_id, free in available.items()
+        if all(free.get(key, 0.0) + 1e-9 >= amount for key, amount in need.items())
+    ]
+    if len(fits) < nnodes:
+        raise ResourcePoolError(
+            f"the reward pool needs {nnodes} node(s) with {_fmt(need)} free each, and {len(fits)} node(s) have it. "
+            f"The cluster has: {_describe_cluster()}. Fix: lower reward.reward_model.n_gpus_per_node / nnodes, "
+            "or add nodes (for CPU runs: use_gpu=False)"
+        )
+    key = next(iter(k for k in bundle if k != "CPU"), "CPU")
+    fits.sort(key=lambda node_id: (-available[node_id].get(key, 0.0), node_id))
+    return fits[:nnodes]
+
+
+def _available_per_node() -> dict[str, dict[str, float]]:
+    """Free resources of each alive node (verl's own resource check reads the same private table)."""
+    alive = {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
+    try:
+        per_node = ray._private.state.available_resources_per_node()
+    except Exception:  # private API: fall back to totals
+        per_node = {node["NodeID"]: node.get("Resources", {}) for node in ray.nodes()}
+    return {node_id: dict(free) for node_id, free in per_node.items() if node_id in alive}
+
+
+def _describe_cluster() -> str:
+    available = _available_per_node()
+    parts = []
+    for node in ray.nodes():
+        if not node.get("Alive"):
+            continue
+        total, free = node.get("Resources", {}), available.get(node["NodeID"], {})
+        shown = [k for k in ("GPU", "NPU", "CPU") if k in total] or ["CPU"]
+        usage = ", ".join(f"{k} {free.get(k, 0):g}/{total.get(k, 0):g} free" for k in shown)
+        parts.append(f"node {node['NodeID'][:8]} ({node['NodeManagerAddress']}): {usage}")
+    return "; ".join(parts) or "no alive node"
+
+
+def _describe_ask(bundles_per_group: list[list[dict[str, float]]]) -> str:
+    return f"{len(bundles_per_group)} node(s) x " + ", ".join(
+        f"{len(bundles)} bundle(s) of {_fmt(bundles[0])}" for bundles in bundles_per_group[:1]
+    )
+
+
+def _fmt(resources: dict[str, float]) -> str:
+    return "{" + ", ".join(f"{k}: {v:g}" for k, v in resources.items()) + "}"

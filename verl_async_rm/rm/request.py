@@ -1,0 +1,95 @@
+"""The request item: what the RM worker group needs from one finished verl trajectory."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from verl_async_rm.errors import RewardInputError
+
+__all__ = ["RMRequest"]
+
+
+@dataclass
+class RMRequest:
+    """One trajectory to score; small and picklable, built once per trajectory by the agent-loop integration.
+
+    Attributes:
+        uid: identifies the trajectory in logs and errors.
+        prompt_ids: the policy's prompt token ids, without padding (``AgentLoopOutput.prompt_ids``).
+        response_ids: the policy's response token ids, without padding (``AgentLoopOutput.response_ids``); for
+            multi-turn/tool trajectories they hold every turn after the prompt.
+        raw_prompt: the prompt as chat messages (``kwargs["raw_prompt"]`` of the agent loop), used when the RM's
+            chat template differs from the policy's: the decoded response is appended to it as the assistant turn.
+        messages: optional full conversation, final assistant turn included. When set, it is rendered as is with
+            the RM's template (instead of ``raw_prompt`` + decoded response). Multi-turn/tool trajectories need it
+            whenever the RM re-templates.
+        num_turns: ``AgentLoopOutput.num_turns`` (2 for a single-turn trajectory); more than 2 without ``messages``
+            cannot be re-templated faithfully and fails that item.
+    """
+
+    uid: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    raw_prompt: list[dict[str, Any]] | None = None
+    messages: list[dict[str, Any]] | None = None
+    num_turns: int = 2
+
+    def __post_init__(self) -> None:
+        self.uid = str(self.uid)
+        self.prompt_ids = _token_list(self.prompt_ids, "prompt_ids", self.uid)
+        self.response_ids = _token_list(self.response_ids, "response_ids", self.uid)
+        self.raw_prompt = _message_list(self.raw_prompt, "raw_prompt", self.uid)
+        self.messages = _message_list(self.messages, "messages", self.uid)
+        self.num_turns = int(self.num_turns)
+
+    @property
+    def num_tokens(self) -> int:
+        """Prompt plus response length in policy tokens (what the executor budgets with)."""
+        return len(self.prompt_ids) + len(self.response_ids)
+
+    @classmethod
+    def from_agent_loop_output(
+        cls,
+        output: Any,
+        *,
+        uid: str,
+        raw_prompt: Sequence[Mapping[str, Any]] | None,
+        messages: Sequence[Mapping[str, Any]] | None = None,
+    ) -> RMRequest:
+        """Build a request from a verl ``AgentLoopOutput`` (``prompt_ids``, ``response_ids``, ``num_turns``)."""
+        return cls(
+            uid=uid,
+            prompt_ids=output.prompt_ids,
+            response_ids=output.response_ids,
+            raw_prompt=raw_prompt,
+            messages=messages,
+            num_turns=output.num_turns or 2,
+        )
+
+
+def _token_list(ids: Any, name: str, uid: str) -> list[int]:
+    if hasattr(ids, "tolist"):  # numpy array or torch tensor
+        ids = ids.tolist()
+    if isinstance(ids, str | bytes) or not isinstance(ids, Sequence):
+        raise RewardInputError(f"trajectory {uid}: {name} must be a list of token ids, got {type(ids).__name__}")
+    try:
+        return [int(t) for t in ids]
+    except (TypeError, ValueError) as err:
+        raise RewardInputError(f"trajectory {uid}: {name} must hold integer token ids ({err})") from None
+
+
+def _message_list(messages: Any, name: str, uid: str) -> list[dict[str, Any]] | None:
+    if messages is None:
+        return None
+    if hasattr(messages, "tolist"):  # verl keeps raw_prompt in numpy object arrays
+        messages = messages.tolist()
+    if isinstance(messages, str | bytes) or not isinstance(messages, Sequence):
+        raise RewardInputError(f"trajectory {uid}: {name} must be a list of chat messages, got {type(messages)}")
+    out = []
+    for message in messages:
+        if not isinstance(message, Mapping) or "role" not in message:
+            raise RewardInputError(f"trajectory {uid}: each {name} message needs a 'role', got {message!r}")
+        out.append(dict(message))
+    return out

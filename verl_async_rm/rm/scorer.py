@@ -1,0 +1,366 @@
+"""The reward model in one process: load it, turn trajectories into input, run forwards, read one score each.
+
+:class:`RewardModelScorer` is what each RM worker (:mod:`verl_async_rm.rm.worker`) holds; it has no Ray in it, so it
+can be tested and benchmarked in-process.
+
+Scores are read at the last valid token of the attention mask, not by ``pad_token_id``: HF decoder
+sequence-classification models pick "the rightmost token that is not pad_token_id", which is wrong when a real token
+equals the pad id (pad id 0 being a real token, or pad = EOS and the response ends with EOS). The scorer hooks the
+head module (``score``, ``v_head`` or ``classifier``) to get its per-token output and indexes it itself. Heads that
+see an already pooled input (encoder classifiers) and ``score_head='none'`` use the model's own ``logits``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from verl_async_rm.errors import NonFiniteScoreError, RewardInputError, RewardModelError
+from verl_async_rm.rm.config import RMConfig
+from verl_async_rm.rm.inputs import plan_micro_batches, prepare_input_ids, tokenizers_match
+from verl_async_rm.rm.request import RMRequest
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["RewardModelScorer", "resolve_dtype", "last_token_logits", "reduce_outputs"]
+
+_AUTO_HEADS = ("score", "v_head", "classifier")
+_OOM_ERRORS: tuple[type[BaseException], ...] = tuple(
+    {getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError), torch.cuda.OutOfMemoryError}
+)
+
+
+def resolve_dtype(name: str, on_gpu: bool) -> torch.dtype:
+    """``RMConfig.dtype`` as a torch dtype ('auto': bfloat16 on GPU, float32 on CPU)."""
+    if name == "auto":
+        return torch.bfloat16 if on_gpu else torch.float32
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]
+
+
+def last_token_logits(per_token: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """``per_token[b, t]`` at each row's last position where ``attention_mask`` is 1: ``(B, T, L) -> (B, L)``."""
+    positions = torch.arange(attention_mask.shape[-1], device=attention_mask.device)
+    last = (positions * attention_mask.to(positions.dtype)).argmax(dim=-1).to(per_token.device)
+    return per_token[torch.arange(per_token.shape[0], device=per_token.device), last]
+
+
+def reduce_outputs(logits: torch.Tensor, reduction: str, index: int) -> torch.Tensor:
+    """One score per row from ``(B, L)`` head outputs: ``logits[:, index]`` or a reduction over ``L`` (float32)."""
+    logits = logits.float()
+    if reduction == "index":
+        return logits[:, index]
+    return {"mean": torch.mean, "sum": torch.sum, "max": torch.amax, "min": torch.amin}[reduction](logits, dim=-1)
+
+
+class RewardModelScorer:
+    """A HF sequence-classification RM, ready to score :class:`RMRequest` batches.
+
+    Args:
+        config: the RM settings.
+        device: where to run; default: the current accelerator when ``config.use_gpu``, else CPU.
+    """
+
+    def __init__(self, config: RMConfig, device: str | torch.device | None = None) -> None:
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        self.config = config
+        if device is None:
+            device = _default_device(config.use_gpu)
+        self.device = torch.device(device)
+        self.dtype = resolve_dtype(config.dtype, self.device.type != "cpu")
+        _check_dir(config.model_path, "model_path")
+        if config.retemplate != "never":
+            _check_dir(config.policy_tokenizer_path, "policy_tokenizer_path")
+
+        self.rm_tokenizer = AutoTokenizer.from_pretrained(config.model_path, trust_remote_code=config.trust_remote_code)
+        try:
+            model = AutoModelForSequenceClassification.from_pretrained(
+                config.model_path,
+                trust_remote_code=config.trust_remote_code,
+                attn_implementation=config.attn_implementation,
+                **_dtype_kwarg(self.dtype),
+            )
+        except (ValueError, ImportError) as err:
+            raise RewardModelError(
+                f"cannot load the RM from {config.model_path} with attn_implementation="
+                f"{config.attn_implementation!r}, trust_remote_code={config.trust_remote_code}: {err}. "
+                "Fix: try attn_implementation='eager'; set trust_remote_code=True only for an RM you trust"
+            ) from err
+        model.config.use_cache = False
+        self.model = model.to(self.device).eval().requires_grad_(False)
+        text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+
+        self.num_labels = int(model.config.num_labels)
+        self._check_score_index()
+        self.max_length = config.max_length or getattr(text_config, "max_position_embeddings", None)
+        # Padding positions are masked out, so the pad id only has to be a valid token id.
+        self.pad_id = next(
+            (i for i in (self.rm_tokenizer.pad_token_id, self.rm_tokenizer.eos_token_id) if i is not None), 0
+        )
+        self.head_name, self.head = self._find_head(config.score_head)
+        self._captured: torch.Tensor | None = None
+        if self.head is not None:
+            self.head.register_forward_hook(self._capture)
+            if getattr(text_config, "pad_token_id", None) is None:
+                # HF refuses batches > 1 without a pad id; the scorer reads scores by the mask, so any id will do.
+                text_config.pad_token_id = self.pad_id
+
+        self.policy_tokenizer = None
+        self.response_stop_ids: set[int] = set()
+        if config.retemplate != "never":
+            self.policy_tokenizer = AutoTokenizer.from_pretrained(
+                config.policy_tokenizer_path, trust_remote_code=config.trust_remote_code
+            )
+            self.response_stop_ids = _stop_ids(self.policy_tokenizer, config.policy_tokenizer_path)
+        if config.retemplate == "always":
+            self.retemplate = True
+        elif config.retemplate == "never":
+            self.retemplate = False
+        else:
+            self.retemplate = not tokenizers_match(self.policy_tokenizer, self.rm_tokenizer)
+        if self.retemplate and not getattr(self.rm_tokenizer, "chat_template", None):
+            raise RewardModelError(
+                f"the RM tokenizer at {config.model_path} has no chat template, so the conversation cannot be "
+                "re-rendered for it. Fix: give it one (tokenizer_config.json) or use an RM that shares the policy's "
+                "tokenizer and template"
+            )
+        self._stats = _zero_stats()
+        self._step = _zero_stats()
+        self._warned_truncation = False
+        logger.info(
+            "RM %s loaded on %s (%s, %s attention, %d output(s), head=%s, max_length=%s, retemplate=%s)",
+            config.model_path,
+            self.device,
+            self.dtype,
+            config.attn_implementation,
+            self.num_labels,
+            self.head_name,
+            self.max_length,
+            self.retemplate,
+        )
+
+    # ----------------------------------------------------------------------------------------------------- scoring
+
+    def prepare(self, request: RMRequest) -> tuple[list[int], bool]:
+        """The RM input ids for ``request`` and whether they were truncated (raises :class:`RewardInputError`)."""
+        return prepare_input_ids(
+            request,
+            rm_tokenizer=self.rm_tokenizer,
+            policy_tokenizer=self.policy_tokenizer,
+            retemplate=self.retemplate,
+            response_stop_ids=self.response_stop_ids,
+            max_length=self.max_length,
+        )
+
+    def score(self, requests: Sequence[RMRequest]) -> list[float | RewardModelError]:
+        """One entry per request: its score, or the error that kept that request from being scored.
+
+        A bad request (unusable input, NaN/inf score, a forward that failed for its micro-batch) fails only its own
+        entry; the call itself does not raise.
+        """
+        start = time.perf_counter()
+        results: list[float | RewardModelError | None] = [None] * len(requests)
+        inputs: list[list[int]] = []
+        owners: list[int] = []
+        truncated = 0
+        for i, request in enumerate(requests):
+            try:
+                ids, cut = self.prepare(request)
+            except RewardInputError as err:
+                results[i] = err
+                continue
+            except Exception as err:  # a tokenizer or template failure belongs to this item only
+                results[i] = RewardInputError(f"trajectory {_uid(request)}: cannot build RM input: {err!r}")
+                continue
+            truncated += cut
+            inputs.append(ids)
+            owners.append(i)
+
+        lengths = [len(ids) for ids in inputs]
+        for batch in plan_micro_batches(lengths, self.config.micro_batch_max_tokens):
+            scores = self._forward_safely([inputs[j] for j in batch])
+            for j, value in zip(batch, scores, strict=True):
+                i = owners[j]
+                if isinstance(value, RewardModelError):
+                    results[i] = value
+                elif not math.isfinite(value):
+                    results[i] = NonFiniteScoreError(f"trajectory {requests[i].uid}: the RM returned {value}")
+                else:
+                    results[i] = value
+
+        failed = sum(isinstance(r, Exception) for r in results)
+        self._count(len(requests), failed, truncated, sum(lengths), time.perf_counter() - start)
+        if truncated:
+            logger.debug("%d of %d RM inputs truncated to max_length=%s", truncated, len(requests), self.max_length)
+        assert all(r is not None for r in results), "every request gets a score or an error"
+        return results  # type: ignore[return-value]
+
+    def forward_ids(self, batch: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Scores (float32, one per row) of already prepared input ids, in one right-padded forward pass."""
+        width = max(len(ids) for ids in batch)
+        input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, ids in enumerate(batch):
+            input_ids[row, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
+            attention_mask[row, : len(ids)] = 1
+        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+        self._captured = None
+        with torch.inference_mode():
+            output = self.model(input_ids=input_ids, attention_mask=attention_mask)
+            per_token, self._captured = self._captured, None
+            if per_token is not None and per_token.dim() == 3 and per_token.shape[:2] == input_ids.shape:
+                logits = last_token_logits(per_token, attention_mask)
+            else:
+                logits = getattr(output, "logits", None)
+                if logits is None or logits.dim() != 2 or logits.shape[0] != len(batch):
+                    raise RewardModelError(
+                        f"the RM's output has no (batch, num_labels) logits (got {type(output).__name__}); "
+                        "set score_head to the module that produces the scores"
+                    )
+            return reduce_outputs(logits, self.config.score_reduction, self.config.score_index).cpu()
+
+    # ------------------------------------------------------------------------------------------------------- stats
+
+    def stats(self) -> dict[str, float]:
+        """Counters since load: requests, failed, truncated, tokens, busy_s (seconds inside score())."""
+        return dict(self._stats)
+
+    def pop_step_stats(self) -> dict[str, float]:
+        """Counters since the last call (one training step); truncations are logged here, once; then reset."""
+        step, self._step = self._step, _zero_stats()
+        if step["truncated"]:
+            logger.warning(
+                "RM step: %d of %d inputs truncated to max_length=%s (prompt start cut, response end kept); "
+                "%d failed",
+                step["truncated"],
+                step["requests"],
+                self.max_length,
+                step["failed"],
+            )
+        else:
+            logger.debug("RM step: %d requests, %d failed", step["requests"], step["failed"])
+        return step
+
+    # ----------------------------------------------------------------------------------------------------- helpers
+
+    def _forward_safely(self, batch: list[list[int]]) -> list[float | RewardModelError]:
+        """Scores of one micro-batch; on out-of-memory the micro-batch is halved, other failures fail its items."""
+        try:
+            return [float(v) for v in self.forward_ids(batch).tolist()]
+        except _OOM_ERRORS as err:
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            if len(batch) == 1:
+                return [RewardModelError(f"out of memory on a {len(batch[0])}-token input: {err}")]
+            half = len(batch) // 2
+            logger.warning("RM out of memory on %d rows; retrying in halves", len(batch))
+            return self._forward_safely(batch[:half]) + self._forward_safely(batch[half:])
+        except RewardModelError as err:
+            return [err] * len(batch)
+        except Exception as err:
+            logger.exception("RM forward failed on a micro-batch of %d rows", len(batch))
+            return [RewardModelError(f"RM forward failed: {err!r}") for _ in batch]
+
+    def _capture(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        self._captured = output if isinstance(output, torch.Tensor) else None
+
+    def _find_head(self, name: str) -> tuple[str, torch.nn.Module | None]:
+        """(name, module) of the head whose per-token output is read; (``"model logits"``, None) for none."""
+        if name == "none":
+            return "model logits", None
+        if name != "auto":
+            head = getattr(self.model, name, None)
+            if not isinstance(head, torch.nn.Module):
+                raise ValueError(
+                    f"score_head={name!r}: the model {type(self.model).__name__} has no such module. Fix: use 'auto', "
+                    "'none', or the name of the head module (see print(model))"
+                )
+            return name, head
+        for candidate in _AUTO_HEADS:
+            head = getattr(self.model, candidate, None)
+            if isinstance(head, torch.nn.Module):
+                return candidate, head
+        logger.warning(
+            "no score head among %s on %s; using the model's own pooled logits", _AUTO_HEADS, type(self.model).__name__
+        )
+        return "model logits", None
+
+    def _check_score_index(self) -> None:
+        cfg = self.config
+        if cfg.score_reduction == "index" and not -self.num_labels <= cfg.score_index < self.num_labels:
+            raise ValueError(
+                f"score_index={cfg.score_index!r}: the RM at {cfg.model_path} has {self.num_labels} output(s). "
+                f"Fix: use an index in [{-self.num_labels}, {self.num_labels - 1}] or a score_reduction"
+            )
+
+    def _count(self, requests: int, failed: int, truncated: int, tokens: int, seconds: float) -> None:
+        for counters in (self._stats, self._step):
+            counters["requests"] += requests
+            counters["failed"] += failed
+            counters["truncated"] += truncated
+            counters["tokens"] += tokens
+            counters["busy_s"] += seconds
+        if truncated and not self._warned_truncation:
+            self._warned_truncation = True
+            logger.warning(
+                "RM inputs longer than max_length=%s are being truncated (prompt start cut, response end kept); "
+                "see stats()['truncated']",
+                self.max_length,
+            )
+
+
+def _zero_stats() -> dict[str, float]:
+    return {"requests": 0, "failed": 0, "truncated": 0, "tokens": 0, "busy_s": 0.0}
+
+
+def _uid(request: Any) -> str:
+    return str(getattr(request, "uid", "?"))
+
+
+def _default_device(use_gpu: bool) -> torch.device:
+    if not use_gpu:
+        return torch.device("cpu")
+    from verl.utils.device import get_device_id, get_device_name
+
+    name = get_device_name()
+    if name == "cpu":
+        raise RewardModelError("use_gpu=True but this process sees no accelerator. Fix: use_gpu=False for CPU runs")
+    return torch.device(name, get_device_id())
+
+
+def _dtype_kwarg(dtype: torch.dtype) -> dict[str, torch.dtype]:
+    import transformers
+    from packaging.version import Version
+
+    # transformers renamed torch_dtype to dtype in 4.56.
+    key = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
+    return {key: dtype}
+
+
+def _check_dir(path: str | None, key: str) -> None:
+    if not path or not os.path.isdir(path):
+        import socket
+
+        raise RewardModelError(
+            f"{key}={path!r} is not a directory on host {socket.gethostname()}. Fix: the RM worker group loads models "
+            "from local paths; put the model on every node of the reward pool (or on shared storage)"
+        )
+
+
+def _stop_ids(tokenizer: Any, path: str) -> set[int]:
+    """Ids that end a policy response: EOS and pad of the tokenizer, and the EOS ids of its generation config."""
+    ids = {tokenizer.eos_token_id, tokenizer.pad_token_id}
+    try:
+        from transformers import GenerationConfig
+
+        eos = GenerationConfig.from_pretrained(path).eos_token_id
+        ids.update(eos if isinstance(eos, list) else [eos])
+    except OSError:  # no generation_config.json next to the tokenizer
+        pass
+    return {i for i in ids if i is not None}

@@ -1,0 +1,107 @@
+"""The RM worker: a verl ``Worker`` holding one full copy of the reward model (one data-parallel replica).
+
+Two ways to call it:
+
+- per replica (what the executor uses): ``wg.workers[i].score.remote(requests)``. Every public method of a verl
+  ``Worker`` is an ordinary Ray actor method, so the individual actor handles of a ``RayWorkerGroup`` can be called
+  directly; ``@register`` only adds the group-level dispatch on the ``RayWorkerGroup`` object. Each replica is
+  one executor slot. ``score`` returns one entry per request: a float, or the exception that failed that request.
+- whole group (a synchronous caller such as a verl trainer): ``wg.compute_rm_score(data)`` with ``Dispatch.
+  DP_COMPUTE_PROTO``: ``data`` is a ``DataProto`` whose ``non_tensor_batch["rm_requests"]`` holds the requests; it
+  is split across replicas (padded when ``meta_info["_verl_auto_padding"]`` is set, see
+  :func:`verl_async_rm.rm.pool.score_with_group`) and the reply holds ``batch["rm_scores"]`` (NaN where an item
+  failed) and ``non_tensor_batch["rm_errors"]`` (None or the exception). This call blocks on ``ray.get``.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+from verl import DataProto
+from verl.single_controller.base import Worker
+from verl.single_controller.base.decorator import Dispatch, register
+
+from verl_async_rm.errors import RewardModelError
+from verl_async_rm.rm.config import RMConfig
+from verl_async_rm.rm.request import RMRequest
+from verl_async_rm.rm.scorer import RewardModelScorer
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["RewardModelWorker"]
+
+
+class RewardModelWorker(Worker):
+    """One RM replica in the reward pool's ``RayWorkerGroup`` (the "rm_wg").
+
+    Args:
+        config: the RM settings; the model is loaded by :meth:`init_model`, not here, so that every replica of a
+            group loads in parallel.
+    """
+
+    def __init__(self, config: RMConfig) -> None:
+        super().__init__()
+        self.config = config
+        self._scorer: RewardModelScorer | None = None
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> dict[str, Any]:
+        """Load the RM on this replica's device; returns :meth:`describe`."""
+        if self._scorer is None:
+            self._scorer = RewardModelScorer(self.config)
+        return self.describe()
+
+    def score(self, requests: list[RMRequest]) -> list[float | RewardModelError]:
+        """One entry per request: its score, or the exception that kept that request from being scored."""
+        return self._require_scorer().score(requests)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
+    def compute_rm_score(self, data: DataProto) -> DataProto:
+        """Whole-group path: score ``data.non_tensor_batch["rm_requests"]`` (this replica's share)."""
+        results = self.score(list(data.non_tensor_batch["rm_requests"]))
+        scores = torch.tensor([r if isinstance(r, float) else float("nan") for r in results], dtype=torch.float32)
+        errors = np.empty(len(results), dtype=object)
+        errors[:] = [r if isinstance(r, Exception) else None for r in results]
+        # meta_info must be identical on every rank: DataProto.concat checks it.
+        return DataProto.from_dict(tensors={"rm_scores": scores}, non_tensors={"rm_errors": errors})
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def describe(self) -> dict[str, Any]:
+        """Where this replica runs and what it serves (node, device, dtype, retemplating, max_length)."""
+        context = ray.get_runtime_context()
+        info: dict[str, Any] = {
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "node_id": context.get_node_id(),
+            "node_ip": ray.util.get_node_ip_address(),
+            "model_path": self.config.model_path,
+            "loaded": self._scorer is not None,
+        }
+        if self._scorer is not None:
+            info.update(
+                device=str(self._scorer.device),
+                dtype=str(self._scorer.dtype),
+                retemplate=self._scorer.retemplate,
+                max_length=self._scorer.max_length,
+                num_labels=self._scorer.num_labels,
+            )
+        return info
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def stats(self) -> dict[str, float]:
+        """Counters since load: requests, failed, truncated, tokens, busy_s (seconds inside score())."""
+        return self._require_scorer().stats()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def pop_step_stats(self) -> dict[str, float]:
+        """Counters since the previous call; call once per training step (logs the truncation count once)."""
+        return self._require_scorer().pop_step_stats()
+
+    def _require_scorer(self) -> RewardModelScorer:
+        if self._scorer is None:
+            raise RewardModelError("the RM worker has no model yet: call init_model() first")
+        return self._scorer
