@@ -19,7 +19,10 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip the ``gpu`` tier where CUDA is not available."""
+    """Skip the ``gpu`` tier where CUDA is not available (torch is imported only if such tests were collected)."""
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if not gpu_items:
+        return
     try:
         import torch
 
@@ -29,9 +32,8 @@ def pytest_collection_modifyitems(config, items):
     if has_cuda:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    for item in gpu_items:
+        item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

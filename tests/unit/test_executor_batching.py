@@ -1,0 +1,332 @@
+"""Batch formation: slots, flush triggers (size, tokens, age, drain, expect), token budget, length grouping.
+
+Most tests run on a virtual-time loop (``run_virtual``): timers fire exactly, and time only moves when every task
+waits, so "resolves within max_wait + execution" is checked exactly and without real waiting. Batch functions are
+gated on events; nothing sleeps for correctness.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from verl_async_rm.executor import BatchPolicy, PendingRequestExecutor
+from verl_async_rm.executor.formation import select_batch
+from verl_async_rm.executor.request import Request
+from verl_async_rm.executor.testing import GatedBatchFn, run_virtual
+
+pytestmark = pytest.mark.unit
+
+HOUR_MS = 3_600_000.0  # a max_wait that never fires within a test
+
+
+def spawn(executor, items, **kwargs):
+    return [asyncio.ensure_future(executor.submit(item, **kwargs)) for item in items]
+
+
+async def idle(seconds: float = 0.0) -> None:
+    """Let every ready task run (and, on the virtual loop, let ``seconds`` of virtual time pass)."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+    if seconds:
+        await asyncio.sleep(seconds)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("k", [1, 3])
+async def test_burst_of_k_times_n_flushes_full_batches_at_once(k):
+    """Real event loop: k*N requests at once give k batches of exactly N, without waiting for max_wait."""
+    n = 8
+    fn = GatedBatchFn(lambda x: x + 1000)
+    executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=n, max_wait_ms=HOUR_MS), slots=k)
+    tasks = spawn(executor, range(k * n))
+    await asyncio.wait_for(fn.wait_calls(k), 60)
+    assert fn.batch_sizes == [n] * k and not any(t.done() for t in tasks)
+    fn.open()
+    assert await asyncio.wait_for(asyncio.gather(*tasks), 60) == [i + 1000 for i in range(k * n)]
+    stats = executor.stats()
+    assert stats["flush_reasons"]["size"] == k and stats["flush_reasons"]["age"] == 0
+    assert stats["completed"] == k * n and stats["mean_fill"] == 1.0
+    await executor.aclose()
+
+
+@pytest.mark.parametrize("count", [1, 7, 9, 19])  # 1, N-1, N+1, 2N+3 with N=8
+def test_every_count_resolves_within_max_wait_plus_execution(count):
+    n, wait_s, exec_s = 8, 0.020, 0.050
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        fn = GatedBatchFn(open=True, delay_s=exec_s)
+        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=n, max_wait_ms=wait_s * 1000), slots=3)
+        done_at = {}
+
+        async def one(i):
+            t0 = loop.time()
+            assert await executor.submit(i) == i
+            done_at[i] = loop.time() - t0
+
+        await asyncio.gather(*(one(i) for i in range(count)))
+        await executor.aclose()
+        return done_at, fn.batch_sizes
+
+    done_at, sizes = run_virtual(main)
+    assert len(done_at) == count
+    assert max(done_at.values()) <= wait_s + exec_s + 1e-9
+    assert sum(sizes) == count and max(sizes) <= n
+    if count < n:
+        assert min(done_at.values()) == pytest.approx(wait_s + exec_s)  # a partial batch waits exactly max_wait
+
+
+def test_lone_request_waits_exactly_max_wait_then_runs():
+    async def main():
+        loop = asyncio.get_running_loop()
+        fn = GatedBatchFn(open=True, delay_s=0.010)
+        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=64, max_wait_ms=25))
+        latencies = []
+        for i in range(3):
+            t0 = loop.time()
+            await executor.submit(i)
+            latencies.append(loop.time() - t0)
+            await asyncio.sleep(1.0)  # low load: the next request arrives long after
+        stats = executor.stats()
+        await executor.aclose()
+        return latencies, stats
+
+    latencies, stats = run_virtual(main)
+    assert latencies == [pytest.approx(0.035)] * 3
+    assert stats["flush_reasons"]["age"] == 3 and stats["wait_ms"]["max"] == pytest.approx(25.0)
+
+
+def test_max_wait_zero_is_work_conserving():
+    async def main():
+        fn = GatedBatchFn(open=True, delay_s=0.010)
+        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=8, max_wait_ms=0), slots=2)
+        first = spawn(executor, ["a"])
+        await idle()
+        assert fn.batch_sizes == [1]  # an idle slot takes the lone request at once
+        rest = spawn(executor, ["b", "c", "d"])
+        await asyncio.gather(*first, *rest)
+        await executor.aclose()
+        return fn.batch_sizes
+
+    assert run_virtual(main) == [1, 3]
+
+
+def test_drain_flushes_a_partial_batch_at_once_and_later_requests_wait():
+    async def main():
+        loop = asyncio.get_running_loop()
+        fn = GatedBatchFn(open=True)
+        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=8, max_wait_ms=HOUR_MS))
+        tasks = spawn(executor, range(5))
+        await idle(10.0)
+        assert fn.calls == [] and not any(t.done() for t in tasks)
+        t_drain = loop.time()
+        assert executor.drain() == 5
+        await asyncio.gather(*tasks)
+        assert loop.time() == t_drain  # no waiting at all
+        late = spawn(executor, ["late"])
+        await idle(10.0)
+        assert not late[0].done()  # requests after the drain wait as usual
+        executor.drain()
+        await late[0]
+        stats = executor.stats()
+        await executor.aclose()
+        return fn.batch_sizes, stats
+
+    sizes, stats = run_virtual(main)
+    assert sizes == [5, 1] and stats["flush_reasons"]["drain"] == 2
+
+
+def test_drain_splits_evenly_across_free_slots():
+    async def main():
+        fn = GatedBatchFn()
+        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=16, max_wait_ms=HOUR_MS), slots=3)
+        tasks = spawn(executor, range(10))
+        await idle()
+        executor.drain()
+        await fn.wait_calls(3)
+        fn.open()
+        await asyncio.gather(*tasks)
+        await executor.aclose()
+        return sorted(fn.batch_sizes), {slot for _, slot in fn.calls}
+
+    sizes, slots = run_virtual(main)
+    assert sizes == [3, 3, 4] and slots == {0, 1, 2}
+
+
+def test_expect_flushes_on_the_nth_request_of_the_step():
+    async def main():
+        fn = GatedBatchFn(open=True)
+        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=16, max_wait_ms=HOUR_MS))
+        early = spawn(executor, range(2))  # arrive before expect(): they belong to this step too
+        await idle()
+        executor.expect(5)
+        more = spawn(executor, range(2, 4))
+        await idle(1.0)
+        assert fn.calls == []
+        last = spawn(executor, [4])
+        await asyncio.gather(*early, *more, *last)
+        # the next step: expect() after all its requests arrived flushes at once
+        nxt = spawn(executor, range(10, 13))
+        await idle()
+        assert fn.batch_sizes == [5]
+        executor.expect(3)
+        await asyncio.gather(*nxt)
+        stats = executor.stats()
+        await executor.aclose()
+        return fn.batch_sizes, stats
+
+    sizes, stats = run_virtual(main)
+    assert sizes == [5, 3] and stats["flush_reasons"]["expect"] == 2
+
+
+def test_saturation_grows_batches_to_the_cap():
+    """Arrivals faster than the RM: while the slot is busy requests pile up, so every batch leaves full."""
+    cap, exec_s = 16, 0.050
+
+    async def main():
+        fn = GatedBatchFn(open=True, delay_s=exec_s)
+        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=cap, max_wait_ms=5))
+        tasks = []
+        for i in range(20 * cap):
+            tasks.append(asyncio.ensure_future(executor.submit(i)))
+            await asyncio.sleep(exec_s / (2 * cap))  # twice the rate one slot can serve
+        await asyncio.gather(*tasks)
+        stats = executor.stats()
+        await executor.aclose()
+        return fn.batch_sizes, stats
+
+    sizes, stats = run_virtual(main)
+    assert sum(sizes) == 20 * cap
+    assert all(size == cap for size in sizes[1:-1]), sizes
+    assert stats["mean_fill"] >= 0.9
+
+
+def test_an_idle_slot_never_waits_for_a_busy_one():
+    async def main():
+        fn = GatedBatchFn()
+        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=4, max_wait_ms=HOUR_MS),
+                                          slots=["replica-a", "replica-b"])
+        first = spawn(executor, range(4))
+        await fn.wait_calls(1)
+        second = spawn(executor, range(4, 8))  # replica-a is still busy: replica-b takes the next full batch
+        await fn.wait_calls(2)
+        assert [slot for _, slot in fn.calls] == ["replica-a", "replica-b"]
+        third = spawn(executor, range(8, 12))
+        await idle()
+        assert len(fn.calls) == 2 and executor.stats()["queue_len"] == 4  # no slot free: no batch is formed
+        fn.open()
+        await asyncio.gather(*first, *second, *third)
+        await executor.aclose()
+        return fn.max_active
+
+    assert run_virtual(main) == 2
+
+
+def test_whole_group_mode_never_waits_for_a_multiple():
+    async def main():
+        fn = GatedBatchFn(open=True)
+        policy = BatchPolicy(max_batch_size=8, max_wait_ms=10, pad_multiple=4)
+        executor = PendingRequestExecutor(fn, policy, slots=1)
+        await asyncio.gather(*spawn(executor, range(5)))
+        stats = executor.stats()
+        await executor.aclose()
+        return fn.batch_sizes, stats
+
+    sizes, stats = run_virtual(main)
+    assert sizes == [5] and stats["pad_multiple_slots"] == 3 and stats["flush_reasons"]["age"] == 1
+
+
+def test_token_budget_flushes_at_once_and_caps_tokens():
+    async def main():
+        fn = GatedBatchFn(open=True)
+        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=64, max_batch_tokens=100,
+                                                          max_wait_ms=HOUR_MS))
+        await asyncio.gather(*spawn(executor, range(9), num_tokens=30))
+        stats = executor.stats()
+        await executor.aclose()
+        return fn.batch_sizes, stats
+
+    sizes, stats = run_virtual(main)
+    assert sizes[:2] == [3, 3] and sum(sizes) == 9
+    assert stats["flush_reasons"]["tokens"] >= 2
+
+
+@pytest.mark.parametrize("group", [False, True])
+def test_oversized_item_goes_alone_and_a_deferred_item_keeps_its_place(group):
+    async def main():
+        fn = GatedBatchFn(open=True)
+        policy = BatchPolicy(max_batch_size=8, max_batch_tokens=100, max_wait_ms=HOUR_MS, group_by_length=group)
+        executor = PendingRequestExecutor(fn, policy)
+        tasks = []
+        for name, tokens in [("huge", 150), ("a60", 60), ("b50", 50), ("c10", 10)]:
+            tasks.append(asyncio.ensure_future(executor.submit(name, num_tokens=tokens)))
+        await idle()
+        executor.drain()
+        await asyncio.gather(*tasks)
+        await executor.aclose()
+        return [items for items, _ in fn.calls]
+
+    calls = run_virtual(main)
+    assert calls[0] == ["huge"]
+    if group:  # grouping may fill the room the deferred b50 leaves, but b50 still opens the next batch
+        assert calls[1:] == [["a60", "c10"], ["b50"]]
+    else:
+        assert calls[1:] == [["a60"], ["b50", "c10"]]
+
+
+def _lengths_run(group: bool):
+    async def main():
+        fn = GatedBatchFn()
+        policy = BatchPolicy(max_batch_size=8, max_wait_ms=HOUR_MS, group_by_length=group)
+        executor = PendingRequestExecutor(fn, policy)
+        blocker = spawn(executor, ["blocker"] * 8, num_tokens=5)  # fills and holds the only slot
+        await fn.wait_calls(1)
+        lengths = [10, 1000] * 8
+        tasks = [asyncio.ensure_future(executor.submit(n, num_tokens=n)) for n in lengths]
+        await idle()
+        fn.open()
+        await asyncio.gather(*blocker, *tasks)
+        stats = executor.stats()
+        await executor.aclose()
+        return [items for items, _ in fn.calls[1:]], stats
+
+    return run_virtual(main)
+
+
+def test_length_grouping_cuts_padding():
+    grouped, grouped_stats = _lengths_run(True)
+    mixed, mixed_stats = _lengths_run(False)
+    assert grouped == [[10] * 8, [1000] * 8]
+    assert all(len(set(batch)) == 2 for batch in mixed)
+    assert grouped_stats["padding_fraction"] == 0.0 < mixed_stats["padding_fraction"]
+
+
+def _req(seq, tokens, t):
+    return Request(seq, f"r{seq}", tokens, t, None, None)  # type: ignore[arg-type]
+
+
+def test_grouping_takes_every_due_request_before_closer_younger_ones():
+    # r1 (short) and r2 (long) are due; r3..r9 (short, closer to r1's length) are not.
+    queue = [_req(1, 10, 0.0), _req(2, 900, 0.0)] + [_req(i, 10, 5.0) for i in range(3, 10)]
+    picked = select_batch(queue, count=len(queue), pending_tokens=sum(r.num_tokens for r in queue), max_items=4,
+                          max_tokens=None, due_before=1.0, group_by_length=True, window=16)
+    assert [r.seq for r in picked] == [1, 2, 3, 4]
+
+
+def test_grouping_prefers_due_requests_even_after_a_token_deferral():
+    queue = [_req(1, 50, 0.0), _req(2, 60, 0.0), _req(3, 40, 0.0), _req(4, 50, 5.0)]
+    picked = select_batch(queue, count=4, pending_tokens=200, max_items=4, max_tokens=100, due_before=1.0,
+                          group_by_length=True, window=16)
+    assert [r.seq for r in picked] == [1, 3]  # r2 deferred (does not fit), r3 due goes before the closer r4
+
+
+def test_select_batch_respects_both_caps():
+    queue = [_req(i, 7, 0.0) for i in range(1, 30)]
+    for max_items, max_tokens in [(4, None), (64, 30), (3, 100), (1, None)]:
+        picked = select_batch(queue, count=len(queue), pending_tokens=7 * 29, max_items=max_items,
+                              max_tokens=max_tokens, due_before=-1.0, group_by_length=True, window=8)
+        assert 1 <= len(picked) <= max_items
+        assert max_tokens is None or sum(r.num_tokens for r in picked) <= max_tokens
+        assert picked[0].seq == 1  # the oldest request always leaves first

@@ -1,0 +1,365 @@
+"""Failures: a raising batch_fn, wrong-length or malformed answers, per-item exceptions, bisection of poison items,
+batch timeouts, crashes of the batching loop, and shutdown. After each, the executor keeps serving."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+
+from verl_async_rm.errors import (
+    AsyncRMError,
+    BatchResultError,
+    ExecutorClosedError,
+    ExecutorCrashedError,
+    RequestTimeoutError,
+)
+from verl_async_rm.executor import BatchPolicy, PendingRequestExecutor
+from verl_async_rm.executor.runner import bisect_budget
+from verl_async_rm.executor.stats import ExecutorStats
+from verl_async_rm.executor.testing import GatedBatchFn, run_virtual
+
+pytestmark = pytest.mark.unit
+
+HOUR_MS = 3_600_000.0
+
+
+class Poison(ValueError):
+    pass
+
+
+def spawn(executor, items, **kwargs):
+    return [asyncio.ensure_future(executor.submit(item, **kwargs)) for item in items]
+
+
+async def outcomes(tasks):
+    """Each task's result, or its exception."""
+    done = await asyncio.gather(*tasks, return_exceptions=True)
+    return list(done)
+
+
+async def still_serves(executor, fn):
+    fn.open()
+    assert await asyncio.gather(*spawn(executor, ["again"])) == ["again"]
+
+
+def test_raising_batch_fails_every_caller_and_the_executor_keeps_serving():
+    async def main():
+        boom = RuntimeError("rm forward failed")
+        fn = GatedBatchFn(open=True, raise_if=lambda items: boom if "bad" in items else None)
+        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=4, bisect_on_error=False))
+        results = await outcomes(spawn(executor, ["a", "bad", "c", "d"]))
+        assert results == [boom] * 4
+        await still_serves(executor, fn)
+        stats = executor.stats()
+        await executor.aclose()
+        return stats
+
+    stats = run_virtual(main)
+    assert stats["failed"] == 4 and stats["completed"] == 1 and stats["bisect_calls"] == 0
+
+
+@pytest.mark.parametrize("answer", [lambda items: items[:-1], lambda items: items + ["extra"],
+                                    lambda items: None, lambda items: {"a": 1}])
+def test_malformed_answer_fails_the_batch_with_a_clear_error(answer):
+    async def main():
+        class Bad(GatedBatchFn):
+            broken = True
+
+            async def __call__(self, items, slot):
+                out = await super().__call__(items, slot)
+                if self.broken:
+                    self.broken = False
+                    return answer(items)
+                return out
+
+        fn = Bad(open=True)
+        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=3))
+        results = await outcomes(spawn(executor, ["a", "b", "c"]))
+        assert all(isinstance(r, BatchResultError) for r in results)
+        assert "one entry per item" in str(results[0]) and "batch of 3" in str(results[0])
+        assert len(fn.calls) == 1  # a broken contract is not bisected
+        await still_serves(executor, fn)
+        await executor.aclose()
+
+    run_virtual(main)
+
+
+def test_a_blocking_batch_fn_is_reported():
+    async def main():
+        def sync_fn(items, slot):
+            return items
+
+        executor = PendingRequestExecutor(sync_fn)
+        with pytest.raises(BatchResultError, match="async"):
+            await executor.submit("x")
+        await executor.aclose()
+
+    run_virtual(main)
+
+
+def test_per_item_exceptions_reach_only_their_callers():
+    async def main():
+        fn = GatedBatchFn(lambda x: Poison(f"cannot score {x}") if x % 3 == 0 else x * 10, open=True)
+        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=6, max_wait_ms=1))
+        results = await outcomes(spawn(executor, range(6)))
+        stats = executor.stats()
+        await executor.aclose()
+        return results, stats, fn.batch_sizes
+
+    results, stats, sizes = run_virtual(main)
+    assert sizes == [6]
+    for i, r in enumerate(results):
+        if i % 3 == 0:
+            assert isinstance(r, Poison) and str(i) in str(r)
+        else:
+            assert r == i * 10
+    assert stats["failed"] == 2 and stats["completed"] == 4
+
+
+def _bisect_run(size: int, poison: set[int], enabled: bool = True):
+    async def main():
+        fn = GatedBatchFn(open=True, raise_if=lambda items: Poison(f"poison in {items}") if poison & set(items)
+                          else None)
+        policy = BatchPolicy(max_batch_size=size, max_wait_ms=HOUR_MS, bisect_on_error=enabled)
+        executor = PendingRequestExecutor(fn, policy)
+        results = await outcomes(spawn(executor, range(size)))
+        stats = executor.stats()
+        await executor.aclose()
+        return results, len(fn.calls) - 1, stats
+
+    return run_virtual(main)
+
+
+@pytest.mark.parametrize("size", [2, 5, 13, 16, 64])
+def test_bisection_isolates_one_poison_item_anywhere_within_the_budget(size):
+    for position in range(size):
+        results, extra_calls, stats = _bisect_run(size, {position})
+        assert extra_calls <= bisect_budget(size) == 2 * math.ceil(math.log2(size))
+        assert stats["bisect_calls"] == extra_calls
+        for i, r in enumerate(results):
+            if i == position:
+                assert isinstance(r, Poison)
+            else:
+                assert r == i, (size, position, i, r)
+
+
+def test_bisection_with_two_poison_items_and_with_everything_failing_stays_bounded():
+    results, extra, _ = _bisect_run(16, {3, 12})
+    assert extra <= bisect_budget(16)
+    assert isinstance(results[3], Poison) and isinstance(results[12], Poison)
+    assert sum(isinstance(r, Poison) for r in results) < 16  # most callers still got their result
+    results, extra, _ = _bisect_run(64, set(range(64)))  # a systemic failure
+    assert extra <= bisect_budget(64) and all(isinstance(r, Poison) for r in results)
+
+
+def test_bisection_can_be_turned_off():
+    results, extra, _ = _bisect_run(8, {5}, enabled=False)
+    assert extra == 0 and all(isinstance(r, Poison) for r in results)
+
+
+def test_batch_timeout_frees_the_slot_and_fails_the_batch():
+    async def main():
+        hang = asyncio.Event()
+
+        async def batch_fn(items, slot):
+            if "hang" in items:
+                await hang.wait()  # never set
+            return items
+
+        executor = PendingRequestExecutor(batch_fn, BatchPolicy(max_batch_size=2, max_wait_ms=1,
+                                                                batch_timeout_s=5.0))
+        stuck = await outcomes(spawn(executor, ["hang", "x"]))
+        assert all(isinstance(r, RequestTimeoutError) and "batch_timeout_s" in str(r) for r in stuck)
+        assert await executor.submit("fine") == "fine"
+        stats = executor.stats()
+        await executor.aclose()
+        return stats
+
+    stats = run_virtual(main)
+    assert stats["timed_out"] == 2 and stats["completed"] == 1
+
+
+def test_a_crash_of_the_loop_fails_pending_requests_with_the_cause_and_the_loop_restarts():
+    async def main():
+        fn = GatedBatchFn(open=True)
+        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=4, max_wait_ms=10))
+        real = executor._flush_reason
+        bug = KeyError("bug in the loop")
+        crashes = []
+
+        def flaky(now):
+            if not crashes:
+                crashes.append(now)
+                raise bug
+            return real(now)
+
+        executor._flush_reason = flaky
+        results = await outcomes(spawn(executor, ["a", "b"]))
+        assert all(isinstance(r, ExecutorCrashedError) and r.__cause__ is bug for r in results)
+        assert await asyncio.gather(*spawn(executor, ["c", "d"])) == ["c", "d"]
+        stats = executor.stats()
+        await executor.aclose()
+        return stats
+
+    stats = run_virtual(main)
+    assert stats["loop_restarts"] == 1 and stats["loop_alive"] is True
+    assert stats["failed"] == 2 and stats["completed"] == 2
+
+
+def test_a_crash_while_dispatching_strands_nobody(monkeypatch):
+    async def main():
+        fn = GatedBatchFn(open=True)
+        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=3, max_wait_ms=10))
+        real = ExecutorStats.record_batch
+        calls = []
+
+        def flaky(self, *args):
+            calls.append(args)
+            if len(calls) == 1:
+                raise MemoryError("while recording")  # after the requests left the queue
+            return real(self, *args)
+
+        monkeypatch.setattr(ExecutorStats, "record_batch", flaky)
+        first = await outcomes(spawn(executor, ["a", "b", "c", "d"]))
+        assert [type(r) for r in first[:3]] == [ExecutorCrashedError] * 3
+        assert isinstance(first[3], ExecutorCrashedError)  # still waiting when the loop died
+        assert await executor.submit("e") == "e"
+        stats = executor.stats()
+        await executor.aclose()
+        return fn.seen, stats
+
+    seen, stats = run_virtual(main)
+    assert seen == ["e"] and stats["queue_len"] == 0 and stats["free_slots"] == 1
+
+
+def test_if_the_loop_task_is_killed_waiting_requests_fail_and_the_next_submit_restarts_it():
+    async def main():
+        fn = GatedBatchFn(open=True)
+        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=4, max_wait_ms=HOUR_MS))
+        tasks = spawn(executor, ["a", "b"])
+        await asyncio.sleep(0)
+        executor._supervisor.cancel()
+        results = await outcomes(tasks)
+        assert all(isinstance(r, ExecutorCrashedError) for r in results)
+        assert executor.stats()["loop_alive"] is False
+        later = spawn(executor, ["c"])
+        await asyncio.sleep(0)
+        executor.drain()
+        assert await later[0] == "c"
+        await executor.aclose()
+
+    run_virtual(main)
+
+
+def test_aclose_fails_waiting_requests_and_lets_running_batches_finish():
+    async def main():
+        fn = GatedBatchFn()
+        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=2, max_wait_ms=HOUR_MS, max_pending=2))
+        running = spawn(executor, ["r1", "r2"])
+        await fn.wait_calls(1)
+        waiting = spawn(executor, ["w1"])
+        blocked = spawn(executor, ["w2", "b1"])  # max_pending=2 blocks the last one
+        await asyncio.sleep(0)
+        assert executor.stats()["blocked"] == 1
+        closing = asyncio.ensure_future(executor.aclose(grace_s=60))
+        await asyncio.sleep(0)
+        results = await outcomes(waiting + blocked)
+        assert all(isinstance(r, ExecutorClosedError) for r in results)
+        assert not closing.done()  # waiting for the running batch
+        fn.open()
+        assert await asyncio.gather(*running) == ["r1", "r2"]
+        await closing
+        with pytest.raises(ExecutorClosedError):
+            await executor.submit("after")
+        await executor.aclose()  # idempotent
+        return executor.stats()
+
+    stats = run_virtual(main)
+    assert stats["completed"] == 2 and stats["failed"] == 3 and stats["rejected"] == 1 and stats["closed"]
+
+
+def test_aclose_cancels_batches_that_outlive_the_grace_period():
+    async def main():
+        fn = GatedBatchFn()  # never opened
+        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=2, max_wait_ms=1))
+        running = spawn(executor, ["r1", "r2"])
+        await fn.wait_calls(1)
+        await executor.aclose(grace_s=2.0)
+        results = await outcomes(running)
+        assert all(isinstance(r, ExecutorClosedError) and isinstance(r, AsyncRMError) for r in results)
+        assert executor.stats()["in_flight_batches"] == 0
+
+    run_virtual(main)
+
+
+def test_aclose_does_not_hang_on_a_batch_fn_that_ignores_cancellation():
+    async def main():
+        async def stubborn(items, slot):
+            while True:
+                try:
+                    await asyncio.sleep(1000)
+                except asyncio.CancelledError:
+                    continue
+
+        executor = PendingRequestExecutor(stubborn, BatchPolicy(max_batch_size=1, max_wait_ms=0))
+        running = spawn(executor, ["x"])
+        await asyncio.sleep(0.5)
+        await executor.aclose(grace_s=1.0)
+        assert isinstance((await outcomes(running))[0], ExecutorClosedError)
+
+    run_virtual(main, timeout_s=100.0)
+
+
+@pytest.mark.parametrize("batch_timeout_s", [None, 5.0])
+def test_a_batch_fn_that_raises_cancelled_error_by_itself_fails_its_batch_not_the_executor(batch_timeout_s):
+    async def main():
+        async def cancels_itself(items, slot):
+            if "x" in items:
+                raise asyncio.CancelledError()
+            return items
+
+        policy = BatchPolicy(max_batch_size=2, max_wait_ms=1, batch_timeout_s=batch_timeout_s)
+        executor = PendingRequestExecutor(cancels_itself, policy)
+        results = await outcomes(spawn(executor, ["x", "y"]))
+        assert all(isinstance(r, BatchResultError) and "CancelledError" in str(r) for r in results)
+        assert await executor.submit("z") == "z"
+        await executor.aclose()
+
+    run_virtual(main)
+
+
+def test_aclose_also_stops_a_call_running_under_batch_timeout():
+    async def main():
+        stopped = asyncio.Event()
+
+        async def long_call(items, slot):
+            try:
+                await asyncio.sleep(100)
+            finally:
+                stopped.set()
+            return items
+
+        executor = PendingRequestExecutor(long_call, BatchPolicy(max_batch_size=1, max_wait_ms=0,
+                                                                 batch_timeout_s=50.0))
+        running = spawn(executor, ["a"])
+        await asyncio.sleep(1)
+        await executor.aclose(grace_s=0)
+        assert isinstance((await outcomes(running))[0], ExecutorClosedError)
+        await asyncio.sleep(0)
+        assert stopped.is_set()
+
+    run_virtual(main)
+
+
+def test_async_with_closes_the_executor():
+    async def main():
+        fn = GatedBatchFn(open=True)
+        async with PendingRequestExecutor(fn, BatchPolicy(max_batch_size=2, max_wait_ms=1)) as executor:
+            assert await executor.submit(1) == 1
+        assert executor.stats()["closed"]
+        with pytest.raises(ExecutorClosedError):
+            await executor.submit(2)
+
+    run_virtual(main)

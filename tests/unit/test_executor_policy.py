@@ -1,0 +1,132 @@
+"""BatchPolicy validation and the argument checks of PendingRequestExecutor (constructor, submit, expect)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+
+from verl_async_rm.executor import BatchPolicy, PendingRequestExecutor
+from verl_async_rm.executor.testing import GatedBatchFn, run_virtual
+
+pytestmark = pytest.mark.unit
+
+
+def test_defaults_are_valid_and_round_trip():
+    policy = BatchPolicy()
+    assert policy.max_batch_size >= 1 and policy.overflow == "block"
+    assert BatchPolicy.from_mapping(policy.to_dict()) == policy
+    assert BatchPolicy.from_mapping(None) == policy
+    assert BatchPolicy.from_mapping(policy) is policy
+    assert BatchPolicy(max_wait_ms=5).max_wait_s == pytest.approx(0.005)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "error"),
+    [
+        ("max_batch_size", 0, ValueError),
+        ("max_batch_size", -3, ValueError),
+        ("max_batch_size", 2.5, TypeError),
+        ("max_batch_size", True, TypeError),
+        ("max_batch_tokens", 0, ValueError),
+        ("max_batch_tokens", "many", TypeError),
+        ("max_wait_ms", -1, ValueError),
+        ("max_wait_ms", math.inf, ValueError),
+        ("max_wait_ms", math.nan, ValueError),
+        ("max_wait_ms", "10", TypeError),
+        ("max_pending", 0, ValueError),
+        ("overflow", "drop", ValueError),
+        ("default_deadline_s", 0, ValueError),
+        ("default_deadline_s", -1.0, ValueError),
+        ("batch_timeout_s", math.inf, ValueError),
+        ("group_by_length", "yes", TypeError),
+        ("bisect_on_error", 1, TypeError),
+        ("pad_multiple", 0, ValueError),
+    ],
+)
+def test_bad_values_name_the_field_the_value_and_a_fix(field, value, error):
+    with pytest.raises(error) as info:
+        BatchPolicy(**{field: value})
+    message = str(info.value)
+    assert field in message
+    assert repr(value) in message or str(value) in message
+    if field != "group_by_length" and field != "bisect_on_error":
+        assert any(word in message for word in ("set ", "use ", "give ")), message
+
+
+def test_max_batch_size_must_be_a_multiple_of_pad_multiple():
+    with pytest.raises(ValueError, match="multiple of pad_multiple=4"):
+        BatchPolicy(max_batch_size=6, pad_multiple=4)
+    assert BatchPolicy(max_batch_size=8, pad_multiple=4).pad_multiple == 4
+
+
+def test_from_mapping_rejects_unknown_keys_and_non_mappings():
+    with pytest.raises(ValueError, match="max_batch_szie"):
+        BatchPolicy.from_mapping({"max_batch_szie": 4})
+    with pytest.raises(TypeError):
+        BatchPolicy.from_mapping([("max_batch_size", 4)])  # type: ignore[arg-type]
+    assert BatchPolicy.from_mapping({"max_batch_size": 4, "overflow": "reject"}).overflow == "reject"
+
+
+def test_policy_is_frozen():
+    with pytest.raises(AttributeError):
+        BatchPolicy().max_batch_size = 3  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("slots", [0, -1, [], (), "ab", True, 2.0])
+def test_executor_rejects_bad_slots(slots):
+    with pytest.raises((ValueError, TypeError), match="slot"):
+        PendingRequestExecutor(GatedBatchFn(), slots=slots)
+
+
+def test_executor_rejects_a_non_callable_batch_fn():
+    with pytest.raises(TypeError, match="batch_fn"):
+        PendingRequestExecutor("not callable")  # type: ignore[arg-type]
+
+
+def test_executor_accepts_a_policy_mapping_and_slot_objects():
+    executor = PendingRequestExecutor(GatedBatchFn(), {"max_batch_size": 3}, slots=["a", "b"])
+    assert executor.policy.max_batch_size == 3
+    assert executor.stats()["slots"] == 2
+
+
+def test_submit_and_expect_validate_their_arguments():
+    async def main():
+        executor = PendingRequestExecutor(GatedBatchFn(open=True), BatchPolicy(max_batch_tokens=10))
+        with pytest.raises(ValueError, match="num_tokens"):
+            await executor.submit("x")
+        with pytest.raises(ValueError, match="num_tokens"):
+            await executor.submit("x", num_tokens=-1)
+        with pytest.raises(TypeError, match="num_tokens"):
+            await executor.submit("x", num_tokens=True)
+        with pytest.raises(TypeError, match="num_tokens"):
+            await executor.submit("x", num_tokens=2.5)
+        with pytest.raises(ValueError, match="deadline_s"):
+            await executor.submit("x", num_tokens=1, deadline_s=0)
+        with pytest.raises(ValueError, match="deadline_s"):
+            await executor.submit("x", num_tokens=1, deadline_s=math.nan)
+        for bad in (0, -2, 1.5, True):
+            with pytest.raises(ValueError, match="expect"):
+                executor.expect(bad)
+        assert executor.stats()["submitted"] == 0
+        assert await executor.submit("ok", num_tokens=3) == "ok"
+        await executor.aclose()
+
+    run_virtual(main)
+
+
+def test_the_executor_package_imports_without_ray():
+    import subprocess
+    import sys
+
+    code = "import sys, verl_async_rm.executor; assert 'ray' not in sys.modules, 'ray was imported'"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_the_virtual_loop_turns_a_hang_into_an_error():
+    async def hangs():
+        await asyncio.Event().wait()
+
+    with pytest.raises(asyncio.TimeoutError):
+        run_virtual(hangs, timeout_s=5.0)

@@ -1,0 +1,171 @@
+"""``BatchPolicy``: when the executor flushes a batch, how big it may be, and what happens under overload.
+
+The policy is a frozen dataclass validated in ``__post_init__``: a bad value raises ``ValueError`` (or ``TypeError`` for
+a value of the wrong kind) naming the field, the value and the fix. Build it from a plain mapping (for example the
+``async_rm`` section of a verl config converted to a dict) with :meth:`BatchPolicy.from_mapping`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["BatchPolicy", "OVERFLOW_MODES"]
+
+#: What ``submit`` does when ``max_pending`` requests are already waiting.
+OVERFLOW_MODES = ("block", "reject")
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    """How the pending-request executor forms batches.
+
+    A batch is formed only when a slot (an RM replica, or the whole sharded RM) is free, and then only if one of these
+    holds: ``max_batch_size`` requests are pending; ``max_batch_tokens`` tokens are pending; the OLDEST pending request
+    has waited ``max_wait_ms``; or a drain (``drain()`` / ``expect(n)``) covers the oldest request.
+    """
+
+    max_batch_size: int = field(
+        default=32,
+        metadata={"help": "Most requests in one batch_fn call; a batch this full is flushed at once."},
+    )
+    max_batch_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "Most tokens (sum of each request's num_tokens) in one batch; None disables the budget. "
+            "A request larger than the budget is sent alone. When set, every submit must give num_tokens."
+        },
+    )
+    max_wait_ms: float = field(
+        default=20.0,
+        metadata={
+            "help": "Flush once the OLDEST pending request has waited this long (and a slot is free). "
+            "0 makes the executor work-conserving: any free slot takes whatever is pending."
+        },
+    )
+    max_pending: int | None = field(
+        default=None,
+        metadata={"help": "Most requests waiting for a batch (not counting running ones); None means unbounded."},
+    )
+    overflow: str = field(
+        default="block",
+        metadata={
+            "help": "When max_pending requests are waiting: 'block' makes submit wait for room, 'reject' raises "
+            "QueueFullError at once."
+        },
+    )
+    default_deadline_s: float | None = field(
+        default=None,
+        metadata={
+            "help": "Deadline, in seconds from submit, for requests that give none; None means no deadline. "
+            "A request past its deadline fails with RequestTimeoutError, whether it is waiting or running."
+        },
+    )
+    batch_timeout_s: float | None = field(
+        default=None,
+        metadata={
+            "help": "Cancel a batch_fn call that runs longer than this and fail its requests with RequestTimeoutError, "
+            "freeing the slot; None lets a call run as long as it needs."
+        },
+    )
+    group_by_length: bool = field(
+        default=True,
+        metadata={
+            "help": "When more requests are pending than fit in one batch, pick those closest in num_tokens to the "
+            "oldest one (after every request already past max_wait_ms) to cut padding."
+        },
+    )
+    bisect_on_error: bool = field(
+        default=True,
+        metadata={
+            "help": "When batch_fn raises on a batch of several requests, split it in halves and retry to find the "
+            "failing request(s); at most 2*ceil(log2(batch size)) extra calls per failed batch."
+        },
+    )
+    pad_multiple: int = field(
+        default=1,
+        metadata={
+            "help": "The dispatch layer pads each batch to a multiple of this (the RM's data-parallel size in "
+            "whole-group mode). The executor never waits for a multiple; it only reports the padding in stats()."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        _check_int("max_batch_size", self.max_batch_size, minimum=1, fix="set it to the most requests one RM call "
+                   "should score, for example 64")
+        if self.max_batch_tokens is not None:
+            _check_int("max_batch_tokens", self.max_batch_tokens, minimum=1, fix="set it to the token budget of one "
+                       "RM call (for example 65536), or None to disable the budget")
+        _check_seconds("max_wait_ms", self.max_wait_ms, allow_zero=True, unit="ms",
+                       fix="set it to how long the oldest request may wait for a batch to fill, for example 20")
+        object.__setattr__(self, "max_wait_ms", float(self.max_wait_ms))
+        if self.max_pending is not None:
+            _check_int("max_pending", self.max_pending, minimum=1, fix="set it to the most requests allowed to wait "
+                       "(for example 65536), or None for no bound")
+        if self.overflow not in OVERFLOW_MODES:
+            raise ValueError(
+                f"BatchPolicy.overflow must be one of {OVERFLOW_MODES}, got {self.overflow!r}; use 'block' to make "
+                "submit wait for room or 'reject' to raise QueueFullError at once"
+            )
+        for name in ("default_deadline_s", "batch_timeout_s"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_seconds(name, value, allow_zero=False, unit="s",
+                               fix="give a positive number of seconds, or None for no limit")
+                object.__setattr__(self, name, float(value))
+        for name in ("group_by_length", "bisect_on_error"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"BatchPolicy.{name} must be True or False, got {getattr(self, name)!r}")
+        _check_int("pad_multiple", self.pad_multiple, minimum=1, fix="set it to the RM's data-parallel size, or 1")
+        if self.max_batch_size % self.pad_multiple:
+            example = self.pad_multiple * max(1, self.max_batch_size // self.pad_multiple)
+            raise ValueError(
+                f"BatchPolicy.max_batch_size={self.max_batch_size} is not a multiple of pad_multiple="
+                f"{self.pad_multiple}, so even full batches would need padding; set max_batch_size to a multiple of "
+                f"{self.pad_multiple} (for example {example})"
+            )
+
+    @property
+    def max_wait_s(self) -> float:
+        """``max_wait_ms`` in seconds."""
+        return self.max_wait_ms / 1000.0
+
+    @classmethod
+    def from_mapping(cls, values: Mapping[str, Any] | BatchPolicy | None) -> BatchPolicy:
+        """Build a policy from a mapping of field names to values (a policy or None pass through / give defaults).
+
+        Unknown keys raise ``ValueError`` listing the known ones, so a typo never goes unnoticed.
+        """
+        if values is None:
+            return cls()
+        if isinstance(values, cls):
+            return values
+        if not isinstance(values, Mapping):
+            raise TypeError(f"expected a BatchPolicy or a mapping of its fields, got {type(values).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(str(k) for k in values if k not in known)
+        if unknown:
+            raise ValueError(f"unknown BatchPolicy field(s) {unknown}; known fields are {sorted(known)}")
+        return cls(**{str(k): v for k, v in values.items()})
+
+    def to_dict(self) -> dict[str, Any]:
+        """The policy as a plain dict (JSON-serialisable, accepted by :meth:`from_mapping`)."""
+        return dataclasses.asdict(self)
+
+
+def _check_int(name: str, value: Any, *, minimum: int, fix: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"BatchPolicy.{name} must be an integer, got {value!r} ({type(value).__name__}); {fix}")
+    if value < minimum:
+        raise ValueError(f"BatchPolicy.{name} must be >= {minimum}, got {value}; {fix}")
+
+
+def _check_seconds(name: str, value: Any, *, allow_zero: bool, unit: str, fix: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"BatchPolicy.{name} must be a number of {unit}, got {value!r} ({type(value).__name__}); {fix}")
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"BatchPolicy.{name} must be a finite number {bound} ({unit}), got {value}; {fix}")

@@ -1,0 +1,120 @@
+"""Counters and recent-sample percentiles kept by the executor; ``snapshot()`` turns them into a plain dict."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, deque
+from typing import Any
+
+__all__ = ["Samples", "ExecutorStats", "FLUSH_REASONS"]
+
+#: Why a batch was flushed: the request count or token budget was reached, the oldest request waited max_wait_ms, or
+#: a drain (explicit, or because the expected number of requests of the step arrived) covered the oldest request.
+FLUSH_REASONS = ("size", "tokens", "age", "drain", "expect")
+
+
+class Samples:
+    """The most recent ``window`` values of one measurement, summarised on demand (nearest-rank percentiles)."""
+
+    __slots__ = ("_values", "count", "total")
+
+    def __init__(self, window: int = 10_000) -> None:
+        self._values: deque[float] = deque(maxlen=window)
+        self.count = 0  # all values ever added, not only the window
+        self.total = 0.0
+
+    def add(self, value: float) -> None:
+        self._values.append(value)
+        self.count += 1
+        self.total += value
+
+    def summary(self, scale: float = 1.0) -> dict[str, float | int | None]:
+        """``count`` and ``mean`` over everything added; percentiles and ``max`` over the recent window."""
+        if not self._values:
+            return {"count": 0, "mean": None, "p50": None, "p90": None, "p99": None, "max": None}
+        ordered = sorted(self._values)
+        n = len(ordered)
+
+        def pct(q: float) -> float:
+            return ordered[min(n - 1, max(0, math.ceil(q * n) - 1))] * scale
+
+        return {
+            "count": self.count,
+            "mean": self.total / self.count * scale,
+            "p50": pct(0.50),
+            "p90": pct(0.90),
+            "p99": pct(0.99),
+            "max": ordered[-1] * scale,
+        }
+
+
+class ExecutorStats:
+    """Everything ``PendingRequestExecutor.stats()`` reports that is not read off the live queue.
+
+    Request outcomes are counted once each: ``completed`` (result delivered), ``failed`` (an exception other than a
+    timeout), ``timed_out`` (``RequestTimeoutError``), ``cancelled`` (the caller gave up). ``rejected`` counts submits
+    refused at the door (queue full or executor closed); they are not part of ``submitted``.
+    """
+
+    def __init__(self, max_batch_size: int, pad_multiple: int, window: int = 10_000) -> None:
+        self._max_batch_size = max_batch_size
+        self._pad_multiple = pad_multiple
+        self.submitted = 0
+        self.completed = 0
+        self.failed = 0
+        self.cancelled = 0
+        self.timed_out = 0
+        self.rejected = 0
+        self.batches = 0
+        self.batched_requests = 0
+        self.bisect_calls = 0
+        self.loop_restarts = 0
+        self.real_tokens = 0
+        self.padded_tokens = 0
+        self.pad_multiple_slots = 0
+        self.flush_reasons: Counter[str] = Counter({reason: 0 for reason in FLUSH_REASONS})
+        self.batch_size = Samples(window)
+        self.wait_s = Samples(window)
+        self.exec_s = Samples(window)
+
+    def record_batch(self, size: int, lengths: list[int] | None, reason: str) -> None:
+        """Count one formed batch: its size, why it flushed, and its padding (length padding needs every length)."""
+        self.batches += 1
+        self.batched_requests += size
+        self.flush_reasons[reason] += 1
+        self.batch_size.add(size)
+        self.pad_multiple_slots += -size % self._pad_multiple
+        if lengths:
+            longest = max(lengths)
+            real = sum(lengths)
+            self.real_tokens += real
+            self.padded_tokens += longest * size - real
+
+    def snapshot(self, live: dict[str, Any]) -> dict[str, Any]:
+        """A JSON-serialisable dict: the counters, the summaries, and ``live`` (queue state read by the caller)."""
+        mean_size = self.batched_requests / self.batches if self.batches else None
+        padded_total = self.real_tokens + self.padded_tokens
+        out: dict[str, Any] = {
+            "submitted": self.submitted,
+            "completed": self.completed,
+            "failed": self.failed,
+            "cancelled": self.cancelled,
+            "timed_out": self.timed_out,
+            "rejected": self.rejected,
+        }
+        out.update(live)
+        out.update(
+            {
+                "batches": self.batches,
+                "batch_size": self.batch_size.summary(),
+                "mean_fill": None if mean_size is None else mean_size / self._max_batch_size,
+                "padding_fraction": self.padded_tokens / padded_total if padded_total else None,
+                "pad_multiple_slots": self.pad_multiple_slots,
+                "wait_ms": self.wait_s.summary(scale=1000.0),
+                "exec_ms": self.exec_s.summary(scale=1000.0),
+                "flush_reasons": dict(self.flush_reasons),
+                "bisect_calls": self.bisect_calls,
+                "loop_restarts": self.loop_restarts,
+            }
+        )
+        return out
