@@ -15,4 +15,13 @@ except _metadata.PackageNotFoundError:  # running from a source tree that is not
 #: verl releases this package is tested against.
 SUPPORTED_VERL = ">=0.9.1,<0.10"
 
-__all__ = ["__version__", "SUPPORTED_VERL"]
+__all__ = ["__version__", "SUPPORTED_VERL", "AsyncRMAgentLoopManager"]
+
+
+def __getattr__(name: str):
+    # verl loads `verl_async_rm.AsyncRMAgentLoopManager` by name; import the heavy integration only then.
+    if name == "AsyncRMAgentLoopManager":
+        from verl_async_rm.integration.manager import AsyncRMAgentLoopManager
+
+        return AsyncRMAgentLoopManager
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

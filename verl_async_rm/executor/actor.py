@@ -73,6 +73,10 @@ class ExecutorActor:
         out["policy"] = self._executor.policy.to_dict()
         return out
 
+    async def pop_step_stats(self) -> dict[str, Any]:
+        """:meth:`PendingRequestExecutor.pop_step_stats`."""
+        return self._executor.pop_step_stats()
+
     async def aclose(self, grace_s: float = 10.0) -> None:
         """:meth:`PendingRequestExecutor.aclose`; the actor stays alive (kill it with ``ray.kill``)."""
         await self._executor.aclose(grace_s=grace_s)

@@ -95,6 +95,7 @@ class PendingRequestExecutor:
         self._wake_timer: asyncio.TimerHandle | None = None
         self._crash_streak = 0
         self._closed = False
+        self._step_t0: float | None = None  # loop time the current step began (set when the loop is bound)
 
     # ------------------------------------------------------------------ public API
 
@@ -202,6 +203,18 @@ class PendingRequestExecutor:
         }
         return self._stats.snapshot(live)
 
+    def pop_step_stats(self) -> dict[str, Any]:
+        """Figures of the current step (since the previous call, or since the executor was built); starts a new one.
+
+        Counters are differences; ``wait_ms``/``exec_ms`` are summaries of this step's batches; ``rm_utilization`` is
+        the time batches ran over ``slots * elapsed_s``.
+        """
+        if self._loop is None:  # nothing submitted yet: an empty step
+            return self._stats.pop_step(len(self._slots), 0.0)
+        now = self._loop.time()
+        elapsed, self._step_t0 = now - (self._step_t0 if self._step_t0 is not None else now), now
+        return self._stats.pop_step(len(self._slots), elapsed)
+
     async def aclose(self, *, grace_s: float = 10.0) -> None:
         """Stop: waiting requests fail with ``ExecutorClosedError``; running batches get ``grace_s`` to finish.
 
@@ -243,6 +256,7 @@ class PendingRequestExecutor:
         loop = asyncio.get_running_loop()
         if self._loop is None:
             self._loop = loop
+            self._step_t0 = loop.time()
         elif self._loop is not loop:
             raise RuntimeError(f"executor {self._name!r} is bound to another event loop; use one executor per loop")
         self._supervisor = loop.create_task(self._supervise(), name=f"{self._name}-batching-loop")

@@ -11,41 +11,59 @@ __all__ = ["Samples", "ExecutorStats", "FLUSH_REASONS"]
 #: Why a batch was flushed: the request count or token budget was reached, the oldest request waited max_wait_ms, or
 #: a drain (explicit, or because the expected number of requests of the step arrived) covered the oldest request.
 FLUSH_REASONS = ("size", "tokens", "age", "drain", "expect")
+#: Counters reported per step by :meth:`ExecutorStats.pop_step`, as differences.
+_STEP_COUNTS = ("submitted", "completed", "failed", "timed_out", "cancelled", "rejected", "batches", "batched_requests")
 
 
 class Samples:
-    """The most recent ``window`` values of one measurement, summarised on demand (nearest-rank percentiles)."""
+    """The most recent ``window`` values of one measurement, summarised on demand (nearest-rank percentiles).
 
-    __slots__ = ("_values", "count", "total")
+    Values since the last :meth:`pop_step` are also kept whole, so a step (one rollout) can be summarised exactly.
+    """
+
+    __slots__ = ("_values", "_step", "count", "total")
 
     def __init__(self, window: int = 10_000) -> None:
         self._values: deque[float] = deque(maxlen=window)
+        self._step: list[float] = []
         self.count = 0  # all values ever added, not only the window
         self.total = 0.0
 
     def add(self, value: float) -> None:
         self._values.append(value)
+        self._step.append(value)
         self.count += 1
         self.total += value
 
     def summary(self, scale: float = 1.0) -> dict[str, float | int | None]:
         """``count`` and ``mean`` over everything added; percentiles and ``max`` over the recent window."""
-        if not self._values:
-            return {"count": 0, "mean": None, "p50": None, "p90": None, "p99": None, "max": None}
-        ordered = sorted(self._values)
-        n = len(ordered)
+        return _summarise(self._values, self.count, self.total, scale)
 
-        def pct(q: float) -> float:
-            return ordered[min(n - 1, max(0, math.ceil(q * n) - 1))] * scale
+    def pop_step(self, scale: float = 1.0) -> dict[str, float | int | None]:
+        """Summary (``total`` included) of the values added since the previous call, which it forgets."""
+        step, self._step = self._step, []
+        out = _summarise(step, len(step), sum(step), scale)
+        out["total"] = sum(step) * scale
+        return out
 
-        return {
-            "count": self.count,
-            "mean": self.total / self.count * scale,
-            "p50": pct(0.50),
-            "p90": pct(0.90),
-            "p99": pct(0.99),
-            "max": ordered[-1] * scale,
-        }
+
+def _summarise(values, count: int, total: float, scale: float) -> dict[str, float | int | None]:
+    if not values:
+        return {"count": 0, "mean": None, "p50": None, "p90": None, "p99": None, "max": None}
+    ordered = sorted(values)
+    n = len(ordered)
+
+    def pct(q: float) -> float:
+        return ordered[min(n - 1, max(0, math.ceil(q * n) - 1))] * scale
+
+    return {
+        "count": count,
+        "mean": total / count * scale,
+        "p50": pct(0.50),
+        "p90": pct(0.90),
+        "p99": pct(0.99),
+        "max": ordered[-1] * scale,
+    }
 
 
 class ExecutorStats:
@@ -76,6 +94,7 @@ class ExecutorStats:
         self.batch_size = Samples(window)
         self.wait_s = Samples(window)
         self.exec_s = Samples(window)
+        self._step_base = self._counts()
 
     def record_batch(self, size: int, lengths: list[int] | None, reason: str) -> None:
         """Count one formed batch: its size, why it flushed, and its padding (length padding needs every length)."""
@@ -89,6 +108,29 @@ class ExecutorStats:
             real = sum(lengths)
             self.real_tokens += real
             self.padded_tokens += longest * size - real
+
+    def _counts(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in _STEP_COUNTS}
+
+    def pop_step(self, slots: int, elapsed_s: float) -> dict[str, Any]:
+        """What happened since the previous call (one rollout step), which it forgets.
+
+        ``rm_utilization`` is the time batches ran divided by ``slots * elapsed_s``.
+        """
+        counts, base = self._counts(), self._step_base
+        self._step_base = counts
+        out: dict[str, Any] = {name: counts[name] - base[name] for name in _STEP_COUNTS}
+        sizes = self.batch_size.pop_step()
+        busy = self.exec_s.pop_step()
+        out.update(
+            mean_batch_size=sizes["mean"],
+            mean_fill=None if sizes["mean"] is None else sizes["mean"] / self._max_batch_size,
+            wait_ms=self.wait_s.pop_step(scale=1000.0),
+            exec_ms={k: (None if v is None else v * 1000.0) for k, v in busy.items() if k != "count"},
+            rm_utilization=(busy["total"] / (slots * elapsed_s)) if elapsed_s > 0 else None,
+            elapsed_s=elapsed_s,
+        )
+        return out
 
     def snapshot(self, live: dict[str, Any]) -> dict[str, Any]:
         """A JSON-serialisable dict: the counters, the summaries, and ``live`` (queue state read by the caller)."""

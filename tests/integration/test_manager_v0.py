@@ -1,0 +1,131 @@
+"""AsyncRMAgentLoopManager on verl's v0 trainer path: real verl agent loop, reward loop, RM worker group, executor."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+pytestmark = pytest.mark.integration
+
+RULE = "tests/integration/assets/rule.py"
+RM_W, RULE_W = 2.0, 0.5
+
+
+def overrides(tiny_models, *extra):
+    return [
+        "+actor_rollout_ref.rollout.agent.agent_loop_manager_class=verl_async_rm.AsyncRMAgentLoopManager",
+        "reward.reward_model.enable_resource_pool=True",
+        "reward.reward_model.n_gpus_per_node=2",
+        "reward.reward_model.nnodes=1",
+        f"reward.reward_model.model_path={tiny_models.rm}",
+        "reward.reward_manager.name=async_rm",
+        f"reward.custom_reward_function.path={RULE}",
+        f"+async_rm.rm_weight={RM_W}",
+        f"+async_rm.rule_weight={RULE_W}",
+        "+async_rm.max_wait_ms=50",
+        *extra,
+    ]
+
+
+def prompts_batch(n_prompts: int, rollout_n: int):
+    from verl import DataProto
+
+    questions = [f"how many apples are left after step {i}?" for i in range(n_prompts)]
+    rows = [q for q in questions for _ in range(rollout_n)]  # v0 repeats each prompt rollout_n times
+    return DataProto(
+        batch=None,
+        non_tensor_batch={
+            "raw_prompt": np.array([[{"role": "user", "content": q}] for q in rows], dtype=object),
+            "data_source": np.array(["tiny"] * len(rows), dtype=object),
+            "reward_model": np.array([{"ground_truth": "42"} for _ in rows], dtype=object),
+            "uid": np.array([f"u{i // rollout_n}" for i in range(len(rows))], dtype=object),
+            "index": np.array([i // rollout_n for i in range(len(rows))]),
+        },
+        meta_info={"global_steps": 1, "validate": False},
+    )
+
+
+@pytest.fixture(scope="module")
+def v0_manager(ray_local, tiny_models):
+    from verl.experimental.reward_loop import RewardLoopManager
+
+    from verl_async_rm import AsyncRMAgentLoopManager
+    from verl_async_rm.testing import LengthDistribution, compose_trainer_config, make_llm_client
+    from verl_async_rm.testing import start_generation_servers
+
+    config = compose_trainer_config(tiny_models.policy, trainer="v0", rollout_n=2, response_length=24,
+                                    overrides=overrides(tiny_models))
+    servers = start_generation_servers(1, mode="synthetic", model_path=str(tiny_models.policy), response_length=24,
+                                       lengths=LengthDistribution(median_tokens=8, sigma=1.0), name_prefix="v0gen")
+    reward_loop = RewardLoopManager(config=config, rm_resource_pool=None)
+    manager = AsyncRMAgentLoopManager.create(
+        config=config, llm_client=make_llm_client(config, servers), teacher_client=None,
+        reward_loop_worker_handles=reward_loop.reward_loop_worker_handles,
+    )
+    yield manager, config
+    manager.shutdown()
+    for worker in reward_loop.reward_loop_workers + manager.agent_loop_workers:
+        ray_local.kill(worker)
+
+
+def direct_rm_scores(tiny_models, output) -> list[float]:
+    """Per-sample RM score by a plain HF forward of prompt + response, read at the last real token."""
+    from transformers import AutoModelForSequenceClassification
+
+    rm = AutoModelForSequenceClassification.from_pretrained(tiny_models.rm, dtype=torch.float32).eval()
+    scores = []
+    for i in range(len(output)):
+        mask = output.batch["attention_mask"][i].bool()
+        ids = output.batch["input_ids"][i][mask].unsqueeze(0)
+        with torch.no_grad():
+            hidden = rm.model(input_ids=ids).last_hidden_state
+            scores.append(float(rm.score(hidden)[0, -1, 0]))
+    return scores
+
+
+def test_every_sample_scored_as_weighted_rm_plus_rule(v0_manager, tiny_models):
+    from transformers import AutoTokenizer
+
+    manager, _ = v0_manager
+    output = manager.generate_sequences(prompts_batch(3, rollout_n=2))
+    assert len(output) == 6 and "rm_scores" in output.batch.keys()
+
+    tok = AutoTokenizer.from_pretrained(tiny_models.policy)
+    rm_direct = direct_rm_scores(tiny_models, output)
+    prompt_len = output.batch["prompts"].shape[1]
+    for i in range(len(output)):
+        resp_mask = output.batch["attention_mask"][i, prompt_len:]
+        last = int(resp_mask.sum()) - 1
+        row = output.batch["rm_scores"][i]
+        response = tok.decode(output.batch["responses"][i][: last + 1], skip_special_tokens=True)
+        rule = (len(response) % 7) / 7.0
+        assert float(output.non_tensor_batch["rm_score"][i]) == pytest.approx(rm_direct[i], abs=1e-4)
+        assert float(output.non_tensor_batch["rule_score"][i]) == pytest.approx(rule)
+        assert float(row[last]) == pytest.approx(RM_W * rm_direct[i] + RULE_W * rule, abs=1e-4)
+        assert float(row.abs().sum() - row[last].abs()) == 0.0  # the reward sits only on the last response token
+    assert {"rm_score", "rule_score", "rule_len"} <= set(output.meta_info["reward_extra_keys"])
+
+    timing = output.meta_info["timing"]
+    assert timing["async_rm/requests"] == 6 and timing["async_rm/scored"] == 6 and timing["async_rm/errors"] == 0
+    assert timing["async_rm/batches"] >= 1 and timing["async_rm/mean_batch_size"] >= 1
+    for key in ("queue_wait_ms/p99", "rm_exec_ms/p99", "rm_utilization", "reward_tail_s", "mean_fill"):
+        assert f"async_rm/{key}" in timing
+
+
+def _cluster_objects(ray):
+    named = {(a["namespace"], a["name"]) for a in ray.util.list_named_actors(all_namespaces=True)}
+    groups = {pg_id for pg_id, pg in ray.util.placement_group_table().items() if pg["state"] != "REMOVED"}
+    return named, groups
+
+
+def test_second_step_reuses_pool_replicas_and_executor(v0_manager):
+    import ray
+
+    manager, _ = v0_manager
+    before = _cluster_objects(ray)
+    replicas, executor = list(manager.rm_worker_group.workers), manager.executor
+    output = manager.generate_sequences(prompts_batch(2, rollout_n=2))
+    assert _cluster_objects(ray) == before  # no new named actor, no new placement group
+    assert list(manager.rm_worker_group.workers) == replicas and manager.executor is executor
+    assert output.meta_info["timing"]["async_rm/requests"] == 4

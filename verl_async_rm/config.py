@@ -1,0 +1,132 @@
+"""The plugin's config surface: verl's reward keys plus one flat ``async_rm`` group, read once at the boundary.
+
+Users write flat keys on verl's command line (``+async_rm.max_batch_size=64 +async_rm.rm_weight=1.0``); this module
+splits them into each component's own settings, so no component sees the trainer config:
+
+- batching knobs -> :class:`verl_async_rm.executor.BatchPolicy`;
+- RM loading/feeding/placement knobs -> :class:`verl_async_rm.rm.RMConfig` (with verl's ``reward.reward_model.*``
+  keys and their legacy ``reward_model.*`` spellings, see :func:`verl_async_rm.rm.rm_config_from_verl`);
+- reward weights -> :class:`verl_async_rm.reward.RewardMix`;
+- the rest (timeouts, error policy) -> :class:`IntegrationConfig`.
+
+Unknown ``async_rm`` keys raise ``ValueError`` listing the known ones, so a typo never goes unnoticed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from verl_async_rm.executor.policy import BatchPolicy
+from verl_async_rm.reward.combine import RewardMix
+from verl_async_rm.rm.config import RMConfig, rm_config_from_verl
+
+__all__ = ["AsyncRMConfig", "IntegrationConfig", "CONFIG_GROUP", "ON_ERROR_MODES"]
+
+CONFIG_GROUP = "async_rm"
+ON_ERROR_MODES = ("raise",)
+
+# The RM worker group's placement keys come from verl's reward.reward_model.* keys, not from async_rm.*.
+_VERL_OWNED_RM_FIELDS = ("model_path", "n_gpus_per_node", "nnodes", "use_gpu")
+
+
+@dataclass(frozen=True)
+class IntegrationConfig:
+    """Settings of the agent-loop integration itself."""
+
+    request_timeout_s: float = field(
+        default=1800.0,
+        metadata={"help": "Longest a trajectory's agent-loop worker waits for its RM score (queue + RM call) before "
+                          "it fails with RequestTimeoutError."},
+    )
+    on_error: str = field(
+        default="raise",
+        metadata={"help": "What a failed RM score does: 'raise' fails the trajectory (and the step) with its error."},
+    )
+    executor_max_concurrency: int = field(
+        default=100_000,
+        metadata={"help": "Ray max_concurrency of the executor actor: the most callers that may wait on it at once."},
+    )
+
+    def __post_init__(self) -> None:
+        value = self.request_timeout_s
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise ValueError(
+                f"async_rm.request_timeout_s must be a positive number of seconds, got {value!r}; "
+                "e.g. +async_rm.request_timeout_s=1800"
+            )
+        if self.on_error not in ON_ERROR_MODES:
+            raise ValueError(f"async_rm.on_error must be one of {ON_ERROR_MODES}, got {self.on_error!r}")
+        value = self.executor_max_concurrency
+        if isinstance(value, bool) or not isinstance(value, int) or value < 16:
+            raise ValueError(
+                f"async_rm.executor_max_concurrency must be an integer >= 16, got {value!r}; it bounds how many "
+                "trajectories may wait for a score at once, e.g. 100000"
+            )
+
+
+@dataclass(frozen=True)
+class AsyncRMConfig:
+    """Everything the plugin reads from verl's config, split per component."""
+
+    batching: BatchPolicy
+    rm: RMConfig
+    mix: RewardMix
+    integration: IntegrationConfig
+
+    @classmethod
+    def from_verl(cls, config: Any) -> AsyncRMConfig:
+        """Build from verl's whole trainer config (a ``DictConfig`` or nested mappings).
+
+        Raises:
+            ValueError: a key is unknown or a value is bad; the message names the key, the value and the fix.
+        """
+        group = _group(config)
+        sections: dict[type, dict[str, Any]] = {BatchPolicy: {}, RMConfig: {}, RewardMix: {}, IntegrationConfig: {}}
+        owner = {f.name: kind for kind in sections for f in dataclasses.fields(kind)}
+        for key, value in group.items():
+            if key in _VERL_OWNED_RM_FIELDS:
+                raise ValueError(
+                    f"{CONFIG_GROUP}.{key} is not read: the reward pool and RM path come from verl's own keys; set "
+                    f"reward.reward_model.{'model_path' if key == 'model_path' else key} instead"
+                    + (" (use_gpu follows trainer.device)" if key == "use_gpu" else "")
+                )
+            if key not in owner:
+                known = sorted(k for k in owner if k not in _VERL_OWNED_RM_FIELDS)
+                raise ValueError(f"unknown key {CONFIG_GROUP}.{key}={value!r}; known keys: {', '.join(known)}")
+            sections[owner[key]][key] = value
+        return cls(
+            batching=_build(BatchPolicy, sections[BatchPolicy]),
+            rm=rm_config_from_verl(config, sections[RMConfig], overrides_key=CONFIG_GROUP),
+            mix=_build(RewardMix, sections[RewardMix]),
+            integration=_build(IntegrationConfig, sections[IntegrationConfig]),
+        )
+
+
+def _group(config: Any) -> dict[str, Any]:
+    try:
+        from omegaconf import DictConfig, OmegaConf
+
+        if isinstance(config, DictConfig):
+            node = OmegaConf.select(config, CONFIG_GROUP, default=None)
+            return {} if node is None else dict(OmegaConf.to_container(node, resolve=True))
+    except ImportError:  # pragma: no cover - omegaconf is a dependency
+        pass
+    node = config.get(CONFIG_GROUP) if isinstance(config, Mapping) else None
+    if node is None:
+        return {}
+    if not isinstance(node, Mapping):
+        raise ValueError(f"{CONFIG_GROUP} must be a group of keys, got {node!r}")
+    return dict(node)
+
+
+def _build(kind: type, values: Mapping[str, Any]):
+    try:
+        return kind(**values)
+    except (TypeError, ValueError) as exc:
+        if f"{CONFIG_GROUP}." in str(exc):
+            raise
+        raise type(exc)(f"{CONFIG_GROUP}: {exc}") from None

@@ -1,0 +1,80 @@
+"""Checks of verl's own keys that the plugin depends on; each failure is a ``ValueError`` naming the key and the fix.
+
+These are the mistakes that would otherwise fail late or silently:
+
+- ``reward.reward_model.enable=True`` makes verl start its own vLLM/SGLang RM servers on the reward GPUs;
+- without ``reward.reward_model.enable_resource_pool=True`` verl reserves no GPUs for the reward pool and overwrites
+  its size with the trainer's (``main_ppo_v0.py:84``, ``trainer/ppo/v1/trainer_base.py:836``);
+- verl 0.9.1's ``main_ppo`` ignores the legacy top-level ``reward_model.*`` keys (only ``fully_async_main`` migrates
+  them), so a recipe written with them would silently run without its RM pool;
+- ``reward.reward_manager.name`` must be ``async_rm`` for the RM score to reach the reward.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from verl_async_rm.reward.manager import REWARD_MANAGER_NAME
+
+__all__ = ["check_verl_config", "legacy_keys_set", "LEGACY_KEYS", "ENTRY_MODULE"]
+
+ENTRY_MODULE = "verl_async_rm.main_ppo"
+#: Legacy top-level keys that verl's migration moves to ``reward.*`` (all null in verl's defaults).
+LEGACY_KEYS = (
+    "reward_model.enable",
+    "reward_model.enable_resource_pool",
+    "reward_model.n_gpus_per_node",
+    "reward_model.nnodes",
+    "reward_model.model.path",
+    "reward_model.reward_manager",
+)
+
+
+def _get(config: Any, key: str) -> Any:
+    return OmegaConf.select(config, key, default=None)
+
+
+def legacy_keys_set(config: Any) -> dict[str, Any]:
+    """The legacy ``reward_model.*`` keys that are set (not null) in ``config``."""
+    return {key: value for key in LEGACY_KEYS if (value := _get(config, key)) is not None}
+
+
+def check_verl_config(config: Any) -> None:
+    """Raise ``ValueError`` if verl's config cannot work with the plugin (see module doc)."""
+    legacy = legacy_keys_set(config)
+    if legacy:
+        shown = " ".join(f"{k}={v}" for k, v in legacy.items())
+        raise ValueError(
+            f"legacy keys {shown} are set, but verl's main_ppo ignores top-level reward_model.* keys, so the reward "
+            f"pool would not be reserved. Launch with `python -m {ENTRY_MODULE}` (same overrides; it migrates them), "
+            "or write them as reward.reward_model.{enable_resource_pool,n_gpus_per_node,nnodes,model_path}"
+        )
+    if _get(config, "reward.reward_model.enable"):
+        raise ValueError(
+            "reward.reward_model.enable=True makes verl start its own vLLM/SGLang reward-model servers on the reward "
+            "GPUs, next to this plugin's RM worker group. Set reward.reward_model.enable=False (the plugin serves "
+            "the RM) and keep reward.reward_model.enable_resource_pool=True"
+        )
+    if not _get(config, "reward.reward_model.enable_resource_pool"):
+        raise ValueError(
+            f"reward.reward_model.enable_resource_pool={_get(config, 'reward.reward_model.enable_resource_pool')}: "
+            "the RM needs its own resource pool, and without this verl overwrites reward.reward_model.n_gpus_per_node"
+            "/nnodes with the trainer's. Set reward.reward_model.enable_resource_pool=True and "
+            "reward.reward_model.n_gpus_per_node / nnodes to the RM's GPUs"
+        )
+    name = _get(config, "reward.reward_manager.name")
+    if name != REWARD_MANAGER_NAME:
+        raise ValueError(
+            f"reward.reward_manager.name={name!r}: the RM score reaches the reward only through the "
+            f"'{REWARD_MANAGER_NAME}' reward manager. Set reward.reward_manager.name={REWARD_MANAGER_NAME} "
+            "(rule scores still come from custom_reward_function / verl's default_compute_score, weighted by "
+            "async_rm.rule_weight)"
+        )
+    source = _get(config, "reward.reward_manager.source")
+    if source not in (None, "register"):
+        raise ValueError(
+            f"reward.reward_manager.source={source!r}: the '{REWARD_MANAGER_NAME}' manager is registered through the "
+            "package's verl.plugins entry point; set reward.reward_manager.source=register"
+        )

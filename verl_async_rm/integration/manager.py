@@ -1,0 +1,210 @@
+"""``AsyncRMAgentLoopManager``: verl's agent-loop manager plus the RM worker group and the executor, for v0 and v1.
+
+verl builds the class named by ``actor_rollout_ref.rollout.agent.agent_loop_manager_class`` with
+``.create(config=, llm_client=, teacher_client=, reward_loop_worker_handles=)`` (v0: ``trainer/ppo/ray_trainer.py
+:940-965``; v1: ``trainer/main_ppo.py:109-130``) and passes nothing else, so the manager builds, once, what it needs:
+
+1. checks verl's keys (:func:`~verl_async_rm.integration.checks.check_verl_config`) and reads ``async_rm.*``;
+2. reserves the reward pool and loads the RM on every replica (:func:`verl_async_rm.rm.create_rm_worker_group`);
+3. starts the executor actor with one slot per replica;
+4. lets verl build its agent-loop workers (our subclasses), then attaches the executor to each.
+
+Every step it tells the executor how many trajectories to expect, so the last batch flushes the moment the last
+trajectory arrives, and it collects per-step metrics. The same pool, replicas and executor serve every step,
+training and validation; :meth:`shutdown` releases them.
+
+verl's v0 ``AgentLoopManager`` keeps a preset ``agent_loop_workers_class`` (``agent_loop.py:1197``), while v1's
+``AgentLoopManagerTQ.__init__`` overwrites it (``trainer/ppo/v1/agent_loop_tq.py:232``): the v0 class sets it before
+``super().__init__``, the v1 class after.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import Any
+
+import ray
+from verl.experimental.agent_loop.agent_loop import AgentLoopManager
+from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ
+from verl.utils.ray_utils import auto_await
+
+from verl_async_rm.config import AsyncRMConfig
+from verl_async_rm.executor.actor import create_executor_actor
+from verl_async_rm.integration.checks import check_verl_config
+from verl_async_rm.integration.metrics import step_metrics
+from verl_async_rm.integration.worker import remote_worker_class
+from verl_async_rm.rm.batch_fn import RMBatchFn
+from verl_async_rm.rm.pool import create_rm_worker_group, shutdown_rm_worker_group
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["AsyncRMAgentLoopManager", "AsyncRMAgentLoopManagerV0", "AsyncRMAgentLoopManagerV1"]
+
+#: Longest a control call to the executor actor or an agent-loop worker may take (attach, expect, stats, close).
+CONTROL_TIMEOUT_S = 60.0
+
+
+class _AsyncRMSide:
+    """What the v0 and v1 managers share: the RM worker group, the executor, step bookkeeping, shutdown."""
+
+    def _async_rm_build(self, config: Any) -> None:
+        check_verl_config(config)
+        self.async_rm_config = AsyncRMConfig.from_verl(config)
+        self.rm_worker_group = None
+        self.executor = None
+        self.last_metrics: dict[str, float] = {}
+        settings = self.async_rm_config
+        self.rm_worker_group = create_rm_worker_group(settings.rm)
+        try:
+            self.executor = create_executor_actor(
+                RMBatchFn.from_config(settings.rm),
+                settings.batching,
+                list(self.rm_worker_group.workers),
+                name=f"verl_async_rm_executor_{uuid.uuid4().hex[:8]}",
+                max_concurrency=settings.integration.executor_max_concurrency,
+            )
+            ray.get(self.executor.ping.remote(), timeout=CONTROL_TIMEOUT_S)
+        except BaseException:
+            self.shutdown()
+            raise
+        logger.info(
+            "verl_async_rm: %d RM replica(s) from %s, batching %s",
+            settings.rm.num_replicas, settings.rm.model_path, settings.batching.to_dict(),
+        )
+
+    async def _async_rm_attach_workers(self) -> None:
+        timeout = self.async_rm_config.integration.request_timeout_s
+        await asyncio.wait_for(
+            asyncio.gather(*(w.async_rm_attach.remote(self.executor, timeout) for w in self.agent_loop_workers)),
+            CONTROL_TIMEOUT_S,
+        )
+
+    async def _async_rm_begin_step(self, expected: int | None) -> None:
+        """Start a step: metrics count from here; ``expected`` trajectories flush the last batch when all arrived."""
+        await asyncio.wait_for(self.executor.pop_step_stats.remote(), CONTROL_TIMEOUT_S)
+        await asyncio.wait_for(
+            asyncio.gather(*(w.async_rm_pop_timing.remote() for w in self.agent_loop_workers)), CONTROL_TIMEOUT_S
+        )
+        if expected:
+            await asyncio.wait_for(self.executor.expect.remote(int(expected)), CONTROL_TIMEOUT_S)
+
+    async def _async_rm_end_step(self) -> dict[str, float]:
+        """End a step: flush anything still pending and return the step's ``async_rm/*`` metrics."""
+        await asyncio.wait_for(self.executor.drain.remote(), CONTROL_TIMEOUT_S)
+        executor_stats, timings = await asyncio.wait_for(
+            asyncio.gather(
+                self.executor.pop_step_stats.remote(),
+                asyncio.gather(*(w.async_rm_pop_timing.remote() for w in self.agent_loop_workers)),
+            ),
+            CONTROL_TIMEOUT_S,
+        )
+        self.last_metrics = step_metrics(executor_stats, timings)
+        return self.last_metrics
+
+    def shutdown(self) -> None:
+        """Close the executor (pending requests fail with ExecutorClosedError) and release the RM pool. Idempotent."""
+        executor, self.executor = getattr(self, "executor", None), None
+        if executor is not None:
+            try:
+                ray.get(executor.aclose.remote(), timeout=CONTROL_TIMEOUT_S)
+            except Exception as exc:  # noqa: BLE001 - shutting down: log and go on releasing
+                logger.warning("verl_async_rm: executor did not close cleanly: %r", exc)
+            ray.kill(executor)
+        group, self.rm_worker_group = getattr(self, "rm_worker_group", None), None
+        if group is not None:
+            shutdown_rm_worker_group(group)
+
+
+class AsyncRMAgentLoopManagerV0(_AsyncRMSide, AgentLoopManager):
+    """For the v0 trainer (``trainer.use_v1=False``): ``generate_sequences`` returns the scored batch."""
+
+    def __init__(self, config, llm_client, teacher_client=None, reward_loop_worker_handles=None):
+        self.agent_loop_workers_class = remote_worker_class(use_v1=False)
+        super().__init__(config, llm_client, teacher_client, reward_loop_worker_handles)
+        self._async_rm_build(config)
+
+    async def _init_agent_loop_workers(self):
+        await super()._init_agent_loop_workers()
+        await self._async_rm_attach_workers()
+
+    @auto_await
+    async def generate_sequences(self, prompts):
+        """verl's ``generate_sequences``; the step's ``async_rm/*`` metrics are added to ``meta_info["timing"]``.
+
+        The v0 trainer logs ``meta_info["timing"]`` under ``timing_s/`` (``ray_trainer.py:1518``), so they appear
+        as ``timing_s/async_rm/...`` with the rest of verl's metrics.
+        """
+        await self._async_rm_begin_step(len(prompts))
+        try:
+            output = await super().generate_sequences(prompts)
+        finally:
+            metrics = await self._async_rm_end_step()
+        output.meta_info.setdefault("timing", {}).update(metrics)
+        return output
+
+
+class AsyncRMAgentLoopManagerV1(_AsyncRMSide, AgentLoopManagerTQ):
+    """For the v1 trainer (``trainer.use_v1=True``, TransferQueue): ``generate_sequences`` only dispatches.
+
+    v1 gives the manager no way to hand metrics to verl's tracker: the previous step's ``async_rm/*`` metrics are
+    logged (INFO) when the next step starts and kept in :attr:`last_metrics`.
+    """
+
+    def __init__(self, config, llm_client, teacher_client=None, reward_loop_worker_handles=None):
+        super().__init__(config, llm_client, teacher_client, reward_loop_worker_handles)
+        self.agent_loop_workers_class = remote_worker_class(use_v1=True)
+        self._async_rm_build(config)
+        self._steps = 0
+
+    async def _init_agent_loop_workers(self):
+        await super()._init_agent_loop_workers()
+        await self._async_rm_attach_workers()
+
+    def generate_sequences(self, prompts) -> None:
+        """Dispatch a batch of prompts (verl v1 semantics: returns once the agent loops are started)."""
+        self._v1_step(prompts)
+        super().generate_sequences(prompts)
+
+    @auto_await
+    async def _v1_step(self, prompts) -> None:
+        if self._steps:
+            metrics = await self._async_rm_end_step()
+            logger.info("verl_async_rm step %d: %s", self._steps, _fmt(metrics))
+        self._steps += 1
+        await self._async_rm_begin_step(_v1_expected(prompts, self.config.actor_rollout_ref.rollout))
+
+
+class AsyncRMAgentLoopManager:
+    """The class a recipe names; ``create`` returns the v0 or v1 manager that matches ``trainer.use_v1``.
+
+    ``+actor_rollout_ref.rollout.agent.agent_loop_manager_class=verl_async_rm.AsyncRMAgentLoopManager``
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("use AsyncRMAgentLoopManager.create(config=..., llm_client=..., ...), as verl does")
+
+    @classmethod
+    def create(cls, config, llm_client, teacher_client=None, reward_loop_worker_handles=None):
+        impl = AsyncRMAgentLoopManagerV1 if config.trainer.get("use_v1", True) else AsyncRMAgentLoopManagerV0
+        return impl.create(
+            config=config,
+            llm_client=llm_client,
+            teacher_client=teacher_client,
+            reward_loop_worker_handles=reward_loop_worker_handles,
+        )
+
+
+def _v1_expected(prompts: Any, rollout_config: Any) -> int | None:
+    """Trajectories a v1 batch will produce, or None when per-prompt ``__rollout_n__`` makes it unknown here."""
+    keys = set(prompts.keys())
+    if "__rollout_n__" in keys:
+        return None
+    validate = bool(prompts["validate"]) if "validate" in keys else False
+    n = rollout_config.val_kwargs.n if validate else rollout_config.n
+    return len(prompts) * int(n)
+
+
+def _fmt(metrics: dict[str, float]) -> str:
+    return ", ".join(f"{k.removeprefix('async_rm/')}={v:.4g}" for k, v in sorted(metrics.items()))

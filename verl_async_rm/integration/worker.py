@@ -1,0 +1,97 @@
+"""Agent-loop workers that send each finished trajectory to the RM executor the moment its agent loop ends.
+
+verl calls ``AgentLoopWorker._compute_score(outputs, kwargs)`` in the trajectory's own task right after its agent
+loop ends (v0: ``experimental/agent_loop/agent_loop.py:822``; v1: ``trainer/ppo/v1/agent_loop_tq.py:160``). The
+override here builds an :class:`~verl_async_rm.rm.RMRequest` from the last output, awaits its RM score from the
+executor actor (with a timeout), and hands the score to verl's own ``_compute_score`` in ``kwargs``; verl copies
+``kwargs`` into the ``non_tensor_batch`` it sends to its reward-loop worker, where the ``async_rm`` reward manager
+mixes it with the rule score. An agent loop that already set ``reward_score`` is left alone (no RM call), as verl
+does.
+
+The executor handle is attached after verl has built the workers (:meth:`AsyncRMWorkerMixin.async_rm_attach`), so
+verl's own worker construction and placement are used unchanged.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import ray
+from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
+
+from verl_async_rm.errors import AsyncRMError
+from verl_async_rm.executor.actor import submit_with_timeout
+from verl_async_rm.reward.combine import RM_SCORE_KEY
+from verl_async_rm.rm.request import RMRequest
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["AsyncRMWorkerMixin", "AsyncRMAgentLoopWorker", "AsyncRMAgentLoopWorkerTQ"]
+
+
+class AsyncRMWorkerMixin:
+    """The per-trajectory reward hook; mixed into verl's v0 and v1 agent-loop workers."""
+
+    _async_rm_executor: Any = None
+    _async_rm_timeout_s: float = 0.0
+    _async_rm_timing: dict | None = None
+
+    async def async_rm_attach(self, executor: Any, request_timeout_s: float) -> bool:
+        """Give this worker the executor actor it submits to (called once by the manager after creation)."""
+        self._async_rm_executor = executor
+        self._async_rm_timeout_s = float(request_timeout_s)
+        self._async_rm_timing = {"requests": 0, "last_finish": None, "last_scored": None}
+        return True
+
+    async def async_rm_pop_timing(self) -> dict:
+        """This worker's finish/score times since the last call (for the step's reward-tail metric)."""
+        out, self._async_rm_timing = self._async_rm_timing, {"requests": 0, "last_finish": None, "last_scored": None}
+        return out or {"requests": 0, "last_finish": None, "last_scored": None}
+
+    async def _compute_score(self, outputs: list, kwargs: dict) -> None:
+        final = outputs[-1]
+        if final.reward_score is None:
+            score = await self._async_rm_score(final, kwargs)
+            kwargs = {**kwargs, RM_SCORE_KEY: score}
+        await super()._compute_score(outputs, kwargs)  # type: ignore[misc]
+
+    async def _async_rm_score(self, final: Any, kwargs: dict) -> float:
+        if self._async_rm_executor is None:
+            raise AsyncRMError(
+                "this agent-loop worker has no RM executor attached: build it through "
+                "verl_async_rm.AsyncRMAgentLoopManager.create(...)"
+            )
+        request = RMRequest.from_agent_loop_output(
+            final, uid=f"{kwargs.get('uid', '?')}/{kwargs.get('session_id', 0)}", raw_prompt=kwargs.get("raw_prompt")
+        )
+        finished = time.time()
+        score = await submit_with_timeout(
+            self._async_rm_executor, request, timeout_s=self._async_rm_timeout_s, num_tokens=request.num_tokens
+        )
+        self._note(finished, time.time())
+        return float(score)
+
+    def _note(self, finished: float, scored: float) -> None:
+        timing = self._async_rm_timing
+        if timing is None:
+            return
+        timing["requests"] += 1
+        timing["last_finish"] = max(finished, timing["last_finish"] or finished)
+        timing["last_scored"] = max(scored, timing["last_scored"] or scored)
+
+
+class AsyncRMAgentLoopWorker(AsyncRMWorkerMixin, AgentLoopWorker):
+    """verl's v0 ``AgentLoopWorker`` with the per-trajectory RM hook."""
+
+
+# AgentLoopWorkerTQ is already a Ray actor class (``@ray.remote``): subclass the class it wraps.
+class AsyncRMAgentLoopWorkerTQ(AsyncRMWorkerMixin, AgentLoopWorkerTQ.__ray_actor_class__):
+    """verl's v1 (TransferQueue) ``AgentLoopWorkerTQ`` with the per-trajectory RM hook."""
+
+
+def remote_worker_class(use_v1: bool):
+    """The Ray actor class verl's manager should instantiate for the agent-loop workers."""
+    return ray.remote(AsyncRMAgentLoopWorkerTQ if use_v1 else AsyncRMAgentLoopWorker)

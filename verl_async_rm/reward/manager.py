@@ -1,0 +1,74 @@
+"""verl reward manager ``async_rm``: the RM score (computed by the executor) mixed with verl's rule score.
+
+It runs where verl runs reward managers, inside ``RewardLoopWorker.run_single``. The RM score does not come from
+here: the agent-loop worker of :class:`verl_async_rm.AsyncRMAgentLoopManager` gets it from the executor as soon as
+the trajectory's agent loop ends and passes it in the ``kwargs`` of verl's ``_compute_score``, which verl copies into
+``non_tensor_batch`` (``experimental/agent_loop/agent_loop.py:1004``). This manager reads it, computes the rule score
+with verl's own ``NaiveRewardManager`` logic (``custom_reward_function`` or ``default_compute_score``) when the rule
+is used, and returns the mix with ``rm_score`` and ``rule_score`` in ``reward_extra_info``.
+
+The class is registered as ``async_rm`` when verl's reward-manager registry is first imported (see
+:mod:`verl_async_rm.plugin`), so selecting it takes only ``reward.reward_manager.name=async_rm``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from verl import DataProto
+from verl.experimental.reward_loop.reward_manager import register
+from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager
+
+from verl_async_rm.errors import RewardModelError
+from verl_async_rm.reward.combine import RM_ERROR_KEY, RM_SCORE_KEY, RewardMix, load_callable
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["AsyncRMRewardManager", "REWARD_MANAGER_NAME"]
+
+REWARD_MANAGER_NAME = "async_rm"
+_OWN_KEYS = ("rm_score", "rule_score")
+
+
+@register(REWARD_MANAGER_NAME)
+class AsyncRMRewardManager(NaiveRewardManager):
+    """Mixes the trajectory's RM score with verl's rule score (see module doc); weights from ``async_rm.*``."""
+
+    def __init__(self, config, tokenizer, compute_score, reward_router_address=None, reward_model_tokenizer=None):
+        super().__init__(config, tokenizer, compute_score, reward_router_address, reward_model_tokenizer)
+        from verl_async_rm.config import AsyncRMConfig
+
+        self.mix: RewardMix = AsyncRMConfig.from_verl(config).mix
+        self._combine_fn = load_callable(self.mix.combine_fn) if self.mix.combine_fn else None
+
+    async def run_single(self, data: DataProto) -> dict:
+        item = data[-1]  # multi-output agent loops: the reward belongs to the last output, as in verl
+        rm_score = self._rm_score(item)
+        rule_score, rule_info = 0.0, {}
+        if self.mix.uses_rule:
+            rule = await super().run_single(data)
+            rule_score, rule_info = float(rule["reward_score"]), rule["reward_extra_info"]
+        reward = self.mix.combine(
+            rm_score, rule_score, data_source=item.non_tensor_batch.get("data_source"),
+            extra_info=item.non_tensor_batch.get("extra_info"), fn=self._combine_fn,
+        )
+        extra = {("rule/" + k if k in _OWN_KEYS else k): v for k, v in rule_info.items()}
+        extra.update(rm_score=rm_score, rule_score=rule_score)
+        return {"reward_score": reward, "reward_extra_info": extra}
+
+    @staticmethod
+    def _rm_score(item) -> float:
+        ntb = item.non_tensor_batch
+        if RM_ERROR_KEY in ntb and ntb[RM_ERROR_KEY] is not None:
+            raise RewardModelError(f"reward model failed for this trajectory: {ntb[RM_ERROR_KEY]}")
+        if RM_SCORE_KEY not in ntb:
+            raise RewardModelError(
+                "reward_manager.name=async_rm found no RM score on this trajectory. It needs the package's agent "
+                "loop: +actor_rollout_ref.rollout.agent.agent_loop_manager_class="
+                "verl_async_rm.AsyncRMAgentLoopManager"
+            )
+        score = float(ntb[RM_SCORE_KEY])
+        if not math.isfinite(score):
+            raise RewardModelError(f"RM score is not finite: {score!r}")
+        return score
