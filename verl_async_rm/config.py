@@ -29,8 +29,14 @@ __all__ = ["AsyncRMConfig", "IntegrationConfig", "CONFIG_GROUP", "ON_ERROR_MODES
 CONFIG_GROUP = "async_rm"
 ON_ERROR_MODES = ("raise",)
 
-# The RM worker group's placement keys come from verl's reward.reward_model.* keys, not from async_rm.*.
-_VERL_OWNED_RM_FIELDS = ("model_path", "n_gpus_per_node", "nnodes", "use_gpu")
+# The RM worker group's path and placement come from verl's own keys, not from async_rm.*: what to set instead.
+_VERL_OWNED_RM_FIELDS = {
+    "model_path": "the RM path comes from verl's key; set reward.reward_model.model_path instead",
+    "n_gpus_per_node": "the reward pool's size comes from verl's keys; set reward.reward_model.n_gpus_per_node "
+    "instead",
+    "nnodes": "the reward pool's size comes from verl's keys; set reward.reward_model.nnodes instead",
+    "use_gpu": "RM replicas use GPUs unless trainer.device=cpu; set trainer.device instead",
+}
 
 
 @dataclass(frozen=True)
@@ -89,11 +95,7 @@ class AsyncRMConfig:
         owner = {f.name: kind for kind in sections for f in dataclasses.fields(kind)}
         for key, value in group.items():
             if key in _VERL_OWNED_RM_FIELDS:
-                raise ValueError(
-                    f"{CONFIG_GROUP}.{key} is not read: the reward pool and RM path come from verl's own keys; set "
-                    f"reward.reward_model.{'model_path' if key == 'model_path' else key} instead"
-                    + (" (use_gpu follows trainer.device)" if key == "use_gpu" else "")
-                )
+                raise ValueError(f"{CONFIG_GROUP}.{key}={value!r} is not read: {_VERL_OWNED_RM_FIELDS[key]}")
             if key not in owner:
                 known = sorted(k for k in owner if k not in _VERL_OWNED_RM_FIELDS)
                 raise ValueError(f"unknown key {CONFIG_GROUP}.{key}={value!r}; known keys: {', '.join(known)}")
@@ -112,21 +114,35 @@ def _group(config: Any) -> dict[str, Any]:
 
         if isinstance(config, DictConfig):
             node = OmegaConf.select(config, CONFIG_GROUP, default=None)
-            return {} if node is None else dict(OmegaConf.to_container(node, resolve=True))
+            if node is None:
+                return {}
+            if not isinstance(node, DictConfig):
+                raise ValueError(
+                    f"{CONFIG_GROUP}={node!r}: it must be a group of keys; set them one by one, e.g. "
+                    f"+{CONFIG_GROUP}.max_batch_size=64"
+                )
+            return dict(OmegaConf.to_container(node, resolve=True))
     except ImportError:  # pragma: no cover - omegaconf is a dependency
         pass
     node = config.get(CONFIG_GROUP) if isinstance(config, Mapping) else None
     if node is None:
         return {}
     if not isinstance(node, Mapping):
-        raise ValueError(f"{CONFIG_GROUP} must be a group of keys, got {node!r}")
+        raise ValueError(
+            f"{CONFIG_GROUP}={node!r}: it must be a group of keys; set them one by one, e.g. "
+            f"+{CONFIG_GROUP}.max_batch_size=64"
+        )
     return dict(node)
 
 
 def _build(kind: type, values: Mapping[str, Any]):
+    """``kind(**values)``, with errors reported under the user's key names (``async_rm.<key>``)."""
     try:
         return kind(**values)
     except (TypeError, ValueError) as exc:
-        if f"{CONFIG_GROUP}." in str(exc):
+        message = str(exc)
+        if f"{kind.__name__}." in message:  # e.g. BatchPolicy's "BatchPolicy.max_batch_size must be ..."
+            raise type(exc)(message.replace(f"{kind.__name__}.", f"{CONFIG_GROUP}.")) from None
+        if f"{CONFIG_GROUP}." in message:
             raise
-        raise type(exc)(f"{CONFIG_GROUP}: {exc}") from None
+        raise type(exc)(f"{CONFIG_GROUP}: {message}") from None

@@ -32,6 +32,16 @@ class ExecutorClosedError(AsyncRMError):
 class ExecutorCrashedError(AsyncRMError):
     """Raised when the executor's batching loop died while the request was pending; ``__cause__`` holds why."""
 
+    @classmethod
+    def from_cause(cls, executor_name: str, cause: BaseException) -> ExecutorCrashedError:
+        """The error handed to each request that was waiting when the loop of ``executor_name`` died of ``cause``."""
+        err = cls(
+            f"executor {executor_name!r}: the batching loop died while the request waited "
+            f"({type(cause).__name__}: {cause}); it has restarted, so the request can be submitted again"
+        )
+        err.__cause__ = cause
+        return err
+
 
 class QueueFullError(AsyncRMError):
     """Raised when ``max_pending`` requests are already waiting and the overflow policy is ``reject``."""

@@ -24,6 +24,7 @@ def overrides(tiny_models, *extra):
         f"+async_rm.rm_weight={RM_W}",
         f"+async_rm.rule_weight={RULE_W}",
         "+async_rm.max_wait_ms=50",
+        "+async_rm.placement_timeout_s=60",
         *extra,
     ]
 

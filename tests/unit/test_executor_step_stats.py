@@ -34,10 +34,12 @@ def test_step_figures_are_per_step_and_exact():
     assert first["exec_ms"]["mean"] == pytest.approx(exec_s * 1000)
     # two batches of 0.5 s on 2 slots, in parallel, over a 1.5 s step
     assert first["elapsed_s"] == pytest.approx(1.5) and first["rm_utilization"] == pytest.approx(1.0 / 3.0)
+    assert first["tail_s"] == pytest.approx(exec_s)  # last submit at 0, last result at 0.5
 
     assert second["submitted"] == 3 and second["batches"] == 1 and second["failed"] == 0
     assert second["wait_ms"]["p99"] == pytest.approx(100.0)
     assert second["elapsed_s"] == pytest.approx(0.6)
+    assert second["tail_s"] == pytest.approx(0.1 + exec_s)  # waited 100 ms for age, then ran
     assert second["rm_utilization"] == pytest.approx(0.5 / (2 * 0.6))
 
 

@@ -41,3 +41,52 @@ def test_loading_the_plugin_imports_nothing_heavy():
         "if m in sys.modules))"
     )
     assert out.splitlines()[-1] == "[]"
+
+
+# --- the reward manager is registered lazily, by a one-shot post-import hook ----------------------------------------
+
+_HOOK_SEQUENCE = """
+import json, sys
+
+def hooks():
+    return [type(f).__name__ for f in sys.meta_path if type(f).__module__ == "verl_async_rm.plugin"]
+
+import verl
+seen = {"after_import_verl": {"manager_imported": "verl_async_rm.reward.manager" in sys.modules, "hooks": hooks()}}
+from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls
+cls = get_reward_manager_cls("async_rm")
+from verl_async_rm.reward.manager import AsyncRMRewardManager
+seen["after_registry"] = {"is_plugin_class": cls is AsyncRMRewardManager, "hooks": hooks()}
+print(json.dumps(seen))
+"""
+
+
+@pytest.fixture(scope="module")
+def hook_sequence():
+    import json
+
+    return json.loads(_run(_HOOK_SEQUENCE).splitlines()[-1])
+
+
+def test_import_verl_does_not_import_the_reward_manager(hook_sequence):
+    assert hook_sequence["after_import_verl"] == {"manager_imported": False, "hooks": ["_PostImportHook"]}
+
+
+def test_importing_verls_registry_registers_async_rm(hook_sequence):
+    assert hook_sequence["after_registry"]["is_plugin_class"] is True
+
+
+def test_the_hook_removes_itself(hook_sequence):
+    assert hook_sequence["after_registry"]["hooks"] == []
+
+
+def test_registry_imported_before_the_plugin_registers_at_once():
+    out = _run(
+        "import sys, verl\n"
+        "from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls\n"
+        "import verl_async_rm.plugin\n"
+        "print(get_reward_manager_cls('async_rm').__name__, "
+        "[type(f).__name__ for f in sys.meta_path if type(f).__module__ == 'verl_async_rm.plugin'])",
+        VERL_USE_EXTERNAL_PLUGINS="none",
+    )
+    assert out.splitlines()[-1] == "AsyncRMRewardManager []"

@@ -148,6 +148,7 @@ class PendingRequestExecutor:
         now = loop.time()
         req = Request(self._seq, item, num_tokens, now, loop.create_future(), deadline_s)
         self._stats.submitted += 1
+        self._stats.step_last_submit = now
         if deadline_s is not None and deadline_s != math.inf:
             req.timer = loop.call_at(now + deadline_s, self._expire, req)
         if blocked:
@@ -272,7 +273,7 @@ class PendingRequestExecutor:
                 self._crash_streak += 1
                 logger.error("executor %r: batching loop crashed; failing %d waiting requests and restarting",
                              self._name, len(self._room) + self._room.blocked, exc_info=exc)
-                self._fail_waiting(lambda: _crashed(self._name, exc))
+                self._fail_waiting(lambda: ExecutorCrashedError.from_cause(self._name, exc))
                 if self._crash_streak > 1:  # crashing again without a batch in between: back off a little
                     await asyncio.sleep(min(1.0, 0.001 * 2 ** min(self._crash_streak, 10)))
 
@@ -286,7 +287,7 @@ class PendingRequestExecutor:
         waiting = len(self._room) + self._room.blocked
         log = logger.error if waiting else logger.debug
         log("executor %r: batching loop stopped (%r); failing %d waiting requests", self._name, cause, waiting)
-        self._fail_waiting(lambda: _crashed(self._name, cause))
+        self._fail_waiting(lambda: ExecutorCrashedError.from_cause(self._name, cause))
 
     async def _batch_loop(self) -> None:
         loop = self._loop
@@ -338,7 +339,7 @@ class PendingRequestExecutor:
                 if req.state == PENDING and req.seq in room.pending:
                     room.take(req)
                 if not any(req in batch for batch in self._running.values()):
-                    self._settle(req, None, _crashed(self._name, exc))
+                    self._settle(req, None, ExecutorCrashedError.from_cause(self._name, exc))
             raise
 
     def _start_batch(self, picked: list[Request], reason: str, now: float) -> None:
@@ -386,7 +387,7 @@ class PendingRequestExecutor:
         except Exception as exc:  # noqa: BLE001 - a bug in the runner must not strand callers
             logger.error("executor %r: running a batch failed unexpectedly", self._name, exc_info=exc)
             for req in batch:
-                self._settle(req, None, _crashed(self._name, exc))
+                self._settle(req, None, ExecutorCrashedError.from_cause(self._name, exc))
         finally:
             self._running_requests -= len(batch)
             self._free.append(slot_index)
@@ -459,7 +460,9 @@ class PendingRequestExecutor:
         fut, stats = req.future, self._stats
         if fut.done():  # the caller cancelled; its handler will find the request DONE
             stats.cancelled += 1
-        elif exc is None:
+            return
+        stats.step_last_settle = self._loop.time() if self._loop is not None else None
+        if exc is None:
             fut.set_result(value)
             stats.completed += 1
         else:
@@ -503,15 +506,6 @@ class PendingRequestExecutor:
         """Fail every waiting (pending or blocked) request, each with its own exception instance."""
         for req in self._room.clear():
             self._settle(req, None, make_exc())
-
-
-def _crashed(name: str, cause: BaseException) -> ExecutorCrashedError:
-    err = ExecutorCrashedError(
-        f"executor {name!r}: the batching loop died while the request waited ({type(cause).__name__}: {cause}); "
-        "it has restarted, so the request can be submitted again"
-    )
-    err.__cause__ = cause
-    return err
 
 
 def _set_done(fut: asyncio.Future) -> None:

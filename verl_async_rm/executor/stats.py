@@ -95,6 +95,8 @@ class ExecutorStats:
         self.wait_s = Samples(window)
         self.exec_s = Samples(window)
         self._step_base = self._counts()
+        self.step_last_submit: float | None = None  # loop time of the step's latest submit
+        self.step_last_settle: float | None = None  # loop time the step's latest request got its result or error
 
     def record_batch(self, size: int, lengths: list[int] | None, reason: str) -> None:
         """Count one formed batch: its size, why it flushed, and its padding (length padding needs every length)."""
@@ -115,14 +117,19 @@ class ExecutorStats:
     def pop_step(self, slots: int, elapsed_s: float) -> dict[str, Any]:
         """What happened since the previous call (one rollout step), which it forgets.
 
-        ``rm_utilization`` is the time batches ran divided by ``slots * elapsed_s``.
+        ``rm_utilization`` is the time batches ran divided by ``slots * elapsed_s``; ``tail_s`` is the time from the
+        step's last submit to the last result (or error) handed back, None if the last request is still open.
         """
         counts, base = self._counts(), self._step_base
         self._step_base = counts
         out: dict[str, Any] = {name: counts[name] - base[name] for name in _STEP_COUNTS}
         sizes = self.batch_size.pop_step()
         busy = self.exec_s.pop_step()
+        last_submit, last_settle = self.step_last_submit, self.step_last_settle
+        self.step_last_submit = self.step_last_settle = None
         out.update(
+            tail_s=(last_settle - last_submit) if last_submit is not None and last_settle is not None
+            and last_settle >= last_submit else None,
             mean_batch_size=sizes["mean"],
             mean_fill=None if sizes["mean"] is None else sizes["mean"] / self._max_batch_size,
             wait_ms=self.wait_s.pop_step(scale=1000.0),

@@ -1,13 +1,18 @@
 """verl integration: the agent-loop manager and workers that score each trajectory as soon as it ends.
 
-Importing this package imports verl's agent loop (heavy); :mod:`verl_async_rm` exposes
-``AsyncRMAgentLoopManager`` lazily.
+The manager and workers import verl's agent loop (heavy), so they load on first use; :mod:`checks` and
+:mod:`metrics` stay cheap to import.
 """
 
-from verl_async_rm.integration.manager import (
-    AsyncRMAgentLoopManager,
-    AsyncRMAgentLoopManagerV0,
-    AsyncRMAgentLoopManagerV1,
-)
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __all__ = ["AsyncRMAgentLoopManager", "AsyncRMAgentLoopManagerV0", "AsyncRMAgentLoopManagerV1"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        return getattr(importlib.import_module("verl_async_rm.integration.manager"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -5,8 +5,9 @@ These are the mistakes that would otherwise fail late or silently:
 - ``reward.reward_model.enable=True`` makes verl start its own vLLM/SGLang RM servers on the reward GPUs;
 - without ``reward.reward_model.enable_resource_pool=True`` verl reserves no GPUs for the reward pool and overwrites
   its size with the trainer's (``main_ppo_v0.py:84``, ``trainer/ppo/v1/trainer_base.py:836``);
-- verl 0.9.1's ``main_ppo`` ignores the legacy top-level ``reward_model.*`` keys (only ``fully_async_main`` migrates
-  them), so a recipe written with them would silently run without its RM pool;
+- verl 0.9.1's ``main_ppo`` ignores the legacy top-level ``reward_model.*``, ``custom_reward_function.*`` and
+  ``sandbox_fusion.*`` keys (only ``fully_async_main`` migrates them), so a recipe written with them would silently
+  run without its RM pool or its rule function (``python -m verl_async_rm.main_ppo`` migrates them);
 - ``reward.reward_manager.name`` must be ``async_rm`` for the RM score to reach the reward.
 """
 
@@ -21,15 +22,21 @@ from verl_async_rm.reward.manager import REWARD_MANAGER_NAME
 __all__ = ["check_verl_config", "legacy_keys_set", "LEGACY_KEYS", "ENTRY_MODULE"]
 
 ENTRY_MODULE = "verl_async_rm.main_ppo"
-#: Legacy top-level keys that verl's migration moves to ``reward.*`` (all null in verl's defaults).
-LEGACY_KEYS = (
-    "reward_model.enable",
-    "reward_model.enable_resource_pool",
-    "reward_model.n_gpus_per_node",
-    "reward_model.nnodes",
-    "reward_model.model.path",
-    "reward_model.reward_manager",
-)
+#: Legacy top-level keys that verl 0.9.1's ``main_ppo`` ignores (all null in verl's defaults), with the keys
+#: verl's ``migrate_legacy_reward_impl`` moves them to.
+LEGACY_KEYS: dict[str, str] = {
+    "reward_model.enable": "reward.reward_model.enable",
+    "reward_model.enable_resource_pool": "reward.reward_model.enable_resource_pool",
+    "reward_model.n_gpus_per_node": "reward.reward_model.n_gpus_per_node",
+    "reward_model.nnodes": "reward.reward_model.nnodes",
+    "reward_model.model.path": "reward.reward_model.model_path",
+    "reward_model.reward_manager": "reward.reward_manager.name",
+    "reward_model.num_workers": "reward.num_workers",
+    "reward_model.reward_loop_source": "reward.reward_manager.source",
+    "custom_reward_function.path": "reward.custom_reward_function.path",
+    "custom_reward_function.name": "reward.custom_reward_function.name",
+    "sandbox_fusion.url": "reward.sandbox_fusion.url",
+}
 
 
 def _get(config: Any, key: str) -> Any:
@@ -46,10 +53,12 @@ def check_verl_config(config: Any) -> None:
     legacy = legacy_keys_set(config)
     if legacy:
         shown = " ".join(f"{k}={v}" for k, v in legacy.items())
+        renamed = " ".join(f"{LEGACY_KEYS[k]}={v}" for k, v in legacy.items())
         raise ValueError(
-            f"legacy keys {shown} are set, but verl's main_ppo ignores top-level reward_model.* keys, so the reward "
-            f"pool would not be reserved. Launch with `python -m {ENTRY_MODULE}` (same overrides; it migrates them), "
-            "or write them as reward.reward_model.{enable_resource_pool,n_gpus_per_node,nnodes,model_path}"
+            f"legacy keys {shown} are set, but verl's main_ppo ignores the top-level reward_model.* / "
+            "custom_reward_function.* / sandbox_fusion.* keys, so the reward pool would not be reserved (and a rule "
+            f"function would not be loaded). Launch with `python -m {ENTRY_MODULE}` (same overrides; it migrates "
+            f"them), or write them as {renamed}"
         )
     if _get(config, "reward.reward_model.enable"):
         raise ValueError(

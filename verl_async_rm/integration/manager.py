@@ -84,23 +84,14 @@ class _AsyncRMSide:
     async def _async_rm_begin_step(self, expected: int | None) -> None:
         """Start a step: metrics count from here; ``expected`` trajectories flush the last batch when all arrived."""
         await asyncio.wait_for(self.executor.pop_step_stats.remote(), CONTROL_TIMEOUT_S)
-        await asyncio.wait_for(
-            asyncio.gather(*(w.async_rm_pop_timing.remote() for w in self.agent_loop_workers)), CONTROL_TIMEOUT_S
-        )
         if expected:
             await asyncio.wait_for(self.executor.expect.remote(int(expected)), CONTROL_TIMEOUT_S)
 
     async def _async_rm_end_step(self) -> dict[str, float]:
         """End a step: flush anything still pending and return the step's ``async_rm/*`` metrics."""
         await asyncio.wait_for(self.executor.drain.remote(), CONTROL_TIMEOUT_S)
-        executor_stats, timings = await asyncio.wait_for(
-            asyncio.gather(
-                self.executor.pop_step_stats.remote(),
-                asyncio.gather(*(w.async_rm_pop_timing.remote() for w in self.agent_loop_workers)),
-            ),
-            CONTROL_TIMEOUT_S,
-        )
-        self.last_metrics = step_metrics(executor_stats, timings)
+        executor_stats = await asyncio.wait_for(self.executor.pop_step_stats.remote(), CONTROL_TIMEOUT_S)
+        self.last_metrics = step_metrics(executor_stats)
         return self.last_metrics
 
     def shutdown(self) -> None:

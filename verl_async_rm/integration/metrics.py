@@ -1,8 +1,8 @@
-"""The per-step ``async_rm/*`` metrics, from the executor's step figures and the workers' finish/score times."""
+"""The per-step ``async_rm/*`` metrics, from the executor's step figures (``pop_step_stats``)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = ["step_metrics", "PREFIX"]
@@ -10,17 +10,17 @@ __all__ = ["step_metrics", "PREFIX"]
 PREFIX = "async_rm/"
 
 
-def step_metrics(executor_step: Mapping[str, Any], worker_timings: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+def step_metrics(executor_step: Mapping[str, Any]) -> dict[str, float]:
     """Flat ``{"async_rm/<name>": number}`` for one step; figures with no value this step (no batch ran) are left out.
 
-    ``reward_tail_s`` is the time from the last trajectory finishing (its agent loop ended) to the last score
-    arriving, over all agent-loop workers.
+    ``reward_tail_s`` is the time from the step's last trajectory reaching the executor (right after its agent loop
+    ended) to the last score handed back, measured on the executor's one clock.
     """
     wait, exe = executor_step.get("wait_ms") or {}, executor_step.get("exec_ms") or {}
-    finishes = [t["last_finish"] for t in worker_timings if t.get("last_finish") is not None]
-    scored = [t["last_scored"] for t in worker_timings if t.get("last_scored") is not None]
     values = {
         "requests": executor_step.get("submitted"),
+        "scored": executor_step.get("completed"),
+        "errors": (executor_step.get("failed") or 0) + (executor_step.get("timed_out") or 0),
         "batches": executor_step.get("batches"),
         "mean_batch_size": executor_step.get("mean_batch_size"),
         "mean_fill": executor_step.get("mean_fill"),
@@ -29,8 +29,6 @@ def step_metrics(executor_step: Mapping[str, Any], worker_timings: Sequence[Mapp
         "rm_exec_ms/mean": exe.get("mean"),
         "rm_exec_ms/p99": exe.get("p99"),
         "rm_utilization": executor_step.get("rm_utilization"),
-        "errors": (executor_step.get("failed") or 0) + (executor_step.get("timed_out") or 0),
-        "scored": sum(int(t.get("requests") or 0) for t in worker_timings),
-        "reward_tail_s": (max(scored) - max(finishes)) if finishes and scored else None,
+        "reward_tail_s": executor_step.get("tail_s"),
     }
     return {PREFIX + name: float(value) for name, value in values.items() if value is not None}

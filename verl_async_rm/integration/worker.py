@@ -15,7 +15,6 @@ verl's own worker construction and placement are used unchanged.
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 import ray
@@ -37,19 +36,12 @@ class AsyncRMWorkerMixin:
 
     _async_rm_executor: Any = None
     _async_rm_timeout_s: float = 0.0
-    _async_rm_timing: dict | None = None
 
     async def async_rm_attach(self, executor: Any, request_timeout_s: float) -> bool:
         """Give this worker the executor actor it submits to (called once by the manager after creation)."""
         self._async_rm_executor = executor
         self._async_rm_timeout_s = float(request_timeout_s)
-        self._async_rm_timing = {"requests": 0, "last_finish": None, "last_scored": None}
         return True
-
-    async def async_rm_pop_timing(self) -> dict:
-        """This worker's finish/score times since the last call (for the step's reward-tail metric)."""
-        out, self._async_rm_timing = self._async_rm_timing, {"requests": 0, "last_finish": None, "last_scored": None}
-        return out or {"requests": 0, "last_finish": None, "last_scored": None}
 
     async def _compute_score(self, outputs: list, kwargs: dict) -> None:
         final = outputs[-1]
@@ -67,29 +59,25 @@ class AsyncRMWorkerMixin:
         request = RMRequest.from_agent_loop_output(
             final, uid=f"{kwargs.get('uid', '?')}/{kwargs.get('session_id', 0)}", raw_prompt=kwargs.get("raw_prompt")
         )
-        finished = time.time()
         score = await submit_with_timeout(
             self._async_rm_executor, request, timeout_s=self._async_rm_timeout_s, num_tokens=request.num_tokens
         )
-        self._note(finished, time.time())
         return float(score)
-
-    def _note(self, finished: float, scored: float) -> None:
-        timing = self._async_rm_timing
-        if timing is None:
-            return
-        timing["requests"] += 1
-        timing["last_finish"] = max(finished, timing["last_finish"] or finished)
-        timing["last_scored"] = max(scored, timing["last_scored"] or scored)
 
 
 class AsyncRMAgentLoopWorker(AsyncRMWorkerMixin, AgentLoopWorker):
     """verl's v0 ``AgentLoopWorker`` with the per-trajectory RM hook."""
 
 
-# AgentLoopWorkerTQ is already a Ray actor class (``@ray.remote``): subclass the class it wraps.
+# AgentLoopWorkerTQ is already a Ray actor class (``@ray.remote``, agent_loop_tq.py:52): subclass the class it wraps.
 class AsyncRMAgentLoopWorkerTQ(AsyncRMWorkerMixin, AgentLoopWorkerTQ.__ray_actor_class__):
     """verl's v1 (TransferQueue) ``AgentLoopWorkerTQ`` with the per-trajectory RM hook."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Must stay: without an __init__ of its own, Ray ships the inherited one by value, and cloudpickle copies
+        # verl's class with it (its module name is bound to the ActorClass, so it cannot be found by reference);
+        # verl's zero-arg super() in AgentLoopWorkerTQ.__init__ (agent_loop_tq.py:55) then fails on the copy.
+        super().__init__(*args, **kwargs)
 
 
 def remote_worker_class(use_v1: bool):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -38,16 +39,30 @@ class RewardMix:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ValueError(f"async_rm.{name} must be a finite number, got {value!r}; e.g. async_rm.{name}=1.0")
-        if self.combine_fn is not None and (not isinstance(self.combine_fn, str) or ":" not in self.combine_fn):
-            raise ValueError(
-                f"async_rm.combine_fn must be 'package.module:function', got {self.combine_fn!r}; "
-                "e.g. +async_rm.combine_fn=my_rewards.mix:combine"
-            )
+        if self.combine_fn is not None:
+            module, _, attr = self.combine_fn.partition(":") if isinstance(self.combine_fn, str) else ("", "", "")
+            if not module or not attr:
+                raise ValueError(
+                    f"async_rm.combine_fn must be 'package.module:function', got {self.combine_fn!r}; "
+                    "e.g. +async_rm.combine_fn=my_rewards.mix:combine"
+                )
 
     @property
     def uses_rule(self) -> bool:
         """Whether the rule score is needed at all."""
         return self.combine_fn is not None or self.rule_weight != 0
+
+    def load_combine_fn(self) -> Optional[Callable[..., float]]:
+        """Import ``combine_fn`` (None when unset); a failure raises ``ValueError`` naming ``async_rm.combine_fn``."""
+        if self.combine_fn is None:
+            return None
+        try:
+            return load_callable(self.combine_fn)
+        except ValueError as exc:
+            raise ValueError(
+                f"async_rm.combine_fn={self.combine_fn!r}: {exc}; it must name an importable function "
+                "(its package on PYTHONPATH in every Ray worker), e.g. +async_rm.combine_fn=my_rewards.mix:combine"
+            ) from exc
 
     def combine(self, rm_score: float, rule_score: float, *, data_source: Any = None,
                 extra_info: Optional[Mapping] = None, fn: Optional[Callable[..., float]] = None) -> float:
@@ -55,8 +70,10 @@ class RewardMix:
         if fn is None:
             return self.rm_weight * rm_score + self.rule_weight * rule_score
         value = fn(rm_score=rm_score, rule_score=rule_score, data_source=data_source, extra_info=extra_info)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ValueError(f"async_rm.combine_fn {self.combine_fn!r} returned {value!r}; it must return a finite float")
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            raise ValueError(
+                f"async_rm.combine_fn {self.combine_fn!r} returned {value!r}; it must return a finite float"
+            )
         return float(value)
 
 

@@ -20,8 +20,8 @@ from verl import DataProto
 from verl.experimental.reward_loop.reward_manager import register
 from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager
 
-from verl_async_rm.errors import RewardModelError
-from verl_async_rm.reward.combine import RM_ERROR_KEY, RM_SCORE_KEY, RewardMix, load_callable
+from verl_async_rm.errors import NonFiniteScoreError, RewardModelError
+from verl_async_rm.reward.combine import RM_ERROR_KEY, RM_SCORE_KEY, RewardMix
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ class AsyncRMRewardManager(NaiveRewardManager):
         from verl_async_rm.config import AsyncRMConfig
 
         self.mix: RewardMix = AsyncRMConfig.from_verl(config).mix
-        self._combine_fn = load_callable(self.mix.combine_fn) if self.mix.combine_fn else None
+        self._combine_fn = self.mix.load_combine_fn()
 
     async def run_single(self, data: DataProto) -> dict:
         item = data[-1]  # multi-output agent loops: the reward belongs to the last output, as in verl
@@ -48,7 +48,7 @@ class AsyncRMRewardManager(NaiveRewardManager):
         rule_score, rule_info = 0.0, {}
         if self.mix.uses_rule:
             rule = await super().run_single(data)
-            rule_score, rule_info = float(rule["reward_score"]), rule["reward_extra_info"]
+            rule_score, rule_info = _finite_rule_score(rule["reward_score"], item), rule["reward_extra_info"]
         reward = self.mix.combine(
             rm_score, rule_score, data_source=item.non_tensor_batch.get("data_source"),
             extra_info=item.non_tensor_batch.get("extra_info"), fn=self._combine_fn,
@@ -62,7 +62,7 @@ class AsyncRMRewardManager(NaiveRewardManager):
         ntb = item.non_tensor_batch
         if RM_ERROR_KEY in ntb and ntb[RM_ERROR_KEY] is not None:
             raise RewardModelError(f"reward model failed for this trajectory: {ntb[RM_ERROR_KEY]}")
-        if RM_SCORE_KEY not in ntb:
+        if ntb.get(RM_SCORE_KEY) is None:
             raise RewardModelError(
                 "reward_manager.name=async_rm found no RM score on this trajectory. It needs the package's agent "
                 "loop: +actor_rollout_ref.rollout.agent.agent_loop_manager_class="
@@ -70,5 +70,22 @@ class AsyncRMRewardManager(NaiveRewardManager):
             )
         score = float(ntb[RM_SCORE_KEY])
         if not math.isfinite(score):
-            raise RewardModelError(f"RM score is not finite: {score!r}")
+            raise NonFiniteScoreError(
+                f"RM score is not finite: {score!r}; the reward model returned NaN or inf for this trajectory"
+            )
         return score
+
+
+def _finite_rule_score(value, item) -> float:
+    """The rule score as a float; NaN/inf/non-numbers raise instead of turning the reward into NaN."""
+    try:
+        score = float(value)
+    except (TypeError, ValueError):
+        score = math.nan
+    if not math.isfinite(score):
+        raise ValueError(
+            f"the rule score of data_source={str(item.non_tensor_batch.get('data_source'))!r} is {value!r}; the rule "
+            "function (reward.custom_reward_function or verl's default_compute_score) must return a finite number, "
+            "or set async_rm.rule_weight=0 to use the RM score alone"
+        )
+    return score

@@ -3,7 +3,7 @@
 The result is verl's full ``ppo_trainer`` config with the few overrides a CPU run of the agent loop needs: the tiny
 policy path, ``rollout.name=vllm`` (only a name here: :mod:`verl_async_rm.testing.generation` stands in for the
 server), short prompts and responses, ``trainer.device=cpu``, two agent-loop and reward-loop workers, and the trainer
-version (v1: TransferQueue, ``transfer_queue.enable=True``; v0: the classic ``RayPPOTrainer``).
+version (v1: TransferQueue, ``transfer_queue.enable=True`` with one storage unit; v0: the classic ``RayPPOTrainer``).
 """
 
 from __future__ import annotations
@@ -59,6 +59,8 @@ def compose_trainer_config(
         "trainer.logger=[console]",
         f"trainer.use_v1={trainer == 'v1'}",
         f"transfer_queue.enable={trainer == 'v1'}",
+        # TransferQueue starts one 1-CPU actor per storage unit (default 8): too many for a small CPU cluster.
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
     ]
     # hydra keeps one global instance; a caller (or an earlier call) may have initialised it already.
     if GlobalHydra.instance().is_initialized():

@@ -1,0 +1,278 @@
+"""``AsyncRMConfig.from_verl`` splits ``async_rm.*`` into its sections; ``RewardMix``; ``check_verl_config``.
+
+Every config here is verl's real ``ppo_trainer`` config, composed with Hydra overrides as on verl's command line.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import pytest
+
+from verl_async_rm.config import AsyncRMConfig, IntegrationConfig
+from verl_async_rm.executor.policy import BatchPolicy
+from verl_async_rm.integration.checks import check_verl_config
+from verl_async_rm.reward.combine import RewardMix
+from verl_async_rm.rm.config import RMConfig
+from verl_async_rm.testing import compose_trainer_config
+
+pytestmark = pytest.mark.unit
+
+ASSETS = Path(__file__).parent / "assets"
+
+
+def valid_overrides(models) -> list[str]:
+    """The smallest set of verl keys the plugin accepts."""
+    return [
+        "reward.reward_model.enable_resource_pool=True",
+        "reward.reward_model.n_gpus_per_node=2",
+        "reward.reward_model.nnodes=1",
+        f"reward.reward_model.model_path={models.rm}",
+        "reward.reward_manager.name=async_rm",
+    ]
+
+
+def compose(models, *overrides: str, trainer: str = "v1"):
+    return compose_trainer_config(models.policy, trainer=trainer, overrides=valid_overrides(models) + list(overrides))
+
+
+# --- AsyncRMConfig.from_verl ---------------------------------------------------------------------------------------
+
+
+def test_defaults_with_no_async_rm_group(tiny_models):
+    cfg = compose(tiny_models)
+    assert "async_rm" not in cfg
+    settings = AsyncRMConfig.from_verl(cfg)
+    assert settings.batching == BatchPolicy()
+    assert settings.mix == RewardMix()
+    assert settings.integration == IntegrationConfig()
+    assert settings.rm.model_path == str(tiny_models.rm)
+    assert settings.rm.policy_tokenizer_path == str(tiny_models.policy)
+    assert (settings.rm.n_gpus_per_node, settings.rm.nnodes, settings.rm.num_replicas) == (2, 1, 2)
+    assert settings.rm.use_gpu is False  # trainer.device=cpu
+    assert settings.rm.dtype == RMConfig.__dataclass_fields__["dtype"].default
+
+
+def test_each_section_receives_its_keys_and_only_those(tiny_models):
+    cfg = compose(
+        tiny_models,
+        "+async_rm.max_batch_size=8",
+        "+async_rm.max_wait_ms=5",
+        "+async_rm.overflow=reject",
+        "+async_rm.dtype=float32",
+        "+async_rm.micro_batch_max_tokens=1024",
+        "+async_rm.trust_remote_code=True",
+        "+async_rm.rm_weight=0.5",
+        "+async_rm.rule_weight=2",
+        "+async_rm.combine_fn=pkg.mod:fn",
+        "+async_rm.request_timeout_s=30",
+        "+async_rm.executor_max_concurrency=64",
+    )
+    settings = AsyncRMConfig.from_verl(cfg)
+    assert settings.batching == BatchPolicy(max_batch_size=8, max_wait_ms=5.0, overflow="reject")
+    assert (settings.rm.dtype, settings.rm.micro_batch_max_tokens, settings.rm.trust_remote_code) == (
+        "float32", 1024, True
+    )
+    assert settings.mix == RewardMix(rm_weight=0.5, rule_weight=2, combine_fn="pkg.mod:fn")
+    assert settings.integration == IntegrationConfig(request_timeout_s=30, executor_max_concurrency=64)
+
+
+def test_nested_mappings_work_like_a_dictconfig(tiny_models):
+    from omegaconf import OmegaConf
+
+    cfg = compose(tiny_models, "+async_rm.max_batch_size=4", "+async_rm.rule_weight=1.5")
+    plain = OmegaConf.to_container(cfg, resolve=True)
+    assert AsyncRMConfig.from_verl(plain) == AsyncRMConfig.from_verl(cfg)
+
+
+def test_unknown_key_lists_every_known_key(tiny_models):
+    with pytest.raises(ValueError, match=r"unknown key async_rm\.max_batch=8") as info:
+        AsyncRMConfig.from_verl(compose(tiny_models, "+async_rm.max_batch=8"))
+    listed = set(str(info.value).split("known keys: ")[1].split(", "))
+    kinds = (BatchPolicy, RMConfig, RewardMix, IntegrationConfig)
+    fields = {f.name for kind in kinds for f in dataclasses.fields(kind)}
+    assert listed == fields - {"model_path", "n_gpus_per_node", "nnodes", "use_gpu"}
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "use_instead"),
+    [
+        ("model_path", "/models/rm", "reward.reward_model.model_path"),
+        ("n_gpus_per_node", "4", "reward.reward_model.n_gpus_per_node"),
+        ("nnodes", "2", "reward.reward_model.nnodes"),
+        ("use_gpu", "False", "trainer.device"),
+    ],
+)
+def test_verl_owned_rm_keys_are_refused_with_the_verl_key(tiny_models, key, value, use_instead):
+    with pytest.raises(ValueError, match=rf"async_rm\.{key}=.* is not read: .*set {use_instead} instead"):
+        AsyncRMConfig.from_verl(compose(tiny_models, f"+async_rm.{key}={value}"))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key", "error"),
+    [
+        # batching -> BatchPolicy
+        (["+async_rm.max_batch_size=0"], "max_batch_size", ValueError),
+        (["+async_rm.max_batch_size=abc"], "max_batch_size", TypeError),
+        (["+async_rm.max_wait_ms=-1"], "max_wait_ms", ValueError),
+        (["+async_rm.overflow=drop"], "overflow", ValueError),
+        (["+async_rm.group_by_length=maybe"], "group_by_length", TypeError),
+        (["+async_rm.max_batch_size=6", "+async_rm.pad_multiple=4"], "max_batch_size", ValueError),
+        # RM worker group -> RMConfig
+        (["+async_rm.dtype=fp8"], "dtype", ValueError),
+        (["+async_rm.micro_batch_max_tokens=0"], "micro_batch_max_tokens", ValueError),
+        (["+async_rm.score_reduction=median"], "score_reduction", ValueError),
+        # reward mix -> RewardMix
+        (["+async_rm.rm_weight=nan"], "rm_weight", ValueError),
+        (["+async_rm.rule_weight=abc"], "rule_weight", ValueError),
+        (["+async_rm.combine_fn=no_colon"], "combine_fn", ValueError),
+        # the rest -> IntegrationConfig
+        (["+async_rm.request_timeout_s=0"], "request_timeout_s", ValueError),
+        (["+async_rm.on_error=drop"], "on_error", ValueError),
+        (["+async_rm.executor_max_concurrency=8"], "executor_max_concurrency", ValueError),
+    ],
+)
+def test_bad_values_name_the_async_rm_key(tiny_models, overrides, key, error):
+    with pytest.raises(error) as info:
+        AsyncRMConfig.from_verl(compose(tiny_models, *overrides))
+    assert f"async_rm.{key}" in str(info.value)
+
+
+def test_bad_verl_rm_keys_name_the_verl_key(tiny_models):
+    # verl's default reward.reward_model.nnodes is 0: a pool size the user must set.
+    with pytest.raises(ValueError, match=r"reward\.reward_model\.nnodes=0"):
+        AsyncRMConfig.from_verl(compose(tiny_models, "reward.reward_model.nnodes=0"))
+    with pytest.raises(ValueError, match=r"reward\.reward_model\.model_path"):
+        AsyncRMConfig.from_verl(compose(tiny_models, "reward.reward_model.model_path=null"))
+
+
+def test_async_rm_must_be_a_group(tiny_models):
+    with pytest.raises(ValueError, match=r"async_rm=5: it must be a group of keys"):
+        AsyncRMConfig.from_verl(compose(tiny_models, "+async_rm=5"))
+
+
+# --- RewardMix ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "key"),
+    [
+        ({"rm_weight": True}, "rm_weight"),
+        ({"rm_weight": math.inf}, "rm_weight"),
+        ({"rule_weight": "1"}, "rule_weight"),
+        ({"rule_weight": math.nan}, "rule_weight"),
+        ({"combine_fn": "module_only"}, "combine_fn"),
+        ({"combine_fn": ":fn"}, "combine_fn"),
+        ({"combine_fn": "module:"}, "combine_fn"),
+        ({"combine_fn": 5}, "combine_fn"),
+    ],
+)
+def test_reward_mix_rejects_bad_values(kwargs, key):
+    with pytest.raises(ValueError, match=rf"async_rm\.{key}"):
+        RewardMix(**kwargs)
+
+
+def test_reward_mix_weighted_sum_and_rule_use():
+    mix = RewardMix(rm_weight=0.5, rule_weight=2)
+    assert mix.combine(1.0, 3.0) == 6.5
+    assert mix.uses_rule
+    assert RewardMix().combine(0.25, 100.0) == 0.25  # defaults: RM only
+    assert not RewardMix().uses_rule
+    assert RewardMix(rule_weight=0, combine_fn="m:f").uses_rule  # a combine_fn gets the rule score
+
+
+def test_combine_fn_is_loaded_by_name_and_gets_every_argument(monkeypatch):
+    monkeypatch.syspath_prepend(str(ASSETS))
+    mix = RewardMix(rm_weight=100.0, combine_fn="combine_fns:scaled")
+    fn = mix.load_combine_fn()
+    value = mix.combine(0.5, 2.0, data_source="abc", extra_info={"bonus": 0.25}, fn=fn)
+    assert value == 10.0 * 0.5 + 2.0 + 3 + 0.25  # the weights do not apply when combine_fn is set
+    assert RewardMix().load_combine_fn() is None
+
+
+def test_combine_fn_may_return_a_numpy_float(monkeypatch):
+    monkeypatch.syspath_prepend(str(ASSETS))
+    mix = RewardMix(combine_fn="combine_fns:numpy_float")
+    value = mix.combine(0.5, 0.25, fn=mix.load_combine_fn())
+    assert type(value) is float and value == 0.75
+
+
+@pytest.mark.parametrize("name", ["not_finite", "not_a_number"])
+def test_combine_fn_returning_a_non_finite_value_raises(monkeypatch, name):
+    monkeypatch.syspath_prepend(str(ASSETS))
+    mix = RewardMix(combine_fn=f"combine_fns:{name}")
+    with pytest.raises(ValueError, match=rf"async_rm\.combine_fn 'combine_fns:{name}' returned .*finite"):
+        mix.combine(0.5, 1.0, fn=mix.load_combine_fn())
+
+
+@pytest.mark.parametrize(
+    ("spec", "why"),
+    [
+        ("no_such_module_for_tests_xyz:fn", "cannot import module"),
+        ("combine_fns:missing", "has no attribute 'missing'"),
+        ("combine_fns:NOT_CALLABLE", "is not callable"),
+    ],
+)
+def test_combine_fn_that_cannot_load_names_the_key(monkeypatch, spec, why):
+    monkeypatch.syspath_prepend(str(ASSETS))
+    with pytest.raises(ValueError, match=rf"async_rm\.combine_fn='{spec}': .*{why}"):
+        RewardMix(combine_fn=spec).load_combine_fn()
+
+
+# --- check_verl_config ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("trainer", ["v0", "v1"])
+def test_a_valid_config_passes(tiny_models, trainer):
+    check_verl_config(compose(tiny_models, trainer=trainer))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (
+            ["reward.reward_model.enable=True"],
+            r"reward\.reward_model\.enable=True makes verl start its own vLLM/SGLang .* "
+            r"Set reward\.reward_model\.enable=False",
+        ),
+        (
+            ["reward.reward_model.enable_resource_pool=False"],
+            r"reward\.reward_model\.enable_resource_pool=False: the RM needs its own resource pool.* "
+            r"Set reward\.reward_model\.enable_resource_pool=True",
+        ),
+        (
+            ["reward.reward_manager.name=naive"],
+            r"reward\.reward_manager\.name='naive': .* Set reward\.reward_manager\.name=async_rm",
+        ),
+        (
+            ["reward.reward_manager.source=importlib"],
+            r"reward\.reward_manager\.source='importlib': .* set reward\.reward_manager\.source=register",
+        ),
+    ],
+)
+@pytest.mark.parametrize("trainer", ["v0", "v1"])
+def test_each_verl_key_mistake_is_refused(tiny_models, trainer, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        check_verl_config(compose(tiny_models, *overrides, trainer=trainer))
+
+
+@pytest.mark.parametrize(
+    ("legacy", "new"),
+    [
+        ("reward_model.enable_resource_pool=True", "reward.reward_model.enable_resource_pool=True"),
+        ("reward_model.n_gpus_per_node=4", "reward.reward_model.n_gpus_per_node=4"),
+        ("reward_model.nnodes=2", "reward.reward_model.nnodes=2"),
+        ("reward_model.model.path=/models/rm", "reward.reward_model.model_path=/models/rm"),
+        ("reward_model.reward_manager=async_rm", "reward.reward_manager.name=async_rm"),
+        ("custom_reward_function.path=/rules/r.py", "reward.custom_reward_function.path=/rules/r.py"),
+    ],
+)
+def test_legacy_keys_are_refused_naming_the_entry_module_and_the_new_key(tiny_models, legacy, new):
+    with pytest.raises(ValueError) as info:
+        check_verl_config(compose(tiny_models, legacy))
+    message = str(info.value)
+    assert f"legacy keys {legacy} are set" in message
+    assert "`python -m verl_async_rm.main_ppo`" in message
+    assert message.endswith(f"write them as {new}")

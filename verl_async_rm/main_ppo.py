@@ -1,0 +1,118 @@
+"""verl's ``main_ppo``, with the legacy top-level reward keys migrated first.
+
+When to use it: your recipe sets the old top-level keys (``reward_model.enable_resource_pool``,
+``reward_model.n_gpus_per_node``, ``reward_model.nnodes``, ``reward_model.model.path``, ``reward_model.reward_manager``,
+``custom_reward_function.*``, ...). verl 0.9.1's ``verl.trainer.main_ppo`` ignores them (only its
+``fully_async_main`` migrates them), so the reward pool would not be reserved and the plugin refuses to start
+(:func:`verl_async_rm.integration.checks.check_verl_config`). Run the same command with this module instead::
+
+    python -m verl_async_rm.main_ppo <the same Hydra overrides you give verl.trainer.main_ppo>
+
+for example ``python -m verl_async_rm.main_ppo reward_model.enable_resource_pool=True reward_model.n_gpus_per_node=4
+reward_model.nnodes=1 reward_model.model.path=/path/to/rm reward.reward_manager.name=async_rm
++actor_rollout_ref.rollout.agent.agent_loop_manager_class=verl_async_rm.AsyncRMAgentLoopManager ...``.
+Recipes written with the new ``reward.*`` keys do not need it (it works for them too: nothing to migrate).
+
+What it does: composes verl's own ``ppo_trainer`` config from the installed verl's config folder, applies
+:func:`migrate_legacy_keys` (verl's ``migrate_legacy_reward_impl`` plus two gaps it leaves, see there), checks the
+result with :func:`~verl_async_rm.integration.checks.check_verl_config` so a mistake fails before Ray starts, and then
+runs verl's own ``main`` function body unchanged.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from typing import Any
+
+import hydra
+from omegaconf import OmegaConf
+
+__all__ = ["migrate_legacy_keys", "main"]
+
+logger = logging.getLogger(__name__)
+
+
+def _verl_config_dir() -> str:
+    # Found without importing verl (its import takes seconds); hydra needs an absolute path for a foreign package.
+    spec = importlib.util.find_spec("verl")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError("verl is not installed; install verl==0.9.1 (pip install verl-async-rm pulls it in)")
+    return os.path.join(list(spec.submodule_search_locations)[0], "trainer", "config")
+
+
+def _select(config: Any, key: str) -> Any:
+    return OmegaConf.select(config, key, default=None)
+
+
+def migrate_legacy_keys(config: Any) -> Any:
+    """Move the legacy top-level reward keys of a composed ``ppo_trainer`` config to their ``reward.*`` places.
+
+    The move itself is verl's ``migrate_legacy_reward_impl`` (``experimental/reward_loop/reward_loop.py:39``), which
+    also deletes the top-level ``reward_model``, ``custom_reward_function`` and ``sandbox_fusion`` groups. Before it
+    runs, two gaps of that function are closed:
+
+    - ``reward_model.model.trust_remote_code`` has no ``reward.*`` key in verl 0.9.1, so verl drops it; it is kept as
+      ``async_rm.trust_remote_code`` (unless that is set already), the plugin's own key for the RM worker group;
+    - verl copies the legacy ``custom_reward_function`` group whole, and the legacy ``name`` defaults to null (the
+      new key defaults to ``compute_score``), so ``custom_reward_function.path=...`` alone would reach verl's loader
+      with no function name; the new key's default name is filled in.
+
+    Returns the same (mutated) config. A config already migrated (no top-level ``reward_model`` group) is returned
+    unchanged, so calling it twice is harmless.
+    """
+    if "reward_model" not in config:
+        return config
+    from verl.experimental.reward_loop import migrate_legacy_reward_impl
+
+    trust_remote_code = _select(config, "reward_model.model.trust_remote_code")
+    if trust_remote_code is not None and _select(config, "async_rm.trust_remote_code") is None:
+        OmegaConf.update(config, "async_rm.trust_remote_code", trust_remote_code, force_add=True)
+    if _select(config, "custom_reward_function.path") is not None:
+        if _select(config, "custom_reward_function.name") is None:
+            config.custom_reward_function.name = _select(config, "reward.custom_reward_function.name")
+
+    moved: dict[str, Any] = {}
+    for group in ("reward_model", "custom_reward_function", "sandbox_fusion"):
+        moved.update(_set_leaves(config, group))
+    config = migrate_legacy_reward_impl(config)
+    if moved:
+        logger.info("verl_async_rm: migrated legacy keys to reward.*: %s", moved)
+    return config
+
+
+def _set_leaves(config: Any, group: str) -> dict[str, Any]:
+    """The non-null leaves of a top-level group, as ``{"group.key": value}`` (for the log line)."""
+    node = _select(config, group)
+    if node is None:
+        return {}
+    flat: dict[str, Any] = {}
+
+    def walk(value: Any, prefix: str) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                walk(item, f"{prefix}.{key}")
+        elif value is not None:
+            flat[prefix] = value
+
+    walk(OmegaConf.to_container(node, resolve=False), group)
+    return flat
+
+
+@hydra.main(config_path=_verl_config_dir(), config_name="ppo_trainer", version_base=None)
+def main(config: Any) -> None:
+    """Migrate the legacy keys, check the config, then run verl's ``verl.trainer.main_ppo.main`` on it."""
+    from verl.trainer import main_ppo as verl_main_ppo
+
+    from verl_async_rm.integration.checks import check_verl_config
+
+    config = migrate_legacy_keys(config)
+    check_verl_config(config)
+    # hydra.main wraps with functools.wraps (hydra/main.py, main_decorator), so __wrapped__ is verl's undecorated
+    # body (verl/trainer/main_ppo.py:166-192): device set-up, validate_config, then run_ppo with the v0/v1 runner.
+    verl_main_ppo.main.__wrapped__(config)
+
+
+if __name__ == "__main__":
+    main()
