@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+#: Modules the Ray workers import by name in tests (custom agent loops, rule functions).
+TEST_ASSETS = REPO_ROOT / "tests" / "integration" / "assets"
 
 # Ray workers must import this package by name even when it is not pip-installed.
 os.environ.setdefault("PYTHONPATH", str(REPO_ROOT))
@@ -49,7 +51,9 @@ def ray_runtime_env() -> dict:
     """runtime_env that lets Ray workers import this package and keeps them quiet and offline."""
     keys = ("TOKENIZERS_PARALLELISM", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VERL_ASYNC_RM_CACHE")
     env = {k: os.environ[k] for k in keys if k in os.environ}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO_ROOT), str(TEST_ASSETS), os.environ.get("PYTHONPATH", "")) if p
+    )
     return {"env_vars": env}
 
 

@@ -9,6 +9,8 @@ import torch
 pytestmark = pytest.mark.integration
 
 RULE = "tests/integration/assets/rule.py"
+AGENT_LOOPS = "tests/integration/assets/agent_loops.yaml"
+PRESET_REWARD = 7.25  # set by tests/integration/assets/async_rm_preset_loop.py (imported by the Ray workers, not here)
 RM_W, RULE_W = 2.0, 0.5
 
 
@@ -25,11 +27,12 @@ def overrides(tiny_models, *extra):
         f"+async_rm.rule_weight={RULE_W}",
         "+async_rm.max_wait_ms=50",
         "+async_rm.placement_timeout_s=60",
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={AGENT_LOOPS}",
         *extra,
     ]
 
 
-def prompts_batch(n_prompts: int, rollout_n: int):
+def prompts_batch(n_prompts: int, rollout_n: int, agent_names=None):
     from verl import DataProto
 
     questions = [f"how many apples are left after step {i}?" for i in range(n_prompts)]
@@ -42,6 +45,7 @@ def prompts_batch(n_prompts: int, rollout_n: int):
             "reward_model": np.array([{"ground_truth": "42"} for _ in rows], dtype=object),
             "uid": np.array([f"u{i // rollout_n}" for i in range(len(rows))], dtype=object),
             "index": np.array([i // rollout_n for i in range(len(rows))]),
+            **({"agent_name": np.array(agent_names, dtype=object)} if agent_names is not None else {}),
         },
         meta_info={"global_steps": 1, "validate": False},
     )
@@ -130,3 +134,38 @@ def test_second_step_reuses_pool_replicas_and_executor(v0_manager):
     assert _cluster_objects(ray) == before  # no new named actor, no new placement group
     assert list(manager.rm_worker_group.workers) == replicas and manager.executor is executor
     assert output.meta_info["timing"]["async_rm/requests"] == 4
+
+
+def test_an_agent_loop_that_sets_its_reward_skips_the_rm(v0_manager):
+    manager, _ = v0_manager
+    names = ["preset_reward", "single_turn_agent", "preset_reward", "single_turn_agent"]
+    output = manager.generate_sequences(prompts_batch(2, rollout_n=2, agent_names=names))
+    prompt_len = output.batch["prompts"].shape[1]
+    for i, name in enumerate(names):
+        last = int(output.batch["attention_mask"][i, prompt_len:].sum()) - 1
+        if name == "preset_reward":
+            assert float(output.batch["rm_scores"][i, last]) == PRESET_REWARD
+        else:
+            assert float(output.non_tensor_batch["rm_score"][i]) != 0.0
+    assert output.meta_info["timing"]["async_rm/requests"] == 2  # only the two ordinary trajectories reached the RM
+
+
+def _rm_pool_groups(ray) -> dict[str, str]:
+    return {pg_id: pg["state"] for pg_id, pg in ray.util.placement_group_table().items()
+            if "verl_async_rm_pool" in (pg.get("name") or "")}
+
+
+def test_shutdown_releases_the_pool_and_the_executor(v0_manager):
+    import ray
+
+    manager, _ = v0_manager
+    before = _rm_pool_groups(ray)
+    assert len(before) >= 1 and set(before.values()) == {"CREATED"}
+    executor = manager.executor
+    manager.shutdown()
+    assert manager.executor is None and manager.rm_worker_group is None
+    with pytest.raises(ray.exceptions.RayActorError):
+        ray.get(executor.ping.remote(), timeout=60)
+    after = _rm_pool_groups(ray)
+    assert all(after.get(pg_id, "REMOVED") == "REMOVED" for pg_id in before)
+    manager.shutdown()  # idempotent
