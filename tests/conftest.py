@@ -47,6 +47,14 @@ def tiny_models():
     return build_tiny_models(cache)
 
 
+@pytest.fixture(scope="session")
+def policy_tok(tiny_models):
+    """The tiny policy's tokenizer (ChatML template, pad id 0)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(tiny_models.policy)
+
+
 def ray_runtime_env() -> dict:
     """runtime_env that lets Ray workers import this package and keeps them quiet and offline."""
     keys = ("TOKENIZERS_PARALLELISM", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VERL_ASYNC_RM_CACHE")

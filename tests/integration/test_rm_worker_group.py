@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 import ray
 import torch
+from rm_cases import ANSWERS, make_batch, make_request
 
 from verl_async_rm.errors import NonFiniteScoreError, ResourcePoolError, RewardModelError
 from verl_async_rm.rm import (
@@ -29,28 +30,11 @@ pytestmark = pytest.mark.integration
 
 ATOL = RTOL = 1e-4
 MAX_LENGTH = 48
-QUESTIONS = ["how many apples does the farmer have", "what is the total cost of two books", "how fast is the train"]
-ANSWERS = ["five", "the total cost is 12 dollars", "the train takes 3 hours so the speed is 20 miles per hour"]
-
-
-@pytest.fixture(scope="module")
-def policy_tok(tiny_models):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(tiny_models.policy)
-
-
-def make_request(policy_tok, question: str, answer: str, uid: str) -> RMRequest:
-    messages = [{"role": "user", "content": question}]
-    prompt = policy_tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    prompt_ids = policy_tok(prompt, add_special_tokens=False)["input_ids"]
-    response_ids = policy_tok(answer, add_special_tokens=False)["input_ids"] + [policy_tok.eos_token_id]
-    return RMRequest(uid=uid, prompt_ids=prompt_ids, response_ids=response_ids, raw_prompt=messages)
 
 
 @pytest.fixture(scope="module")
 def batch(policy_tok):
-    return [make_request(policy_tok, q, a, f"t{i}") for i, (q, a) in enumerate(zip(QUESTIONS, ANSWERS, strict=True))]
+    return make_batch(policy_tok)
 
 
 def hf_model(path):

@@ -276,3 +276,19 @@ def test_legacy_keys_are_refused_naming_the_entry_module_and_the_new_key(tiny_mo
     assert f"legacy keys {legacy} are set" in message
     assert "`python -m verl_async_rm.main_ppo`" in message
     assert message.endswith(f"write them as {new}")
+
+
+def test_readme_documents_every_async_rm_key():
+    """The README's option table cannot silently fall behind the dataclasses."""
+    import dataclasses
+    from pathlib import Path
+
+    from verl_async_rm.config import _VERL_OWNED_RM_FIELDS, IntegrationConfig
+    from verl_async_rm.executor.policy import BatchPolicy
+    from verl_async_rm.reward.combine import RewardMix
+    from verl_async_rm.rm.config import RMConfig
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    keys = {f.name for cls in (BatchPolicy, RMConfig, RewardMix, IntegrationConfig) for f in dataclasses.fields(cls)}
+    missing = sorted(k for k in keys - set(_VERL_OWNED_RM_FIELDS) if f"| `{k}` |" not in readme)
+    assert missing == []

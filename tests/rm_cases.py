@@ -1,0 +1,22 @@
+"""Shared RM test cases: a few chat trajectories built with the tiny policy tokenizer."""
+
+from __future__ import annotations
+
+from verl_async_rm.rm import RMRequest
+
+QUESTIONS = ["how many apples does the farmer have", "what is the total cost of two books", "how fast is the train"]
+ANSWERS = ["five", "the total cost is 12 dollars", "the train takes 3 hours so the speed is 20 miles per hour"]
+
+
+def make_request(policy_tok, question: str, answer: str, uid: str) -> RMRequest:
+    """A single-turn trajectory: the chat-templated question as prompt ids, the answer plus EOS as response ids."""
+    messages = [{"role": "user", "content": question}]
+    prompt = policy_tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    prompt_ids = policy_tok(prompt, add_special_tokens=False)["input_ids"]
+    response_ids = policy_tok(answer, add_special_tokens=False)["input_ids"] + [policy_tok.eos_token_id]
+    return RMRequest(uid=uid, prompt_ids=prompt_ids, response_ids=response_ids, raw_prompt=messages)
+
+
+def make_batch(policy_tok) -> list[RMRequest]:
+    """One request per (question, answer) pair."""
+    return [make_request(policy_tok, q, a, f"t{i}") for i, (q, a) in enumerate(zip(QUESTIONS, ANSWERS, strict=True))]
