@@ -14,7 +14,10 @@ __all__ = [
     "QueueFullError",
     "RequestTimeoutError",
     "BatchResultError",
+    "SlotError",
     "RewardModelError",
+    "ReplicaError",
+    "ReplicaTimeoutError",
     "NonFiniteScoreError",
     "RewardInputError",
     "ResourcePoolError",
@@ -55,8 +58,23 @@ class BatchResultError(AsyncRMError):
     """Raised when a batch function breaks its contract (for example returns a list of the wrong length)."""
 
 
+class SlotError(AsyncRMError):
+    """Raised by a batch function when its slot failed as a whole (the replica died, or did not answer in time).
+
+    The executor does not bisect such a batch: re-running halves on a dead or stuck slot finds no culprit item.
+    """
+
+
 class RewardModelError(AsyncRMError):
     """Raised when the reward model fails to score a trajectory (load failure, forward failure)."""
+
+
+class ReplicaError(SlotError, RewardModelError):
+    """Raised when an RM replica died, raised on a whole batch, or did not answer within ``score_timeout_s``."""
+
+
+class ReplicaTimeoutError(ReplicaError, RequestTimeoutError):
+    """Raised when an RM replica did not answer a batch within ``score_timeout_s``."""
 
 
 class NonFiniteScoreError(RewardModelError):

@@ -14,16 +14,16 @@ pytestmark = pytest.mark.integration
 WAIT_S = 240.0
 
 
-def prompts_td(questions, global_steps: int):
+def prompts_td(questions, global_steps: int, first_index: int = 0):
     from verl.utils import tensordict_utils as tu
 
     return tu.get_tensordict(
         tensor_dict={
-            "uid": [f"s{global_steps}q{i}" for i in range(len(questions))],
+            "uid": [f"s{global_steps}q{first_index + i}" for i in range(len(questions))],
             "raw_prompt": [[{"role": "user", "content": q}] for q in questions],
             "data_source": ["tiny"] * len(questions),
             "reward_model": [{"ground_truth": "42"} for _ in questions],
-            "index": torch.arange(len(questions)),
+            "index": torch.arange(first_index, first_index + len(questions)),
         },
         non_tensor_dict={"global_steps": global_steps},
     )
@@ -75,9 +75,11 @@ def test_v1_trajectories_are_scored_in_transfer_queue(v1_manager, tiny_models):
     manager, tq = v1_manager
     assert isinstance(manager, AsyncRMAgentLoopManagerV1)
     questions = ["how many apples are left?", "what is the total cost?", "how fast is the train?"]
-    batch = prompts_td(questions, global_steps=1)
-    uids = list(batch["uid"])
-    manager.generate_sequences(batch)
+    # one step dispatched as two batches (as verl's refills and async modes do): expected counts add up
+    first, refill = prompts_td(questions[:2], global_steps=1), prompts_td(questions[2:], global_steps=1, first_index=2)
+    uids = list(first["uid"]) + list(refill["uid"])
+    manager.generate_sequences(first)
+    manager.generate_sequences(refill)
     status = wait_finished(tq, uids)
     assert set(status.values()) == {"finished"}
 

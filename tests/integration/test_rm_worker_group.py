@@ -213,7 +213,7 @@ class _Slot:
 
 @pytest.mark.asyncio
 async def test_batch_fn_failure_paths(ray_local, batch):
-    from verl_async_rm.errors import BatchResultError, RequestTimeoutError
+    from verl_async_rm.errors import BatchResultError, RequestTimeoutError, SlotError
 
     slot = _Slot.remote()
     entries = await RMBatchFn(method="mixed")(batch, slot)
@@ -221,13 +221,15 @@ async def test_batch_fn_failure_paths(ray_local, batch):
     assert await RMBatchFn()([], slot) == []
     with pytest.raises(BatchResultError, match="returned 4 results for 3 requests"):
         await RMBatchFn(method="wrong_length")(batch, slot)
-    with pytest.raises(RewardModelError, match="failed on a batch of 3: the RM worker has no model yet"):
+    with pytest.raises(RewardModelError, match="failed on a batch of 3: the RM worker has no model yet") as raised:
         await RMBatchFn(method="raises")(batch, slot)
-    with pytest.raises(RequestTimeoutError, match="within 0.5s"):
+    with pytest.raises(RequestTimeoutError, match="within 0.5s") as timed_out:
         await RMBatchFn(timeout_s=0.5, method="never_answers")(batch, slot)
     ray.kill(slot)
-    with pytest.raises(RewardModelError, match="RM replica is gone"):
+    with pytest.raises(RewardModelError, match="RM replica is gone") as gone:
         await RMBatchFn(method="mixed")(batch, slot)
+    # whole-call failures are slot failures: the executor does not bisect them
+    assert all(isinstance(info.value, SlotError) for info in (raised, timed_out, gone))
     with pytest.raises(ValueError, match="timeout_s=0"):
         RMBatchFn(timeout_s=0)
 

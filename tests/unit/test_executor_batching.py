@@ -330,3 +330,22 @@ def test_select_batch_respects_both_caps():
         assert 1 <= len(picked) <= max_items
         assert max_tokens is None or sum(r.num_tokens for r in picked) <= max_tokens
         assert picked[0].seq == 1  # the oldest request always leaves first
+
+
+def test_expect_adds_up_across_overlapping_dispatches():
+    """Two batches dispatched before either finishes announce 3 + 2: the drain waits for all 5, not for 3."""
+
+    async def main():
+        fn = GatedBatchFn(open=True)
+        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=16, max_wait_ms=HOUR_MS))
+        executor.expect(3)
+        executor.expect(2)
+        first = spawn(executor, range(3))
+        await idle(1.0)
+        assert fn.calls == []  # 3 of the 5 expected: still waiting
+        rest = spawn(executor, range(3, 5))
+        await asyncio.gather(*first, *rest)
+        await executor.aclose()
+        return fn.batch_sizes
+
+    assert run_virtual(main) == [5]

@@ -14,6 +14,7 @@ from verl_async_rm.errors import (
     ExecutorClosedError,
     ExecutorCrashedError,
     RequestTimeoutError,
+    SlotError,
 )
 from verl_async_rm.executor import BatchPolicy, PendingRequestExecutor
 from verl_async_rm.executor.runner import bisect_budget
@@ -363,3 +364,23 @@ def test_async_with_closes_the_executor():
             await executor.submit(2)
 
     run_virtual(main)
+
+
+@pytest.mark.parametrize("error", [SlotError("replica is gone"), RequestTimeoutError("no answer in time")])
+def test_a_failed_slot_or_timeout_fails_the_batch_without_bisecting(error):
+    calls = []
+
+    async def batch_fn(items, slot):
+        calls.append(len(items))
+        raise error
+
+    async def main():
+        executor = PendingRequestExecutor(batch_fn, BatchPolicy(max_batch_size=8, max_wait_ms=0))
+        executor.expect(8)
+        results = await asyncio.gather(*(executor.submit(i) for i in range(8)), return_exceptions=True)
+        await executor.aclose()
+        return results
+
+    results = run_virtual(main)
+    assert calls == [8]  # one call, no halves
+    assert all(r is error for r in results)

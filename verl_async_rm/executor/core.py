@@ -95,7 +95,6 @@ class PendingRequestExecutor:
         self._wake_timer: asyncio.TimerHandle | None = None
         self._crash_streak = 0
         self._closed = False
-        self._step_t0: float | None = None  # loop time the current step began (set when the loop is bound)
 
     # ------------------------------------------------------------------ public API
 
@@ -178,15 +177,16 @@ class PendingRequestExecutor:
         return covered
 
     def expect(self, n: int) -> None:
-        """Drain as soon as the ``n``-th request of the current step has been submitted.
+        """Expect ``n`` more requests in the current step; drain as soon as every expected request has arrived.
 
-        A step starts when the executor is built and at every drain (explicit, or triggered by a previous
-        ``expect``); requests submitted before this call but in the same step count. If fewer than ``n`` requests
-        come, nothing hangs: they flush on age as usual; call :meth:`drain` to end such a step.
+        A step starts when the executor is built and at every drain (explicit, or triggered by ``expect``); requests
+        submitted before this call but in the same step count. Calls add up, so batches dispatched while earlier ones
+        are still running each announce their own count. If fewer requests come, nothing hangs: they flush on age as
+        usual; :meth:`drain` ends such a step.
         """
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"expect(n) needs an integer n >= 1 (the number of requests of this step), got {n!r}")
-        self._expect_n = n
+        self._expect_n = n + (self._expect_n or 0)
         if self._step_count >= n:
             self._start_drain("expect")
 
@@ -205,16 +205,18 @@ class PendingRequestExecutor:
         return self._stats.snapshot(live)
 
     def pop_step_stats(self) -> dict[str, Any]:
-        """Figures of the current step (since the previous call, or since the executor was built); starts a new one.
+        """Figures of the current step (since the previous call, or since the executor started); starts a new one.
 
-        Counters are differences; ``wait_ms``/``exec_ms`` are summaries of this step's batches; ``rm_utilization`` is
-        the time batches ran over ``slots * elapsed_s``.
+        Counters are differences; ``wait_ms``/``exec_ms`` summarise this step's batches; ``rm_utilization`` is the
+        time batches ran over ``slots * elapsed_s``; ``tail_s`` runs from the last submit to the last answer.
         """
-        if self._loop is None:  # nothing submitted yet: an empty step
-            return self._stats.pop_step(len(self._slots), 0.0)
-        now = self._loop.time()
-        elapsed, self._step_t0 = now - (self._step_t0 if self._step_t0 is not None else now), now
-        return self._stats.pop_step(len(self._slots), elapsed)
+        loop = self._loop
+        if loop is None:
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                loop = None
+        return self._stats.pop_step(len(self._slots), None if loop is None else loop.time())
 
     async def aclose(self, *, grace_s: float = 10.0) -> None:
         """Stop: waiting requests fail with ``ExecutorClosedError``; running batches get ``grace_s`` to finish.
@@ -257,7 +259,8 @@ class PendingRequestExecutor:
         loop = asyncio.get_running_loop()
         if self._loop is None:
             self._loop = loop
-            self._step_t0 = loop.time()
+            if self._stats.step_t0 is None:
+                self._stats.step_t0 = loop.time()
         elif self._loop is not loop:
             raise RuntimeError(f"executor {self._name!r} is bound to another event loop; use one executor per loop")
         self._supervisor = loop.create_task(self._supervise(), name=f"{self._name}-batching-loop")
@@ -350,13 +353,13 @@ class PendingRequestExecutor:
         wait_s = self._stats.wait_s
         for req in picked:
             room.take(req)
+            if req.future.done():  # cancelled; the caller's task has not run its handler yet
+                self._settle(req, None, None)
+                continue
             if req.num_tokens is None:
                 all_lengths = False
             else:
                 lengths.append(req.num_tokens)
-            if req.future.done():  # cancelled; the caller's task has not run its handler yet
-                self._settle(req, None, None)
-                continue
             req.state = RUNNING
             batch.append(req)
             wait_s.add(now - req.t_submit)

@@ -15,7 +15,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from verl_async_rm.errors import BatchResultError, RequestTimeoutError
+from verl_async_rm.errors import BatchResultError, RequestTimeoutError, SlotError
 from verl_async_rm.executor.request import DONE, Request
 from verl_async_rm.executor.stats import ExecutorStats
 
@@ -64,7 +64,10 @@ class BatchRunner:
             self._fail(reqs, self._timeout_error(len(reqs), slot))
             return
         except Exception as exc:  # noqa: BLE001 - any failure of user code fails (or bisects) the batch
-            if self._bisect_on_error and len(reqs) > 1 and not isinstance(exc, BatchResultError):
+            # A contract breach, a timeout or a failed slot is not an item's fault: halves would fail the same way.
+            if self._bisect_on_error and len(reqs) > 1 and not isinstance(
+                exc, (BatchResultError, RequestTimeoutError, SlotError)
+            ):
                 logger.warning(
                     "executor %r: batch_fn raised %s on a batch of %d (slot %r); bisecting to isolate the failing "
                     "item(s)", self._name, type(exc).__name__, len(reqs), slot,

@@ -95,6 +95,7 @@ class ExecutorStats:
         self.wait_s = Samples(window)
         self.exec_s = Samples(window)
         self._step_base = self._counts()
+        self.step_t0: float | None = None  # loop time the current step began
         self.step_last_submit: float | None = None  # loop time of the step's latest submit
         self.step_last_settle: float | None = None  # loop time the step's latest request got its result or error
 
@@ -114,14 +115,17 @@ class ExecutorStats:
     def _counts(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in _STEP_COUNTS}
 
-    def pop_step(self, slots: int, elapsed_s: float) -> dict[str, Any]:
-        """What happened since the previous call (one rollout step), which it forgets.
+    def pop_step(self, slots: int, now: float | None) -> dict[str, Any]:
+        """What happened since the previous call (one rollout step, ending at loop time ``now``), which it forgets.
 
         ``rm_utilization`` is the time batches ran divided by ``slots * elapsed_s``; ``tail_s`` is the time from the
         step's last submit to the last result (or error) handed back, None if the last request is still open.
         """
         counts, base = self._counts(), self._step_base
         self._step_base = counts
+        elapsed_s = 0.0 if now is None or self.step_t0 is None else now - self.step_t0
+        if now is not None:
+            self.step_t0 = now
         out: dict[str, Any] = {name: counts[name] - base[name] for name in _STEP_COUNTS}
         sizes = self.batch_size.pop_step()
         busy = self.exec_s.pop_step()

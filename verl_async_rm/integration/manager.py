@@ -74,12 +74,19 @@ class _AsyncRMSide:
             settings.rm.num_replicas, settings.rm.model_path, settings.batching.to_dict(),
         )
 
-    async def _async_rm_attach_workers(self) -> None:
-        timeout = self.async_rm_config.integration.request_timeout_s
-        await asyncio.wait_for(
-            asyncio.gather(*(w.async_rm_attach.remote(self.executor, timeout) for w in self.agent_loop_workers)),
-            CONTROL_TIMEOUT_S,
-        )
+    async def _init_agent_loop_workers(self):
+        try:
+            await super()._init_agent_loop_workers()
+            # The first call on each worker also waits for its construction (tokenizer, tools...): allow the RM's
+            # load time, not the short control timeout.
+            timeout = self.async_rm_config.integration.request_timeout_s
+            await asyncio.wait_for(
+                asyncio.gather(*(w.async_rm_attach.remote(self.executor, timeout) for w in self.agent_loop_workers)),
+                self.async_rm_config.rm.init_timeout_s,
+            )
+        except BaseException:
+            self.shutdown()
+            raise
 
     async def _async_rm_begin_step(self, expected: int | None) -> None:
         """Start a step: metrics count from here; ``expected`` trajectories flush the last batch when all arrived."""
@@ -88,10 +95,20 @@ class _AsyncRMSide:
             await asyncio.wait_for(self.executor.expect.remote(int(expected)), CONTROL_TIMEOUT_S)
 
     async def _async_rm_end_step(self) -> dict[str, float]:
-        """End a step: flush anything still pending and return the step's ``async_rm/*`` metrics."""
+        """End a step: flush anything still pending and return the step's ``async_rm/*`` metrics.
+
+        The replicas' own step counters (inputs truncated to ``max_length``, items that failed) are collected too;
+        each replica logs its truncation count once here.
+        """
         await asyncio.wait_for(self.executor.drain.remote(), CONTROL_TIMEOUT_S)
-        executor_stats = await asyncio.wait_for(self.executor.pop_step_stats.remote(), CONTROL_TIMEOUT_S)
-        self.last_metrics = step_metrics(executor_stats)
+        executor_stats, replica_stats = await asyncio.wait_for(
+            asyncio.gather(
+                self.executor.pop_step_stats.remote(),
+                asyncio.gather(*(w.pop_step_stats.remote() for w in self.rm_worker_group.workers)),
+            ),
+            CONTROL_TIMEOUT_S,
+        )
+        self.last_metrics = step_metrics(executor_stats, replica_stats)
         return self.last_metrics
 
     def shutdown(self) -> None:
@@ -116,10 +133,6 @@ class AsyncRMAgentLoopManagerV0(_AsyncRMSide, AgentLoopManager):
         super().__init__(config, llm_client, teacher_client, reward_loop_worker_handles)
         self._async_rm_build(config)
 
-    async def _init_agent_loop_workers(self):
-        await super()._init_agent_loop_workers()
-        await self._async_rm_attach_workers()
-
     @auto_await
     async def generate_sequences(self, prompts):
         """verl's ``generate_sequences``; the step's ``async_rm/*`` metrics are added to ``meta_info["timing"]``.
@@ -130,41 +143,52 @@ class AsyncRMAgentLoopManagerV0(_AsyncRMSide, AgentLoopManager):
         await self._async_rm_begin_step(len(prompts))
         try:
             output = await super().generate_sequences(prompts)
-        finally:
-            metrics = await self._async_rm_end_step()
-        output.meta_info.setdefault("timing", {}).update(metrics)
+        except BaseException:
+            try:
+                await self._async_rm_end_step()
+            except Exception:  # noqa: BLE001 - the generation error is the one to report
+                logger.exception("verl_async_rm: could not close the failed step")
+            raise
+        output.meta_info.setdefault("timing", {}).update(await self._async_rm_end_step())
         return output
 
 
 class AsyncRMAgentLoopManagerV1(_AsyncRMSide, AgentLoopManagerTQ):
     """For the v1 trainer (``trainer.use_v1=True``, TransferQueue): ``generate_sequences`` only dispatches.
 
-    v1 gives the manager no way to hand metrics to verl's tracker: the previous step's ``async_rm/*`` metrics are
-    logged (INFO) when the next step starts and kept in :attr:`last_metrics`.
+    verl calls it for training batches, validation batches and refills, and in the async trainer modes while earlier
+    batches still run, so a call is not a step: each call adds its trajectories to the executor's expected count
+    (the drain fires when all have arrived), and the step's metrics close when ``global_steps`` changes. v1 gives
+    the manager no way to hand metrics to verl's tracker: each step's ``async_rm/*`` metrics are logged (INFO) when
+    the next step's first batch arrives, and kept in :attr:`last_metrics`.
     """
 
     def __init__(self, config, llm_client, teacher_client=None, reward_loop_worker_handles=None):
         super().__init__(config, llm_client, teacher_client, reward_loop_worker_handles)
         self.agent_loop_workers_class = remote_worker_class(use_v1=True)
         self._async_rm_build(config)
-        self._steps = 0
-
-    async def _init_agent_loop_workers(self):
-        await super()._init_agent_loop_workers()
-        await self._async_rm_attach_workers()
+        self._global_step = None
 
     def generate_sequences(self, prompts) -> None:
         """Dispatch a batch of prompts (verl v1 semantics: returns once the agent loops are started)."""
-        self._v1_step(prompts)
+        self._v1_dispatch(prompts)
         super().generate_sequences(prompts)
 
     @auto_await
-    async def _v1_step(self, prompts) -> None:
-        if self._steps:
-            metrics = await self._async_rm_end_step()
-            logger.info("verl_async_rm step %d: %s", self._steps, _fmt(metrics))
-        self._steps += 1
-        await self._async_rm_begin_step(_v1_expected(prompts, self.config.actor_rollout_ref.rollout))
+    async def _v1_dispatch(self, prompts) -> None:
+        from verl.utils import tensordict_utils as tu
+
+        step = tu.get_non_tensor_data(prompts, "global_steps", None)
+        if step != self._global_step:
+            if self._global_step is not None:
+                metrics = await self._async_rm_end_step()
+                logger.info("verl_async_rm step %s: %s", self._global_step, _fmt(metrics))
+            else:
+                await self._async_rm_begin_step(None)
+            self._global_step = step
+        expected = _v1_expected(prompts, self.config.actor_rollout_ref.rollout)
+        if expected:
+            await asyncio.wait_for(self.executor.expect.remote(expected), CONTROL_TIMEOUT_S)
 
 
 class AsyncRMAgentLoopManager:

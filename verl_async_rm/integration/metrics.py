@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = ["step_metrics", "PREFIX"]
@@ -10,8 +10,11 @@ __all__ = ["step_metrics", "PREFIX"]
 PREFIX = "async_rm/"
 
 
-def step_metrics(executor_step: Mapping[str, Any]) -> dict[str, float]:
+def step_metrics(executor_step: Mapping[str, Any], replica_steps: Sequence[Mapping[str, Any]] = ()) -> dict[str, float]:
     """Flat ``{"async_rm/<name>": number}`` for one step; figures with no value this step (no batch ran) are left out.
+
+    ``replica_steps`` are the RM replicas' own step counters (``RewardModelWorker.pop_step_stats``): inputs
+    truncated to ``max_length`` and items the RM failed (bad input, NaN score...).
 
     ``reward_tail_s`` is the time from the step's last trajectory reaching the executor (right after its agent loop
     ended) to the last score handed back, measured on the executor's one clock.
@@ -30,5 +33,7 @@ def step_metrics(executor_step: Mapping[str, Any]) -> dict[str, float]:
         "rm_exec_ms/p99": exe.get("p99"),
         "rm_utilization": executor_step.get("rm_utilization"),
         "reward_tail_s": executor_step.get("tail_s"),
+        "truncated": sum(r.get("truncated", 0) for r in replica_steps) if replica_steps else None,
+        "rm_failed_items": sum(r.get("failed", 0) for r in replica_steps) if replica_steps else None,
     }
     return {PREFIX + name: float(value) for name, value in values.items() if value is not None}

@@ -15,6 +15,7 @@ verl's own worker construction and placement are used unchanged.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import ray
@@ -45,10 +46,15 @@ class AsyncRMWorkerMixin:
 
     async def _compute_score(self, outputs: list, kwargs: dict) -> None:
         final = outputs[-1]
-        if final.reward_score is None:
-            score = await self._async_rm_score(final, kwargs)
-            kwargs = {**kwargs, RM_SCORE_KEY: score}
-        await super()._compute_score(outputs, kwargs)  # type: ignore[misc]
+        if final.reward_score is not None:  # the agent loop scored itself: no RM call, as verl does
+            await super()._compute_score(outputs, kwargs)  # type: ignore[misc]
+            return
+        start = time.perf_counter()
+        score = await self._async_rm_score(final, kwargs)
+        rm_s = time.perf_counter() - start
+        await super()._compute_score(outputs, {**kwargs, RM_SCORE_KEY: score})  # type: ignore[misc]
+        # verl times only its own reward-loop call (agent_loop.py:971-1016): count the RM wait in the same metric
+        final.metrics.compute_score = (final.metrics.compute_score or 0.0) + rm_s
 
     async def _async_rm_score(self, final: Any, kwargs: dict) -> float:
         if self._async_rm_executor is None:

@@ -9,13 +9,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-__all__ = ["RewardMix", "RM_SCORE_KEY", "RM_ERROR_KEY", "load_callable"]
+__all__ = ["RewardMix", "RM_SCORE_KEY", "load_callable"]
 
 #: Key under which the agent-loop worker hands the trajectory's RM score to the reward manager (verl copies the
 #: ``kwargs`` of ``_compute_score`` into ``non_tensor_batch``).
 RM_SCORE_KEY = "__async_rm_score__"
-#: Key carrying the RM failure message of a trajectory dropped under ``on_error=drop``.
-RM_ERROR_KEY = "__async_rm_error__"
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from verl.experimental.reward_loop.reward_manager import register
 from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager
 
 from verl_async_rm.errors import NonFiniteScoreError, RewardModelError
-from verl_async_rm.reward.combine import RM_ERROR_KEY, RM_SCORE_KEY, RewardMix
+from verl_async_rm.reward.combine import RM_SCORE_KEY, RewardMix
 
 logger = logging.getLogger(__name__)
 
@@ -60,8 +60,6 @@ class AsyncRMRewardManager(NaiveRewardManager):
     @staticmethod
     def _rm_score(item) -> float:
         ntb = item.non_tensor_batch
-        if RM_ERROR_KEY in ntb and ntb[RM_ERROR_KEY] is not None:
-            raise RewardModelError(f"reward model failed for this trajectory: {ntb[RM_ERROR_KEY]}")
         if ntb.get(RM_SCORE_KEY) is None:
             raise RewardModelError(
                 "reward_manager.name=async_rm found no RM score on this trajectory. It needs the package's agent "

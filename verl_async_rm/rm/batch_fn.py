@@ -9,7 +9,7 @@ from typing import Any
 
 import ray
 
-from verl_async_rm.errors import BatchResultError, RequestTimeoutError, RewardModelError
+from verl_async_rm.errors import BatchResultError, ReplicaError, ReplicaTimeoutError, RewardModelError
 from verl_async_rm.rm.config import RMConfig
 from verl_async_rm.rm.request import RMRequest
 
@@ -23,8 +23,8 @@ class RMBatchFn:
 
     Returns one entry per item, in order: a float score, or the exception that failed that item (bad input,
     NaN/inf score, ...). A failure of the whole call (the replica died, raised, or did not answer within
-    ``timeout_s``) is raised instead, so the executor fails the batch's items and can see that the slot is unhealthy:
-    :class:`RequestTimeoutError` on timeout, :class:`RewardModelError` otherwise.
+    ``timeout_s``) is raised instead as a :class:`ReplicaError` (a :class:`SlotError`, which the executor does not
+    bisect), :class:`ReplicaTimeoutError` (also a :class:`RequestTimeoutError`) on timeout.
 
     Picklable (plain attributes), so it can be handed to an executor actor.
 
@@ -54,7 +54,7 @@ class RMBatchFn:
             results = await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout=self.timeout_s)
         except asyncio.TimeoutError:
             _cancel(ref)
-            raise RequestTimeoutError(
+            raise ReplicaTimeoutError(
                 f"RM replica did not score a batch of {len(items)} within {self.timeout_s:g}s "
                 "(raise score_timeout_s, or lower the batch size / micro_batch_max_tokens)"
             ) from None
@@ -62,10 +62,10 @@ class RMBatchFn:
             _cancel(ref)
             raise
         except ray.exceptions.RayActorError as err:
-            raise RewardModelError(f"RM replica is gone: {err}") from err
+            raise ReplicaError(f"RM replica is gone: {err}") from err
         except ray.exceptions.RayError as err:
             cause = getattr(err, "cause", None) or err  # RayTaskError carries the replica's own exception
-            raise RewardModelError(f"RM replica failed on a batch of {len(items)}: {cause}") from err
+            raise ReplicaError(f"RM replica failed on a batch of {len(items)}: {cause}") from err
         if not isinstance(results, list) or len(results) != len(items):
             got = len(results) if isinstance(results, list) else type(results).__name__
             raise BatchResultError(f"RM replica returned {got} results for {len(items)} requests")
