@@ -20,7 +20,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.target == "executor":
         from verl_async_rm.bench.executor import main as bench_executor
 
-        return bench_executor(args.rest)
+        status, report = bench_executor(args.rest)
+        print(report)
+        return status
     raise SystemExit(f"unknown benchmark {args.target!r}; choose from: executor")
 
 

@@ -335,8 +335,8 @@ def _load() -> float | None:
         return None
 
 
-def main(argv: list[str]) -> int:
-    """Entry point of ``verl-async-rm bench executor``; returns the exit status."""
+def main(argv: list[str]) -> tuple[int, str]:
+    """Entry point of ``verl-async-rm bench executor``: runs it, writes the JSON; returns (exit status, report text)."""
     parser = argparse.ArgumentParser(prog="verl-async-rm bench executor", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=None, help="folder for executor.json (default: ./bench-executor-<time>)")
@@ -367,7 +367,8 @@ def main(argv: list[str]) -> int:
     }
     path = out_dir / "executor.json"
     path.write_text(json.dumps(report, indent=2))
-    print(_table(rows))
-    print(f"\n{os.cpu_count()} CPUs; 1-minute load average {load_before} before the run, {load_after} after")
-    print(f"\nwrote {path}")
-    return 1 if args.strict and not all(checks.values()) else 0
+    text = (
+        f"{_table(rows)}\n\n{os.cpu_count()} CPUs; 1-minute load average {load_before} before the run, "
+        f"{load_after} after\n\nwrote {path}"
+    )
+    return (1 if args.strict and not all(checks.values()) else 0), text
