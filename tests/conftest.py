@@ -55,6 +55,14 @@ def policy_tok(tiny_models):
     return AutoTokenizer.from_pretrained(tiny_models.policy)
 
 
+@pytest.fixture(scope="session")
+def nan_rm(tiny_models, tmp_path_factory):
+    """(path, poisoned token id) of a copy of the tiny RM whose ``</s>`` embedding is NaN: inputs with it score NaN."""
+    from rm_cases import save_nan_rm
+
+    return save_nan_rm(tiny_models.rm, tmp_path_factory.mktemp("nan_rm"))
+
+
 def ray_runtime_env() -> dict:
     """runtime_env that lets Ray workers import this package and keeps them quiet and offline."""
     keys = ("TOKENIZERS_PARALLELISM", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "VERL_ASYNC_RM_CACHE")

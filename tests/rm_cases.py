@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from verl_async_rm.rm import RMRequest
 
 QUESTIONS = ["how many apples does the farmer have", "what is the total cost of two books", "how fast is the train"]
@@ -20,3 +22,34 @@ def make_request(policy_tok, question: str, answer: str, uid: str) -> RMRequest:
 def make_batch(policy_tok) -> list[RMRequest]:
     """One request per (question, answer) pair."""
     return [make_request(policy_tok, q, a, f"t{i}") for i, (q, a) in enumerate(zip(QUESTIONS, ANSWERS, strict=True))]
+
+
+def hf_model(path):
+    """A sequence-classification model loaded in fp32, eval mode: the reference the RM worker is compared with."""
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    return AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def direct_score(model, ids, index: int = 0) -> float:
+    """The reference: one unpadded sequence through the plain HF model (its last token is the last row position)."""
+    import torch
+
+    with torch.inference_mode():
+        return float(model(input_ids=torch.tensor([ids])).logits[0, index])
+
+
+def save_nan_rm(rm_path, out_dir: Path) -> tuple[Path, int]:
+    """Save a copy of the RM at ``rm_path`` whose ``</s>`` embedding is NaN; returns (path, poisoned token id)."""
+    import torch
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(rm_path)
+    poison = tok.convert_tokens_to_ids("</s>")
+    model = hf_model(rm_path)
+    with torch.no_grad():
+        model.get_input_embeddings().weight[poison] = float("nan")
+    model.save_pretrained(out_dir)
+    tok.save_pretrained(out_dir)
+    return out_dir, poison

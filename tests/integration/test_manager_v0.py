@@ -5,31 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from manager_cases import RM_W, RULE_W, running_manager
 
 pytestmark = pytest.mark.integration
 
-RULE = "tests/integration/assets/rule.py"
-AGENT_LOOPS = "tests/integration/assets/agent_loops.yaml"
 PRESET_REWARD = 7.25  # set by tests/integration/assets/async_rm_preset_loop.py (imported by the Ray workers, not here)
-RM_W, RULE_W = 2.0, 0.5
-
-
-def overrides(tiny_models, *extra):
-    return [
-        "+actor_rollout_ref.rollout.agent.agent_loop_manager_class=verl_async_rm.AsyncRMAgentLoopManager",
-        "reward.reward_model.enable_resource_pool=True",
-        "reward.reward_model.n_gpus_per_node=2",
-        "reward.reward_model.nnodes=1",
-        f"reward.reward_model.model_path={tiny_models.rm}",
-        "reward.reward_manager.name=async_rm",
-        f"reward.custom_reward_function.path={RULE}",
-        f"+async_rm.rm_weight={RM_W}",
-        f"+async_rm.rule_weight={RULE_W}",
-        "+async_rm.max_wait_ms=50",
-        "+async_rm.placement_timeout_s=60",
-        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={AGENT_LOOPS}",
-        *extra,
-    ]
 
 
 def prompts_batch(n_prompts: int, rollout_n: int, agent_names=None):
@@ -53,25 +33,8 @@ def prompts_batch(n_prompts: int, rollout_n: int, agent_names=None):
 
 @pytest.fixture(scope="module")
 def v0_manager(ray_local, tiny_models):
-    from verl.experimental.reward_loop import RewardLoopManager
-
-    from verl_async_rm import AsyncRMAgentLoopManager
-    from verl_async_rm.testing import LengthDistribution, compose_trainer_config, make_llm_client
-    from verl_async_rm.testing import start_generation_servers
-
-    config = compose_trainer_config(tiny_models.policy, trainer="v0", rollout_n=2, response_length=24,
-                                    overrides=overrides(tiny_models))
-    servers = start_generation_servers(1, mode="synthetic", model_path=str(tiny_models.policy), response_length=24,
-                                       lengths=LengthDistribution(median_tokens=8, sigma=1.0), name_prefix="v0gen")
-    reward_loop = RewardLoopManager(config=config, rm_resource_pool=None)
-    manager = AsyncRMAgentLoopManager.create(
-        config=config, llm_client=make_llm_client(config, servers), teacher_client=None,
-        reward_loop_worker_handles=reward_loop.reward_loop_worker_handles,
-    )
-    yield manager, config
-    manager.shutdown()
-    for worker in reward_loop.reward_loop_workers + manager.agent_loop_workers:
-        ray_local.kill(worker)
+    with running_manager(ray_local, tiny_models, "v0") as (manager, config):
+        yield manager, config
 
 
 def direct_rm_scores(tiny_models, output) -> list[float]:

@@ -6,8 +6,7 @@ import time
 
 import pytest
 import torch
-
-from test_manager_v0 import RM_W, RULE_W, overrides
+from manager_cases import RM_W, RULE_W, running_manager
 
 pytestmark = pytest.mark.integration
 
@@ -32,27 +31,9 @@ def prompts_td(questions, global_steps: int, first_index: int = 0):
 @pytest.fixture(scope="module")
 def v1_manager(ray_local, tiny_models):
     import transfer_queue as tq
-    from verl.experimental.reward_loop import RewardLoopManager
 
-    from verl_async_rm import AsyncRMAgentLoopManager
-    from verl_async_rm.testing import LengthDistribution, compose_trainer_config, make_llm_client
-    from verl_async_rm.testing import start_generation_servers
-
-    config = compose_trainer_config(tiny_models.policy, trainer="v1", rollout_n=2, response_length=24,
-                                    overrides=overrides(tiny_models))
-    tq.init(config.transfer_queue)
-    servers = start_generation_servers(1, mode="synthetic", model_path=str(tiny_models.policy), response_length=24,
-                                       lengths=LengthDistribution(median_tokens=8, sigma=1.0), name_prefix="v1gen")
-    reward_loop = RewardLoopManager(config=config, rm_resource_pool=None)
-    manager = AsyncRMAgentLoopManager.create(
-        config=config, llm_client=make_llm_client(config, servers), teacher_client=None,
-        reward_loop_worker_handles=reward_loop.reward_loop_worker_handles,
-    )
-    yield manager, tq
-    manager.shutdown()
-    for worker in reward_loop.reward_loop_workers + manager.agent_loop_workers:
-        ray_local.kill(worker)
-    tq.close()
+    with running_manager(ray_local, tiny_models, "v1") as (manager, _):
+        yield manager, tq
 
 
 def wait_finished(tq, uids, partition="train"):

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import pytest
 import ray
-import torch
-from rm_cases import ANSWERS, make_batch, make_request
+from rm_cases import ANSWERS, direct_score, hf_model, make_batch, make_request
 
 from verl_async_rm.errors import NonFiniteScoreError, ResourcePoolError, RewardModelError
 from verl_async_rm.rm import (
@@ -35,33 +34,6 @@ MAX_LENGTH = 48
 @pytest.fixture(scope="module")
 def batch(policy_tok):
     return make_batch(policy_tok)
-
-
-def hf_model(path):
-    from transformers import AutoModelForSequenceClassification
-
-    return AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32).eval()
-
-
-def direct_score(model, ids) -> float:
-    with torch.inference_mode():
-        return float(model(input_ids=torch.tensor([ids])).logits[0, 0])
-
-
-@pytest.fixture(scope="module")
-def nan_rm(tiny_models, tmp_path_factory):
-    """(path, poisoned token id) of the tiny RM whose ``</s>`` embedding is NaN."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(tiny_models.rm)
-    poison = tok.convert_tokens_to_ids("</s>")
-    model = hf_model(tiny_models.rm)
-    with torch.no_grad():
-        model.get_input_embeddings().weight[poison] = float("nan")
-    path = tmp_path_factory.mktemp("nan_rm")
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path, poison
 
 
 @pytest.fixture(scope="module")

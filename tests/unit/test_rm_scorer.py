@@ -11,7 +11,7 @@ import math
 
 import pytest
 import torch
-from rm_cases import ANSWERS, QUESTIONS, make_batch, make_request
+from rm_cases import ANSWERS, QUESTIONS, direct_score, hf_model, make_batch, make_request
 
 from verl_async_rm.errors import NonFiniteScoreError, RewardInputError
 from verl_async_rm.rm.config import RMConfig
@@ -30,18 +30,6 @@ def requests_(policy_tok):
 
 def cpu_config(model_path, policy_path, **kwargs) -> RMConfig:
     return RMConfig(model_path=str(model_path), policy_tokenizer_path=str(policy_path), use_gpu=False, **kwargs)
-
-
-def hf_model(path):
-    from transformers import AutoModelForSequenceClassification
-
-    return AutoModelForSequenceClassification.from_pretrained(path, dtype=torch.float32).eval()
-
-
-def direct_score(model, ids, index: int = 0) -> float:
-    """The reference: one unpadded sequence through the plain HF model (its last token is the last row position)."""
-    with torch.inference_mode():
-        return float(model(input_ids=torch.tensor([ids])).logits[0, index])
 
 
 @pytest.fixture(scope="module")
@@ -111,22 +99,6 @@ def test_truncation_keeps_the_response_end_and_is_counted(tiny_models, policy_to
     assert step["truncated"] == trunc.stats()["truncated"] and step["requests"] == 2
     assert sum("truncated to max_length=16" in r.getMessage() for r in caplog.records) == 1
     assert trunc.pop_step_stats()["requests"] == 0
-
-
-@pytest.fixture(scope="module")
-def nan_rm(tiny_models, tmp_path_factory):
-    """The tiny RM with the embedding of one rare token set to NaN: any input containing it scores NaN."""
-    from transformers import AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(tiny_models.rm)
-    poison = tok.convert_tokens_to_ids("</s>")
-    model = hf_model(tiny_models.rm)
-    with torch.no_grad():
-        model.get_input_embeddings().weight[poison] = float("nan")
-    path = tmp_path_factory.mktemp("nan_rm")
-    model.save_pretrained(path)
-    tok.save_pretrained(path)
-    return path, poison
 
 
 def test_nan_score_fails_only_its_item(nan_rm, tiny_models, requests_, scorer):

@@ -1,0 +1,65 @@
+"""Shared set-up of the integration tests of AsyncRMAgentLoopManager: verl's real reward loop and agent loop."""
+
+from __future__ import annotations
+
+import contextlib
+
+RULE = "tests/integration/assets/rule.py"
+AGENT_LOOPS = "tests/integration/assets/agent_loops.yaml"
+RM_W, RULE_W = 2.0, 0.5
+
+
+def overrides(tiny_models, *extra):
+    """The recipe overrides a user adds, plus test settings (2 CPU replicas, a rule, a custom agent loop)."""
+    return [
+        "+actor_rollout_ref.rollout.agent.agent_loop_manager_class=verl_async_rm.AsyncRMAgentLoopManager",
+        "reward.reward_model.enable_resource_pool=True",
+        "reward.reward_model.n_gpus_per_node=2",
+        "reward.reward_model.nnodes=1",
+        f"reward.reward_model.model_path={tiny_models.rm}",
+        "reward.reward_manager.name=async_rm",
+        f"reward.custom_reward_function.path={RULE}",
+        f"+async_rm.rm_weight={RM_W}",
+        f"+async_rm.rule_weight={RULE_W}",
+        "+async_rm.max_wait_ms=50",
+        "+async_rm.placement_timeout_s=60",
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={AGENT_LOOPS}",
+        *extra,
+    ]
+
+
+@contextlib.contextmanager
+def running_manager(ray, tiny_models, trainer: str):
+    """Build the manager as verl's trainer does (after verl's RewardLoopManager); yield (manager, config); tear down."""
+    from verl.experimental.reward_loop import RewardLoopManager
+
+    from verl_async_rm import AsyncRMAgentLoopManager
+    from verl_async_rm.testing import (
+        LengthDistribution,
+        compose_trainer_config,
+        make_llm_client,
+        start_generation_servers,
+    )
+
+    config = compose_trainer_config(tiny_models.policy, trainer=trainer, rollout_n=2, response_length=24,
+                                    overrides=overrides(tiny_models))
+    if trainer == "v1":
+        import transfer_queue as tq
+
+        tq.init(config.transfer_queue)
+    servers = start_generation_servers(1, mode="synthetic", model_path=str(tiny_models.policy), response_length=24,
+                                       lengths=LengthDistribution(median_tokens=8, sigma=1.0),
+                                       name_prefix=f"{trainer}gen")
+    reward_loop = RewardLoopManager(config=config, rm_resource_pool=None)
+    manager = AsyncRMAgentLoopManager.create(
+        config=config, llm_client=make_llm_client(config, servers), teacher_client=None,
+        reward_loop_worker_handles=reward_loop.reward_loop_worker_handles,
+    )
+    try:
+        yield manager, config
+    finally:
+        manager.shutdown()
+        for worker in reward_loop.reward_loop_workers + manager.agent_loop_workers + list(servers.values()):
+            ray.kill(worker)
+        if trainer == "v1":
+            tq.close()
