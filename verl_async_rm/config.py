@@ -27,7 +27,7 @@ from verl_async_rm.rm.config import RMConfig, rm_config_from_verl
 __all__ = ["AsyncRMConfig", "IntegrationConfig", "CONFIG_GROUP", "ON_ERROR_MODES"]
 
 CONFIG_GROUP = "async_rm"
-ON_ERROR_MODES = ("raise",)
+ON_ERROR_MODES = ("raise", "drop")
 
 # The RM worker group's path and placement come from verl's own keys, not from async_rm.*: what to set instead.
 _VERL_OWNED_RM_FIELDS = {
@@ -50,7 +50,21 @@ class IntegrationConfig:
     )
     on_error: str = field(
         default="raise",
-        metadata={"help": "What a failed RM score does: 'raise' fails the trajectory (and the step) with its error."},
+        metadata={"help": "What a failed RM score does: 'raise' fails the trajectory (and the step) with its error; "
+                          "'drop' (v0 trainer only) keeps the step going: the trajectory is flagged (rm_dropped=1 "
+                          "in reward_extra_info), its response_mask is zeroed so it adds nothing to the loss, and "
+                          "its reward is set to the mean of its group's scored trajectories so group statistics "
+                          "do not move; the step fails when more than drop_budget of it is dropped."},
+    )
+    drop_budget: float = field(
+        default=0.05,
+        metadata={"help": "With on_error='drop': the largest fraction of a step's trajectories that may be dropped "
+                          "before the step fails with TrajectoryDroppedError."},
+    )
+    replace_replicas: bool = field(
+        default=True,
+        metadata={"help": "Start a new RM replica in the bundle of one that died (its requests go to the other "
+                          "replicas meanwhile); False retires it."},
     )
     executor_max_concurrency: int = field(
         default=100_000,
@@ -65,7 +79,16 @@ class IntegrationConfig:
                 "e.g. +async_rm.request_timeout_s=1800"
             )
         if self.on_error not in ON_ERROR_MODES:
-            raise ValueError(f"async_rm.on_error must be one of {ON_ERROR_MODES}, got {self.on_error!r}")
+            raise ValueError(
+                f"async_rm.on_error={self.on_error!r} is not one of {ON_ERROR_MODES}; e.g. +async_rm.on_error=raise"
+            )
+        value = self.drop_budget
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+            raise ValueError(
+                f"async_rm.drop_budget must be a fraction in [0, 1], got {value!r}; e.g. +async_rm.drop_budget=0.05"
+            )
+        if not isinstance(self.replace_replicas, bool):
+            raise TypeError(f"async_rm.replace_replicas must be true or false, got {self.replace_replicas!r}")
         value = self.executor_max_concurrency
         if isinstance(value, bool) or not isinstance(value, int) or value < 16:
             raise ValueError(

@@ -15,9 +15,15 @@ __all__ = [
     "RequestTimeoutError",
     "BatchResultError",
     "SlotError",
+    "SlotLostError",
+    "NoSlotsError",
+    "take_slot_ready",
     "RewardModelError",
     "ReplicaError",
+    "ReplicaLostError",
     "ReplicaTimeoutError",
+    "ExecutorLostError",
+    "TrajectoryDroppedError",
     "NonFiniteScoreError",
     "RewardInputError",
     "ResourcePoolError",
@@ -62,7 +68,30 @@ class SlotError(AsyncRMError):
     """Raised by a batch function when its slot failed as a whole (the replica died, or did not answer in time).
 
     The executor does not bisect such a batch: re-running halves on a dead or stuck slot finds no culprit item.
+    ``slot_ready``, when given, is an awaitable that completes when the slot is idle again (for example the RM call
+    that is still running on a replica after a timeout): the executor gives the slot no new batch until then.
     """
+
+    def __init__(self, *args: object, slot_ready: object = None) -> None:
+        super().__init__(*args)
+        self.slot_ready = slot_ready
+
+
+def take_slot_ready(exc: BaseException) -> object:
+    """Detach and return ``exc.slot_ready`` (None if absent), so the exception can be pickled to callers."""
+    return exc.__dict__.pop("slot_ready", None)
+
+
+class SlotLostError(SlotError):
+    """Raised by a batch function when its slot is gone for good (the RM replica died).
+
+    The executor retires the slot, puts the batch's requests back at the head of the queue for the other slots (at
+    most ``BatchPolicy.slot_retries`` times per request) and asks for a replacement if it was given a way to make one.
+    """
+
+
+class NoSlotsError(AsyncRMError):
+    """Raised when every slot (RM replica) of the executor is lost and none is being replaced."""
 
 
 class RewardModelError(AsyncRMError):
@@ -73,8 +102,20 @@ class ReplicaError(SlotError, RewardModelError):
     """Raised when an RM replica died, raised on a whole batch, or did not answer within ``score_timeout_s``."""
 
 
+class ReplicaLostError(ReplicaError, SlotLostError):
+    """Raised when an RM replica died (its actor is gone); its batch is re-queued on the other replicas."""
+
+
 class ReplicaTimeoutError(ReplicaError, RequestTimeoutError):
     """Raised when an RM replica did not answer a batch within ``score_timeout_s``."""
+
+
+class ExecutorLostError(AsyncRMError):
+    """Raised in an agent-loop worker when the executor actor died; the manager starts a new one at the next step."""
+
+
+class TrajectoryDroppedError(RewardModelError):
+    """Raised when more trajectories of a step lost their RM score than ``async_rm.drop_budget`` allows."""
 
 
 class NonFiniteScoreError(RewardModelError):

@@ -130,7 +130,8 @@ def test_verl_owned_rm_keys_are_refused_with_the_verl_key(tiny_models, key, valu
         (["+async_rm.combine_fn=no_colon"], "combine_fn", ValueError),
         # the rest -> IntegrationConfig
         (["+async_rm.request_timeout_s=0"], "request_timeout_s", ValueError),
-        (["+async_rm.on_error=drop"], "on_error", ValueError),
+        (["+async_rm.on_error=skip"], "on_error", ValueError),
+            (["+async_rm.drop_budget=1.5"], "drop_budget", ValueError),
         (["+async_rm.executor_max_concurrency=8"], "executor_max_concurrency", ValueError),
     ],
 )

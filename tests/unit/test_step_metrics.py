@@ -18,7 +18,8 @@ pytestmark = pytest.mark.unit
 
 ALL_KEYS = {
     "requests", "batches", "mean_batch_size", "mean_fill", "queue_wait_ms/mean", "queue_wait_ms/p99",
-    "rm_exec_ms/mean", "rm_exec_ms/p99", "rm_utilization", "errors", "scored", "reward_tail_s",
+    "rm_exec_ms/mean", "rm_exec_ms/p99", "rm_utilization", "errors", "scored", "reward_tail_s", "requeued",
+    "replicas_usable", "replicas_replaced_total",
 }
 
 
@@ -51,6 +52,7 @@ def test_a_full_step_has_every_key_as_a_float():
     assert metrics["async_rm/queue_wait_ms/p99"] == pytest.approx(step["wait_ms"]["p99"])
     assert metrics["async_rm/rm_utilization"] == pytest.approx(step["rm_utilization"])
     assert metrics["async_rm/errors"] == 0.0
+    assert metrics["async_rm/replicas_usable"] == 2.0 and metrics["async_rm/requeued"] == 0.0
 
 
 def test_reward_tail_is_last_result_minus_last_submit_on_the_executor_clock():
@@ -79,6 +81,9 @@ def test_an_empty_step_leaves_out_figures_that_have_no_value():
         "async_rm/batches": 0.0,
         "async_rm/errors": 0.0,
         "async_rm/scored": 0.0,
+        "async_rm/requeued": 0.0,
+        "async_rm/replicas_usable": 2.0,
+        "async_rm/replicas_replaced_total": 0.0,
     }
 
 

@@ -44,6 +44,8 @@ class ExecutorActor:
         policy: a :class:`BatchPolicy` or a dict of its fields.
         slots: an int or a sequence of slot objects (for example RM replica actor handles).
         name: used in logs and error messages.
+        replace_slot: a picklable ``async replace_slot(slot, index) -> new slot`` for lost slots (for example
+            :class:`verl_async_rm.rm.ReplicaFactory`); None retires them.
     """
 
     def __init__(
@@ -52,8 +54,11 @@ class ExecutorActor:
         policy: BatchPolicy | Mapping[str, Any] | None = None,
         slots: int | Sequence[Any] = 1,
         name: str = "executor",
+        replace_slot: Any = None,
     ) -> None:
-        self._executor = PendingRequestExecutor(batch_fn, BatchPolicy.from_mapping(policy), slots=slots, name=name)
+        self._executor = PendingRequestExecutor(
+            batch_fn, BatchPolicy.from_mapping(policy), slots=slots, name=name, replace_slot=replace_slot
+        )
 
     async def submit(self, item: Any, num_tokens: int | None = None, deadline_s: float | None = None) -> Any:
         """:meth:`PendingRequestExecutor.submit`; a cancelled call (``ray.cancel``) leaves the queue."""
@@ -81,6 +86,10 @@ class ExecutorActor:
         """:meth:`PendingRequestExecutor.aclose`; the actor stays alive (kill it with ``ray.kill``)."""
         await self._executor.aclose(grace_s=grace_s)
 
+    async def slots(self) -> list[Any]:
+        """The current slot objects (a replaced slot shows its replacement), in slot order."""
+        return list(self._executor.slots)
+
     async def ping(self) -> bool:
         """Readiness check: True once the actor is constructed."""
         return True
@@ -95,6 +104,7 @@ def create_executor_actor(
     namespace: str | None = None,
     max_concurrency: int = DEFAULT_MAX_CONCURRENCY,
     get_if_exists: bool = False,
+    replace_slot: Any = None,
     **options: Any,
 ) -> Any:
     """Start an :class:`ExecutorActor` and return its handle.
@@ -105,6 +115,7 @@ def create_executor_actor(
         max_concurrency: how many calls may wait in the actor at once; keep it above the number of trajectories
             that can be waiting for a score (default 10,000).
         get_if_exists: return the running actor of that name instead of failing.
+        replace_slot: see :class:`ExecutorActor`.
         options: more ``ActorClass.options(...)`` (``num_cpus`` defaults to 0: the actor only runs an event loop,
             and must not wait for a CPU that placement groups have reserved).
 
@@ -123,7 +134,7 @@ def create_executor_actor(
     if namespace is not None:
         opts["namespace"] = namespace
     actor_cls = ray.remote(ExecutorActor)
-    return actor_cls.options(**opts).remote(batch_fn, checked.to_dict(), slots, name or "executor")
+    return actor_cls.options(**opts).remote(batch_fn, checked.to_dict(), slots, name or "executor", replace_slot)
 
 
 async def submit_with_timeout(

@@ -12,7 +12,6 @@ import asyncio
 import logging
 import math
 import time
-from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
@@ -20,12 +19,13 @@ from verl_async_rm.errors import (
     ExecutorClosedError,
     ExecutorCrashedError,
     QueueFullError,
-    RequestTimeoutError,
 )
 from verl_async_rm.executor.formation import select_batch
 from verl_async_rm.executor.policy import BatchPolicy
-from verl_async_rm.executor.request import BLOCKED, DONE, PENDING, RUNNING, Request, check_tokens, normalise_slots
+from verl_async_rm.executor.request import PENDING, RUNNING, Request, check_tokens, normalise_slots
 from verl_async_rm.executor.runner import BatchRunner
+from verl_async_rm.executor.settling import SettlingMixin
+from verl_async_rm.executor.slots import ReplaceFn, SlotTable
 from verl_async_rm.executor.stats import ExecutorStats
 from verl_async_rm.executor.waiting import WaitingRoom
 
@@ -41,7 +41,7 @@ _GROUP_WINDOW_BATCHES = 4
 _CLOCK_RESOLUTION = time.get_clock_info("monotonic").resolution
 
 
-class PendingRequestExecutor:
+class PendingRequestExecutor(SettlingMixin):
     """Collect single requests into batches and run them on free slots.
 
     Args:
@@ -53,6 +53,10 @@ class PendingRequestExecutor:
             the RM replicas); each batch runs on one free slot, which is passed to ``batch_fn``. Data-parallel
             replicas: one slot each. A sharded RM (whole-group mode): one slot.
         name: used in log lines and error messages.
+        replace_slot: optional ``async replace_slot(slot, index) -> new slot``, called when ``batch_fn`` raises
+            :class:`SlotLostError` (the slot's requests go back to the head of the queue, at most
+            ``policy.slot_retries`` times each); without it a lost slot is retired. With no slot left, waiting
+            requests and new submits fail with :class:`NoSlotsError`.
 
     The executor binds to the event loop of its first ``submit`` and starts its loop then; build it anywhere.
     """
@@ -64,12 +68,14 @@ class PendingRequestExecutor:
         *,
         slots: int | Sequence[Any] = 1,
         name: str = "executor",
+        replace_slot: ReplaceFn | None = None,
     ) -> None:
         if not callable(batch_fn):
             raise TypeError(f"batch_fn must be an async callable `(items, slot) -> list`, got {batch_fn!r}")
         self.policy = BatchPolicy.from_mapping(policy)
-        self._slots = normalise_slots(slots)
         self._name = name
+        self._slots = SlotTable(normalise_slots(slots), replace=replace_slot, on_change=self._on_slots_change,
+                                name=name)
         p = self.policy
         self._max_items = p.max_batch_size
         self._max_tokens = p.max_batch_tokens
@@ -79,7 +85,6 @@ class PendingRequestExecutor:
         self._stats = ExecutorStats(p.max_batch_size, p.pad_multiple)
         self._runner = BatchRunner(batch_fn, stats=self._stats, settle=self._settle,
                                    bisect_on_error=p.bisect_on_error, batch_timeout_s=p.batch_timeout_s, name=name)
-        self._free: deque[int] = deque(range(len(self._slots)))  # indices of free slots, oldest-freed first
         self._room = WaitingRoom(p.max_pending)
         self._seq = 0
         self._drain_seq = 0  # requests with seq <= this are flushed without waiting
@@ -118,6 +123,9 @@ class PendingRequestExecutor:
         if self._closed:
             self._stats.rejected += 1
             raise ExecutorClosedError(f"executor {self._name!r} is closed; it accepts no new requests")
+        if not self._slots.usable:
+            self._stats.rejected += 1
+            raise self._no_slots_error()
         if num_tokens is not None:
             num_tokens = check_tokens(num_tokens)
         elif self._max_tokens is not None:
@@ -190,6 +198,11 @@ class PendingRequestExecutor:
         if self._step_count >= n:
             self._start_drain("expect")
 
+    @property
+    def slots(self) -> tuple[Any, ...]:
+        """The current slot objects, in slot order (a replaced slot shows its replacement)."""
+        return tuple(self._slots.slots)
+
     def stats(self) -> dict[str, Any]:
         """Counters, batch size/fill/padding, wait and execution time percentiles (ms), flush reasons, queue state."""
         live = {
@@ -198,7 +211,8 @@ class PendingRequestExecutor:
             "in_flight_batches": len(self._running),
             "in_flight_requests": self._running_requests,
             "slots": len(self._slots),
-            "free_slots": len(self._free),
+            "free_slots": len(self._slots.free),
+            **self._slots.summary(),
             "closed": self._closed,
             "loop_alive": self._supervisor is not None and not self._supervisor.done(),
         }
@@ -216,7 +230,9 @@ class PendingRequestExecutor:
                 loop = asyncio.get_running_loop()
             except RuntimeError:
                 loop = None
-        return self._stats.pop_step(len(self._slots), None if loop is None else loop.time())
+        out = self._stats.pop_step(len(self._slots), None if loop is None else loop.time())
+        out.update(self._slots.summary())
+        return out
 
     async def aclose(self, *, grace_s: float = 10.0) -> None:
         """Stop: waiting requests fail with ``ExecutorClosedError``; running batches get ``grace_s`` to finish.
@@ -233,6 +249,7 @@ class PendingRequestExecutor:
         if supervisor is not None:
             supervisor.cancel()
             await asyncio.wait({supervisor})
+        await self._slots.aclose()
         running = set(self._running)
         if running:
             late = running
@@ -295,7 +312,7 @@ class PendingRequestExecutor:
     async def _batch_loop(self) -> None:
         loop = self._loop
         assert loop is not None
-        room, free = self._room, self._free
+        room, free = self._room, self._slots.free
         while not self._closed:
             if not free or not room.pending:
                 await self._sleep(None)
@@ -322,7 +339,7 @@ class PendingRequestExecutor:
 
     def _dispatch(self, reason: str, now: float) -> None:
         """Form one batch from the queue and start it on the first free slot."""
-        room, free = self._room, self._free
+        room, free = self._room, self._slots.free
         max_items, max_tokens = self._max_items, self._max_tokens
         if reason in ("drain", "expect") and len(free) > 1 and len(room) > 1:
             share = min(len(free), len(room))  # spread a drain evenly over the free slots
@@ -368,11 +385,11 @@ class PendingRequestExecutor:
         if not batch:
             return
         self._stats.record_batch(len(batch), lengths if all_lengths else None, reason)
-        slot_index = self._free.popleft()
+        slot_index = self._slots.take()
         try:
             task = asyncio.get_running_loop().create_task(self._run_batch(batch, slot_index))
         except BaseException:
-            self._free.appendleft(slot_index)
+            self._slots.untake(slot_index)
             raise
         self._running[task] = batch
         self._running_requests += len(batch)
@@ -380,8 +397,9 @@ class PendingRequestExecutor:
         self._crash_streak = 0
 
     async def _run_batch(self, batch: list[Request], slot_index: int) -> None:
+        verdict = None
         try:
-            await self._runner.run(batch, self._slots[slot_index])
+            verdict = await self._runner.run(batch, self._slots.slots[slot_index])
         except asyncio.CancelledError:
             for req in batch:
                 self._settle(req, None, ExecutorClosedError(
@@ -393,7 +411,13 @@ class PendingRequestExecutor:
                 self._settle(req, None, ExecutorCrashedError.from_cause(self._name, exc))
         finally:
             self._running_requests -= len(batch)
-            self._free.append(slot_index)
+            if verdict is not None and verdict.lost is not None:
+                self._requeue(batch, verdict.lost)
+                self._slots.lose(slot_index, verdict.lost)
+            elif verdict is not None and verdict.busy_until is not None:
+                self._slots.hold(slot_index, verdict.busy_until)
+            else:
+                self._slots.release(slot_index)
             self._notify()
 
     def _on_batch_done(self, task: asyncio.Task) -> None:
@@ -434,7 +458,7 @@ class PendingRequestExecutor:
         """Wake the loop if the queue just changed in a way that can flush a batch before its timer."""
         wake = self._wake
         room = self._room
-        if wake is None or wake.done() or not self._free or not room.pending:
+        if wake is None or wake.done() or not self._slots.free or not room.pending:
             return
         if len(room) >= self._max_items or (self._max_tokens is not None and room.tokens >= self._max_tokens):
             wake.set_result(None)
@@ -449,67 +473,6 @@ class PendingRequestExecutor:
         self._drain_seq, self._drain_reason = self._seq, reason
         self._step_count, self._expect_n = 0, None
         self._notify()
-
-    # ------------------------------------------------------------------ settling requests
-
-    def _settle(self, req: Request, value: Any, exc: BaseException | None) -> None:
-        """Resolve ``req`` once. The caller has already taken it out of the queue / overflow bookkeeping."""
-        if req.state == DONE:
-            return
-        req.state = DONE
-        if req.timer is not None:
-            req.timer.cancel()
-            req.timer = None
-        fut, stats = req.future, self._stats
-        if fut.done():  # the caller cancelled; its handler will find the request DONE
-            stats.cancelled += 1
-            return
-        stats.step_last_settle = self._loop.time() if self._loop is not None else None
-        if exc is None:
-            fut.set_result(value)
-            stats.completed += 1
-        else:
-            fut.set_exception(exc)
-            if isinstance(exc, RequestTimeoutError):
-                stats.timed_out += 1
-            else:
-                stats.failed += 1
-
-    def _unlink(self, req: Request) -> None:
-        """Take a waiting request out of the room before settling it; blocked ones may take its place."""
-        if req.state == PENDING or req.state == BLOCKED:
-            self._room.remove(req)
-            self._maybe_wake()
-
-    def _cancel(self, req: Request) -> None:
-        """The caller's ``submit`` was cancelled: drop the request (a running batch just loses its result)."""
-        if req.state == DONE:
-            return
-        self._unlink(req)
-        req.state = DONE
-        if req.timer is not None:
-            req.timer.cancel()
-            req.timer = None
-        self._stats.cancelled += 1
-
-    def _expire(self, req: Request) -> None:
-        """Deadline timer: fail the request wherever it is."""
-        if req.state == DONE:
-            return
-        req.timer = None
-        where = {BLOCKED: "blocked on a full queue", PENDING: "waiting for a batch",
-                 RUNNING: "in a running batch"}[req.state]
-        self._unlink(req)
-        self._settle(req, None, RequestTimeoutError(
-            f"executor {self._name!r}: request #{req.seq} missed its deadline of {req.deadline_s:g} s while "
-            f"{where} ({len(self._room)} pending, {len(self._free)}/{len(self._slots)} slots free)"
-        ))
-
-    def _fail_waiting(self, make_exc: Callable[[], BaseException]) -> None:
-        """Fail every waiting (pending or blocked) request, each with its own exception instance."""
-        for req in self._room.clear():
-            self._settle(req, None, make_exc())
-
 
 def _set_done(fut: asyncio.Future) -> None:
     if not fut.done():

@@ -92,6 +92,13 @@ class BatchPolicy:
             "whole-group mode). The executor never waits for a multiple; it only reports the padding in stats()."
         },
     )
+    slot_retries: int = field(
+        default=2,
+        metadata={
+            "help": "How many times a request whose slot was lost under it (the RM replica died) is put back in the "
+            "queue for another slot; after that it fails with the slot's error."
+        },
+    )
 
     def __post_init__(self) -> None:
         _check_int("max_batch_size", self.max_batch_size, minimum=1, fix="set it to the most requests one RM call "
@@ -119,6 +126,7 @@ class BatchPolicy:
         for name in ("group_by_length", "bisect_on_error"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"BatchPolicy.{name} must be True or False, got {getattr(self, name)!r}")
+        _check_int("slot_retries", self.slot_retries, minimum=0, fix="use 0 to fail at once, or a small count such as 2")
         _check_int("pad_multiple", self.pad_multiple, minimum=1, fix="set it to the RM's data-parallel size, or 1")
         if self.max_batch_size % self.pad_multiple:
             example = self.pad_multiple * max(1, self.max_batch_size // self.pad_multiple)

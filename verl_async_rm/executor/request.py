@@ -22,7 +22,7 @@ DONE = 3
 class Request:
     """A caller's item, its future and its bookkeeping. ``seq`` orders requests by arrival."""
 
-    __slots__ = ("seq", "item", "num_tokens", "t_submit", "future", "state", "timer", "deadline_s")
+    __slots__ = ("seq", "item", "num_tokens", "t_submit", "future", "state", "timer", "deadline_s", "requeued")
 
     def __init__(
         self,
@@ -41,6 +41,7 @@ class Request:
         self.deadline_s = deadline_s
         self.state = PENDING
         self.timer: asyncio.TimerHandle | None = None
+        self.requeued = 0  # times put back in the queue because its slot was lost under it
 
     def __repr__(self) -> str:
         state = ("BLOCKED", "PENDING", "RUNNING", "DONE")[self.state]

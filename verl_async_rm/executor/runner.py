@@ -15,11 +15,11 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from verl_async_rm.errors import BatchResultError, RequestTimeoutError, SlotError
+from verl_async_rm.errors import BatchResultError, RequestTimeoutError, SlotError, SlotLostError, take_slot_ready
 from verl_async_rm.executor.request import DONE, Request
 from verl_async_rm.executor.stats import ExecutorStats
 
-__all__ = ["BatchRunner", "bisect_budget"]
+__all__ = ["BatchRunner", "SlotVerdict", "bisect_budget"]
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +34,20 @@ def bisect_budget(batch_size: int) -> int:
 
 class _BatchTimedOut(Exception):
     """Internal: the batch_fn call ran past ``batch_timeout_s``."""
+
+
+class SlotVerdict:
+    """What a batch's end says about its slot: ``lost`` (the error; the unsettled requests are for the executor to
+    re-queue) or ``busy_until`` (an awaitable: the slot still runs the given-up call). Neither: the slot is fine."""
+
+    __slots__ = ("lost", "busy_until")
+
+    def __init__(self, lost: SlotLostError | None = None, busy_until: Any = None) -> None:
+        self.lost = lost
+        self.busy_until = busy_until
+
+
+_SLOT_OK = SlotVerdict()
 
 
 class BatchRunner:
@@ -56,14 +70,22 @@ class BatchRunner:
         self._batch_timeout_s = batch_timeout_s
         self._name = name
 
-    async def run(self, reqs: list[Request], slot: Any) -> None:
-        """Run ``reqs`` on ``slot`` and settle each of them (result, per-item exception or the batch's exception)."""
+    async def run(self, reqs: list[Request], slot: Any) -> SlotVerdict:
+        """Run ``reqs`` on ``slot`` and settle each of them (result, per-item exception or the batch's exception).
+
+        A :class:`SlotLostError` (raised at once or during bisection) leaves the unsettled requests to the caller,
+        with the verdict ``lost``; a :class:`SlotError` carrying ``slot_ready`` gives the verdict ``busy_until``.
+        """
         try:
             results = await self._call(reqs, slot)
         except _BatchTimedOut:
             self._fail(reqs, self._timeout_error(len(reqs), slot))
-            return
+            return _SLOT_OK
+        except SlotLostError as exc:
+            take_slot_ready(exc)
+            return SlotVerdict(lost=exc)
         except Exception as exc:  # noqa: BLE001 - any failure of user code fails (or bisects) the batch
+            ready = take_slot_ready(exc)
             # A contract breach, a timeout or a failed slot is not an item's fault: halves would fail the same way.
             if self._bisect_on_error and len(reqs) > 1 and not isinstance(
                 exc, (BatchResultError, RequestTimeoutError, SlotError)
@@ -72,13 +94,20 @@ class BatchRunner:
                     "executor %r: batch_fn raised %s on a batch of %d (slot %r); bisecting to isolate the failing "
                     "item(s)", self._name, type(exc).__name__, len(reqs), slot,
                 )
-                await self._bisect(reqs, exc, slot, [bisect_budget(len(reqs))])
+                try:
+                    await self._bisect(reqs, exc, slot, [bisect_budget(len(reqs))])
+                except SlotError as slot_exc:  # the slot itself failed while bisecting
+                    ready = take_slot_ready(slot_exc)
+                    if isinstance(slot_exc, SlotLostError):
+                        return SlotVerdict(lost=slot_exc)
+                    self._fail(reqs, slot_exc)
             else:
                 logger.warning("executor %r: batch_fn raised %s on a batch of %d (slot %r): %s",
                                self._name, type(exc).__name__, len(reqs), slot, exc)
                 self._fail(reqs, exc)
-            return
+            return SlotVerdict(busy_until=ready) if ready is not None else _SLOT_OK
         self._deliver(reqs, results)
+        return _SLOT_OK
 
     async def _call(self, reqs: list[Request], slot: Any) -> Any:
         """One ``batch_fn`` call on the items of ``reqs``; raises what it raises, or ``_BatchTimedOut``."""
@@ -176,6 +205,8 @@ class BatchRunner:
         except BatchResultError as exc:
             self._fail(reqs, exc)
             return None
+        except SlotError:
+            raise  # not an item's fault: run() decides for the whole batch
         except Exception as exc:  # noqa: BLE001
             return exc
         self._deliver(reqs, results)

@@ -12,7 +12,8 @@ __all__ = ["Samples", "ExecutorStats", "FLUSH_REASONS"]
 #: a drain (explicit, or because the expected number of requests of the step arrived) covered the oldest request.
 FLUSH_REASONS = ("size", "tokens", "age", "drain", "expect")
 #: Counters reported per step by :meth:`ExecutorStats.pop_step`, as differences.
-_STEP_COUNTS = ("submitted", "completed", "failed", "timed_out", "cancelled", "rejected", "batches", "batched_requests")
+_STEP_COUNTS = ("submitted", "completed", "failed", "timed_out", "cancelled", "rejected", "batches", "batched_requests",
+                "requeued")
 
 
 class Samples:
@@ -87,6 +88,7 @@ class ExecutorStats:
         self.batched_requests = 0
         self.bisect_calls = 0
         self.loop_restarts = 0
+        self.requeued = 0  # requests put back in the queue because their slot was lost
         self.real_tokens = 0
         self.padded_tokens = 0
         self.pad_multiple_slots = 0
@@ -168,6 +170,7 @@ class ExecutorStats:
                 "flush_reasons": dict(self.flush_reasons),
                 "bisect_calls": self.bisect_calls,
                 "loop_restarts": self.loop_restarts,
+                "requeued": self.requeued,
             }
         )
         return out

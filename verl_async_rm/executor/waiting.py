@@ -64,6 +64,13 @@ class WaitingRoom:
         elif req.state == BLOCKED:
             self.blocked -= 1
 
+    def requeue(self, reqs: list[Request]) -> None:
+        """Put requests taken for a batch back at the head of the queue, in arrival order (room limits do not apply:
+        they were admitted once)."""
+        for req in sorted(reqs, key=lambda r: r.seq, reverse=True):
+            self.put(req)
+            self.pending.move_to_end(req.seq, last=False)
+
     def admit(self) -> int:
         """Move blocked requests into the queue while there is room, oldest first; returns how many moved."""
         moved = 0

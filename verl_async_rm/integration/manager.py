@@ -11,7 +11,9 @@ verl builds the class named by ``actor_rollout_ref.rollout.agent.agent_loop_mana
 
 Every step it tells the executor how many trajectories to expect, so the last batch flushes the moment the last
 trajectory arrives, and it collects per-step metrics. The same pool, replicas and executor serve every step,
-training and validation; :meth:`shutdown` releases them.
+training and validation; :meth:`shutdown` releases them. A replica that dies is replaced by the executor
+(:class:`~verl_async_rm.rm.ReplicaFactory`); an executor that dies is started again at the next step, on the
+replicas it last reported, and attached to the agent-loop workers again.
 
 verl's v0 ``AgentLoopManager`` keeps a preset ``agent_loop_workers_class`` (``agent_loop.py:1197``), while v1's
 ``AgentLoopManagerTQ.__init__`` overwrites it (``trainer/ppo/v1/agent_loop_tq.py:232``): the v0 class sets it before
@@ -33,10 +35,12 @@ from verl.utils.ray_utils import auto_await
 from verl_async_rm.config import AsyncRMConfig
 from verl_async_rm.executor.actor import create_executor_actor
 from verl_async_rm.integration.checks import check_verl_config
+from verl_async_rm.integration.drops import apply_drops
 from verl_async_rm.integration.metrics import step_metrics
 from verl_async_rm.integration.worker import remote_worker_class
 from verl_async_rm.rm.batch_fn import RMBatchFn
 from verl_async_rm.rm.pool import create_rm_worker_group, shutdown_rm_worker_group
+from verl_async_rm.rm.replicas import ReplicaFactory
 
 logger = logging.getLogger(__name__)
 
@@ -55,16 +59,12 @@ class _AsyncRMSide:
         self.rm_worker_group = None
         self.executor = None
         self.last_metrics: dict[str, float] = {}
+        self.executor_restarts = 0
         settings = self.async_rm_config
         self.rm_worker_group = create_rm_worker_group(settings.rm)
+        self.replicas = list(self.rm_worker_group.workers)  # current handles; replacements show up at step ends
         try:
-            self.executor = create_executor_actor(
-                RMBatchFn.from_config(settings.rm),
-                settings.batching,
-                list(self.rm_worker_group.workers),
-                name=f"verl_async_rm_executor_{uuid.uuid4().hex[:8]}",
-                max_concurrency=settings.integration.executor_max_concurrency,
-            )
+            self.executor = self._async_rm_new_executor()
             ray.get(self.executor.ping.remote(), timeout=CONTROL_TIMEOUT_S)
         except BaseException:
             self.shutdown()
@@ -74,22 +74,57 @@ class _AsyncRMSide:
             settings.rm.num_replicas, settings.rm.model_path, settings.batching.to_dict(),
         )
 
+    def _async_rm_new_executor(self):
+        settings = self.async_rm_config
+        return create_executor_actor(
+            RMBatchFn.from_config(settings.rm),
+            settings.batching,
+            list(self.replicas),
+            name=f"verl_async_rm_executor_{uuid.uuid4().hex[:8]}",
+            max_concurrency=settings.integration.executor_max_concurrency,
+            replace_slot=ReplicaFactory(settings.rm, self.rm_worker_group) if settings.integration.replace_replicas
+            else None,
+        )
+
     async def _init_agent_loop_workers(self):
         try:
             await super()._init_agent_loop_workers()
             # The first call on each worker also waits for its construction (tokenizer, tools...): allow the RM's
             # load time, not the short control timeout.
-            timeout = self.async_rm_config.integration.request_timeout_s
-            await asyncio.wait_for(
-                asyncio.gather(*(w.async_rm_attach.remote(self.executor, timeout) for w in self.agent_loop_workers)),
-                self.async_rm_config.rm.init_timeout_s,
-            )
+            await self._async_rm_attach(self.async_rm_config.rm.init_timeout_s)
         except BaseException:
             self.shutdown()
             raise
 
+    async def _async_rm_attach(self, timeout_s: float) -> None:
+        integration = self.async_rm_config.integration
+        await asyncio.wait_for(
+            asyncio.gather(*(
+                w.async_rm_attach.remote(self.executor, integration.request_timeout_s, integration.on_error)
+                for w in self.agent_loop_workers
+            )),
+            timeout_s,
+        )
+
+    async def _async_rm_ensure_executor(self) -> None:
+        """Start a new executor (on the replicas it last reported) if the current one is dead or does not answer."""
+        try:
+            await asyncio.wait_for(self.executor.ping.remote(), CONTROL_TIMEOUT_S)
+            return
+        except (ray.exceptions.RayActorError, asyncio.TimeoutError) as err:
+            logger.error("verl_async_rm: the executor actor is gone (%r); starting a new one", err)
+        try:
+            ray.kill(self.executor)
+        except Exception:  # noqa: BLE001 - already dead
+            logger.debug("dead executor already gone", exc_info=True)
+        self.executor = self._async_rm_new_executor()
+        self.executor_restarts += 1
+        await asyncio.wait_for(self.executor.ping.remote(), CONTROL_TIMEOUT_S)
+        await self._async_rm_attach(CONTROL_TIMEOUT_S)
+
     async def _async_rm_begin_step(self, expected: int | None) -> None:
         """Start a step: metrics count from here; ``expected`` trajectories flush the last batch when all arrived."""
+        await self._async_rm_ensure_executor()
         await asyncio.wait_for(self.executor.pop_step_stats.remote(), CONTROL_TIMEOUT_S)
         if expected:
             await asyncio.wait_for(self.executor.expect.remote(int(expected)), CONTROL_TIMEOUT_S)
@@ -101,14 +136,15 @@ class _AsyncRMSide:
         each replica logs its truncation count once here.
         """
         await asyncio.wait_for(self.executor.drain.remote(), CONTROL_TIMEOUT_S)
-        executor_stats, replica_stats = await asyncio.wait_for(
-            asyncio.gather(
-                self.executor.pop_step_stats.remote(),
-                asyncio.gather(*(w.pop_step_stats.remote() for w in self.rm_worker_group.workers)),
-            ),
+        executor_stats, self.replicas = await asyncio.wait_for(
+            asyncio.gather(self.executor.pop_step_stats.remote(), self.executor.slots.remote()), CONTROL_TIMEOUT_S
+        )
+        replica_stats = await asyncio.wait_for(
+            asyncio.gather(*(w.pop_step_stats.remote() for w in self.replicas), return_exceptions=True),
             CONTROL_TIMEOUT_S,
         )
-        self.last_metrics = step_metrics(executor_stats, replica_stats)
+        self.last_metrics = step_metrics(executor_stats, [r for r in replica_stats if isinstance(r, dict)])
+        self.last_metrics["async_rm/executor_restarts_total"] = float(self.executor_restarts)
         return self.last_metrics
 
     def shutdown(self) -> None:
@@ -119,7 +155,7 @@ class _AsyncRMSide:
                 ray.get(executor.aclose.remote(), timeout=CONTROL_TIMEOUT_S)
             except Exception as exc:  # noqa: BLE001 - shutting down: log and go on releasing
                 logger.warning("verl_async_rm: executor did not close cleanly: %r", exc)
-            ray.kill(executor)
+            ray.kill(executor)  # replacement replicas it started are owned by it and go with it
         group, self.rm_worker_group = getattr(self, "rm_worker_group", None), None
         if group is not None:
             shutdown_rm_worker_group(group)
@@ -138,7 +174,8 @@ class AsyncRMAgentLoopManagerV0(_AsyncRMSide, AgentLoopManager):
         """verl's ``generate_sequences``; the step's ``async_rm/*`` metrics are added to ``meta_info["timing"]``.
 
         The v0 trainer logs ``meta_info["timing"]`` under ``timing_s/`` (``ray_trainer.py:1518``), so they appear
-        as ``timing_s/async_rm/...`` with the rest of verl's metrics.
+        as ``timing_s/async_rm/...`` with the rest of verl's metrics. With ``on_error='drop'`` the trajectories
+        whose RM score failed are excluded here (:func:`~verl_async_rm.integration.drops.apply_drops`).
         """
         await self._async_rm_begin_step(len(prompts))
         try:
@@ -149,7 +186,11 @@ class AsyncRMAgentLoopManagerV0(_AsyncRMSide, AgentLoopManager):
             except Exception:  # noqa: BLE001 - the generation error is the one to report
                 logger.exception("verl_async_rm: could not close the failed step")
             raise
-        output.meta_info.setdefault("timing", {}).update(await self._async_rm_end_step())
+        metrics = await self._async_rm_end_step()
+        integration = self.async_rm_config.integration
+        if integration.on_error == "drop":
+            metrics["async_rm/dropped"] = float(apply_drops(output, integration.drop_budget))
+        output.meta_info.setdefault("timing", {}).update(metrics)
         return output
 
 
@@ -164,6 +205,12 @@ class AsyncRMAgentLoopManagerV1(_AsyncRMSide, AgentLoopManagerTQ):
     """
 
     def __init__(self, config, llm_client, teacher_client=None, reward_loop_worker_handles=None):
+        if AsyncRMConfig.from_verl(config).integration.on_error == "drop":
+            raise ValueError(
+                "async_rm.on_error=drop needs the v0 trainer (trainer.use_v1=False): verl's v1 trainer gives the "
+                "agent-loop manager no access to the batch before advantages are computed, so a dropped trajectory "
+                "could not be excluded. Fix: +async_rm.on_error=raise, or trainer.use_v1=False"
+            )
         super().__init__(config, llm_client, teacher_client, reward_loop_worker_handles)
         self.agent_loop_workers_class = remote_worker_class(use_v1=True)
         self._async_rm_build(config)

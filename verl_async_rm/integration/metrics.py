@@ -33,7 +33,16 @@ def step_metrics(executor_step: Mapping[str, Any], replica_steps: Sequence[Mappi
         "rm_exec_ms/p99": exe.get("p99"),
         "rm_utilization": executor_step.get("rm_utilization"),
         "reward_tail_s": executor_step.get("tail_s"),
+        "requeued": executor_step.get("requeued"),
+        "replicas_usable": _usable(executor_step),
+        "replicas_replaced_total": executor_step.get("slots_replaced_total"),
         "truncated": sum(r.get("truncated", 0) for r in replica_steps) if replica_steps else None,
         "rm_failed_items": sum(r.get("failed", 0) for r in replica_steps) if replica_steps else None,
     }
     return {PREFIX + name: float(value) for name, value in values.items() if value is not None}
+
+
+def _usable(executor_step: Mapping[str, Any]) -> int | None:
+    """Replicas that can take a batch now or soon (all but the lost ones)."""
+    states = [executor_step.get(f"slots_{state}") for state in ("free", "busy", "late", "replacing")]
+    return None if any(v is None for v in states) else sum(states)

@@ -9,7 +9,10 @@ mixes it with the rule score. An agent loop that already set ``reward_score`` is
 does.
 
 The executor handle is attached after verl has built the workers (:meth:`AsyncRMWorkerMixin.async_rm_attach`), so
-verl's own worker construction and placement are used unchanged.
+verl's own worker construction and placement are used unchanged, and attached again when the manager had to start a
+new executor. If the RM fails for a trajectory, ``on_error='raise'`` fails the trajectory with the error (a dead
+executor gives :class:`ExecutorLostError` at once); ``on_error='drop'`` hands the error to the reward manager instead
+of a score, and the v0 manager excludes the trajectory (see ``AsyncRMAgentLoopManagerV0``).
 """
 
 from __future__ import annotations
@@ -22,9 +25,9 @@ import ray
 from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
 
-from verl_async_rm.errors import AsyncRMError
+from verl_async_rm.errors import AsyncRMError, ExecutorLostError
 from verl_async_rm.executor.actor import submit_with_timeout
-from verl_async_rm.reward.combine import RM_SCORE_KEY
+from verl_async_rm.reward.combine import RM_ERROR_KEY, RM_SCORE_KEY
 from verl_async_rm.rm.request import RMRequest
 
 logger = logging.getLogger(__name__)
@@ -37,11 +40,13 @@ class AsyncRMWorkerMixin:
 
     _async_rm_executor: Any = None
     _async_rm_timeout_s: float = 0.0
+    _async_rm_on_error: str = "raise"
 
-    async def async_rm_attach(self, executor: Any, request_timeout_s: float) -> bool:
-        """Give this worker the executor actor it submits to (called once by the manager after creation)."""
+    async def async_rm_attach(self, executor: Any, request_timeout_s: float, on_error: str = "raise") -> bool:
+        """Give this worker the executor actor it submits to (by the manager after creation, and after a restart)."""
         self._async_rm_executor = executor
         self._async_rm_timeout_s = float(request_timeout_s)
+        self._async_rm_on_error = on_error
         return True
 
     async def _compute_score(self, outputs: list, kwargs: dict) -> None:
@@ -50,9 +55,15 @@ class AsyncRMWorkerMixin:
             await super()._compute_score(outputs, kwargs)  # type: ignore[misc]
             return
         start = time.perf_counter()
-        score = await self._async_rm_score(final, kwargs)
+        try:
+            handed = {RM_SCORE_KEY: await self._async_rm_score(final, kwargs)}
+        except (AsyncRMError, ray.exceptions.RayError) as err:
+            if self._async_rm_on_error != "drop":
+                raise
+            logger.warning("verl_async_rm: no RM score for trajectory %s (dropped): %r", kwargs.get("uid"), err)
+            handed = {RM_SCORE_KEY: None, RM_ERROR_KEY: f"{type(err).__name__}: {err}"[:500]}
         rm_s = time.perf_counter() - start
-        await super()._compute_score(outputs, {**kwargs, RM_SCORE_KEY: score})  # type: ignore[misc]
+        await super()._compute_score(outputs, {**kwargs, **handed})  # type: ignore[misc]
         # verl times only its own reward-loop call (agent_loop.py:971-1016): count the RM wait in the same metric
         final.metrics.compute_score = (final.metrics.compute_score or 0.0) + rm_s
 
@@ -65,9 +76,15 @@ class AsyncRMWorkerMixin:
         request = RMRequest.from_agent_loop_output(
             final, uid=f"{kwargs.get('uid', '?')}/{kwargs.get('session_id', 0)}", raw_prompt=kwargs.get("raw_prompt")
         )
-        score = await submit_with_timeout(
-            self._async_rm_executor, request, timeout_s=self._async_rm_timeout_s, num_tokens=request.num_tokens
-        )
+        try:
+            score = await submit_with_timeout(
+                self._async_rm_executor, request, timeout_s=self._async_rm_timeout_s, num_tokens=request.num_tokens
+            )
+        except ray.exceptions.RayActorError as err:
+            raise ExecutorLostError(
+                f"the RM executor actor died while trajectory {request.uid} waited for its score ({err}); the agent-"
+                "loop manager starts a new one at the next step"
+            ) from err
         return float(score)
 
 

@@ -9,11 +9,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-__all__ = ["RewardMix", "RM_SCORE_KEY", "load_callable"]
+__all__ = ["RewardMix", "RM_SCORE_KEY", "RM_ERROR_KEY", "load_callable"]
 
 #: Key under which the agent-loop worker hands the trajectory's RM score to the reward manager (verl copies the
 #: ``kwargs`` of ``_compute_score`` into ``non_tensor_batch``).
 RM_SCORE_KEY = "__async_rm_score__"
+#: Set instead of a score when the RM failed and ``async_rm.on_error='drop'``: the error, as text.
+RM_ERROR_KEY = "__async_rm_error__"
 
 
 @dataclass(frozen=True)

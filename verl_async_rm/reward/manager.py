@@ -21,7 +21,7 @@ from verl.experimental.reward_loop.reward_manager import register
 from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager
 
 from verl_async_rm.errors import NonFiniteScoreError, RewardModelError
-from verl_async_rm.reward.combine import RM_SCORE_KEY, RewardMix
+from verl_async_rm.reward.combine import RM_ERROR_KEY, RM_SCORE_KEY, RewardMix
 
 logger = logging.getLogger(__name__)
 
@@ -39,11 +39,16 @@ class AsyncRMRewardManager(NaiveRewardManager):
         super().__init__(config, tokenizer, compute_score, reward_router_address, reward_model_tokenizer)
         from verl_async_rm.config import AsyncRMConfig
 
-        self.mix: RewardMix = AsyncRMConfig.from_verl(config).mix
+        settings = AsyncRMConfig.from_verl(config)
+        self.mix: RewardMix = settings.mix
+        self._drop_mode = settings.integration.on_error == "drop"
         self._combine_fn = self.mix.load_combine_fn()
 
     async def run_single(self, data: DataProto) -> dict:
         item = data[-1]  # multi-output agent loops: the reward belongs to the last output, as in verl
+        error = item.non_tensor_batch.get(RM_ERROR_KEY)
+        if error and self._drop_mode:
+            return await self._dropped(data, item, str(error))
         rm_score = self._rm_score(item)
         rule_score, rule_info = 0.0, {}
         if self.mix.uses_rule:
@@ -55,7 +60,23 @@ class AsyncRMRewardManager(NaiveRewardManager):
         )
         extra = {("rule/" + k if k in _OWN_KEYS else k): v for k, v in rule_info.items()}
         extra.update(rm_score=rm_score, rule_score=rule_score)
+        if self._drop_mode:  # every sample must carry the same keys (verl stacks them)
+            extra.update(rm_dropped=0.0, rm_error="")
         return {"reward_score": reward, "reward_extra_info": extra}
+
+    async def _dropped(self, data: DataProto, item, error: str) -> dict:
+        """A trajectory whose RM score failed under ``on_error='drop'``: NaN reward, flagged.
+
+        The NaN never reaches training: the v0 manager replaces it by the mean of the trajectory's scored group
+        mates and zeroes its ``response_mask`` (or fails the step when too many were dropped).
+        """
+        rule_score, rule_info = 0.0, {}
+        if self.mix.uses_rule:
+            rule = await super().run_single(data)
+            rule_score, rule_info = _finite_rule_score(rule["reward_score"], item), rule["reward_extra_info"]
+        extra = {("rule/" + k if k in _OWN_KEYS else k): v for k, v in rule_info.items()}
+        extra.update(rm_score=math.nan, rule_score=rule_score, rm_dropped=1.0, rm_error=error)
+        return {"reward_score": math.nan, "reward_extra_info": extra}
 
     @staticmethod
     def _rm_score(item) -> float:

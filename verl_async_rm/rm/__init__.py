@@ -8,7 +8,8 @@ Layout (one job per module):
 - :mod:`~verl_async_rm.rm.scorer`: :class:`RewardModelScorer`, model loading, forward and score extraction;
 - :mod:`~verl_async_rm.rm.worker`: :class:`RewardModelWorker`, the verl ``Worker`` holding one replica;
 - :mod:`~verl_async_rm.rm.pool`: :class:`RMResourcePool` and the worker group's creation and shutdown;
-- :mod:`~verl_async_rm.rm.batch_fn`: :class:`RMBatchFn`, the executor's ``batch_fn(items, slot)``.
+- :mod:`~verl_async_rm.rm.batch_fn`: :class:`RMBatchFn`, the executor's ``batch_fn(items, slot)``;
+- :mod:`~verl_async_rm.rm.replicas`: :class:`ReplicaFactory`, the executor's ``replace_slot`` for a dead replica.
 
 Usage::
 
@@ -41,6 +42,7 @@ __all__ = [
     "shutdown_rm_worker_group",
     "score_with_group",
     "RMBatchFn",
+    "ReplicaFactory",
 ]
 
 _LAZY = {
@@ -51,6 +53,7 @@ _LAZY = {
     "shutdown_rm_worker_group": "verl_async_rm.rm.pool",
     "score_with_group": "verl_async_rm.rm.pool",
     "RMBatchFn": "verl_async_rm.rm.batch_fn",
+    "ReplicaFactory": "verl_async_rm.rm.replicas",
 }
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import ray
 
-from verl_async_rm.errors import BatchResultError, ReplicaError, ReplicaTimeoutError, RewardModelError
+from verl_async_rm.errors import BatchResultError, ReplicaLostError, ReplicaTimeoutError, RewardModelError
 from verl_async_rm.rm.config import RMConfig
 from verl_async_rm.rm.request import RMRequest
 
@@ -22,9 +22,14 @@ class RMBatchFn:
     """``async batch_fn(items, slot) -> list`` for the executor; ``slot`` is one RM replica's actor handle.
 
     Returns one entry per item, in order: a float score, or the exception that failed that item (bad input,
-    NaN/inf score, ...). A failure of the whole call (the replica died, raised, or did not answer within
-    ``timeout_s``) is raised instead as a :class:`ReplicaError` (a :class:`SlotError`, which the executor does not
-    bisect), :class:`ReplicaTimeoutError` (also a :class:`RequestTimeoutError`) on timeout.
+    NaN/inf score, ...). A failure of the whole call is raised instead:
+
+    - the replica died: :class:`ReplicaLostError` (a ``SlotLostError``): the executor re-queues the batch on the
+      other replicas and replaces this one;
+    - the replica's ``score`` raised: :class:`RewardModelError`, which the executor may bisect to find the item;
+    - no answer within ``timeout_s``: :class:`ReplicaTimeoutError` (also a ``RequestTimeoutError``) for the batch's
+      requests; the call is left running (a synchronous actor cannot be interrupted) and its ``slot_ready`` tells
+      the executor to give the replica no new batch until it answers.
 
     Picklable (plain attributes), so it can be handed to an executor actor.
 
@@ -50,22 +55,28 @@ class RMBatchFn:
         if not items:
             return []
         ref = getattr(slot, self.method).remote(items)
+        answer = asyncio.wrap_future(ref.future())
         try:
-            results = await asyncio.wait_for(asyncio.wrap_future(ref.future()), timeout=self.timeout_s)
-        except asyncio.TimeoutError:
-            _cancel(ref)
-            raise ReplicaTimeoutError(
-                f"RM replica did not score a batch of {len(items)} within {self.timeout_s:g}s "
-                "(raise score_timeout_s, or lower the batch size / micro_batch_max_tokens)"
-            ) from None
+            done, _ = await asyncio.wait({answer}, timeout=self.timeout_s)
         except asyncio.CancelledError:
             _cancel(ref)
+            answer.cancel()
             raise
+        if not done:
+            answer.add_done_callback(_consume)
+            raise ReplicaTimeoutError(
+                f"RM replica did not score a batch of {len(items)} within score_timeout_s={self.timeout_s:g}s; it "
+                "gets no new batch until it answers. Fix: raise score_timeout_s, or lower max_batch_size / "
+                "micro_batch_max_tokens",
+                slot_ready=answer,
+            )
+        try:
+            results = answer.result()
         except ray.exceptions.RayActorError as err:
-            raise ReplicaError(f"RM replica is gone: {err}") from err
+            raise ReplicaLostError(f"RM replica is gone: {err}") from err
         except ray.exceptions.RayError as err:
             cause = getattr(err, "cause", None) or err  # RayTaskError carries the replica's own exception
-            raise ReplicaError(f"RM replica failed on a batch of {len(items)}: {cause}") from err
+            raise RewardModelError(f"RM replica failed on a batch of {len(items)}: {cause!r}") from err
         if not isinstance(results, list) or len(results) != len(items):
             got = len(results) if isinstance(results, list) else type(results).__name__
             raise BatchResultError(f"RM replica returned {got} results for {len(items)} requests")
@@ -78,6 +89,12 @@ def _entry(result: Any) -> float | Exception:
     if isinstance(result, float):
         return result
     return RewardModelError(f"RM replica returned {type(result).__name__} where a float score was expected")
+
+
+def _consume(answer: asyncio.Future) -> None:
+    """Retrieve the outcome of a call that was given up on, so asyncio does not log it as never retrieved."""
+    if not answer.cancelled() and answer.exception() is not None:
+        logger.debug("a late RM call ended with %r", answer.exception())
 
 
 def _cancel(ref: ray.ObjectRef) -> None:

@@ -1,0 +1,175 @@
+"""Slots that fail as a whole: a lost slot's requests go to the other slots, the slot is replaced (or retired), a
+late slot gets no batch until its given-up call ends, and with no slot left every waiter fails at once."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from verl_async_rm.errors import NoSlotsError, ReplicaTimeoutError, SlotLostError
+from verl_async_rm.executor import BatchPolicy, PendingRequestExecutor
+from verl_async_rm.executor.testing import run_virtual
+
+pytestmark = pytest.mark.unit
+
+HOUR_MS = 3_600_000.0
+
+
+class Replicas:
+    """A batch function over named slots; a slot in ``dead`` raises SlotLostError, in ``stuck`` hangs until freed."""
+
+    def __init__(self, delay_s: float = 0.01) -> None:
+        self.delay_s = delay_s
+        self.dead: set = set()
+        self.stuck: dict = {}  # slot -> asyncio.Event that ends its hang
+        self.calls: list[tuple[list, object]] = []
+
+    async def __call__(self, items, slot):
+        self.calls.append((list(items), slot))
+        await asyncio.sleep(self.delay_s)
+        if slot in self.stuck:
+            release = asyncio.get_running_loop().create_future()
+            self.stuck[slot] = release
+            raise ReplicaTimeoutError(f"{slot} did not answer", slot_ready=release)
+        if slot in self.dead:
+            raise SlotLostError(f"{slot} died")
+        return [f"{item}@{slot}" for item in items]
+
+    def slots_used(self) -> list:
+        return [slot for _, slot in self.calls]
+
+
+def spawn(executor, items):
+    return [asyncio.ensure_future(executor.submit(item)) for item in items]
+
+
+def test_requests_of_a_lost_slot_are_scored_on_the_other_slot_and_the_slot_is_retired():
+    async def main():
+        fn = Replicas()
+        fn.dead.add("r0")
+        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=4, max_wait_ms=HOUR_MS), slots=["r0", "r1"])
+        results = await asyncio.gather(*spawn(executor, list("abcdefgh")))
+        stats = executor.stats()
+        assert await asyncio.gather(*spawn(executor, ["i"])) == ["i@r1"]  # r0 is never used again
+        await executor.aclose()
+        return fn, results, stats
+
+    fn, results, stats = run_virtual(main)
+    assert sorted(results) == [f"{c}@r1" for c in "abcdefgh"]
+    assert fn.slots_used().count("r0") == 1  # one failed call, then retired
+    assert stats["requeued"] == 4 and stats["completed"] == 8 and stats["failed"] == 0
+    assert stats["slots_lost"] == 1 and stats["slots_lost_total"] == 1 and stats["slots_free"] == 1
+
+
+def test_a_lost_slot_is_replaced_and_takes_batches_again():
+    async def main():
+        fn = Replicas()
+        fn.dead.add("r0")
+        replaced = []
+
+        async def replace(slot, index):
+            await asyncio.sleep(5.0)  # a replica takes a while to load
+            replaced.append((slot, index))
+            return "r0-new"
+
+        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=2, max_wait_ms=HOUR_MS), slots=["r0"],
+                                          replace_slot=replace)
+        first = spawn(executor, ["a", "b"])
+        await asyncio.sleep(1.0)
+        assert not any(t.done() for t in first)  # re-queued, waiting for the replacement instead of failing
+        results = await asyncio.gather(*first)
+        stats = executor.stats()
+        await executor.aclose()
+        return replaced, results, stats
+
+    replaced, results, stats = run_virtual(main)
+    assert replaced == [("r0", 0)]
+    assert results == ["a@r0-new", "b@r0-new"]
+    assert stats["slots_replaced_total"] == 1 and stats["slots_free"] == 1 and stats["requeued"] == 2
+
+
+def test_requeues_are_bounded_then_the_request_fails_with_the_slot_error():
+    async def main():
+        fn = Replicas()
+        fn.dead.update({"r0", "r1", "r2", "r3"})
+        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=1, max_wait_ms=0, slot_retries=2),
+                                          slots=["r0", "r1", "r2", "r3"])
+        outcome = await asyncio.gather(executor.submit("a"), return_exceptions=True)
+        await executor.aclose()
+        return fn, outcome[0]
+
+    fn, outcome = run_virtual(main)
+    assert isinstance(outcome, SlotLostError)
+    assert len(fn.calls) == 3  # the first try and two re-queues, each on another slot
+    assert len(set(fn.slots_used())) == 3
+
+
+def test_with_no_slot_left_waiters_and_new_submits_fail_at_once():
+    async def main():
+        fn = Replicas()
+        fn.dead.update({"r0", "r1"})
+
+        async def cannot_replace(slot, index):
+            raise RuntimeError("no resources for a new replica")
+
+        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=2, max_wait_ms=HOUR_MS, slot_retries=5),
+                                          slots=["r0", "r1"], replace_slot=cannot_replace)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        waiting = spawn(executor, ["a", "b", "c", "d", "e"])
+        outcomes = await asyncio.gather(*waiting, return_exceptions=True)
+        elapsed = loop.time() - t0
+        with pytest.raises(NoSlotsError, match="all 2 slot"):
+            await executor.submit("late")
+        stats = executor.stats()
+        await executor.aclose()
+        return outcomes, elapsed, stats
+
+    outcomes, elapsed, stats = run_virtual(main)
+    assert all(isinstance(o, NoSlotsError) for o in outcomes)
+    assert elapsed < 1.0  # virtual seconds: nothing waited for max_wait_ms (an hour) or a deadline
+    assert stats["slots_lost"] == 2 and stats["slots_replace_failed_total"] == 2
+
+
+def test_a_late_slot_gets_no_batch_until_its_call_answers():
+    async def main():
+        fn = Replicas()
+        fn.stuck["r0"] = None
+        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=1, max_wait_ms=0), slots=["r0", "r1"])
+        first = await asyncio.gather(executor.submit("a"), return_exceptions=True)
+        late_stats = executor.stats()
+        release = fn.stuck.pop("r0")
+        during = await asyncio.gather(*spawn(executor, ["b", "c"]))
+        release.set_result(None)  # the replica finally answers its old call
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        after_stats = executor.stats()
+        fn.delay_s = 0.0
+        both = await asyncio.gather(*spawn(executor, ["d", "e", "f", "g"]))
+        await executor.aclose()
+        return first[0], late_stats, during, after_stats, both
+
+    first, late_stats, during, after_stats, both = run_virtual(main)
+    assert isinstance(first, ReplicaTimeoutError)
+    assert late_stats["slots_late"] == 1 and late_stats["slots_late_total"] == 1
+    assert all(r.endswith("@r1") for r in during)
+    assert after_stats["slots_late"] == 0 and after_stats["slots_free"] == 2
+    assert {r.split("@")[1] for r in both} == {"r0", "r1"}
+
+
+def test_a_late_call_that_ends_with_the_replica_dead_loses_the_slot():
+    async def main():
+        fn = Replicas()
+        fn.stuck["r0"] = None
+        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=1, max_wait_ms=0), slots=["r0", "r1"])
+        await asyncio.gather(executor.submit("a"), return_exceptions=True)
+        release = fn.stuck.pop("r0")
+        release.set_exception(SlotLostError("r0 died while late"))
+        await asyncio.sleep(0.1)
+        stats = executor.stats()
+        await executor.aclose()
+        return stats
+
+    stats = run_virtual(main)
+    assert stats["slots_lost"] == 1 and stats["slots_late"] == 0 and stats["slots_free"] == 1

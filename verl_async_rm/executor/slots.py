@@ -1,0 +1,169 @@
+"""``SlotTable``: which slots (RM replicas) can take a batch, and what happens when one fails as a whole.
+
+A slot is ``free`` (ready for a batch), ``busy`` (running one), ``late`` (its last call was given up on but is still
+running remotely: no new batch until it answers), ``replacing`` (lost; a replacement is being made) or ``lost``
+(gone, no replacement). The executor takes free slots oldest-freed first and reports every change through
+``on_change`` so its loop can wake up, or fail the waiting requests when no slot is left.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+__all__ = ["SlotTable", "ReplaceFn", "SLOT_STATES"]
+
+logger = logging.getLogger(__name__)
+
+#: ``async replace(slot, index) -> new slot``: start a stand-in for a lost slot; raises if it cannot.
+ReplaceFn = Callable[[Any, int], Awaitable[Any]]
+
+SLOT_STATES = ("free", "busy", "late", "replacing", "lost")
+
+
+class SlotTable:
+    """The executor's slots and their states.
+
+    Args:
+        slots: the slot objects, in order (index ``i`` is passed around, the object goes to ``batch_fn``).
+        replace: optional ``async replace(slot, index)`` returning a new slot object for a lost one.
+        on_change: called (synchronously) whenever a slot becomes free or is lost for good.
+        name: used in log lines.
+    """
+
+    def __init__(
+        self, slots: tuple[Any, ...], *, replace: ReplaceFn | None, on_change: Callable[[], None], name: str
+    ) -> None:
+        self.slots = list(slots)
+        self.state = ["free"] * len(slots)
+        self.free: deque[int] = deque(range(len(slots)))
+        self._replace = replace
+        self._on_change = on_change
+        self._name = name
+        self._tasks: set[asyncio.Task] = set()
+        self.counts = Counter(lost=0, replaced=0, replace_failed=0, late=0)
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    @property
+    def usable(self) -> int:
+        """Slots that are or will be able to take a batch (all but the ``lost`` ones)."""
+        return sum(state != "lost" for state in self.state)
+
+    def take(self) -> int:
+        """Index of the oldest free slot, now ``busy`` (there must be one)."""
+        index = self.free.popleft()
+        self.state[index] = "busy"
+        return index
+
+    def untake(self, index: int) -> None:
+        """Undo :meth:`take` (the batch could not be started)."""
+        self.state[index] = "free"
+        self.free.appendleft(index)
+
+    def release(self, index: int) -> None:
+        """The slot's batch is over and the slot is fine."""
+        self.state[index] = "free"
+        self.free.append(index)
+        self._on_change()
+
+    def hold(self, index: int, ready: Any) -> None:
+        """The slot's call was given up on but still runs: keep the slot ``late`` until ``ready`` completes.
+
+        ``ready`` ending with an exception that says the slot is gone (``SlotLostError``, or Ray's dead-actor
+        error) loses the slot instead.
+        """
+        self.state[index] = "late"
+        self.counts["late"] += 1
+        logger.warning("executor %r: slot %d keeps running a call that was given up on; it gets no batch until "
+                       "that call ends", self._name, index)
+        self._spawn(self._wait_late(index, ready), f"{self._name}-late-slot-{index}")
+
+    def lose(self, index: int, cause: BaseException) -> None:
+        """The slot is gone: replace it if a replacement function was given, else retire it."""
+        self.counts["lost"] += 1
+        if self._replace is None:
+            logger.error("executor %r: slot %d lost (%s); %d slot(s) left", self._name, index, cause, self.usable - 1)
+            self._retire(index)
+            return
+        logger.warning("executor %r: slot %d lost (%s); starting a replacement", self._name, index, cause)
+        self.state[index] = "replacing"
+        self._spawn(self._do_replace(index), f"{self._name}-replace-slot-{index}")
+
+    def summary(self) -> dict[str, int]:
+        """How many slots are in each state, and the lost / replaced / late counters."""
+        states = Counter(self.state)
+        out = {f"slots_{state}": states.get(state, 0) for state in SLOT_STATES}
+        out.update({f"slots_{key}_total": value for key, value in self.counts.items()})
+        return out
+
+    async def aclose(self) -> None:
+        """Stop waiting for late slots and replacements."""
+        tasks, self._tasks = self._tasks, set()
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=1.0)
+
+    # ------------------------------------------------------------------ internals
+
+    def _retire(self, index: int) -> None:
+        self.state[index] = "lost"
+        self._on_change()
+
+    async def _wait_late(self, index: int, ready: Any) -> None:
+        try:
+            await ready
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the late call failed: decide whether the slot survived
+            if _means_lost(exc):
+                self.lose(index, exc)
+                return
+            logger.info("executor %r: the late call on slot %d ended with %r", self._name, index, exc)
+        logger.info("executor %r: slot %d answered its late call; it takes batches again", self._name, index)
+        self.release(index)
+
+    async def _do_replace(self, index: int) -> None:
+        old = self.slots[index]
+        try:
+            new = self._replace(old, index)  # type: ignore[misc]
+            if inspect.isawaitable(new):
+                new = await new
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a failed replacement retires the slot, it must not crash us
+            self.counts["replace_failed"] += 1
+            logger.error("executor %r: could not replace slot %d: %s; %d slot(s) left", self._name, index, exc,
+                         self.usable - 1)
+            self._retire(index)
+            return
+        self.slots[index] = new
+        self.counts["replaced"] += 1
+        logger.warning("executor %r: slot %d replaced", self._name, index)
+        self.release(index)
+
+    def _spawn(self, coro: Awaitable[None], name: str) -> None:
+        task = asyncio.ensure_future(coro)
+        task.set_name(name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+
+    def _task_done(self, task: asyncio.Task) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("executor %r: slot task %s failed", self._name, task.get_name(), exc_info=task.exception())
+
+
+def _means_lost(exc: BaseException) -> bool:
+    """Whether the failure of a late call means its slot is gone (a lost-slot error, or Ray's dead-actor error)."""
+    from verl_async_rm.errors import SlotLostError
+
+    if isinstance(exc, SlotLostError):
+        return True
+    return any(cls.__name__ in ("RayActorError", "ActorDiedError") for cls in type(exc).__mro__)

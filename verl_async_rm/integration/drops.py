@@ -1,0 +1,61 @@
+"""``on_error='drop'`` for the v0 trainer: exclude the trajectories whose RM score failed from a generated batch.
+
+The reward manager marks such a trajectory (``rm_dropped=1``, ``rm_error``, a NaN reward at its last token).
+:func:`apply_drops` then, on the whole batch returned by ``generate_sequences``:
+
+- fails the step with :class:`TrajectoryDroppedError` if more than ``drop_budget`` of it was dropped;
+- zeroes the dropped trajectory's ``response_mask``: verl leaves fully masked sequences out of the policy loss
+  (``trainer/ppo/core_algos.py:1183``), so it trains nothing;
+- replaces its NaN reward by the mean reward of the scored trajectories of its group (same ``uid``; the whole batch
+  without uids), so the group's mean, which GRPO-style advantages subtract, does not move. A group with no scored
+  trajectory left is masked out entirely and gets 0.0, which then reaches no loss.
+
+No reward of a dropped trajectory is ever a silent 0.0 standing in for a score.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+
+from verl_async_rm.errors import TrajectoryDroppedError
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["apply_drops"]
+
+
+def apply_drops(output: Any, drop_budget: float) -> int:
+    """Exclude the dropped trajectories of ``output`` (a verl ``DataProto``) in place; returns how many there were.
+
+    Raises:
+        TrajectoryDroppedError: more than ``drop_budget`` (a fraction) of the batch was dropped.
+    """
+    ntb = output.non_tensor_batch
+    if "rm_dropped" not in ntb:
+        return 0
+    dropped = np.asarray(ntb["rm_dropped"], dtype=np.float64) > 0.5
+    total, count = len(dropped), int(dropped.sum())
+    if not count:
+        return 0
+    if count > drop_budget * total:
+        errors = [str(e) for e in np.asarray(ntb.get("rm_error", []), dtype=object)[dropped][:3]]
+        raise TrajectoryDroppedError(
+            f"{count} of {total} trajectories of this step got no RM score, more than async_rm.drop_budget="
+            f"{drop_budget:g} allows; first errors: {errors}. Fix: find why the RM fails (these errors, the RM "
+            "replicas' logs), or raise async_rm.drop_budget"
+        )
+    scores = output.batch["rm_scores"]
+    totals = torch.nan_to_num(scores.float(), nan=0.0).sum(dim=-1)
+    uids = ntb.get("uid")
+    for i in np.flatnonzero(dropped):
+        mates = [j for j in range(total) if not dropped[j] and (uids is None or uids[j] == uids[i])]
+        fill = float(totals[mates].mean()) if mates else 0.0
+        row = scores[i]
+        row[torch.isnan(row)] = fill  # the NaN the reward manager put at the last response token
+        output.batch["response_mask"][i] = 0
+    logger.warning("verl_async_rm: %d of %d trajectories dropped (no RM score); excluded from the loss", count, total)
+    return count
