@@ -13,7 +13,7 @@ import pytest
 import torch
 from rm_cases import ANSWERS, QUESTIONS, direct_score, hf_model, make_batch, make_request
 
-from verl_async_rm.errors import NonFiniteScoreError, RewardInputError
+from verl_async_rm.errors import NonFiniteScoreError, RewardInputError, RewardModelError
 from verl_async_rm.rm.config import RMConfig
 from verl_async_rm.rm.request import RMRequest
 from verl_async_rm.rm.scorer import RewardModelScorer, last_token_logits, reduce_outputs
@@ -175,3 +175,20 @@ def test_score_extraction_helpers():
     assert reduce_outputs(logits, "index", 1).tolist() == [3.0, 6.0]
     assert reduce_outputs(logits, "sum", 0).tolist() == [4.0, 8.0]
     assert reduce_outputs(logits, "min", 0).tolist() == [1.0, 2.0]
+
+
+def test_a_row_that_makes_the_forward_raise_fails_alone(scorer, tiny_models, requests_):
+    """A token id outside the RM's vocabulary makes the embedding raise: the micro-batch is split until that row is
+    isolated, and every other row still gets its own score."""
+    model = hf_model(tiny_models.rm)
+    rows = [r.prompt_ids + r.response_ids for r in requests_]
+    assert len(rows) >= 3
+    vocab = scorer.model.get_input_embeddings().num_embeddings
+    poisoned = list(rows)
+    poisoned[2] = rows[2][:-1] + [vocab + 7]
+    with pytest.raises(IndexError):  # the poison really makes the model raise
+        scorer.forward_ids([poisoned[2]])
+    out = scorer._forward_safely(poisoned)
+    assert isinstance(out[2], RewardModelError) and "index" in str(out[2]).lower()
+    kept = [i for i in range(len(rows)) if i != 2]
+    assert [out[i] for i in kept] == pytest.approx([direct_score(model, rows[i]) for i in kept], abs=ATOL, rel=RTOL)

@@ -160,17 +160,25 @@ async def submit_with_timeout(
         raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
     server_deadline = timeout_s if deadline_s is None else min(deadline_s, timeout_s)
     ref = actor.submit.remote(item, num_tokens=num_tokens, deadline_s=server_deadline)
+    # Not asyncio.wait_for: the request's own RequestTimeoutError is a TimeoutError too (asyncio.TimeoutError is
+    # TimeoutError since Python 3.11) and must reach the caller as it is, not as "the actor did not answer".
+    answer = asyncio.ensure_future(_await(ref))
     try:
-        return await asyncio.wait_for(_await(ref), timeout_s + transport_grace_s)
-    except asyncio.TimeoutError:
-        try:
-            ray.cancel(ref)
-        except Exception as exc:  # noqa: BLE001 - best effort: the actor may be gone
-            logger.debug("could not cancel a timed-out submit: %r", exc)
-        raise RequestTimeoutError(
-            f"the executor actor did not answer within {timeout_s + transport_grace_s:g} s "
-            f"(timeout_s={timeout_s:g} + transport_grace_s={transport_grace_s:g}); is it alive?"
-        ) from None
+        done, _ = await asyncio.wait({answer}, timeout=timeout_s + transport_grace_s)
+    except asyncio.CancelledError:
+        answer.cancel()
+        raise
+    if done:
+        return answer.result()
+    answer.cancel()
+    try:
+        ray.cancel(ref)
+    except Exception as exc:  # noqa: BLE001 - best effort: the actor may be gone
+        logger.debug("could not cancel a timed-out submit: %r", exc)
+    raise RequestTimeoutError(
+        f"the executor actor did not answer within {timeout_s + transport_grace_s:g} s "
+        f"(timeout_s={timeout_s:g} + transport_grace_s={transport_grace_s:g}); is it alive?"
+    )
 
 
 async def _await(ref: Any) -> Any:

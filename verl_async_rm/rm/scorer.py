@@ -264,8 +264,12 @@ class RewardModelScorer:
         except RewardModelError as err:
             return [err] * len(batch)
         except Exception as err:
-            logger.exception("RM forward failed on a micro-batch of %d rows", len(batch))
-            return [RewardModelError(f"RM forward failed: {err!r}") for _ in batch]
+            if len(batch) > 1:  # isolate the row(s) that make the forward raise; the others still get scores
+                half = len(batch) // 2
+                logger.warning("RM forward failed on %d rows (%r); retrying in halves", len(batch), err)
+                return self._forward_safely(batch[:half]) + self._forward_safely(batch[half:])
+            logger.exception("RM forward failed on a %d-token input", len(batch[0]))
+            return [RewardModelError(f"RM forward failed: {err!r}")]
 
     def _capture(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         self._captured = output if isinstance(output, torch.Tensor) else None

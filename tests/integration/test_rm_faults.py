@@ -1,0 +1,172 @@
+"""Faults of the RM replicas under the executor actor, on a local Ray cluster with the tiny RM on CPU.
+
+- a replica dies while trajectories wait for it: its batch goes to the other replica, every trajectory is scored
+  (equal to a direct HF forward), and a new replica is started in the dead one's bundle and takes batches;
+- every replica dies and none can be replaced: every waiting trajectory fails with NoSlotsError at once;
+- a replica does not answer within score_timeout_s: its trajectories fail with ReplicaTimeoutError on time, and the
+  replica gets no new batch until its call has answered.
+
+Each test builds its own 2-replica group (it kills replicas). Waits are bounded (hang detectors, not speed checks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import ray
+from rm_cases import ANSWERS, QUESTIONS, direct_score, hf_model, make_request
+
+from verl_async_rm.errors import NoSlotsError, ReplicaTimeoutError
+from verl_async_rm.executor import BatchPolicy, create_executor_actor, submit_with_timeout
+from verl_async_rm.rm import RMBatchFn, RMConfig, ReplicaFactory, create_rm_worker_group, shutdown_rm_worker_group
+
+pytestmark = pytest.mark.integration
+
+ATOL = RTOL = 1e-4
+HANG_S = 180.0  # hang detector for one wait; a replica loads in ~10 s here
+
+
+@pytest.fixture
+def rm_group(ray_local, tiny_models):
+    cfg = RMConfig(
+        model_path=str(tiny_models.rm),
+        policy_tokenizer_path=str(tiny_models.policy),
+        use_gpu=False,
+        n_gpus_per_node=2,
+        nnodes=1,
+        placement_timeout_s=60,
+        init_timeout_s=120,
+    )
+    wg = create_rm_worker_group(cfg)
+    yield wg, cfg
+    shutdown_rm_worker_group(wg)
+
+
+def requests(policy_tok, n: int, tag: str):
+    pairs = [(q, a) for q in QUESTIONS for a in ANSWERS]
+    return [make_request(policy_tok, *pairs[i % len(pairs)], uid=f"{tag}{i}") for i in range(n)]
+
+
+def executor_for(wg, cfg, policy: BatchPolicy, *, replace: bool, batch_fn=None):
+    executor = create_executor_actor(
+        batch_fn or RMBatchFn.from_config(cfg), policy, list(wg.workers),
+        replace_slot=ReplicaFactory(cfg, wg) if replace else None,
+    )
+    ray.get(executor.ping.remote(), timeout=60)
+    return executor
+
+
+async def kill_and_wait(replica) -> None:
+    """ray.kill, then wait until calls to the replica fail (the actor is really gone)."""
+    ray.kill(replica, no_restart=True)
+    for _ in range(600):
+        try:
+            await asyncio.wait_for(replica.describe.remote(), 5.0)
+        except (ray.exceptions.RayActorError, asyncio.TimeoutError):
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError("the killed replica still answers")
+
+
+async def wait_stats(executor, predicate, what: str) -> dict:
+    deadline = time.monotonic() + HANG_S
+    while time.monotonic() < deadline:
+        stats = await executor.stats.remote()
+        if predicate(stats):
+            return stats
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"executor never reached: {what}; last stats {stats}")
+
+
+def expected_scores(tiny_models, reqs):
+    model = hf_model(tiny_models.rm)
+    return [direct_score(model, r.prompt_ids + r.response_ids) for r in reqs]
+
+
+def test_a_replica_dying_under_its_batch_loses_no_trajectory_and_is_replaced(rm_group, tiny_models, policy_tok):
+    wg, cfg = rm_group
+    first, second = requests(policy_tok, 16, "a"), requests(policy_tok, 16, "b")
+    # 16 per batch and an hour of max_wait: the first 12 wait; the 4 others make the batch, which goes to replica 0
+    executor = executor_for(wg, cfg, BatchPolicy(max_batch_size=16, max_wait_ms=3_600_000), replace=True)
+
+    async def main():
+        waiting = [asyncio.ensure_future(submit_with_timeout(executor, r, timeout_s=HANG_S)) for r in first[:12]]
+        await wait_stats(executor, lambda s: s["queue_len"] == 12, "12 queued")
+        await kill_and_wait(wg.workers[0])  # dies while its trajectories wait for it
+        waiting += [asyncio.ensure_future(submit_with_timeout(executor, r, timeout_s=HANG_S)) for r in first[12:]]
+        scores = await asyncio.gather(*waiting)
+        after_loss = await executor.stats.remote()
+        replaced = await wait_stats(executor, lambda s: s["slots_replaced_total"] == 1, "replica 0 replaced")
+        slots = await executor.slots.remote()
+        info = await asyncio.wait_for(slots[0].describe.remote(), 60)
+        again = await asyncio.gather(*(submit_with_timeout(executor, r, timeout_s=HANG_S) for r in second))
+        final = await executor.stats.remote()
+        return scores, after_loss, replaced, info, again, final
+
+    try:
+        scores, after_loss, replaced, info, again, final = asyncio.run(main())
+    finally:
+        ray.kill(executor)
+    assert scores == pytest.approx(expected_scores(tiny_models, first), abs=ATOL, rel=RTOL)
+    assert after_loss["completed"] == 16 and after_loss["failed"] == 0
+    assert after_loss["requeued"] == 16 and after_loss["slots_lost_total"] == 1
+    assert replaced["slots_free"] == 2 and replaced["slots_lost"] == 0
+    assert info["model_path"] == cfg.model_path
+    assert again == pytest.approx(expected_scores(tiny_models, second), abs=ATOL, rel=RTOL)
+    assert final["completed"] == 32 and final["failed"] == 0
+
+
+def test_with_every_replica_dead_and_none_replaceable_waiters_fail_at_once(rm_group, policy_tok):
+    wg, cfg = rm_group
+    executor = executor_for(wg, cfg, BatchPolicy(max_batch_size=4, max_wait_ms=3_600_000), replace=False)
+    reqs = requests(policy_tok, 6, "c")
+
+    async def main():
+        waiting = [asyncio.ensure_future(submit_with_timeout(executor, r, timeout_s=HANG_S)) for r in reqs[:3]]
+        await wait_stats(executor, lambda s: s["queue_len"] == 3, "3 queued")
+        for worker in wg.workers:
+            await kill_and_wait(worker)
+        t0 = time.monotonic()
+        waiting += [asyncio.ensure_future(submit_with_timeout(executor, r, timeout_s=HANG_S)) for r in reqs[3:]]
+        outcomes = await asyncio.gather(*waiting, return_exceptions=True)
+        elapsed = time.monotonic() - t0
+        late = await asyncio.gather(submit_with_timeout(executor, reqs[0], timeout_s=HANG_S), return_exceptions=True)
+        return outcomes, elapsed, late[0], await executor.stats.remote()
+
+    try:
+        outcomes, elapsed, late, stats = asyncio.run(main())
+    finally:
+        ray.kill(executor)
+    assert all(isinstance(o, NoSlotsError) for o in outcomes), outcomes
+    assert "all 2 slot(s)" in str(outcomes[0])
+    assert elapsed < HANG_S / 4  # long before any deadline: they did not wait for one
+    assert isinstance(late, NoSlotsError)
+    assert stats["slots_lost"] == 2 and stats["completed"] == 0
+
+
+def test_a_replica_past_score_timeout_fails_its_batch_on_time_and_is_not_reused_until_it_answers(
+    rm_group, tiny_models, policy_tok
+):
+    wg, cfg = rm_group
+    # A timeout no real call can meet: every batch times out, and each replica stays late until its call ends.
+    executor = executor_for(wg, cfg, BatchPolicy(max_batch_size=4, max_wait_ms=0), replace=False,
+                            batch_fn=RMBatchFn(timeout_s=1e-4))
+    reqs = requests(policy_tok, 4, "d")
+
+    async def main():
+        outcomes = await asyncio.gather(
+            *(submit_with_timeout(executor, r, timeout_s=HANG_S) for r in reqs), return_exceptions=True
+        )
+        return outcomes, await executor.stats.remote()
+
+    try:
+        outcomes, stats = asyncio.run(main())
+        assert all(isinstance(o, ReplicaTimeoutError) for o in outcomes), outcomes
+        assert stats["timed_out"] == 4 and stats["slots_late_total"] == stats["batches"] >= 1
+        # the replicas' calls end (the RM is fast): they take batches again; nothing was lost
+        settled = asyncio.run(wait_stats(executor, lambda s: s["slots_free"] == 2, "late replicas back"))
+    finally:
+        ray.kill(executor)
+    assert settled["slots_lost"] == 0 and settled["slots_late"] == 0
