@@ -12,7 +12,8 @@ through it, and validates:
 
 A misspelt key cannot pass: Hydra refuses to override a key verl does not declare, ``+`` (add a key) is allowed only
 for the plugin's own keys, whose names the plugin checks, and the mutation tests below prove each path fails.
-Model and data paths need not exist here: nothing checks them before the RM replicas load (on the cluster).
+The default model and data paths do not exist here, which the checks allow (the RM replicas check their paths when
+they load, on the cluster); one test also points the recipes at tiny local checkpoints instead.
 """
 
 from __future__ import annotations
@@ -221,12 +222,16 @@ def test_recipe_composes_and_passes_verl_and_plugin_checks(recipe, trainer):
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
-def test_paths_come_from_the_environment(recipe):
-    argv = dry_run(recipe, POLICY_PATH="/shared/policy", RM_PATH="/shared/rm", DATA_DIR="/shared/gsm8k")
+def test_paths_come_from_the_environment(recipe, tiny_models, tmp_path):
+    """POLICY_PATH / RM_PATH / DATA_DIR replace the defaults. They point at real local checkpoints here (the tiny
+    Qwen2 policy and the tiny Llama sequence-classification RM with its own chat template, like the recipes' pair), so
+    any check that reads a checkpoint found on this machine runs on a real one."""
+    policy, rm = str(tiny_models.policy), str(tiny_models.rm_alt)
+    argv = dry_run(recipe, POLICY_PATH=policy, RM_PATH=rm, DATA_DIR=str(tmp_path))
     config, settings = validate(argv)
-    assert config.actor_rollout_ref.model.path == "/shared/policy"
-    assert (settings.rm.model_path, settings.rm.policy_tokenizer_path) == ("/shared/rm", "/shared/policy")
-    assert config.data.train_files == "/shared/gsm8k/train.parquet"
+    assert config.actor_rollout_ref.model.path == policy
+    assert (settings.rm.model_path, settings.rm.policy_tokenizer_path) == (rm, policy)
+    assert config.data.train_files == f"{tmp_path}/train.parquet"
 
 
 def test_the_legacy_recipe_needs_the_entry_module():
