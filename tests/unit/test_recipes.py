@@ -1,0 +1,338 @@
+"""Every recipe in ``recipes/`` composes against the installed verl's config and passes verl's and the plugin's checks.
+
+No GPU, no Ray. Each recipe is run with ``VERL_ASYNC_RM_RECIPE_DRY_RUN=1``: bash expands it as it would for a real launch
+and prints the exact command (NUL-separated) instead of running it. The test then composes exactly those overrides
+with Hydra against verl's own ``ppo_trainer`` config (the config ``verl.trainer.main_ppo`` and
+``verl_async_rm.main_ppo`` load), migrates legacy keys as ``verl_async_rm.main_ppo`` does when the recipe launches
+through it, and validates:
+
+- verl's own ``validate_config`` (batch sizes against the policy GPUs, micro batches, ...), as verl's ``main`` runs it;
+- the plugin's ``check_verl_config``, ``AsyncRMConfig.from_verl`` and the RM pool it would reserve (the real pool
+  sizes, e.g. 6 + 2 GPUs on one node, 2 x (6 + 2) on two nodes), and the manager class verl would load.
+
+A misspelt key cannot pass: Hydra refuses to override a key verl does not declare, ``+`` (add a key) is allowed only
+for the plugin's own keys, whose names the plugin checks, and the mutation tests below prove each path fails.
+The default model and data paths do not exist here, which the checks allow (the RM replicas check their paths when
+they load, on the cluster); one test also points the recipes at tiny local checkpoints instead.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from verl_async_rm.config import AsyncRMConfig
+from verl_async_rm.integration.checks import ENTRY_MODULE, check_verl_config, legacy_keys_set
+from verl_async_rm.main_ppo import migrate_legacy_keys
+from verl_async_rm.testing.config import verl_config_dir
+
+pytestmark = [
+    pytest.mark.unit,
+    # verl's validate_config warns that GRPO needs no critic
+    pytest.mark.filterwarnings("ignore:Disabled critic as algorithm.adv_estimator:UserWarning"),
+]
+
+RECIPES_DIR = Path(__file__).resolve().parents[2] / "recipes"
+DRY_RUN_ENV = "VERL_ASYNC_RM_RECIPE_DRY_RUN"
+VERL_ENTRY = "verl.trainer.main_ppo"
+MANAGER_KEY = "actor_rollout_ref.rollout.agent.agent_loop_manager_class"
+GPUS_PER_NODE = 8
+#: Stands in for $HOME in the dry runs, so the default paths are known.
+HOME = "/home/recipe-user"
+POLICY_HUB_ID = "Qwen/Qwen2.5-3B-Instruct"
+RM_HUB_ID = "Skywork/Skywork-Reward-Llama-3.1-8B-v0.2"
+DEFAULT_POLICY = f"{HOME}/models/Qwen2.5-3B-Instruct"
+DEFAULT_RM = f"{HOME}/models/Skywork-Reward-Llama-3.1-8B-v0.2"
+DEFAULT_DATA = f"{HOME}/data/gsm8k"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What a recipe promises in its header: entry module, pools, reward weights."""
+
+    entry: str
+    nnodes: int
+    policy_gpus_per_node: int
+    rm_gpus_per_node: int
+    rm_nnodes: int
+    rm_weight: float
+    rule_weight: float
+
+
+RECIPES: dict[str, Layout] = {
+    "grpo_gsm8k_1node.sh": Layout(VERL_ENTRY, 1, 6, 2, 1, rm_weight=1.0, rule_weight=0.0),
+    "grpo_gsm8k_2nodes.sh": Layout(VERL_ENTRY, 2, 6, 2, 2, rm_weight=1.0, rule_weight=0.0),
+    "grpo_gsm8k_legacy_keys.sh": Layout(ENTRY_MODULE, 1, 6, 2, 1, rm_weight=1.0, rule_weight=0.0),
+    "grpo_gsm8k_rm_plus_rule.sh": Layout(VERL_ENTRY, 1, 6, 2, 1, rm_weight=0.1, rule_weight=1.0),
+}
+
+
+def dry_run(recipe: str, *args: str, **env: str) -> list[str]:
+    """The command the recipe would exec, as bash expands it (argv list)."""
+    bash = shutil.which("bash")
+    assert bash is not None, "bash is needed to expand the recipes"
+    base = {k: v for k, v in os.environ.items() if k not in ("POLICY_PATH", "RM_PATH", "DATA_DIR")}
+    proc = subprocess.run(
+        [bash, str(RECIPES_DIR / recipe), *args],
+        check=False,
+        env={**base, "HOME": HOME, DRY_RUN_ENV: "1", **env},
+        capture_output=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()
+    out = proc.stdout.decode()
+    assert out.endswith("\0"), f"{recipe}: the dry run must print the command NUL-separated, got {out[-200:]!r}"
+    return out[:-1].split("\0")
+
+
+def split_command(argv: list[str]) -> tuple[str, list[str]]:
+    """``python3 -m <module> <overrides...>`` -> (module, overrides)."""
+    assert argv[:2] == ["python3", "-m"], f"a recipe launches `python3 -m <module> ...`, got {argv[:3]}"
+    return argv[2], argv[3:]
+
+
+def compose(overrides: list[str]):
+    """verl's ``ppo_trainer`` config with ``overrides`` applied, as ``@hydra.main`` composes it."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=verl_config_dir(), version_base=None):
+            return hydra_compose(config_name="ppo_trainer", overrides=overrides)
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def override_key(override: str) -> str:
+    return override.split("=", 1)[0]
+
+
+def check_added_keys(overrides: list[str]) -> None:
+    """``+key=value`` adds a key Hydra cannot check, so it is allowed only for the plugin's keys, checked by name
+    (the manager class by loading it, ``async_rm.*`` by ``AsyncRMConfig.from_verl``)."""
+    for override in overrides:
+        key = override_key(override)
+        if key.startswith("+"):
+            name = key.lstrip("+")
+            if name != MANAGER_KEY and not name.startswith("async_rm."):
+                raise ValueError(f"{override}: '+' adds a key verl does not declare; only {MANAGER_KEY} and async_rm.*")
+
+
+def validate(argv: list[str]):
+    """Everything a launch of ``argv`` would check before touching a GPU. Returns (config, AsyncRMConfig)."""
+    from omegaconf import OmegaConf
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import validate_config
+    from verl.utils.import_utils import load_class_from_fqn
+
+    import verl_async_rm
+
+    entry, overrides = split_command(argv)
+    check_added_keys(overrides)
+    config = compose(overrides)  # raises on a key verl does not declare
+    if legacy_keys_set(config) and entry != ENTRY_MODULE:
+        # verl's main_ppo would ignore them: only the package's entry module migrates them
+        raise ValueError(f"legacy keys {legacy_keys_set(config)} need `python3 -m {ENTRY_MODULE}`, not {entry}")
+    if entry == ENTRY_MODULE:
+        config = migrate_legacy_keys(config)  # what verl_async_rm.main_ppo.main does first
+    elif entry != VERL_ENTRY:
+        raise ValueError(f"unknown entry module {entry}")
+    check_verl_config(config)
+    settings = AsyncRMConfig.from_verl(config)
+    # what verl's main runs (verl/trainer/main_ppo.py main) before it starts Ray
+    validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
+    # what verl's task runner does with the manager key (trainer/main_ppo.py, ray_trainer.py)
+    fqn = OmegaConf.select(config, MANAGER_KEY, default=None)
+    if not fqn:
+        raise ValueError(f"no agent-loop manager: set +{MANAGER_KEY}=verl_async_rm.AsyncRMAgentLoopManager")
+    manager = load_class_from_fqn(fqn, "AgentLoopManager")
+    if manager is not verl_async_rm.AsyncRMAgentLoopManager:
+        raise ValueError(f"{MANAGER_KEY} loads {manager}, not verl_async_rm.AsyncRMAgentLoopManager")
+    return config, settings
+
+
+def test_the_table_lists_every_recipe():
+    """A new recipe must declare its layout here, so it cannot go unchecked."""
+    assert sorted(p.name for p in RECIPES_DIR.glob("*.sh")) == sorted(RECIPES)
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_header_names_prerequisites_models_and_the_launch_command(recipe):
+    text = (RECIPES_DIR / recipe).read_text()
+    assert text.startswith("#!/usr/bin/env bash\n")
+    header = text.split("\nset -euo pipefail", 1)[0]
+    for section in ("Prerequisites", "GPUs", "Install", "Models", "Data", "Launch"):
+        assert re.search(rf"^#\s+{section}\b", header, re.MULTILINE), f"{recipe}: header has no {section!r} entry"
+    assert f"bash recipes/{recipe}" in header
+    assert POLICY_HUB_ID in header and RM_HUB_ID in header
+    assert "ForSequenceClassification" in header
+    assert "examples/data_preprocess/gsm8k.py" in header
+    assert f"{RECIPES[recipe].nnodes} node{'s' if RECIPES[recipe].nnodes > 1 else ''} x {GPUS_PER_NODE} GPUs" in header
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_recipe_is_valid_bash_and_launches_its_entry_module(recipe):
+    subprocess.run(["bash", "-n", str(RECIPES_DIR / recipe)], check=True, timeout=30)
+    entry, overrides = split_command(dry_run(recipe))
+    assert entry == RECIPES[recipe].entry
+    assert len(overrides) == len(set(map(override_key, overrides))), "a key is set twice"
+
+
+@pytest.mark.parametrize("trainer", ["v1", "v0"])
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_recipe_composes_and_passes_verl_and_plugin_checks(recipe, trainer):
+    layout = RECIPES[recipe]
+    extra = [] if trainer == "v1" else ["trainer.use_v1=False"]  # extra arguments go through "$@", last
+    argv = dry_run(recipe, *extra)
+    assert argv[len(argv) - len(extra) :] == extra
+
+    config, settings = validate(argv)
+
+    assert config.trainer.use_v1 is (trainer == "v1")
+    assert config.algorithm.adv_estimator == "grpo"
+    assert config.actor_rollout_ref.rollout.n > 1  # GRPO needs a group per prompt
+    assert config.data.train_files == f"{DEFAULT_DATA}/train.parquet"
+    assert config.data.val_files == f"{DEFAULT_DATA}/test.parquet"
+    assert config.data.return_raw_chat is True  # the RM re-renders raw_prompt + response with its own template
+    assert config.actor_rollout_ref.model.path == DEFAULT_POLICY
+    # the pools: the policy's and the RM's GPUs fill each 8-GPU node exactly
+    assert (config.trainer.nnodes, config.trainer.n_gpus_per_node) == (layout.nnodes, layout.policy_gpus_per_node)
+    rm = settings.rm
+    assert (rm.nnodes, rm.n_gpus_per_node) == (layout.rm_nnodes, layout.rm_gpus_per_node)
+    assert rm.num_replicas == layout.rm_nnodes * layout.rm_gpus_per_node
+    assert rm.nnodes <= config.trainer.nnodes
+    assert config.trainer.n_gpus_per_node + rm.n_gpus_per_node == GPUS_PER_NODE
+    assert config.reward.reward_model.enable is False and config.reward.reward_model.enable_resource_pool is True
+    assert rm.use_gpu is True
+    # the RM replicas load both from local directories on the cluster (not Hub ids)
+    assert rm.model_path == DEFAULT_RM
+    assert rm.policy_tokenizer_path == DEFAULT_POLICY
+    assert os.path.isabs(rm.model_path) and os.path.isabs(rm.policy_tokenizer_path)
+    assert rm.retemplate == "auto"  # Llama-3 RM, Qwen policy: re-rendered
+    assert (settings.mix.rm_weight, settings.mix.rule_weight) == (layout.rm_weight, layout.rule_weight)
+    assert settings.mix.combine_fn is None
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_paths_come_from_the_environment(recipe, tiny_models, tmp_path):
+    """POLICY_PATH / RM_PATH / DATA_DIR replace the defaults. They point at real local checkpoints here (the tiny
+    Qwen2 policy and the tiny Llama sequence-classification RM with its own chat template, like the recipes' pair), so
+    any check that reads a checkpoint found on this machine runs on a real one."""
+    policy, rm = str(tiny_models.policy), str(tiny_models.rm_alt)
+    argv = dry_run(recipe, POLICY_PATH=policy, RM_PATH=rm, DATA_DIR=str(tmp_path))
+    config, settings = validate(argv)
+    assert config.actor_rollout_ref.model.path == policy
+    assert (settings.rm.model_path, settings.rm.policy_tokenizer_path) == (rm, policy)
+    assert config.data.train_files == f"{tmp_path}/train.parquet"
+
+
+def test_the_legacy_recipe_needs_the_entry_module():
+    """Launched with verl's own main_ppo, the same overrides would run without the reward pool: refused."""
+    entry, overrides = split_command(dry_run("grpo_gsm8k_legacy_keys.sh"))
+    assert entry == ENTRY_MODULE
+    raw = compose(overrides)
+    assert set(legacy_keys_set(raw)) >= {
+        "reward_model.enable_resource_pool",
+        "reward_model.n_gpus_per_node",
+        "reward_model.nnodes",
+        "reward_model.model.path",
+        "reward_model.reward_manager",
+    }
+    assert raw.reward.reward_model.enable_resource_pool is False  # verl's default: nothing moved yet
+    with pytest.raises(ValueError, match="legacy keys"):
+        check_verl_config(raw)
+    with pytest.raises(ValueError, match="need `python3 -m verl_async_rm.main_ppo`"):
+        validate(["python3", "-m", VERL_ENTRY, *overrides])
+    # migrated, it is the same run as the recipe written with reward.* keys
+    legacy_config, _ = validate(["python3", "-m", entry, *overrides])
+    new_config, _ = validate(dry_run("grpo_gsm8k_1node.sh"))
+    from omegaconf import OmegaConf
+
+    assert OmegaConf.to_container(legacy_config.reward) == OmegaConf.to_container(new_config.reward)
+
+
+def test_the_rule_of_the_rm_plus_rule_recipe_is_verls_gsm8k_rule():
+    """rule_weight > 0 with no custom_reward_function: verl's default_compute_score for the data source that verl's
+    GSM8K preprocessing writes ("openai/gsm8k") scores 1.0 for the right number after '####' and 0.0 otherwise."""
+    from verl.trainer.ppo.reward import get_custom_reward_fn
+    from verl.utils.reward_score import default_compute_score
+
+    config, settings = validate(dry_run("grpo_gsm8k_rm_plus_rule.sh"))
+    assert settings.mix.rule_weight > 0 and settings.mix.rm_weight > 0
+    assert get_custom_reward_fn(config) is None
+    assert default_compute_score("openai/gsm8k", "6 * 12 = 72.\n#### 72", "72") == 1.0
+    assert default_compute_score("openai/gsm8k", "6 * 12 = 70.\n#### 70", "72") == 0.0
+    assert settings.mix.combine(rm_score=2.0, rule_score=1.0) == pytest.approx(0.1 * 2.0 + 1.0)
+
+
+def _misspell(override: str) -> str:
+    key, value = override.split("=", 1)
+    return f"{key}x={value}"
+
+
+def _drop(override: str) -> None:
+    return None
+
+
+UNKNOWN_KEY = "Could not override"
+# (recipe, the override to break, how, the error it must raise): every way a mistake could hide is refused
+MUTATIONS = [
+    ("grpo_gsm8k_1node.sh", "data.train_batch_size=", _misspell, UNKNOWN_KEY),
+    ("grpo_gsm8k_1node.sh", "reward.reward_model.n_gpus_per_node=", _misspell, UNKNOWN_KEY),
+    ("grpo_gsm8k_1node.sh", "reward.reward_model.enable_resource_pool=", _misspell, UNKNOWN_KEY),
+    ("grpo_gsm8k_1node.sh", "reward.reward_model.enable_resource_pool=", _drop, "enable_resource_pool=False"),
+    ("grpo_gsm8k_1node.sh", f"+{MANAGER_KEY}=", _misspell, "adds a key verl does not declare"),
+    ("grpo_gsm8k_1node.sh", f"+{MANAGER_KEY}=", _drop, "no agent-loop manager"),
+    ("grpo_gsm8k_1node.sh", f"+{MANAGER_KEY}=", lambda o: o + "X", "AsyncRMAgentLoopManagerX"),
+    ("grpo_gsm8k_1node.sh", "+async_rm.max_wait_ms=", _misspell, "unknown key async_rm.max_wait_msx"),
+    ("grpo_gsm8k_1node.sh", "+async_rm.max_wait_ms=", lambda o: "+async_rm.max_wait_ms=-1", "max_wait_ms"),
+    ("grpo_gsm8k_1node.sh", "reward.reward_manager.name=", lambda o: o + "x", "reward.reward_manager.name='async_rmx'"),
+    # 241 prompts x 5 samples do not split over 6 policy GPUs: verl's own validate_config refuses it
+    ("grpo_gsm8k_1node.sh", "data.train_batch_size=", lambda o: "data.train_batch_size=241", "divisible"),
+    ("grpo_gsm8k_2nodes.sh", "reward.reward_model.nnodes=", _misspell, UNKNOWN_KEY),
+    ("grpo_gsm8k_legacy_keys.sh", "reward_model.n_gpus_per_node=", _misspell, UNKNOWN_KEY),
+    ("grpo_gsm8k_legacy_keys.sh", "reward_model.model.path=", _misspell, UNKNOWN_KEY),
+    ("grpo_gsm8k_rm_plus_rule.sh", "+async_rm.rule_weight=", _misspell, "unknown key async_rm.rule_weightx"),
+]
+
+
+@pytest.mark.parametrize(
+    ("recipe", "prefix", "mutate", "error"),
+    MUTATIONS,
+    ids=[f"{r[:-3]}:{p.strip('+=')}:{e[:24]}" for r, p, _, e in MUTATIONS],
+)
+def test_a_broken_override_is_refused(recipe, prefix, mutate, error):
+    from hydra.errors import HydraException
+
+    argv = dry_run(recipe)
+    hits = [i for i, arg in enumerate(argv) if arg.startswith(prefix)]
+    assert len(hits) == 1, f"{recipe} has no single {prefix!r} override"
+    broken = mutate(argv[hits[0]])
+    argv[hits[0] : hits[0] + 1] = [] if broken is None else [broken]
+    with pytest.raises((HydraException, ValueError, AssertionError, AttributeError), match=re.escape(error)):
+        validate(argv)
+
+
+@pytest.mark.parametrize("recipe", sorted(RECIPES))
+def test_every_key_without_plus_is_declared_by_verl(recipe):
+    """Hydra refuses unknown keys without '+': shown directly for every key a recipe sets (no compose needed)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    defaults = compose([])
+
+    def declared(key: str) -> bool:  # by the parent's keys: a mandatory '???' value has no value to select
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(defaults, parent, default=None) if parent else defaults
+        return isinstance(node, DictConfig) and leaf in node.keys()  # noqa: SIM118 (`in node` is False for ???)
+
+    _, overrides = split_command(dry_run(recipe))
+    assert declared("actor_rollout_ref.rollout.name") and not declared("actor_rollout_ref.rollout.nam")
+    assert [o for o in overrides if not o.startswith("+") and not declared(override_key(o))] == []
