@@ -17,13 +17,18 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    if args.target == "executor":
-        from verl_async_rm.bench.executor import main as bench_executor
+    # `bench executor [...]`: the executor micro-benchmark; `bench [...]`: the overlap benchmark (its own parser).
+    if args.rest[:1] == ["executor"]:
+        from verl_async_rm.bench.executor import main as bench_main
 
-        status, report = bench_executor(args.rest)
-        print(report)
-        return status
-    raise SystemExit(f"unknown benchmark {args.target!r}; choose from: executor")
+        rest = args.rest[1:]
+    else:
+        from verl_async_rm.bench.report import main as bench_main
+
+        rest = args.rest
+    status, report = bench_main(rest)
+    print(report)
+    return status
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -34,9 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     smoke.add_argument("--cache-dir", default=None, help="where the tiny models go (default: $VERL_ASYNC_RM_CACHE)")
     smoke.set_defaults(func=_cmd_smoke)
 
-    bench = sub.add_parser("bench", help="benchmarks; `verl-async-rm bench executor --help` for options")
-    bench.add_argument("target", choices=["executor"], help="what to benchmark")
-    bench.add_argument("rest", nargs=argparse.REMAINDER, help="options of that benchmark")
+    # prefix_chars="+": every option after `bench` goes, unparsed, to the chosen benchmark's own parser.
+    bench = sub.add_parser("bench", add_help=False, prefix_chars="+",
+                           help="the overlap benchmark (`bench --help`), or `bench executor` (`bench executor --help`)")
+    bench.add_argument("rest", nargs=argparse.REMAINDER, help="[executor] and the benchmark's options")
     bench.set_defaults(func=_cmd_bench)
     return parser
 
