@@ -9,14 +9,14 @@ AGENT_LOOPS = "tests/integration/assets/agent_loops.yaml"
 RM_W, RULE_W = 2.0, 0.5
 
 
-def overrides(tiny_models, *extra):
-    """The recipe overrides a user adds, plus test settings (2 CPU replicas, a rule, a custom agent loop)."""
+def overrides(tiny_models, *extra, rm_path=None):
+    """The recipe overrides a user adds, plus test settings (2 CPU replicas, a rule, custom agent loops)."""
     return [
         "+actor_rollout_ref.rollout.agent.agent_loop_manager_class=verl_async_rm.AsyncRMAgentLoopManager",
         "reward.reward_model.enable_resource_pool=True",
         "reward.reward_model.n_gpus_per_node=2",
         "reward.reward_model.nnodes=1",
-        f"reward.reward_model.model_path={tiny_models.rm}",
+        f"reward.reward_model.model_path={rm_path or tiny_models.rm}",
         "reward.reward_manager.name=async_rm",
         f"reward.custom_reward_function.path={RULE}",
         f"+async_rm.rm_weight={RM_W}",
@@ -29,8 +29,11 @@ def overrides(tiny_models, *extra):
 
 
 @contextlib.contextmanager
-def running_manager(ray, tiny_models, trainer: str):
-    """Build the manager as verl's trainer does (after verl's RewardLoopManager); yield (manager, config); tear down."""
+def running_manager(ray, tiny_models, trainer: str, *extra: str, rm_path=None):
+    """Build the manager as verl's trainer does (after verl's RewardLoopManager); yield (manager, config); tear down.
+
+    ``extra`` overrides are added to :func:`overrides`; ``rm_path`` replaces the tiny RM.
+    """
     from verl.experimental.reward_loop import RewardLoopManager
 
     from verl_async_rm import AsyncRMAgentLoopManager
@@ -42,7 +45,7 @@ def running_manager(ray, tiny_models, trainer: str):
     )
 
     config = compose_trainer_config(tiny_models.policy, trainer=trainer, rollout_n=2, response_length=24,
-                                    overrides=overrides(tiny_models))
+                                    overrides=overrides(tiny_models, *extra, rm_path=rm_path))
     if trainer == "v1":
         import transfer_queue as tq
 

@@ -28,8 +28,11 @@ logger = logging.getLogger(__name__)
 __all__ = ["apply_drops"]
 
 
-def apply_drops(output: Any, drop_budget: float) -> int:
+def apply_drops(output: Any, drop_budget: float, uids: Any = None) -> int:
     """Exclude the dropped trajectories of ``output`` (a verl ``DataProto``) in place; returns how many there were.
+
+    ``uids`` are the group ids of the rows (the input batch's ``uid``: verl's v0 output does not carry the input's
+    non-tensor fields when a reward loop runs, ``agent_loop.py:1104``); default: ``output``'s own ``uid``, if any.
 
     Raises:
         TrajectoryDroppedError: more than ``drop_budget`` (a fraction) of the batch was dropped.
@@ -50,7 +53,7 @@ def apply_drops(output: Any, drop_budget: float) -> int:
         )
     scores = output.batch["rm_scores"]
     totals = torch.nan_to_num(scores.float(), nan=0.0).sum(dim=-1)
-    uids = ntb.get("uid")
+    uids = uids if uids is not None else ntb.get("uid")
     for i in np.flatnonzero(dropped):
         mates = [j for j in range(total) if not dropped[j] and (uids is None or uids[j] == uids[i])]
         fill = float(totals[mates].mean()) if mates else 0.0

@@ -106,13 +106,9 @@ class _AsyncRMSide:
             timeout_s,
         )
 
-    async def _async_rm_ensure_executor(self) -> None:
-        """Start a new executor (on the replicas it last reported) if the current one is dead or does not answer."""
-        try:
-            await asyncio.wait_for(self.executor.ping.remote(), CONTROL_TIMEOUT_S)
-            return
-        except (ray.exceptions.RayActorError, asyncio.TimeoutError) as err:
-            logger.error("verl_async_rm: the executor actor is gone (%r); starting a new one", err)
+    async def _async_rm_restart_executor(self, cause: BaseException) -> None:
+        """Replace a dead (or unresponsive) executor by a new one on the replicas it last reported; re-attach it."""
+        logger.error("verl_async_rm: the executor actor is gone (%r); starting a new one", cause)
         try:
             ray.kill(self.executor)
         except Exception:  # noqa: BLE001 - already dead
@@ -122,12 +118,19 @@ class _AsyncRMSide:
         await asyncio.wait_for(self.executor.ping.remote(), CONTROL_TIMEOUT_S)
         await self._async_rm_attach(CONTROL_TIMEOUT_S)
 
+    async def _async_rm_control(self, method: str, *args: Any) -> Any:
+        """A control call to the executor, made at a step boundary; a dead executor is replaced and asked again."""
+        try:
+            return await asyncio.wait_for(getattr(self.executor, method).remote(*args), CONTROL_TIMEOUT_S)
+        except (ray.exceptions.RayActorError, asyncio.TimeoutError) as err:
+            await self._async_rm_restart_executor(err)
+        return await asyncio.wait_for(getattr(self.executor, method).remote(*args), CONTROL_TIMEOUT_S)
+
     async def _async_rm_begin_step(self, expected: int | None) -> None:
         """Start a step: metrics count from here; ``expected`` trajectories flush the last batch when all arrived."""
-        await self._async_rm_ensure_executor()
-        await asyncio.wait_for(self.executor.pop_step_stats.remote(), CONTROL_TIMEOUT_S)
+        await self._async_rm_control("pop_step_stats")
         if expected:
-            await asyncio.wait_for(self.executor.expect.remote(int(expected)), CONTROL_TIMEOUT_S)
+            await self._async_rm_control("expect", int(expected))
 
     async def _async_rm_end_step(self) -> dict[str, float]:
         """End a step: flush anything still pending and return the step's ``async_rm/*`` metrics.
@@ -135,10 +138,9 @@ class _AsyncRMSide:
         The replicas' own step counters (inputs truncated to ``max_length``, items that failed) are collected too;
         each replica logs its truncation count once here.
         """
-        await asyncio.wait_for(self.executor.drain.remote(), CONTROL_TIMEOUT_S)
-        executor_stats, self.replicas = await asyncio.wait_for(
-            asyncio.gather(self.executor.pop_step_stats.remote(), self.executor.slots.remote()), CONTROL_TIMEOUT_S
-        )
+        await self._async_rm_control("drain")
+        executor_stats = await self._async_rm_control("pop_step_stats")
+        self.replicas = await self._async_rm_control("slots")
         replica_stats = await asyncio.wait_for(
             asyncio.gather(*(w.pop_step_stats.remote() for w in self.replicas), return_exceptions=True),
             CONTROL_TIMEOUT_S,
@@ -189,7 +191,8 @@ class AsyncRMAgentLoopManagerV0(_AsyncRMSide, AgentLoopManager):
         metrics = await self._async_rm_end_step()
         integration = self.async_rm_config.integration
         if integration.on_error == "drop":
-            metrics["async_rm/dropped"] = float(apply_drops(output, integration.drop_budget))
+            uids = prompts.non_tensor_batch.get("uid")
+            metrics["async_rm/dropped"] = float(apply_drops(output, integration.drop_budget, uids))
         output.meta_info.setdefault("timing", {}).update(metrics)
         return output
 
@@ -235,7 +238,7 @@ class AsyncRMAgentLoopManagerV1(_AsyncRMSide, AgentLoopManagerTQ):
             self._global_step = step
         expected = _v1_expected(prompts, self.config.actor_rollout_ref.rollout)
         if expected:
-            await asyncio.wait_for(self.executor.expect.remote(expected), CONTROL_TIMEOUT_S)
+            await self._async_rm_control("expect", expected)
 
 
 class AsyncRMAgentLoopManager:

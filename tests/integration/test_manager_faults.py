@@ -1,0 +1,125 @@
+"""Faults through the whole v0 integration (verl's agent loop and reward loop, the RM pool, the executor actor).
+
+The manager here runs the NaN-RM (the tiny RM whose ``</s>`` embedding is NaN) with ``on_error=drop`` and
+``drop_budget=0.5``; trajectories run by the ``poisoned`` agent loop (tests/integration/assets) end in ``</s>``, so
+their RM score fails while their group mates score normally.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import sys
+import time
+
+import numpy as np
+import pytest
+import ray
+import torch
+from manager_cases import running_manager
+from test_manager_v0 import prompts_batch
+
+from verl_async_rm.errors import ExecutorLostError, TrajectoryDroppedError
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def drop_manager(ray_local, tiny_models, nan_rm):
+    with running_manager(ray_local, tiny_models, "v0", "+async_rm.on_error=drop", "+async_rm.drop_budget=0.5",
+                         rm_path=nan_rm[0]) as (manager, config):
+        yield manager, config
+
+
+def last_token(output, i: int) -> int:
+    prompt_len = output.batch["prompts"].shape[1]
+    return int(output.batch["attention_mask"][i, prompt_len:].sum()) - 1
+
+
+def test_a_dropped_trajectory_is_excluded_and_its_group_mean_kept(drop_manager):
+    manager, _ = drop_manager
+    names = ["single_turn_agent", "poisoned", "single_turn_agent", "single_turn_agent", "poisoned",
+             "single_turn_agent"]
+    output = manager.generate_sequences(prompts_batch(3, rollout_n=2, agent_names=names))
+    dropped = np.asarray(output.non_tensor_batch["rm_dropped"], dtype=float)
+    assert dropped.tolist() == [0.0, 1.0, 0.0, 0.0, 1.0, 0.0]
+    assert "NonFiniteScoreError" in output.non_tensor_batch["rm_error"][1]
+    assert output.non_tensor_batch["rm_error"][0] == ""
+    totals = output.batch["rm_scores"].sum(dim=-1)
+    assert bool(torch.isfinite(output.batch["rm_scores"]).all())
+    for i in (0, 2, 3, 5):  # scored normally, and trained on
+        assert math.isfinite(float(output.non_tensor_batch["rm_score"][i]))
+        assert int(output.batch["response_mask"][i].sum()) > 0
+    for i, mate in ((1, 0), (4, 5)):  # dropped: no loss, and the reward of its only scored group mate
+        assert int(output.batch["response_mask"][i].sum()) == 0
+        assert float(totals[i]) == pytest.approx(float(totals[mate]))
+        assert float(output.batch["rm_scores"][i, last_token(output, i)]) == pytest.approx(float(totals[mate]))
+    assert output.meta_info["timing"]["async_rm/dropped"] == 2.0
+
+
+def test_more_drops_than_the_budget_fail_the_step(drop_manager):
+    manager, _ = drop_manager
+    names = ["poisoned"] * 4 + ["single_turn_agent"] * 2
+    with pytest.raises(TrajectoryDroppedError, match="4 of 6 trajectories"):
+        manager.generate_sequences(prompts_batch(3, rollout_n=2, agent_names=names))
+
+
+def test_a_dead_executor_is_replaced_at_the_next_step(drop_manager):
+    manager, _ = drop_manager
+    old = manager.executor
+    ray.kill(old)
+    for _ in range(600):  # ray.kill returns at once: wait until the actor is really gone
+        try:
+            ray.get(old.ping.remote(), timeout=5)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            break
+        time.sleep(0.05)
+    output = manager.generate_sequences(prompts_batch(2, rollout_n=2))
+    assert manager.executor is not old
+    assert np.asarray(output.non_tensor_batch["rm_dropped"], dtype=float).tolist() == [0.0] * 4
+    timing = output.meta_info["timing"]
+    assert timing["async_rm/executor_restarts_total"] == 1.0
+    assert timing["async_rm/scored"] == 4.0 and timing["async_rm/replicas_usable"] == 2.0
+
+
+class Never:
+    """A batch function that never answers (an RM stuck for good)."""
+
+    async def __call__(self, items, slot):
+        await asyncio.Event().wait()
+
+
+def test_a_trajectory_waiting_on_an_executor_that_dies_fails_at_once(ray_local, policy_tok):
+    from rm_cases import make_request
+    from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
+
+    from verl_async_rm.executor import BatchPolicy, create_executor_actor
+    from verl_async_rm.integration.worker import AsyncRMWorkerMixin
+
+    from ray import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test module
+    try:
+        executor = create_executor_actor(Never(), BatchPolicy(max_wait_ms=0), 1)
+    finally:
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    ray.get(executor.ping.remote(), timeout=60)
+    worker = AsyncRMWorkerMixin()
+    request = make_request(policy_tok, "how many apples", "five", "x0")
+
+    final = AgentLoopOutput(prompt_ids=request.prompt_ids, response_ids=request.response_ids,
+                            response_mask=[1] * len(request.response_ids), num_turns=2, metrics=AgentLoopMetrics())
+
+    async def main():
+        await worker.async_rm_attach(executor, request_timeout_s=600.0)
+        waiting = asyncio.ensure_future(worker._async_rm_score(final, {"uid": "x", "raw_prompt": None}))
+        await asyncio.sleep(2.0)  # the request is in the executor, its batch running forever
+        assert not waiting.done()
+        t0 = time.monotonic()
+        ray.kill(executor)
+        with pytest.raises(ExecutorLostError, match="executor actor died"):
+            await asyncio.wait_for(waiting, 60.0)
+        return time.monotonic() - t0
+
+    elapsed = asyncio.run(main())
+    assert elapsed < 30.0  # at once, not after request_timeout_s (600 s)
