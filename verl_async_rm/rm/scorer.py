@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from verl_async_rm.errors import NonFiniteScoreError, RewardInputError, RewardModelError
-from verl_async_rm.rm.config import RMConfig
+from verl_async_rm.rm.checkpoint import check_rm_checkpoint, load_sequence_classifier, load_tokenizer
+from verl_async_rm.rm.config import ConfigValueError, RMConfig
 from verl_async_rm.rm.inputs import plan_micro_batches, prepare_input_ids, tokenizers_match
 from verl_async_rm.rm.request import RMRequest
 
@@ -67,8 +68,6 @@ class RewardModelScorer:
     """
 
     def __init__(self, config: RMConfig, device: str | torch.device | None = None) -> None:
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
         self.config = config
         if device is None:
             device = _default_device(config.use_gpu)
@@ -78,27 +77,29 @@ class RewardModelScorer:
         if config.retemplate != "never":
             _check_dir(config.policy_tokenizer_path, "policy_tokenizer_path")
 
-        self.rm_tokenizer = AutoTokenizer.from_pretrained(config.model_path, trust_remote_code=config.trust_remote_code)
-        try:
-            model = AutoModelForSequenceClassification.from_pretrained(
-                config.model_path,
-                trust_remote_code=config.trust_remote_code,
-                attn_implementation=config.attn_implementation,
-                **_dtype_kwarg(self.dtype),
-            )
-        except (ValueError, ImportError) as err:
-            raise RewardModelError(
-                f"cannot load the RM from {config.model_path} with attn_implementation="
-                f"{config.attn_implementation!r}, trust_remote_code={config.trust_remote_code}: {err}. "
-                "Fix: try attn_implementation='eager'; set trust_remote_code=True only for an RM you trust"
-            ) from err
+        check_rm_checkpoint(config.model_path, config.trust_remote_code)
+        self.rm_tokenizer = load_tokenizer(config.model_path, "model_path", config.trust_remote_code)
+        model = load_sequence_classifier(
+            config.model_path,
+            trust_remote_code=config.trust_remote_code,
+            attn_implementation=config.attn_implementation,
+            **_dtype_kwarg(self.dtype),
+        )
         model.config.use_cache = False
         self.model = model.to(self.device).eval().requires_grad_(False)
         text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
 
         self.num_labels = int(model.config.num_labels)
         self._check_score_index()
-        self.max_length = config.max_length or getattr(text_config, "max_position_embeddings", None)
+        max_positions = getattr(text_config, "max_position_embeddings", None)
+        self.max_length = config.max_length or max_positions
+        if config.max_length and max_positions and config.max_length > max_positions:
+            logger.warning(
+                "max_length=%d is more than the RM's max_position_embeddings=%d: longer inputs go beyond the "
+                "positions the RM was trained on", config.max_length, max_positions,
+            )
+        #: Token ids the RM can embed (its input embedding rows).
+        self.rm_vocab_size = int(model.get_input_embeddings().num_embeddings)
         # Padding positions are masked out, so the pad id only has to be a valid token id.
         self.pad_id = next(
             (i for i in (self.rm_tokenizer.pad_token_id, self.rm_tokenizer.eos_token_id) if i is not None), 0
@@ -114,21 +115,23 @@ class RewardModelScorer:
         self.policy_tokenizer = None
         self.response_stop_ids: set[int] = set()
         if config.retemplate != "never":
-            self.policy_tokenizer = AutoTokenizer.from_pretrained(
-                config.policy_tokenizer_path, trust_remote_code=config.trust_remote_code
+            self.policy_tokenizer = load_tokenizer(
+                config.policy_tokenizer_path, "policy_tokenizer_path", config.trust_remote_code
             )
             self.response_stop_ids = _stop_ids(self.policy_tokenizer, config.policy_tokenizer_path)
         if config.retemplate == "always":
             self.retemplate = True
         elif config.retemplate == "never":
             self.retemplate = False
+            self._check_ids_can_be_reused()
         else:
             self.retemplate = not tokenizers_match(self.policy_tokenizer, self.rm_tokenizer)
         if self.retemplate and not getattr(self.rm_tokenizer, "chat_template", None):
             raise RewardModelError(
                 f"the RM tokenizer at {config.model_path} has no chat template, so the conversation cannot be "
-                "re-rendered for it. Fix: give it one (tokenizer_config.json) or use an RM that shares the policy's "
-                "tokenizer and template"
+                "re-rendered for it. Fix: give it one (chat_template in tokenizer_config.json or a "
+                "chat_template.jinja next to it); or, if the RM was trained on the policy's exact tokenizer and chat "
+                "format, set retemplate='never' (verl: +async_rm.retemplate=never) to feed it the policy's token ids"
             )
         self._stats = _zero_stats()
         self._step = _zero_stats()
@@ -156,6 +159,7 @@ class RewardModelScorer:
             retemplate=self.retemplate,
             response_stop_ids=self.response_stop_ids,
             max_length=self.max_length,
+            id_limit=len(self.policy_tokenizer) if self.retemplate else self.rm_vocab_size,
         )
 
     def score(self, requests: Sequence[RMRequest]) -> list[float | RewardModelError]:
@@ -290,6 +294,26 @@ class RewardModelScorer:
             "no score head among %s on %s; using the model's own pooled logits", _AUTO_HEADS, type(self.model).__name__
         )
         return "model logits", None
+
+    def _check_ids_can_be_reused(self) -> None:
+        """retemplate='never': refuse a policy tokenizer whose vocabulary differs from the RM's (when one is given)."""
+        path = self.config.policy_tokenizer_path
+        if not path:
+            return
+        policy = load_tokenizer(path, "policy_tokenizer_path", self.config.trust_remote_code)
+        if policy.get_vocab() != self.rm_tokenizer.get_vocab():
+            raise ConfigValueError(
+                "retemplate",
+                "never",
+                f"the RM's vocabulary ({self.config.model_path}) differs from the policy's ({path}), so the policy's "
+                "token ids would mean other text to the RM",
+                "use retemplate='auto' (the default): the conversation is re-rendered as text for the RM",
+            )
+        if not tokenizers_match(policy, self.rm_tokenizer):
+            logger.warning(
+                "retemplate='never' with the same vocabulary but another chat template or BOS/EOS than the "
+                "policy's: the RM reads the policy's ids in a format it was not trained on"
+            )
 
     def _check_score_index(self) -> None:
         cfg = self.config
