@@ -21,7 +21,7 @@ import pytest
 import torch
 from rm_cases import ANSWERS, QUESTIONS, direct_score, hf_model, make_batch, make_request
 
-from verl_async_rm.errors import NonFiniteScoreError, RewardInputError, RewardModelError
+from verl_async_rm.errors import NonFiniteScoreError, RewardInputError
 from verl_async_rm.integration.checks import check_verl_config
 from verl_async_rm.rm.checkpoint import check_rm_checkpoint
 from verl_async_rm.rm.config import RMConfig
@@ -225,7 +225,8 @@ def save_without_template(src, dst: Path) -> Path:
 
 def test_an_rm_tokenizer_without_a_chat_template_is_refused_when_retemplating(tiny_models, tmp_path):
     path = save_without_template(tiny_models.rm_alt, tmp_path / "alt")
-    with pytest.raises(RewardModelError, match=r"has no chat template.*Fix: give it one.*retemplate='never'"):
+    with pytest.raises(ValueError, match=r"model_path='.*alt': the RM tokenizer has no chat template.*"
+                       r"Fix: give it one.*retemplate='never'"):
         RewardModelScorer(cpu_config(path, tiny_models.policy))
 
 
@@ -233,7 +234,7 @@ def test_an_rm_sharing_the_policy_vocab_without_a_template_can_reuse_ids(tiny_mo
     """The tiny RM without its template: 'auto' must re-template (templates differ) and refuses; 'never' reuses the
     policy's ids and scores exactly like the RM with its template."""
     path = save_without_template(tiny_models.rm, tmp_path / "rm")
-    with pytest.raises(RewardModelError, match="has no chat template"):
+    with pytest.raises(ValueError, match="has no chat template"):
         RewardModelScorer(cpu_config(path, tiny_models.policy))
     reuse = RewardModelScorer(cpu_config(path, tiny_models.policy, retemplate="never"))
     assert reuse.score(requests_) == pytest.approx(scorer.score(requests_), abs=ATOL, rel=RTOL)

@@ -2,6 +2,8 @@
 
 The steps, in the order :func:`prepare_input_ids` runs them:
 
+0. The token ids it reads must lie in the vocabulary they are read with (:func:`check_token_ids`): an id outside it
+   fails that trajectory with a clear error instead of an index error in the embedding or a silent drop in decoding.
 1. Same tokenizer and chat template as the policy (:func:`tokenizers_match`): reuse ``prompt_ids + response_ids``.
    Otherwise re-template: strip the trailing end-of-sequence/pad ids of the response, decode it with the policy
    tokenizer, append it as the assistant turn to ``raw_prompt`` (or take the full ``messages``), render with the RM's

@@ -127,11 +127,14 @@ class RewardModelScorer:
         else:
             self.retemplate = not tokenizers_match(self.policy_tokenizer, self.rm_tokenizer)
         if self.retemplate and not getattr(self.rm_tokenizer, "chat_template", None):
-            raise RewardModelError(
-                f"the RM tokenizer at {config.model_path} has no chat template, so the conversation cannot be "
-                "re-rendered for it. Fix: give it one (chat_template in tokenizer_config.json or a "
-                "chat_template.jinja next to it); or, if the RM was trained on the policy's exact tokenizer and chat "
-                "format, set retemplate='never' (verl: +async_rm.retemplate=never) to feed it the policy's token ids"
+            raise ConfigValueError(
+                "model_path",
+                config.model_path,
+                "the RM tokenizer has no chat template, so the conversation cannot be re-rendered for it (its "
+                "tokenizer or template differs from the policy's)",
+                "give it one (chat_template in tokenizer_config.json, or a chat_template.jinja next to it); or, if "
+                "the RM was trained on the policy's exact tokenizer and chat format, set retemplate='never' (verl: "
+                "+async_rm.retemplate=never) to feed it the policy's token ids",
             )
         self._stats = _zero_stats()
         self._step = _zero_stats()
@@ -298,7 +301,7 @@ class RewardModelScorer:
     def _check_ids_can_be_reused(self) -> None:
         """retemplate='never': refuse a policy tokenizer whose vocabulary differs from the RM's (when one is given)."""
         path = self.config.policy_tokenizer_path
-        if not path:
+        if not path or not os.path.isdir(path):  # not needed in this mode: nothing to compare with
             return
         policy = load_tokenizer(path, "policy_tokenizer_path", self.config.trust_remote_code)
         if policy.get_vocab() != self.rm_tokenizer.get_vocab():
