@@ -6,7 +6,7 @@ The README's "Troubleshooting" section documents each case. Cases already covere
 NaN score (test_rm_scorer.py::test_nan_score_fails_only_its_item, tests/integration/test_rm_worker_group.py), RM dir
 missing (test_rm_scorer.py::test_missing_model_dir_is_a_clear_error), ``enable=True`` and legacy keys
 (test_async_rm_config.py), batching knobs (test_executor_policy.py, test_async_rm_config.py), more resources than the
-cluster has (tests/integration/test_rm_worker_group.py, tests/integration/test_bad_input_ray.py).
+cluster has (tests/integration/test_rm_worker_group.py, tests/integration/test_rm_bad_input.py).
 
 Float32 on CPU; scores are compared with a direct HF forward of the same ids within 1e-4 (see test_rm_scorer.py).
 """
@@ -280,16 +280,37 @@ def test_reusing_ids_across_vocabularies_is_refused(tiny_models):
 def test_token_ids_outside_the_vocabulary_fail_only_their_item(scorer, alt_scorer, requests_, policy_tok, bad_id):
     """Reused ids index the RM's embedding; decoded ids the policy tokenizer: either way a clear per-item error,
     and the other items of the same micro-batch keep their scores."""
+    from transformers import AutoConfig
+
+    policy_rows = AutoConfig.from_pretrained(alt_scorer.config.policy_tokenizer_path).vocab_size
+    assert alt_scorer.policy_id_limit == max(len(policy_tok), policy_rows)
     good = requests_[0]
     bad = RMRequest("bad", good.prompt_ids, [*good.response_ids[:-1], bad_id], good.raw_prompt)
     for which, rm, size in (
         ("the RM's embedding table", scorer, scorer.rm_vocab_size),
-        ("the policy tokenizer's vocabulary", alt_scorer, len(policy_tok)),
+        ("the policy tokenizer's vocabulary", alt_scorer, alt_scorer.policy_id_limit),
     ):
         results = rm.score([good, bad, requests_[1]])
         assert isinstance(results[1], RewardInputError)
         assert f"trajectory bad: response_ids holds token id {bad_id}, outside {which} ({size} ids)" in str(results[1])
         assert [results[0], results[2]] == pytest.approx(rm.score([good, requests_[1]]), abs=ATOL, rel=RTOL)
+
+
+def test_padded_embedding_rows_of_the_policy_are_not_an_error(tiny_models, policy_tok, alt_tok, tmp_path, requests_):
+    """A policy whose embedding has more rows than its tokenizer has ids (Qwen pads to 151936) may, rarely, sample
+    a padded id: it has no text, so the decoded response is the same as without it, as in verl's own decode."""
+    policy = tmp_path / "policy"
+    shutil.copytree(tiny_models.policy, policy)
+    config = json.loads((policy / "config.json").read_text())
+    config["vocab_size"] = len(policy_tok) + 64
+    (policy / "config.json").write_text(json.dumps(config))
+    alt = RewardModelScorer(cpu_config(tiny_models.rm_alt, policy))
+    assert alt.policy_id_limit == len(policy_tok) + 64
+    good = requests_[0]
+    padded = RMRequest("padded", good.prompt_ids, [*good.response_ids[:-1], len(policy_tok) + 3, good.response_ids[-1]],
+                       good.raw_prompt)
+    assert alt.prepare(padded) == alt.prepare(good)
+    assert alt.score([padded]) == pytest.approx(alt.score([good]), abs=ATOL, rel=RTOL)
 
 
 # ------------------------------------------------------------------------------------------ pool size <= 0

@@ -12,6 +12,7 @@ see an already pooled input (encoder classifiers) and ``score_head='none'`` use 
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -119,6 +120,8 @@ class RewardModelScorer:
                 config.policy_tokenizer_path, "policy_tokenizer_path", config.trust_remote_code
             )
             self.response_stop_ids = _stop_ids(self.policy_tokenizer, config.policy_tokenizer_path)
+        #: Response ids the policy may produce: its tokenizer's ids, and the padded embedding rows past them (no text).
+        self.policy_id_limit = _policy_id_limit(self.policy_tokenizer, config.policy_tokenizer_path)
         if config.retemplate == "always":
             self.retemplate = True
         elif config.retemplate == "never":
@@ -162,7 +165,7 @@ class RewardModelScorer:
             retemplate=self.retemplate,
             response_stop_ids=self.response_stop_ids,
             max_length=self.max_length,
-            id_limit=len(self.policy_tokenizer) if self.retemplate else self.rm_vocab_size,
+            id_limit=self.policy_id_limit if self.retemplate else self.rm_vocab_size,
         )
 
     def score(self, requests: Sequence[RMRequest]) -> list[float | RewardModelError]:
@@ -378,6 +381,22 @@ def _check_dir(path: str | None, key: str) -> None:
             f"{key}={path!r} is not a directory on host {socket.gethostname()}. Fix: the RM worker group loads models "
             "from local paths; put the model on every node of the reward pool (or on shared storage)"
         )
+
+
+def _policy_id_limit(tokenizer: Any | None, path: str | None) -> int | None:
+    """One past the largest id the policy can generate: ``len(tokenizer)``, or the ``vocab_size`` of the model's
+    ``config.json`` next to it when larger (embedding rows padded past the tokenizer decode to no text)."""
+    if tokenizer is None:
+        return None
+    limit = len(tokenizer)
+    try:
+        with open(os.path.join(str(path), "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+        sizes = [config.get("vocab_size"), (config.get("text_config") or {}).get("vocab_size")]
+        limit = max([limit, *(v for v in sizes if isinstance(v, int))])
+    except (OSError, ValueError, AttributeError):  # a tokenizer-only directory
+        pass
+    return limit
 
 
 def _stop_ids(tokenizer: Any, path: str) -> set[int]:

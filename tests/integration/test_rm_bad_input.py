@@ -3,6 +3,9 @@
 Complements tests/integration/test_rm_worker_group.py (which calls the pool directly for missing GPUs / nodes and a
 placement timeout, and covers a missing RM directory): here the group is asked for more CPU replicas than the
 cluster has, and a causal LM is given as the RM; both stop start-up with the clear error, nothing is left reserved.
+
+The module sorts after test_manager_*.py on purpose: their shutdown test expects every ``verl_async_rm_pool``
+placement group in the cluster table to be CREATED, and a released pool stays there as REMOVED.
 """
 
 from __future__ import annotations
