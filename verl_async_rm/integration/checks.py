@@ -8,16 +8,24 @@ These are the mistakes that would otherwise fail late or silently:
 - verl 0.9.1's ``main_ppo`` ignores the legacy top-level ``reward_model.*``, ``custom_reward_function.*`` and
   ``sandbox_fusion.*`` keys (only ``fully_async_main`` migrates them), so a recipe written with them would silently
   run without its RM pool or its rule function (``python -m verl_async_rm.main_ppo`` migrates them);
-- ``reward.reward_manager.name`` must be ``async_rm`` for the RM score to reach the reward.
+- ``reward.reward_manager.name`` must be ``async_rm`` for the RM score to reach the reward;
+- the ``async_rm.*`` keys and the reward pool's size are read (:meth:`verl_async_rm.config.AsyncRMConfig.from_verl`),
+  and, when the RM path is a directory on this machine, its ``config.json`` is checked
+  (:func:`verl_async_rm.rm.checkpoint.check_rm_checkpoint`: a causal LM given as the RM, custom code without
+  ``trust_remote_code``), so these mistakes stop the run before any model is loaded.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 from typing import Any
 
 from omegaconf import OmegaConf
 
 from verl_async_rm.reward.manager import REWARD_MANAGER_NAME
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["check_verl_config", "legacy_keys_set", "LEGACY_KEYS", "ENTRY_MODULE"]
 
@@ -87,3 +95,15 @@ def check_verl_config(config: Any) -> None:
             f"reward.reward_manager.source={source!r}: the '{REWARD_MANAGER_NAME}' manager is registered through the "
             "package's verl.plugins entry point; set reward.reward_manager.source=register"
         )
+    _check_async_rm_settings(config)
+
+
+def _check_async_rm_settings(config: Any) -> None:
+    from verl_async_rm.config import AsyncRMConfig
+    from verl_async_rm.rm.checkpoint import check_rm_checkpoint
+
+    rm = AsyncRMConfig.from_verl(config).rm
+    if os.path.isdir(rm.model_path):
+        check_rm_checkpoint(rm.model_path, rm.trust_remote_code)
+    else:  # multi-node runs may keep the RM only on the reward nodes: each replica checks it when it loads
+        logger.info("verl_async_rm: RM path %s is not on this machine; the RM replicas will check it", rm.model_path)

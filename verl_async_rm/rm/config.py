@@ -44,6 +44,11 @@ class ConfigValueError(ValueError):
         self.key, self.value, self.why, self.fix = key, value, why, fix
         super().__init__(f"{key}={value!r}: {why}. Fix: {fix.replace('{key}', key)}")
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Ray and multiprocessing rebuild exceptions from their pickle: keep all four parts (``args`` holds only the
+        # message), so the error an RM replica raises reaches the driver intact.
+        return (type(self), (self.key, self.value, self.why, self.fix))
+
     def renamed(self, key: str) -> ConfigValueError:
         """The same error, reported under ``key`` (for example the verl key the value came from)."""
         return ConfigValueError(key, self.value, self.why, self.fix)

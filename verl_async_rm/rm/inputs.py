@@ -2,6 +2,8 @@
 
 The steps, in the order :func:`prepare_input_ids` runs them:
 
+0. The token ids it reads must lie in the vocabulary they are read with (:func:`check_token_ids`): an id outside it
+   fails that trajectory with a clear error instead of an index error in the embedding or a silent drop in decoding.
 1. Same tokenizer and chat template as the policy (:func:`tokenizers_match`): reuse ``prompt_ids + response_ids``.
    Otherwise re-template: strip the trailing end-of-sequence/pad ids of the response, decode it with the policy
    tokenizer, append it as the assistant turn to ``raw_prompt`` (or take the full ``messages``), render with the RM's
@@ -28,6 +30,7 @@ __all__ = [
     "render_conversation",
     "dedup_bos",
     "truncate_left",
+    "check_token_ids",
     "prepare_input_ids",
     "plan_micro_batches",
 ]
@@ -69,7 +72,9 @@ def conversation_for(request: RMRequest, response_text: str | None) -> list[dict
     if not request.raw_prompt:
         raise RewardInputError(
             f"trajectory {request.uid}: raw_prompt is missing; it is needed to re-render the conversation with the "
-            "RM's chat template (verl keeps it when data.return_raw_chat=True)"
+            "RM's chat template, because the RM's tokenizer or template differs from the policy's. verl's "
+            "RLHFDataset always provides it: a custom dataset or agent loop must keep the prompt's chat messages "
+            "under 'raw_prompt' (or pass RMRequest.messages)"
         )
     assert response_text is not None, "the response must be decoded before it can be appended"
     return [*request.raw_prompt, {"role": "assistant", "content": response_text}]
@@ -114,6 +119,7 @@ def prepare_input_ids(
     retemplate: bool,
     response_stop_ids: Iterable[int] | None = None,
     max_length: int | None = None,
+    id_limit: int | None = None,
 ) -> tuple[list[int], bool]:
     """The RM's input ids for one trajectory, and whether they were truncated.
 
@@ -125,16 +131,23 @@ def prepare_input_ids(
         response_stop_ids: ids stripped from the end of the response before decoding; default: the policy
             tokenizer's EOS and pad ids.
         max_length: longest input; longer inputs are cut from the left.
+        id_limit: token ids read from the request must lie in ``[0, id_limit)``: the policy tokenizer's size when
+            the response is decoded, the RM's embedding rows when the ids are reused (see :func:`check_token_ids`).
 
     Raises:
         RewardInputError: the trajectory cannot be turned into RM input.
     """
     bos_id = rm_tokenizer.bos_token_id
     if not retemplate:
+        if id_limit is not None:
+            check_token_ids(request, "prompt_ids", id_limit, "the RM's embedding table")
+            check_token_ids(request, "response_ids", id_limit, "the RM's embedding table")
         ids = [*request.prompt_ids, *request.response_ids]
     else:
         response_text = None
         if request.messages is None:
+            if id_limit is not None:
+                check_token_ids(request, "response_ids", id_limit, "the policy tokenizer's vocabulary")
             assert policy_tokenizer is not None, "re-templating needs the policy tokenizer"
             if response_stop_ids is None:
                 response_stop_ids = {policy_tokenizer.eos_token_id, policy_tokenizer.pad_token_id} - {None}
@@ -145,6 +158,23 @@ def prepare_input_ids(
     if not ids:
         raise RewardInputError(f"trajectory {request.uid}: empty RM input (no prompt and no response tokens)")
     return truncate_left(ids, max_length, bos_id)
+
+
+def check_token_ids(request: RMRequest, name: str, limit: int, vocabulary: str) -> None:
+    """Raise :class:`RewardInputError` if ``request.<name>`` holds an id outside ``[0, limit)``.
+
+    Such an id would otherwise be dropped without a word when decoded, or fail a whole micro-batch with an index
+    error inside the embedding.
+    """
+    ids = getattr(request, name)
+    bad = next((t for t in ids if not 0 <= t < limit), None)
+    if bad is not None:
+        raise RewardInputError(
+            f"trajectory {request.uid}: {name} holds token id {bad}, outside {vocabulary} ({limit} ids). The ids "
+            "come from another vocabulary than the one they are read with: check that the policy tokenizer "
+            "(actor_rollout_ref.model.tokenizer_path / path) is the one the rollout used, and that retemplate is "
+            "not 'never' for an RM with its own vocabulary"
+        )
 
 
 def plan_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:

@@ -12,6 +12,7 @@ see an already pooled input (encoder classifiers) and ``score_head='none'`` use 
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -22,7 +23,8 @@ from typing import Any
 import torch
 
 from verl_async_rm.errors import NonFiniteScoreError, RewardInputError, RewardModelError
-from verl_async_rm.rm.config import RMConfig
+from verl_async_rm.rm.checkpoint import check_rm_checkpoint, load_sequence_classifier, load_tokenizer
+from verl_async_rm.rm.config import ConfigValueError, RMConfig
 from verl_async_rm.rm.inputs import plan_micro_batches, prepare_input_ids, tokenizers_match
 from verl_async_rm.rm.request import RMRequest
 
@@ -67,8 +69,6 @@ class RewardModelScorer:
     """
 
     def __init__(self, config: RMConfig, device: str | torch.device | None = None) -> None:
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
         self.config = config
         if device is None:
             device = _default_device(config.use_gpu)
@@ -78,27 +78,29 @@ class RewardModelScorer:
         if config.retemplate != "never":
             _check_dir(config.policy_tokenizer_path, "policy_tokenizer_path")
 
-        self.rm_tokenizer = AutoTokenizer.from_pretrained(config.model_path, trust_remote_code=config.trust_remote_code)
-        try:
-            model = AutoModelForSequenceClassification.from_pretrained(
-                config.model_path,
-                trust_remote_code=config.trust_remote_code,
-                attn_implementation=config.attn_implementation,
-                **_dtype_kwarg(self.dtype),
-            )
-        except (ValueError, ImportError) as err:
-            raise RewardModelError(
-                f"cannot load the RM from {config.model_path} with attn_implementation="
-                f"{config.attn_implementation!r}, trust_remote_code={config.trust_remote_code}: {err}. "
-                "Fix: try attn_implementation='eager'; set trust_remote_code=True only for an RM you trust"
-            ) from err
+        check_rm_checkpoint(config.model_path, config.trust_remote_code)
+        self.rm_tokenizer = load_tokenizer(config.model_path, "model_path", config.trust_remote_code)
+        model = load_sequence_classifier(
+            config.model_path,
+            trust_remote_code=config.trust_remote_code,
+            attn_implementation=config.attn_implementation,
+            **_dtype_kwarg(self.dtype),
+        )
         model.config.use_cache = False
         self.model = model.to(self.device).eval().requires_grad_(False)
         text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
 
         self.num_labels = int(model.config.num_labels)
         self._check_score_index()
-        self.max_length = config.max_length or getattr(text_config, "max_position_embeddings", None)
+        max_positions = getattr(text_config, "max_position_embeddings", None)
+        self.max_length = config.max_length or max_positions
+        if config.max_length and max_positions and config.max_length > max_positions:
+            logger.warning(
+                "max_length=%d is more than the RM's max_position_embeddings=%d: longer inputs go beyond the "
+                "positions the RM was trained on", config.max_length, max_positions,
+            )
+        #: Token ids the RM can embed (its input embedding rows).
+        self.rm_vocab_size = int(model.get_input_embeddings().num_embeddings)
         # Padding positions are masked out, so the pad id only has to be a valid token id.
         self.pad_id = next(
             (i for i in (self.rm_tokenizer.pad_token_id, self.rm_tokenizer.eos_token_id) if i is not None), 0
@@ -114,21 +116,28 @@ class RewardModelScorer:
         self.policy_tokenizer = None
         self.response_stop_ids: set[int] = set()
         if config.retemplate != "never":
-            self.policy_tokenizer = AutoTokenizer.from_pretrained(
-                config.policy_tokenizer_path, trust_remote_code=config.trust_remote_code
+            self.policy_tokenizer = load_tokenizer(
+                config.policy_tokenizer_path, "policy_tokenizer_path", config.trust_remote_code
             )
             self.response_stop_ids = _stop_ids(self.policy_tokenizer, config.policy_tokenizer_path)
+        #: Response ids the policy may produce: its tokenizer's ids, and the padded embedding rows past them (no text).
+        self.policy_id_limit = _policy_id_limit(self.policy_tokenizer, config.policy_tokenizer_path)
         if config.retemplate == "always":
             self.retemplate = True
         elif config.retemplate == "never":
             self.retemplate = False
+            self._check_ids_can_be_reused()
         else:
             self.retemplate = not tokenizers_match(self.policy_tokenizer, self.rm_tokenizer)
         if self.retemplate and not getattr(self.rm_tokenizer, "chat_template", None):
-            raise RewardModelError(
-                f"the RM tokenizer at {config.model_path} has no chat template, so the conversation cannot be "
-                "re-rendered for it. Fix: give it one (tokenizer_config.json) or use an RM that shares the policy's "
-                "tokenizer and template"
+            raise ConfigValueError(
+                "model_path",
+                config.model_path,
+                "the RM tokenizer has no chat template, so the conversation cannot be re-rendered for it (its "
+                "tokenizer or template differs from the policy's)",
+                "give it one (chat_template in tokenizer_config.json, or a chat_template.jinja next to it); or, if "
+                "the RM was trained on the policy's exact tokenizer and chat format, set retemplate='never' (verl: "
+                "+async_rm.retemplate=never) to feed it the policy's token ids",
             )
         self._stats = _zero_stats()
         self._step = _zero_stats()
@@ -156,6 +165,7 @@ class RewardModelScorer:
             retemplate=self.retemplate,
             response_stop_ids=self.response_stop_ids,
             max_length=self.max_length,
+            id_limit=self.policy_id_limit if self.retemplate else self.rm_vocab_size,
         )
 
     def score(self, requests: Sequence[RMRequest]) -> list[float | RewardModelError]:
@@ -250,7 +260,8 @@ class RewardModelScorer:
     # ----------------------------------------------------------------------------------------------------- helpers
 
     def _forward_safely(self, batch: list[list[int]]) -> list[float | RewardModelError]:
-        """Scores of one micro-batch; on out-of-memory the micro-batch is halved, other failures fail its items."""
+        """Scores of one micro-batch. A failure (out of memory, or a row that makes the forward raise) halves the
+        micro-batch until the failing row is alone: only that row gets the error."""
         try:
             return [float(v) for v in self.forward_ids(batch).tolist()]
         except _OOM_ERRORS as err:
@@ -294,6 +305,26 @@ class RewardModelScorer:
             "no score head among %s on %s; using the model's own pooled logits", _AUTO_HEADS, type(self.model).__name__
         )
         return "model logits", None
+
+    def _check_ids_can_be_reused(self) -> None:
+        """retemplate='never': refuse a policy tokenizer whose vocabulary differs from the RM's (when one is given)."""
+        path = self.config.policy_tokenizer_path
+        if not path or not os.path.isdir(path):  # not needed in this mode: nothing to compare with
+            return
+        policy = load_tokenizer(path, "policy_tokenizer_path", self.config.trust_remote_code)
+        if policy.get_vocab() != self.rm_tokenizer.get_vocab():
+            raise ConfigValueError(
+                "retemplate",
+                "never",
+                f"the RM's vocabulary ({self.config.model_path}) differs from the policy's ({path}), so the policy's "
+                "token ids would mean other text to the RM",
+                "use retemplate='auto' (the default): the conversation is re-rendered as text for the RM",
+            )
+        if not tokenizers_match(policy, self.rm_tokenizer):
+            logger.warning(
+                "retemplate='never' with the same vocabulary but another chat template or BOS/EOS than the "
+                "policy's: the RM reads the policy's ids in a format it was not trained on"
+            )
 
     def _check_score_index(self) -> None:
         cfg = self.config
@@ -355,6 +386,22 @@ def _check_dir(path: str | None, key: str) -> None:
             f"{key}={path!r} is not a directory on host {socket.gethostname()}. Fix: the RM worker group loads models "
             "from local paths; put the model on every node of the reward pool (or on shared storage)"
         )
+
+
+def _policy_id_limit(tokenizer: Any | None, path: str | None) -> int | None:
+    """One past the largest id the policy can generate: ``len(tokenizer)``, or the ``vocab_size`` of the model's
+    ``config.json`` next to it when larger (embedding rows padded past the tokenizer decode to no text)."""
+    if tokenizer is None:
+        return None
+    limit = len(tokenizer)
+    try:
+        with open(os.path.join(str(path), "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+        sizes = [config.get("vocab_size"), (config.get("text_config") or {}).get("vocab_size")]
+        limit = max([limit, *(v for v in sizes if isinstance(v, int))])
+    except (OSError, ValueError, AttributeError):  # a tokenizer-only directory
+        pass
+    return limit
 
 
 def _stop_ids(tokenizer: Any, path: str) -> set[int]:

@@ -1,0 +1,171 @@
+"""Checks that the RM path holds a usable HuggingFace sequence-classification checkpoint, and its guarded loaders.
+
+Mistakes caught here would otherwise fail late, cryptically, or not at all:
+
+- a directory with no ``config.json`` (not a HuggingFace checkpoint);
+- a causal-LM checkpoint given as the RM: ``AutoModelForSequenceClassification`` loads it with a *randomly
+  initialised* score head and only logs a warning, so training would run on noise. :func:`check_rm_checkpoint`
+  refuses generation architectures from ``config.json``; :func:`load_sequence_classifier` refuses any checkpoint
+  that leaves model parameters uninitialised;
+- a checkpoint with its own Python code (``auto_map``) while ``trust_remote_code`` is False: transformers' error
+  names its own argument, not the setting that feeds it;
+- a model type with no sequence-classification class.
+
+:func:`check_rm_checkpoint` reads only ``config.json`` (no torch, no weights), so the driver can run it before any
+GPU is touched; each RM replica runs it again before loading.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from verl_async_rm.rm.config import ConfigValueError
+
+__all__ = ["check_rm_checkpoint", "load_tokenizer", "load_sequence_classifier"]
+
+#: Architecture name endings of generation models: such a checkpoint has no trained score head.
+_GENERATION_HEADS = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration", "ForMaskedLM")
+_TRUST_FIX = (
+    "set trust_remote_code=True (verl: +async_rm.trust_remote_code=True), only if you trust the Python files in "
+    "that directory"
+)
+_RM_FIX = (
+    "point the RM path (verl: reward.reward_model.model_path) at a trained sequence-classification reward model, "
+    "whose config.json lists an architecture such as Qwen2ForSequenceClassification or LlamaForSequenceClassification"
+)
+
+
+def _read_config(model_path: str) -> dict[str, Any]:
+    path = os.path.join(model_path, "config.json")
+    if not os.path.isfile(path):
+        raise ConfigValueError(
+            "model_path",
+            model_path,
+            "no config.json in that directory, so it is not a HuggingFace checkpoint",
+            _RM_FIX,
+        )
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError) as err:
+        raise ConfigValueError("model_path", model_path, f"cannot read {path} ({err})", _RM_FIX) from None
+    if not isinstance(config, dict):
+        raise ConfigValueError("model_path", model_path, f"{path} does not hold a JSON object", _RM_FIX)
+    return config
+
+
+def _native_model_type(model_type: Any) -> bool:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
+    return isinstance(model_type, str) and model_type in CONFIG_MAPPING_NAMES
+
+
+def check_rm_checkpoint(model_path: str, trust_remote_code: bool) -> None:
+    """Raise ``ValueError`` if ``model_path`` cannot be a sequence-classification RM (reads ``config.json`` only).
+
+    Raises:
+        ValueError: no ``config.json``; a generation architecture (causal LM) with no sequence-classification
+            head; custom code (``auto_map``) for a model type transformers does not know, while
+            ``trust_remote_code`` is False.
+    """
+    config = _read_config(model_path)
+    auto_map = config.get("auto_map") or {}
+    model_type = config.get("model_type")
+    if auto_map and not trust_remote_code and not _native_model_type(model_type):
+        raise ConfigValueError(
+            "trust_remote_code",
+            False,
+            f"the RM at {model_path} (model_type={model_type!r}) is defined by its own Python code "
+            f"(auto_map in config.json: {sorted(auto_map)}), which runs only with trust_remote_code",
+            _TRUST_FIX,
+        )
+    architectures = [str(a) for a in config.get("architectures") or []]
+    has_cls_code = "AutoModelForSequenceClassification" in auto_map
+    if (
+        architectures
+        and not has_cls_code
+        and not any("ForSequenceClassification" in a for a in architectures)
+        and all(a.endswith(_GENERATION_HEADS) for a in architectures)
+    ):
+        raise ConfigValueError(
+            "model_path",
+            model_path,
+            f"its config.json lists architectures={architectures}, a generation model with no trained reward head "
+            "(loading it as a sequence classifier would score with a randomly initialised head)",
+            _RM_FIX,
+        )
+
+
+def _remote_code_error(err: Exception, path: str, key: str) -> ConfigValueError | None:
+    if "trust_remote_code" in str(err):
+        return ConfigValueError(
+            "trust_remote_code", False, f"{key}={path!r} holds custom code that transformers refuses to run", _TRUST_FIX
+        )
+    return None
+
+
+def load_tokenizer(path: str, key: str, trust_remote_code: bool) -> Any:
+    """``AutoTokenizer.from_pretrained(path)``; a failure names ``key`` and the fix instead of transformers' argument."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError, KeyError) as err:
+        remote = _remote_code_error(err, path, key) if not trust_remote_code else None
+        if remote is not None:
+            raise remote from err
+        raise ConfigValueError(
+            key, path, f"cannot load a tokenizer from it ({type(err).__name__}: {err})",
+            "point it at a directory holding the tokenizer files (tokenizer.json / tokenizer_config.json)",
+        ) from err
+
+
+def load_sequence_classifier(path: str, *, trust_remote_code: bool, attn_implementation: str, **kwargs: Any) -> Any:
+    """``AutoModelForSequenceClassification.from_pretrained(path)``, refusing a checkpoint that leaves parameters
+    uninitialised (a causal LM's missing score head, a mismatched architecture).
+
+    Raises:
+        ValueError: custom code without ``trust_remote_code``; no sequence-classification class for the model type;
+            parameters missing from the checkpoint.
+        RewardModelError: any other load failure (for example an unsupported ``attn_implementation``).
+    """
+    from transformers import AutoModelForSequenceClassification
+
+    from verl_async_rm.errors import RewardModelError
+
+    check_rm_checkpoint(path, trust_remote_code)
+    try:
+        model, info = AutoModelForSequenceClassification.from_pretrained(
+            path,
+            trust_remote_code=trust_remote_code,
+            attn_implementation=attn_implementation,
+            output_loading_info=True,
+            **kwargs,
+        )
+    except (ValueError, ImportError, OSError) as err:
+        remote = _remote_code_error(err, path, "model_path") if not trust_remote_code else None
+        if remote is not None:
+            raise remote from err
+        if "Unrecognized configuration class" in str(err):
+            raise ConfigValueError(
+                "model_path", path, "transformers has no sequence-classification class for its model type", _RM_FIX
+            ) from err
+        raise RewardModelError(
+            f"cannot load the RM from {path} with attn_implementation={attn_implementation!r}, "
+            f"trust_remote_code={trust_remote_code}: {err}. Fix: try attn_implementation='eager'; set "
+            "trust_remote_code=True only for an RM you trust"
+        ) from err
+    parameters = {name for name, _ in model.named_parameters()}
+    missing = sorted(k for k in info.get("missing_keys") or () if k in parameters)
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else "")
+        raise ConfigValueError(
+            "model_path",
+            path,
+            f"the checkpoint has no weights for {shown}, so {type(model).__name__} would score with randomly "
+            "initialised parameters (a causal-LM or base checkpoint given as the RM?)",
+            _RM_FIX,
+        )
+    return model
