@@ -1,4 +1,4 @@
-"""Command-line interface: ``verl-async-rm {smoke,bench}`` (also ``python -m verl_async_rm``)."""
+"""Command-line interface: ``verl-async-rm {demo,smoke,bench}`` (also ``python -m verl_async_rm``)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,15 @@ def _cmd_smoke(args: argparse.Namespace) -> int:
     for key, value in result.items():
         print(f"{key:>20}: {value!r}")
     print("smoke run OK")
+    return 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from verl_async_rm.demo import run_demo
+    from verl_async_rm.demo.cli import config_from_args, report
+
+    result = run_demo(config_from_args(args))
+    print(report(result))
     return 0
 
 
@@ -34,6 +43,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="verl-async-rm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="rollout steps with the RM scored as each trajectory ends vs after rollout")
+    from verl_async_rm.demo.cli import add_demo_arguments
+
+    add_demo_arguments(demo)
+    demo.set_defaults(func=_cmd_demo)
 
     smoke = sub.add_parser("smoke", help="import verl with the plugin, build the tiny models, answer one prompt")
     smoke.add_argument("--cache-dir", default=None, help="where the tiny models go (default: $VERL_ASYNC_RM_CACHE)")

@@ -16,6 +16,8 @@ Two ways to call it:
 from __future__ import annotations
 
 import logging
+import time
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -32,7 +34,10 @@ from verl_async_rm.rm.scorer import RewardModelScorer
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RewardModelWorker"]
+__all__ = ["BATCH_RECORDS_KEPT", "RewardModelWorker"]
+
+#: Most per-call records a replica keeps between two :meth:`RewardModelWorker.pop_batch_records` calls (oldest dropped).
+BATCH_RECORDS_KEPT = 10_000
 
 
 class RewardModelWorker(Worker):
@@ -47,6 +52,7 @@ class RewardModelWorker(Worker):
         super().__init__()
         self.config = config
         self._scorer: RewardModelScorer | None = None
+        self._batch_records: deque[dict[str, float]] = deque(maxlen=BATCH_RECORDS_KEPT)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> dict[str, Any]:
@@ -56,8 +62,26 @@ class RewardModelWorker(Worker):
         return self.describe()
 
     def score(self, requests: list[RMRequest]) -> list[float | RewardModelError]:
-        """One entry per request: its score, or the exception that kept that request from being scored."""
-        return self._require_scorer().score(requests)
+        """One entry per request: its score, or the exception that kept that request from being scored.
+
+        Each call is recorded (wall-clock start and end, number of requests) for :meth:`pop_batch_records`.
+        """
+        scorer = self._require_scorer()
+        start = time.time()
+        try:
+            return scorer.score(requests)
+        finally:
+            self._batch_records.append({"start": start, "end": time.time(), "size": len(requests)})
+
+    def pop_batch_records(self) -> list[dict[str, float]]:
+        """The scoring calls since the previous call, oldest first: ``{"start", "end", "size"}`` each, then forgets.
+
+        ``start``/``end`` are ``time.time()`` seconds on this replica's host, so records of replicas on one machine
+        share a clock (the timeline of ``verl-async-rm demo``). At most :data:`BATCH_RECORDS_KEPT` are kept.
+        """
+        records = list(self._batch_records)
+        self._batch_records.clear()
+        return records
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
     def compute_rm_score(self, data: DataProto) -> DataProto:

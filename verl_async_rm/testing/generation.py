@@ -20,6 +20,7 @@ import asyncio
 import hashlib
 import math
 import random
+import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -105,6 +106,7 @@ class CPUGenerationServer:
         self._seen: Counter = Counter()
         self._lock = asyncio.Lock()
         self.num_requests = 0
+        self._finished: list[dict[str, Any]] = []
         self._model = None
         self._eos: list[int] = []
         self._pad: Optional[int] = None
@@ -179,6 +181,7 @@ class CPUGenerationServer:
                 ids, logps = await asyncio.to_thread(
                     self._hf_generate, prompt_ids, dict(sampling_params), max_tokens, rng.randrange(2**31)
                 )
+        self._finished.append({"request_id": str(request_id), "end": time.time(), "tokens": len(ids)})
         want_logprobs = bool(sampling_params.get("logprobs"))
         return TokenOutput(
             token_ids=ids, log_probs=logps if want_logprobs else None, stop_reason="completed", num_preempted=0
@@ -212,6 +215,16 @@ class CPUGenerationServer:
 
     def stats(self) -> dict:
         return {"num_requests": self.num_requests, "mode": self.mode}
+
+    def pop_finished(self) -> list[dict[str, Any]]:
+        """Requests answered since the previous call: ``{"request_id", "end" (time.time()), "tokens"}``, in order."""
+        finished, self._finished = self._finished, []
+        return finished
+
+    def reset(self) -> None:
+        """Forget which prompts were seen (a repeated workload then gets the same lengths) and the finish records."""
+        self._seen.clear()
+        self._finished = []
 
 
 def start_generation_servers(num_servers: int = 1, *, name_prefix: str = "cpu_gen", **server_kwargs) -> dict:

@@ -1,0 +1,88 @@
+"""``verl-async-rm demo`` end to end, one step per mode, as a user runs it (a subprocess with its own Ray cluster)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO_ROOT
+
+from verl_async_rm.demo.cluster import alive
+from verl_async_rm.demo.summary import SUMMARY_KEYS
+from verl_async_rm.demo.timeline import MODE_KEYS, STEP_KEYS
+
+pytestmark = pytest.mark.integration
+
+BATCH = 8
+
+
+@pytest.fixture(scope="module")
+def demo_run(tmp_path_factory, tiny_models):
+    out = tmp_path_factory.mktemp("demo")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
+    cmd = [sys.executable, "-m", "verl_async_rm", "demo", "--steps", "1", "--batch-size", str(BATCH),
+           "--out", str(out), "--cache-dir", str(tiny_models.root.parent), "--no-progress"]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, timeout=540, cwd=str(out))
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return out, proc.stdout
+
+
+@pytest.mark.timeout(600)
+def test_demo_writes_the_png_and_the_json_summary(demo_run):
+    out, stdout = demo_run
+    png = (out / "timeline.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    summary = json.loads((out / "summary.json").read_text())
+    assert tuple(summary) == SUMMARY_KEYS
+    assert set(summary["modes"]) == {"async", "sync"}
+    for name, mode in summary["modes"].items():
+        assert set(MODE_KEYS) | {"per_step"} == set(mode), name
+        assert mode["steps"] == 1 and len(mode["per_step"]) == 1
+        step = mode["per_step"][0]
+        assert set(STEP_KEYS) <= set(step)
+        assert step["trajectories"] == BATCH and step["scored"] == BATCH  # every trajectory went through the RM once
+        assert step["step_time_s"] > 0 and step["batches"] >= 1 and step["reward_tail_s"] is not None
+        assert len(step["rewards"]) == BATCH and all(math.isfinite(r) for r in step["rewards"])
+    sync = summary["modes"]["sync"]["per_step"][0]
+    assert sync["batches"] == 2 and {b["size"] for b in sync["timeline"]["batches"]} == {BATCH // 2}  # split in two
+    assert summary["modes"]["async"]["per_step"][0]["errors"] == 0
+    assert summary["speedup"] > 0
+    for key in ("verl_async_rm", "verl", "ray", "torch", "python", "cpu_count"):
+        assert summary["environment"][key] is not None
+    assert str(out.resolve()) in stdout and "speed-up" in stdout
+
+
+@pytest.mark.timeout(600)
+def test_both_modes_give_the_same_rewards(demo_run):
+    """Same prompts, same lengths, same RM: batching on the fly changes when trajectories are scored, not the score."""
+    out, _ = demo_run
+    summary = json.loads((out / "summary.json").read_text())
+    async_rewards = summary["modes"]["async"]["per_step"][0]["rewards"]
+    sync_rewards = summary["modes"]["sync"]["per_step"][0]["rewards"]
+    assert async_rewards == pytest.approx(sync_rewards, abs=1e-3)
+    assert len({round(r, 3) for r in async_rewards}) > 1  # the RM tells responses apart
+
+
+@pytest.mark.timeout(600)
+def test_no_process_of_the_demo_cluster_is_left(demo_run):
+    out, _ = demo_run
+    ray_info = json.loads((out / "summary.json").read_text())["ray"]
+    pids = ray_info["pids"]
+    assert len(pids) >= 3  # at least GCS, raylet and a worker were seen
+    assert ray_info["left_behind"] == []
+    assert [p["pid"] for p in pids if alive(p["pid"], p["create_time"])] == []
+    # Independently of the recorded pids: no process names the demo's session dir (GCS, raylet and agents do while
+    # they run). Other Ray clusters on the machine have other session dirs.
+    import psutil
+
+    session = ray_info["session_dir"]
+    assert session and os.path.basename(session).startswith("session_")
+    leftovers = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        if session in " ".join(proc.info["cmdline"] or []):
+            leftovers.append(proc.info["pid"])
+    assert leftovers == []

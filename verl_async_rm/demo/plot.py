@@ -1,0 +1,69 @@
+"""The demo's PNG timeline: per mode, one row per RM replica with its batches, and the rollout completion curve.
+
+Each mode's steps are laid end to end on one time axis (seconds since that mode's first step began, each step's own
+idle gaps removed), so the two panels share the x axis and the longer synchronous steps show as a longer panel.
+Matplotlib's Agg backend: no display needed.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+
+from verl_async_rm.demo.timeline import StepTimeline
+
+__all__ = ["plot_timeline"]
+
+_MODE_TITLES = {
+    "async": "async RM: each trajectory scored as its agent loop ends",
+    "sync": "sync: whole batch scored after the rollout",
+}
+
+
+def plot_timeline(modes: Mapping[str, Sequence[StepTimeline]], path: str | os.PathLike) -> str:
+    """Draw ``{mode: steps}`` to ``path`` (PNG) and return the path as a string."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    names = [m for m in ("async", "sync") if m in modes] + [m for m in modes if m not in ("async", "sync")]
+    if not names:
+        raise ValueError("plot_timeline needs at least one mode with steps")
+    replicas = max((s.num_replicas for m in names for s in modes[m]), default=1)
+    fig, axes = plt.subplots(len(names), 1, figsize=(11, 1.6 + 1.1 * (replicas + 1) * len(names)), sharex=True,
+                             squeeze=False)
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, name in zip(axes[:, 0], names, strict=True):
+        offset = 0.0
+        curve = ax.twinx()
+        total = 0.0
+        for step in modes[name]:
+            for b in step.batches:
+                ax.broken_barh([(offset + b.start - step.t0, max(b.duration, 1e-3))], (b.replica - 0.35, 0.7),
+                               facecolors=colors[b.replica % len(colors)], edgecolors="black", linewidth=0.4)
+                if b.duration > 0.04 * max(step.step_time_s, 1e-9):
+                    ax.text(offset + (b.start + b.end) / 2 - step.t0, b.replica, str(b.size), ha="center",
+                            va="center", fontsize=7)
+            finishes = sorted(t - step.t0 for t in step.finishes)
+            if finishes:
+                xs = [offset] + [offset + t for t in finishes]
+                ys = [0.0] + [(k + 1) / len(finishes) for k in range(len(finishes))]
+                curve.step(xs, ys, where="post", color="tab:gray", linewidth=1.2)
+            ax.axvline(offset + step.step_time_s, color="black", linestyle="--", linewidth=0.8)
+            offset += step.step_time_s
+            total += step.step_time_s
+        ax.set_yticks(range(replicas), [f"RM replica {r}" for r in range(replicas)])
+        ax.set_ylim(-0.6, replicas - 0.4)
+        curve.set_ylim(0, 1.05)
+        curve.set_ylabel("rollout done", color="tab:gray")
+        n = len(modes[name])
+        ax.set_title(f"{_MODE_TITLES.get(name, name)} - {n} step(s), {total:.1f} s"
+                     f" (bars: RM batches, label = size; gray: fraction of trajectories finished; dashes: step end)",
+                     fontsize=9)
+    axes[-1, 0].set_xlabel("seconds (steps laid end to end)")
+    fig.tight_layout()
+    out = os.fspath(path)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

@@ -1,0 +1,77 @@
+"""The demo's workload: verl overrides for the plugin, the prompts of each step, the generation server's settings."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from verl_async_rm.demo import rule
+from verl_async_rm.demo.config import DemoConfig
+from verl_async_rm.testing.generation import LengthDistribution
+
+__all__ = ["GROUND_TRUTH", "PROMPT_LENGTH", "prompts_batch", "server_kwargs", "verl_overrides"]
+
+PROMPT_LENGTH = 64
+GROUND_TRUTH = "42"
+_QUESTIONS = (
+    "a farmer has {a} apples and sells {b}; how many are left?",
+    "a book costs {a} dollars and a pen {b}; what is the total cost?",
+    "a train goes {a} miles in {b} hours; what is its speed?",
+    "each box holds {a} eggs; how many eggs are in {b} boxes?",
+)
+
+
+def verl_overrides(config: DemoConfig, rm_path: str) -> list[str]:
+    """The recipe overrides a user adds for the plugin (v0 trainer), with the demo's RM, rule and batching."""
+    return [
+        "+actor_rollout_ref.rollout.agent.agent_loop_manager_class=verl_async_rm.AsyncRMAgentLoopManager",
+        "reward.reward_model.enable_resource_pool=True",
+        f"reward.reward_model.n_gpus_per_node={config.rm_replicas}",
+        "reward.reward_model.nnodes=1",
+        f"reward.reward_model.model_path={rm_path}",
+        "reward.reward_manager.name=async_rm",
+        f"reward.custom_reward_function.path={rule.__file__}",
+        "reward.custom_reward_function.name=compute_score",
+        f"+async_rm.rm_weight={config.rm_weight}",
+        f"+async_rm.rule_weight={config.rule_weight}",
+        f"+async_rm.max_batch_size={config.max_batch_size}",
+        f"+async_rm.micro_batch_max_tokens={config.rm_micro_batch_tokens}",
+        f"+async_rm.max_wait_ms={config.max_wait_ms}",
+        "+async_rm.placement_timeout_s=120",
+        f"+async_rm.request_timeout_s={config.step_timeout_s}",
+        f"+async_rm.score_timeout_s={config.step_timeout_s}",
+    ]
+
+
+def prompts_batch(step: int, size: int, *, tag: str = "step") -> Any:
+    """A v0 batch of ``size`` single-turn prompts for ``step`` (the same for both modes); a fresh object each call."""
+    import numpy as np
+    from verl import DataProto
+
+    rows = [
+        f"{tag} {step} question {i}: " + _QUESTIONS[i % len(_QUESTIONS)].format(a=7 + 3 * i + step, b=2 + i % 5)
+        for i in range(size)
+    ]
+    return DataProto(
+        batch=None,
+        non_tensor_batch={
+            "raw_prompt": np.array([[{"role": "user", "content": q}] for q in rows], dtype=object),
+            "data_source": np.array(["demo"] * size, dtype=object),
+            "reward_model": np.array([{"ground_truth": GROUND_TRUTH} for _ in rows], dtype=object),
+            "uid": np.array([f"{tag}{step}-{i}" for i in range(size)], dtype=object),
+            "index": np.arange(size),
+        },
+        meta_info={"global_steps": step, "validate": False},
+    )
+
+
+def server_kwargs(config: DemoConfig, policy_path: str) -> dict[str, Any]:
+    """Settings of the synthetic CPU generation server: heavy-tailed lengths, a simulated decode time per token."""
+    return {
+        "mode": "synthetic",
+        "model_path": policy_path,
+        "prompt_length": PROMPT_LENGTH,
+        "response_length": config.response_length,
+        "seed": config.seed,
+        "lengths": LengthDistribution(median_tokens=config.median_tokens, sigma=config.sigma),
+        "decode_s_per_token": config.decode_s_per_token,
+    }
