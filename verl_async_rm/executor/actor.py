@@ -165,16 +165,14 @@ async def submit_with_timeout(
     answer = asyncio.ensure_future(_await(ref))
     try:
         done, _ = await asyncio.wait({answer}, timeout=timeout_s + transport_grace_s)
-    except asyncio.CancelledError:
+    except asyncio.CancelledError:  # the caller gave up: take the request out of the executor's queue too
         answer.cancel()
+        _cancel_quietly(ray, ref)
         raise
     if done:
         return answer.result()
     answer.cancel()
-    try:
-        ray.cancel(ref)
-    except Exception as exc:  # noqa: BLE001 - best effort: the actor may be gone
-        logger.debug("could not cancel a timed-out submit: %r", exc)
+    _cancel_quietly(ray, ref)
     raise RequestTimeoutError(
         f"the executor actor did not answer within {timeout_s + transport_grace_s:g} s "
         f"(timeout_s={timeout_s:g} + transport_grace_s={transport_grace_s:g}); is it alive?"
@@ -183,3 +181,11 @@ async def submit_with_timeout(
 
 async def _await(ref: Any) -> Any:
     return await ref
+
+
+def _cancel_quietly(ray: Any, ref: Any) -> None:
+    """Best effort: cancel a submit (the executor drops the request if it has not run yet); the actor may be gone."""
+    try:
+        ray.cancel(ref)
+    except Exception as exc:  # noqa: BLE001
+        logger.debug("could not cancel a submit: %r", exc)
