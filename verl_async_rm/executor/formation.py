@@ -3,18 +3,28 @@
 Rules, in order:
 
 1. Everything fits (count and tokens): take everything, oldest first.
-2. The oldest request is always taken, so every request eventually leaves the queue.
-3. Then every request that has already waited ``max_wait`` ("due"), oldest first. A request that does not fit the
-   token budget is deferred and keeps its place at the head of the queue; an oversized request goes alone.
-4. With length grouping, the remaining room is filled from a window of the next requests: due ones first, then those
-   whose ``num_tokens`` is closest to the oldest request's, so that long and short requests are not mixed when there
-   is a choice. Grouping only decides WHICH requests fill a batch that would be full anyway; it never shrinks a batch
-   and never puts a younger request ahead of a due one, so it cannot break the age bound.
-   Without grouping, the batch is filled strictly oldest-first and stops at the first request that does not fit.
+2. The oldest request (the head) is always taken; a head larger than the token budget goes alone.
+3. Without length grouping (or when the head has no length), the batch is filled strictly oldest first and stops at the
+   first request that does not fit the token budget: that request keeps its place at the head of the queue.
+4. With length grouping, the rest of the batch is chosen from the ``window`` requests right after the head: those that
+   have waited ``max_wait`` ("due") first, then younger ones; within each, the lengths closest to the head's first
+   (ties oldest first). A request that does not fit the remaining token budget is skipped and keeps its place.
+
+Why rule 4 also reorders due requests: under a backlog every queued request is due, and taking due requests oldest first
+would mix long and short ones in every batch (about a third of the tokens padding in the overlap benchmark).
+
+No starvation, and how long a request can be passed over: a request is passed over (left in the queue while a younger
+one is taken) only while it is one of the ``window`` requests right after the head; requests further back are never
+candidates, and neither is anything younger than them. Every batch takes the head, which is ahead of it, so the number
+of requests ahead of it drops by at least one per batch: a request is passed over at most ``window`` times, and with
+``p`` requests ahead of it leaves the queue within ``p + 1`` batches (the requeue of a lost slot's batch, which goes
+back to the head, adds its size). A request that is not due is never taken while a due one that fits the batch stays
+in the window.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from itertools import islice
 
@@ -37,8 +47,8 @@ def select_batch(
     """Pick the next batch from ``pending`` (oldest first, ``count`` requests holding ``pending_tokens`` tokens).
 
     ``due_before``: a request submitted at or before this time has waited ``max_wait``. ``window``: how many requests
-    beyond the due ones length grouping may look at. Returns at least one request when ``pending`` is not empty, at
-    most ``max_items``, and more than one only if their tokens fit ``max_tokens``.
+    after the oldest one length grouping may choose from. Returns the oldest request first, at least one request when
+    ``pending`` is not empty, at most ``max_items``, and more than one only if their tokens fit ``max_tokens``.
     """
     if count <= max_items and (max_tokens is None or pending_tokens <= max_tokens):
         return list(pending)
@@ -50,38 +60,26 @@ def select_batch(
     tokens = head.num_tokens or 0
     if max_items == 1 or (max_tokens is not None and tokens >= max_tokens):
         return batch  # full, or an oversized request alone
-    group = group_by_length and head.num_tokens is not None
-    stopped_at: Request | None = None  # the first request phase 1 did not take, if grouping may still use it
-    for req in it:
-        n = req.num_tokens or 0
-        if max_tokens is not None and tokens + n > max_tokens:
-            if not group:
-                return batch  # strict FIFO: the deferred request keeps its place and opens the next batch
-            break  # it does not fit; leave it at the head and let grouping fill the room
-        if group and req.t_submit > due_before:
-            stopped_at = req
-            break
-        batch.append(req)
-        tokens += n
-        if len(batch) >= max_items:
-            return batch
-    else:
-        return batch  # the queue ran out
-    candidates = list(islice(it, window))
-    if stopped_at is not None:
-        candidates.insert(0, stopped_at)
     anchor = head.num_tokens
-    assert anchor is not None  # group is only true when the head has a length
+    if not group_by_length or anchor is None:
+        for req in it:  # strict FIFO
+            n = req.num_tokens or 0
+            if max_tokens is not None and tokens + n > max_tokens:
+                break  # the deferred request keeps its place and opens the next batch
+            batch.append(req)
+            tokens += n
+            if len(batch) >= max_items:
+                break
+        return batch
 
-    def closeness(req: Request) -> tuple[bool, float, int]:
+    def order(req: Request) -> tuple[bool, float, int]:
         n = req.num_tokens
-        return (req.t_submit > due_before, abs(n - anchor) if n is not None else float("inf"), req.seq)
+        return (req.t_submit > due_before, math.inf if n is None else abs(n - anchor), req.seq)
 
-    candidates.sort(key=closeness)
-    for req in candidates:
+    for req in sorted(islice(it, window), key=order):
         n = req.num_tokens or 0
         if max_tokens is not None and tokens + n > max_tokens:
-            continue
+            continue  # skipped: it keeps its place in the queue
         batch.append(req)
         tokens += n
         if len(batch) >= max_items:
