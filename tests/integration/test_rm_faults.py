@@ -152,7 +152,7 @@ def test_a_replica_past_score_timeout_fails_its_batch_on_time_and_is_not_reused_
     wg, cfg = rm_group
     # A timeout no real call can meet: every batch times out, and each replica stays late until its call ends.
     executor = executor_for(wg, cfg, BatchPolicy(max_batch_size=4, max_wait_ms=0), replace=False,
-                            batch_fn=RMBatchFn(timeout_s=1e-4))
+                            batch_fn=RMBatchFn(timeout_s=1e-4, late_limit_s=HANG_S))
     reqs = requests(policy_tok, 4, "d")
 
     async def main():
@@ -170,3 +170,27 @@ def test_a_replica_past_score_timeout_fails_its_batch_on_time_and_is_not_reused_
     finally:
         ray.kill(executor)
     assert settled["slots_lost"] == 0 and settled["slots_late"] == 0
+
+
+def test_a_replica_silent_past_the_late_limit_is_killed_and_replaced(rm_group, policy_tok):
+    wg, cfg = rm_group
+    # the batch times out at once, and the late call is given no time either: the replica counts as lost
+    executor = executor_for(wg, cfg, BatchPolicy(max_batch_size=4, max_wait_ms=0), replace=True,
+                            batch_fn=RMBatchFn(timeout_s=1e-4, late_limit_s=1e-4))
+    reqs = requests(policy_tok, 1, "e")
+
+    async def main():
+        outcome = await asyncio.gather(submit_with_timeout(executor, reqs[0], timeout_s=HANG_S), return_exceptions=True)
+        replaced = await wait_stats(executor, lambda s: s["slots_replaced_total"] >= 1, "a replica replaced")
+        return outcome[0], replaced, await executor.slots.remote()
+
+    try:
+        outcome, replaced, slots = asyncio.run(main())
+    finally:
+        ray.kill(executor)
+    assert isinstance(outcome, ReplicaTimeoutError)
+    assert replaced["slots_lost_total"] >= 1
+    old = [w for w in wg.workers if w not in slots]
+    assert old, "the lost replica was swapped for a new one"
+    with pytest.raises(ray.exceptions.RayActorError):  # the silent replica was killed, not left running
+        ray.get(old[0].describe.remote(), timeout=60)

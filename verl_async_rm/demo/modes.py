@@ -54,7 +54,7 @@ def _column(output: Any, key: str) -> list[float]:
 
 def run_async_step(manager: Any, server: Any, prompts: Any, step: int) -> StepTimeline:
     """One step through the plugin's manager; rewards are read from verl's ``rm_scores``."""
-    replicas = list(manager.rm_worker_group.workers)
+    replicas = list(manager.replicas)  # current handles (a lost replica is replaced)
     _begin(server, replicas)
     t0 = time.time()
     output = manager.generate_sequences(prompts)

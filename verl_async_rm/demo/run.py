@@ -125,7 +125,7 @@ def _run_modes(config: DemoConfig, trainer_config: Any, tiny: Any, bar: Any) -> 
                                         reward_loop_worker_handles=None)
         actors += plain.agent_loop_workers
         ray.get([w.__ray_ready__.remote() for w in plain.agent_loop_workers], timeout=config.step_timeout_s)
-        replicas = list(manager.rm_worker_group.workers)
+        replicas = list(manager.replicas)
         mix = AsyncRMConfig.from_verl(trainer_config).mix
         rule = _rule_scorer(AutoTokenizer.from_pretrained(tiny.policy))
         bar.update(1)

@@ -29,20 +29,27 @@ class RMBatchFn:
     - the replica's ``score`` raised: :class:`RewardModelError`, which the executor may bisect to find the item;
     - no answer within ``timeout_s``: :class:`ReplicaTimeoutError` (also a ``RequestTimeoutError``) for the batch's
       requests; the call is left running (a synchronous actor cannot be interrupted) and its ``slot_ready`` tells
-      the executor to give the replica no new batch until it answers.
+      the executor to give the replica no new batch until it answers. A replica still silent ``late_limit_s``
+      later (default ``2 * timeout_s``) is declared lost (:class:`ReplicaLostError`): killed and replaced.
 
     Picklable (plain attributes), so it can be handed to an executor actor.
 
     Args:
         timeout_s: longest wait for one batch.
         method: the replica's scoring method.
+        late_limit_s: how long after a timeout a replica may stay busy with the late call before it counts as lost;
+            None: ``2 * timeout_s``.
     """
 
-    def __init__(self, timeout_s: float = 600.0, method: str = "score") -> None:
-        if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not timeout_s > 0:
-            raise ValueError(f"timeout_s={timeout_s!r}: must be a positive number of seconds. Fix: timeout_s=600")
+    def __init__(self, timeout_s: float = 600.0, method: str = "score", late_limit_s: float | None = None) -> None:
+        for key, value in (("timeout_s", timeout_s), ("late_limit_s", late_limit_s)):
+            if value is None and key == "late_limit_s":
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ValueError(f"{key}={value!r}: must be a positive number of seconds. Fix: {key}=600")
         self.timeout_s = float(timeout_s)
         self.method = method
+        self.late_limit_s = 2.0 * self.timeout_s if late_limit_s is None else float(late_limit_s)
 
     @classmethod
     def from_config(cls, config: RMConfig) -> RMBatchFn:
@@ -68,7 +75,7 @@ class RMBatchFn:
                 f"RM replica did not score a batch of {len(items)} within score_timeout_s={self.timeout_s:g}s; it "
                 "gets no new batch until it answers. Fix: raise score_timeout_s, or lower max_batch_size / "
                 "micro_batch_max_tokens",
-                slot_ready=answer,
+                slot_ready=_late_answer(answer, self.late_limit_s),
             )
         try:
             results = answer.result()
@@ -89,6 +96,16 @@ def _entry(result: Any) -> float | Exception:
     if isinstance(result, float):
         return result
     return RewardModelError(f"RM replica returned {type(result).__name__} where a float score was expected")
+
+
+async def _late_answer(answer: asyncio.Future, limit_s: float) -> None:
+    """Wait for a late call; a replica that stays silent ``limit_s`` longer is lost (the executor replaces it)."""
+    done, _ = await asyncio.wait({answer}, timeout=limit_s)
+    if not done:
+        raise ReplicaLostError(
+            f"RM replica still had not answered a batch {limit_s:g}s after it timed out; treating it as lost"
+        )
+    answer.result()  # a dead replica raises its RayActorError here: the slot is lost too
 
 
 def _consume(answer: asyncio.Future) -> None:

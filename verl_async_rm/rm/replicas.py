@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import uuid
 from typing import Any
 
 import ray
@@ -52,7 +53,7 @@ class ReplicaFactory:
             "MASTER_ADDR": str(getattr(worker_group, "_master_addr", "") or ""),
             "MASTER_PORT": str(getattr(worker_group, "_master_port", "") or ""),
         }
-        self.name_prefix = f"{worker_group.name_prefix}async_rm_replica"
+        self.name_prefix = f"{worker_group.name_prefix}async_rm_replica_{uuid.uuid4().hex[:6]}"
         self.made = 0
 
     async def __call__(self, old: Any, index: int) -> Any:
