@@ -36,8 +36,10 @@ logger = logging.getLogger(__name__)
 #: ``async batch_fn(items, slot) -> list``: one result or ``Exception`` instance per item, in order.
 BatchFn = Callable[[list[Any], Any], Awaitable[list[Any]]]
 
-#: Length grouping looks at most this many batches' worth of requests past the due ones.
-_GROUP_WINDOW_BATCHES = 4
+#: Length grouping picks from at most this many batches' worth of requests after the oldest one. Wider groups better
+#: under a backlog (overlap bench, 4096 trajectories on 1 replica: padding 0.097 at 4, 0.039 at 16) and costs no
+#: fairness: the oldest request is in every batch, so a request with p ahead of it leaves within p + 1 batches.
+_GROUP_WINDOW_BATCHES = 16
 _CLOCK_RESOLUTION = time.get_clock_info("monotonic").resolution
 
 

@@ -74,8 +74,9 @@ class BatchPolicy:
     group_by_length: bool = field(
         default=True,
         metadata={
-            "help": "When more requests are pending than fit in one batch, pick those closest in num_tokens to the "
-            "oldest one (after every request already past max_wait_ms) to cut padding."
+            "help": "When more requests are pending than fit in one batch, fill the batch (after the oldest request, "
+            "always taken) with those closest in num_tokens to it, overdue ones first, from a window after the "
+            "oldest, to cut padding; False: strict arrival order."
         },
     )
     bisect_on_error: bool = field(
