@@ -173,3 +173,25 @@ def test_a_late_call_that_ends_with_the_replica_dead_loses_the_slot():
 
     stats = run_virtual(main)
     assert stats["slots_lost"] == 1 and stats["slots_late"] == 0 and stats["slots_free"] == 1
+
+
+def test_a_slot_lost_while_closing_fails_its_requests_instead_of_requeueing_them():
+    async def main():
+        fn = Replicas(delay_s=1.0)
+        fn.dead.add("r0")
+        replaced = []
+
+        async def replace(slot, index):
+            replaced.append(index)
+            return "never used"
+
+        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=2, max_wait_ms=0), slots=["r0"],
+                                          replace_slot=replace)
+        running = spawn(executor, ["a", "b"])
+        await asyncio.sleep(0.5)  # the batch is running on r0, which will turn out dead
+        await executor.aclose(grace_s=5.0)
+        return await asyncio.gather(*running, return_exceptions=True), replaced
+
+    outcomes, replaced = run_virtual(main)
+    assert [type(o).__name__ for o in outcomes] == ["ExecutorClosedError"] * 2  # not stranded in a dead queue
+    assert replaced == []  # no replica is started while shutting down

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from verl_async_rm.errors import NoSlotsError, RequestTimeoutError, SlotLostError
+from verl_async_rm.errors import ExecutorClosedError, NoSlotsError, RequestTimeoutError, SlotLostError
 from verl_async_rm.executor.request import BLOCKED, DONE, PENDING, RUNNING, Request
 
 __all__ = ["SettlingMixin"]
@@ -78,7 +78,10 @@ class SettlingMixin:
         for req in batch:
             if req.state != RUNNING:
                 continue
-            if req.requeued >= self.policy.slot_retries:
+            if self._closed:  # no loop will serve the queue again
+                self._settle(req, None, ExecutorClosedError(
+                    f"executor {self._name!r} was closed while the request's slot was lost ({exc})"))
+            elif req.requeued >= self.policy.slot_retries:
                 self._settle(req, None, exc)
             else:
                 req.requeued += 1

@@ -45,6 +45,7 @@ class SlotTable:
         self._on_change = on_change
         self._name = name
         self._tasks: set[asyncio.Task] = set()
+        self._closed = False
         self.counts = Counter(lost=0, replaced=0, replace_failed=0, late=0)
 
     def __len__(self) -> int:
@@ -87,7 +88,7 @@ class SlotTable:
     def lose(self, index: int, cause: BaseException) -> None:
         """The slot is gone: replace it if a replacement function was given, else retire it."""
         self.counts["lost"] += 1
-        if self._replace is None:
+        if self._replace is None or self._closed:
             logger.error("executor %r: slot %d lost (%s); %d slot(s) left", self._name, index, cause, self.usable - 1)
             self._retire(index)
             return
@@ -103,7 +104,8 @@ class SlotTable:
         return out
 
     async def aclose(self) -> None:
-        """Stop waiting for late slots and replacements."""
+        """Stop waiting for late slots and replacements; slots lost from now on are retired, not replaced."""
+        self._closed = True
         tasks, self._tasks = self._tasks, set()
         for task in tasks:
             task.cancel()
