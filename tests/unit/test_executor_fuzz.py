@@ -1,7 +1,8 @@
 """Fuzz: random arrival patterns, slot counts, policies, failures, cancellations, deadlines, drains, crashes of the
 loop and shutdowns, on the virtual-time loop (deterministic; a hang raises instead of blocking).
 
-Invariants checked on every run: every submitted request resolves exactly once, with an outcome it is allowed to have;
+Slots die too (a call raises SlotLostError; the executor re-queues its requests and asks for a replacement, which may
+fail). Invariants checked on every run: every submitted request resolves exactly once, with an outcome it is allowed to have;
 no batch exceeds ``max_batch_size`` or (unless alone) ``max_batch_tokens``; no slot runs two calls at once; a request
 that was settled before being dispatched (cancelled, timed out, closed, crashed) never reaches ``batch_fn``; the
 statistics add up; the executor ends idle.
@@ -22,8 +23,10 @@ from verl_async_rm.errors import (
     BatchResultError,
     ExecutorClosedError,
     ExecutorCrashedError,
+    NoSlotsError,
     QueueFullError,
     RequestTimeoutError,
+    SlotLostError,
 )
 from verl_async_rm.executor import BatchPolicy, PendingRequestExecutor
 from verl_async_rm.executor.runner import bisect_budget
@@ -63,6 +66,8 @@ class Scenario:
     p_drain: float
     crash_at: int | None  # make the loop raise on this call of _flush_reason
     close_at_s: float | None  # aclose at this virtual time (else: wait for everything, then close)
+    p_kill: float = 0.0  # a call's slot dies under it
+    p_replace_fail: float = 0.0  # a replacement of a dead slot fails
 
 
 def random_scenario(rng: random.Random, requests: int) -> Scenario:
@@ -90,6 +95,8 @@ def random_scenario(rng: random.Random, requests: int) -> Scenario:
         p_drain=rng.choice([0.0, 0.02]),
         crash_at=rng.choice([None, None, None, rng.randint(1, 50)]),
         close_at_s=rng.choice([None, None, None, rng.uniform(0.0, 0.2)]),
+        p_kill=rng.choice([0.0, 0.0, 0.02, 0.1]),
+        p_replace_fail=rng.choice([0.0, 0.3, 1.0]),
     )
 
 
@@ -112,6 +119,10 @@ class FuzzBatchFn:
     reqs: list[Req]
     rng: random.Random
     p_wrong_length: float
+    p_kill: float = 0.0
+    p_replace_fail: float = 0.0
+    dead: set = field(default_factory=set)
+    replaced: int = 0
     calls: list[tuple[list[int], object]] = field(default_factory=list)
     busy: set = field(default_factory=set)
     seen: set = field(default_factory=set)
@@ -124,9 +135,13 @@ class FuzzBatchFn:
             self.overlaps += 1
         self.busy.add(slot)
         try:
+            if self.rng.random() < self.p_kill:
+                self.dead.add(slot)
             exec_s = self.rng.choice([0.0, 0.0005, 0.002, 0.01, 0.03, 0.3 if self.rng.random() < 0.05 else 0.001])
             if exec_s:
                 await asyncio.sleep(exec_s)
+            if slot in self.dead:
+                raise SlotLostError(f"{slot} died")
             if any(self.reqs[i].kind == "poison" for i in items):
                 raise Poison(f"poison in {items}")
             out: list[object] = [ItemError(i) if self.reqs[i].kind == "item_error" else i * 2 for i in items]
@@ -135,6 +150,13 @@ class FuzzBatchFn:
             return out
         finally:
             self.busy.discard(slot)
+
+    async def replace(self, slot: object, index: int) -> object:
+        await asyncio.sleep(self.rng.choice([0.0, 0.005, 0.05]))
+        if self.rng.random() < self.p_replace_fail:
+            raise RuntimeError(f"no room for a new {slot}")
+        self.replaced += 1
+        return f"{slot}'"
 
 
 def run_scenario(sc: Scenario) -> dict:
@@ -157,13 +179,14 @@ def run_scenario(sc: Scenario) -> dict:
         max_pending=sc.max_pending, overflow=sc.overflow, default_deadline_s=sc.default_deadline_s,
         batch_timeout_s=sc.batch_timeout_s, group_by_length=sc.group_by_length, bisect_on_error=sc.bisect_on_error,
     )
-    fn = FuzzBatchFn(reqs, random.Random(sc.seed + 1), sc.p_wrong_length)
+    fn = FuzzBatchFn(reqs, random.Random(sc.seed + 1), sc.p_wrong_length, sc.p_kill, sc.p_replace_fail)
     cancelled_by_us: set[int] = set()
     over_budget: list[tuple[int, int]] = []
 
     async def main() -> dict:
         loop = asyncio.get_running_loop()
-        executor = PendingRequestExecutor(fn, policy, slots=[f"slot{k}" for k in range(sc.slots)])
+        executor = PendingRequestExecutor(fn, policy, slots=[f"slot{k}" for k in range(sc.slots)],
+                                          replace_slot=fn.replace)
         if sc.crash_at is not None:
             real, count = executor._flush_reason, [0]
 
@@ -179,7 +202,7 @@ def run_scenario(sc: Scenario) -> dict:
         async def counted_run(batch, slot):
             before = sum(1 for _, s in fn.calls if s == slot)  # one batch per slot at a time
             try:
-                await real_run(batch, slot)
+                return await real_run(batch, slot)  # the slot verdict (lost / late / fine) goes back to the executor
             finally:
                 extra = sum(1 for _, s in fn.calls if s == slot) - before - 1
                 if extra > bisect_budget(len(batch)):
@@ -255,6 +278,10 @@ def check(sc: Scenario, reqs: list[Req], fn: FuzzBatchFn, stats: dict, cancelled
             assert closed, req
         elif isinstance(o, ExecutorCrashedError):
             assert sc.crash_at is not None, (req, o)
+        elif isinstance(o, SlotLostError):  # re-queued slot_retries times, each time onto a slot that died
+            assert sc.p_kill > 0 and req.i in fn.seen, req
+        elif isinstance(o, NoSlotsError):  # every slot died and could not be replaced
+            assert sc.p_kill > 0 and sc.p_replace_fail > 0, req
         elif isinstance(o, BatchResultError):
             assert sc.p_wrong_length > 0 and req.i in fn.seen, req
         else:
@@ -262,6 +289,7 @@ def check(sc: Scenario, reqs: list[Req], fn: FuzzBatchFn, stats: dict, cancelled
         if req.settled_unseen:
             assert req.i not in fn.seen, f"request {req.i} reached batch_fn after it was settled ({o!r})"
     max_calls_per_item = 2 + math.ceil(math.log2(sc.max_batch_size)) if sc.bisect_on_error else 1
+    max_calls_per_item *= 1 + BatchPolicy().slot_retries  # each re-queue after a lost slot may run it again
     per_item: dict[int, int] = {}
     for items, _ in fn.calls:
         assert 1 <= len(items) <= sc.max_batch_size, items
@@ -277,7 +305,8 @@ def check(sc: Scenario, reqs: list[Req], fn: FuzzBatchFn, stats: dict, cancelled
     assert stats["submitted"] + stats["rejected"] == len(reqs), stats
     assert values <= stats["completed"] <= values + len(cancelled_by_us)
     assert stats["queue_len"] == stats["blocked"] == stats["in_flight_batches"] == stats["in_flight_requests"] == 0
-    assert stats["free_slots"] == sc.slots
+    assert stats["free_slots"] + stats["slots_lost"] == sc.slots
+    assert stats["slots_lost_total"] == stats["slots_replaced_total"] + stats["slots_replace_failed_total"]
 
 
 @pytest.mark.parametrize("seed", range(40))
