@@ -90,13 +90,12 @@ class Never:
 
 
 def test_a_trajectory_waiting_on_an_executor_that_dies_fails_at_once(ray_local, policy_tok):
+    from ray import cloudpickle
     from rm_cases import make_request
     from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
 
     from verl_async_rm.executor import BatchPolicy, create_executor_actor
     from verl_async_rm.integration.worker import AsyncRMWorkerMixin
-
-    from ray import cloudpickle
 
     cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test module
     try:

@@ -20,7 +20,7 @@ from rm_cases import ANSWERS, QUESTIONS, direct_score, hf_model, make_request
 
 from verl_async_rm.errors import NoSlotsError, ReplicaTimeoutError
 from verl_async_rm.executor import BatchPolicy, create_executor_actor, submit_with_timeout
-from verl_async_rm.rm import RMBatchFn, RMConfig, ReplicaFactory, create_rm_worker_group, shutdown_rm_worker_group
+from verl_async_rm.rm import ReplicaFactory, RMBatchFn, RMConfig, create_rm_worker_group, shutdown_rm_worker_group
 
 pytestmark = pytest.mark.integration
 

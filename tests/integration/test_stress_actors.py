@@ -119,7 +119,7 @@ def test_ten_thousand_requests_resolve_exactly_once_through_the_actors(by_value)
             tasks.append(task)
             if i in cancel_at:
                 asyncio.get_running_loop().call_later(cancel_at[i], task.cancel)
-        done, pending = await asyncio.wait(tasks, timeout=HANG_S)
+        _, pending = await asyncio.wait(tasks, timeout=HANG_S)
         stop.set()
         kills = await kill_task
         stats = None

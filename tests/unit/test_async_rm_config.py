@@ -293,3 +293,13 @@ def test_readme_documents_every_async_rm_key():
     keys = {f.name for cls in (BatchPolicy, RMConfig, RewardMix, IntegrationConfig) for f in dataclasses.fields(cls)}
     missing = sorted(k for k in keys - set(_VERL_OWNED_RM_FIELDS) if f"| `{k}` |" not in readme)
     assert missing == []
+
+
+def test_on_error_drop_is_refused_with_the_v1_trainer_before_anything_starts(tiny_models):
+    """v1's manager never sees the batch before advantages: a dropped trajectory could not be excluded there."""
+    from verl_async_rm.integration.manager import AsyncRMAgentLoopManagerV1
+
+    config = compose(tiny_models, "+async_rm.on_error=drop", trainer="v1")
+    assert AsyncRMConfig.from_verl(config).integration.on_error == "drop"  # valid as a value (v0 uses it)
+    with pytest.raises(ValueError, match=r"on_error=drop needs the v0 trainer .*trainer.use_v1=False"):
+        AsyncRMAgentLoopManagerV1(config, llm_client=None)  # raises before verl builds workers or Ray is needed

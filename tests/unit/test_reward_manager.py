@@ -187,3 +187,36 @@ async def test_non_finite_rule_score_raises_instead_of_a_nan_reward(tiny_models,
     manager = load_manager(config, tokenizer)
     with pytest.raises(ValueError, match=r"rule score of data_source='tiny/no_rule' is nan"):
         await manager.run_single(make_data(tokenizer))
+
+
+@pytest.mark.asyncio
+async def test_on_error_drop_flags_the_trajectory_with_the_same_keys_as_a_scored_one(tiny_models, tokenizer):
+    from verl_async_rm.reward.combine import RM_ERROR_KEY
+
+    manager = load_manager(make_config(tiny_models, "+async_rm.on_error=drop", "+async_rm.rule_weight=0.5",
+                                       "+async_rm.rm_weight=2.0", f"reward.custom_reward_function.path={RULES}",
+                                       "reward.custom_reward_function.name=exact_match"),
+                           tokenizer)
+    scored = await manager.run_single(make_data(tokenizer, rm_score=1.0))
+    failed = make_data(tokenizer, rm_score=None)
+    failed.non_tensor_batch[RM_ERROR_KEY] = np.array(["NonFiniteScoreError: the RM returned nan"], dtype=object)
+    failed.non_tensor_batch[RM_SCORE_KEY] = np.array([None], dtype=object)
+    dropped = await manager.run_single(failed)
+    assert set(dropped["reward_extra_info"]) == set(scored["reward_extra_info"])  # verl stacks them
+    assert scored["reward_extra_info"]["rm_dropped"] == 0.0 and scored["reward_extra_info"]["rm_error"] == ""
+    assert dropped["reward_extra_info"]["rm_dropped"] == 1.0
+    assert "NonFiniteScoreError" in dropped["reward_extra_info"]["rm_error"]
+    # NaN, never a stand-in number: the v0 manager replaces it by the group mean and masks the row (apply_drops)
+    assert math.isnan(dropped["reward_score"]) and math.isnan(dropped["reward_extra_info"]["rm_score"])
+    assert dropped["reward_extra_info"]["rule_score"] == scored["reward_extra_info"]["rule_score"]
+
+
+@pytest.mark.asyncio
+async def test_an_rm_error_without_on_error_drop_is_refused(tiny_models, tokenizer):
+    from verl_async_rm.reward.combine import RM_ERROR_KEY
+
+    manager = load_manager(make_config(tiny_models, "+async_rm.rule_weight=0"), tokenizer)
+    failed = make_data(tokenizer, rm_score=None)
+    failed.non_tensor_batch[RM_ERROR_KEY] = np.array(["boom"], dtype=object)
+    with pytest.raises(RewardModelError, match="found no RM score"):
+        await manager.run_single(failed)
