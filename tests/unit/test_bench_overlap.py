@@ -68,8 +68,18 @@ def test_real_clock_run_writes_files_with_the_keys(tmp_path, capsys):
     assert all(report["policies"][n]["step_s"] > 0 for n in POLICY_NAMES)
 
 
+def test_your_rm_costs_drive_the_simulated_replicas(tmp_path, capsys):
+    report, _ = _run(tmp_path, capsys, "--clock", "virtual", "--rm-batch-ms", "12", "--rm-us-per-token", "5")
+    assert report["rm_model"]["a_s"] == pytest.approx(0.012)
+    assert report["rm_model"]["b_s_per_token"] == pytest.approx(5e-6)
+    assert report["rm_model"]["source"] == "given on the command line"
+    # the lone latency is a + b * tokens of the last trajectory, so it lies within the workload's token range
+    assert 0.012 < report["lone_latency_s"] <= 0.012 + 5e-6 * report["workload"]["tokens_max"]
+
+
 @pytest.mark.parametrize("args", [["--replicas", "0"], ["--trajectories", "-1"], ["--clock", "wall"],
-                                  ["--time-scale", "0"]])
+                                  ["--time-scale", "0"], ["--rm-batch-ms", "-1"],
+                                  ["--rm", "tiny", "--rm-us-per-token", "5"]])
 def test_bad_options_exit_with_usage_error(tmp_path, args):
     with pytest.raises(SystemExit) as exc:
         cli_main(["bench", "--out", str(tmp_path), *args])

@@ -50,6 +50,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rm", choices=["sim", "tiny"], default="sim",
                         help="sim: a ~7B RM on one H100 (a=30 ms, b=40 us/token); tiny: a and b fitted to the real "
                         "tiny RM on this CPU (default sim)")
+    parser.add_argument("--rm-batch-ms", type=float, default=None,
+                        help="with --rm sim: your RM's fixed cost per batch call, a, in ms (measure a batch of one "
+                        "short input; default 30)")
+    parser.add_argument("--rm-us-per-token", type=float, default=None,
+                        help="with --rm sim: your RM's cost per padded token, b, in microseconds (measure a large "
+                        "batch; default 40)")
     parser.add_argument("--max-batch-size", type=int, default=None,
                         help="batch cap of sync, drain and async (default: BatchPolicy's, 32)")
     parser.add_argument("--max-wait-ms", type=float, default=None,
@@ -74,6 +80,9 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         parser.error(f"--max-batch-size must be >= 1, got {args.max_batch_size}")
     if args.max_wait_ms is not None and not args.max_wait_ms >= 0:
         parser.error(f"--max-wait-ms must be >= 0, got {args.max_wait_ms}")
+    for flag, value in (("--rm-batch-ms", args.rm_batch_ms), ("--rm-us-per-token", args.rm_us_per_token)):
+        if value is not None and (args.rm != "sim" or not value >= 0):
+            parser.error(f"{flag}={value}: needs --rm sim and a value >= 0 (measured on your RM)")
     if not 0 < args.time_scale <= 100:
         parser.error(f"--time-scale must be in (0, 100], got {args.time_scale}")
 
@@ -86,7 +95,13 @@ def run(args: argparse.Namespace, *, progress=None) -> dict[str, Any]:
 
         cost, calibration = calibrate_tiny_rm(seed=args.seed)
     else:
-        cost = RMCostModel()
+        default = RMCostModel()
+        cost = RMCostModel(
+            a_s=default.a_s if args.rm_batch_ms is None else args.rm_batch_ms / 1e3,
+            b_s_per_token=default.b_s_per_token if args.rm_us_per_token is None else args.rm_us_per_token / 1e6,
+            **({"source": "given on the command line"} if args.rm_batch_ms is not None
+               or args.rm_us_per_token is not None else {}),
+        )
     workload_config = WorkloadConfig(trajectories=args.trajectories, seed=args.seed)
     workload = generate_workload(workload_config)
     policies = executor_policies(args.max_batch_size, args.max_wait_ms)
