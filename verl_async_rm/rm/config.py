@@ -130,7 +130,9 @@ class RMConfig:
     )
     init_timeout_s: float = field(default=900.0, metadata={"help": "How long a replica may take to load the RM."})
     score_timeout_s: float = field(
-        default=600.0, metadata={"help": "How long one batch may take on a replica before the call fails."}
+        default=600.0,
+        metadata={"help": "How long one batch may take on a replica before its trajectories fail; the replica then "
+                          "gets no batch until it answers, and is killed and replaced if still silent 2x as long."},
     )
 
     def __post_init__(self) -> None:
