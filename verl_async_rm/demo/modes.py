@@ -60,14 +60,8 @@ def run_async_step(manager: Any, server: Any, prompts: Any, step: int) -> StepTi
     output = manager.generate_sequences(prompts)
     t_end = time.time()
     timing = output.meta_info.get("timing", {})
-    return StepTimeline(
-        mode="async",
-        step=step,
-        t0=t0,
-        t_end=t_end,
-        finishes=_finishes(server),
-        batches=collect_batches(replicas),
-        num_replicas=len(replicas),
+    return _timeline(
+        "async", step, t0, t_end, server, replicas,
         rewards=[float(v) for v in output.batch["rm_scores"].sum(dim=-1).tolist()],
         rm_scores=_column(output, "rm_score"),
         rule_scores=_column(output, "rule_score"),
@@ -77,6 +71,13 @@ def run_async_step(manager: Any, server: Any, prompts: Any, step: int) -> StepTi
             "errors": timing.get("async_rm/errors"),
         },
     )
+
+
+def _timeline(mode: str, step: int, t0: float, t_end: float, server: Any, replicas: Sequence[Any],
+              **scores: Any) -> StepTimeline:
+    """The step's record: its times, the finishes the server saw and the batches the replicas ran."""
+    return StepTimeline(mode=mode, step=step, t0=t0, t_end=t_end, finishes=_finishes(server),
+                        batches=collect_batches(replicas), num_replicas=len(replicas), **scores)
 
 
 def requests_from_output(output: Any) -> list[RMRequest]:
@@ -137,16 +138,7 @@ def run_sync_step(
     rule_scores = [rule_score(output, i) for i in range(len(output))] if mix.uses_rule else [0.0] * len(output)
     rewards = [mix.combine(rm, rule) for rm, rule in zip(rm_scores, rule_scores, strict=True)]
     t_end = time.time()
-    return StepTimeline(
-        mode="sync",
-        step=step,
-        t0=t0,
-        t_end=t_end,
-        finishes=_finishes(server),
-        batches=collect_batches(replicas),
-        num_replicas=len(replicas),
-        rewards=rewards,
-        rm_scores=rm_scores,
-        rule_scores=rule_scores,
+    return _timeline(
+        "sync", step, t0, t_end, server, replicas, rewards=rewards, rm_scores=rm_scores, rule_scores=rule_scores,
         extra={"executor_reward_tail_s": None, "executor_rm_utilization": None, "errors": 0},
     )

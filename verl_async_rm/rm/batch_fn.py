@@ -42,14 +42,9 @@ class RMBatchFn:
     """
 
     def __init__(self, timeout_s: float = 600.0, method: str = "score", late_limit_s: float | None = None) -> None:
-        for key, value in (("timeout_s", timeout_s), ("late_limit_s", late_limit_s)):
-            if value is None and key == "late_limit_s":
-                continue
-            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-                raise ValueError(f"{key}={value!r}: must be a positive number of seconds. Fix: {key}=600")
-        self.timeout_s = float(timeout_s)
+        self.timeout_s = _seconds("timeout_s", timeout_s)
         self.method = method
-        self.late_limit_s = 2.0 * self.timeout_s if late_limit_s is None else float(late_limit_s)
+        self.late_limit_s = 2.0 * self.timeout_s if late_limit_s is None else _seconds("late_limit_s", late_limit_s)
 
     @classmethod
     def from_config(cls, config: RMConfig) -> RMBatchFn:
@@ -96,6 +91,12 @@ def _entry(result: Any) -> float | Exception:
     if isinstance(result, float):
         return result
     return RewardModelError(f"RM replica returned {type(result).__name__} where a float score was expected")
+
+
+def _seconds(key: str, value: object) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ValueError(f"{key}={value!r}: must be a positive number of seconds. Fix: {key}=600")
+    return float(value)
 
 
 async def _late_answer(answer: asyncio.Future, limit_s: float) -> None:
