@@ -24,6 +24,7 @@ __all__ = [
     "ReplicaTimeoutError",
     "ExecutorLostError",
     "TrajectoryDroppedError",
+    "RMScoreError",
     "NonFiniteScoreError",
     "RewardInputError",
     "ResourcePoolError",
@@ -116,6 +117,11 @@ class ExecutorLostError(AsyncRMError):
 
 class TrajectoryDroppedError(RewardModelError):
     """Raised when more trajectories of a step lost their RM score than ``async_rm.drop_budget`` allows."""
+
+
+class RMScoreError(RewardModelError):
+    """Raised at the end of a v1 training step (or validation pass) in which a trajectory got no RM score while
+    ``async_rm.on_error='raise'``; the message names the trajectories and their errors."""
 
 
 class NonFiniteScoreError(RewardModelError):

@@ -1,89 +1,169 @@
-"""AsyncRMAgentLoopManager on verl's v1 (TransferQueue) trainer path: trajectories land in TransferQueue scored."""
+"""AsyncRMAgentLoopManager on verl's v1 trainer (the default): trajectories scored in TransferQueue, the step's
+``async_rm/*`` metrics logged by a real verl ``Tracking`` at the step's number, validation apart, and the faults of
+the README's table (replica killed, executor killed, poisoned trajectory, request timeout) under ``on_error=raise``.
+
+The loop is :class:`verl_async_rm.testing.V1FitLoop`: verl's own dispatch (``_submit_batch_to_rollout``), replay
+buffer and the plugin's hook of ``PPOTrainer.step``, without the policy's GPU work. The RM is the
+NaN-RM (the tiny RM whose ``</s>`` embedding is NaN): it scores like the tiny RM unless a response ends in ``</s>``,
+which the ``poisoned`` agent loop (tests/integration/assets) makes happen.
+"""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
+import ray
 import torch
 from manager_cases import RM_W, RULE_W, running_manager
 
 pytestmark = pytest.mark.integration
 
-WAIT_S = 240.0
-
-
-def prompts_td(questions, global_steps: int, first_index: int = 0):
-    from verl.utils import tensordict_utils as tu
-
-    return tu.get_tensordict(
-        tensor_dict={
-            "uid": [f"s{global_steps}q{first_index + i}" for i in range(len(questions))],
-            "raw_prompt": [[{"role": "user", "content": q}] for q in questions],
-            "data_source": ["tiny"] * len(questions),
-            "reward_model": [{"ground_truth": "42"} for _ in questions],
-            "index": torch.arange(first_index, first_index + len(questions)),
-        },
-        non_tensor_dict={"global_steps": global_steps},
-    )
+N = 2  # rollout.n
 
 
 @pytest.fixture(scope="module")
-def v1_manager(ray_local, tiny_models):
-    import transfer_queue as tq
+def v1_loop(ray_local, tiny_models, nan_rm):
+    from verl_async_rm.testing.v1 import V1FitLoop
 
-    with running_manager(ray_local, tiny_models, "v1") as (manager, _):
-        yield manager, tq
-
-
-def wait_finished(tq, uids, partition="train"):
-    """Poll TransferQueue's prompt tags until every prompt's agent loops have settled (bounded)."""
-    deadline = time.monotonic() + WAIT_S
-    while time.monotonic() < deadline:
-        tags = tq.kv_list(partition_id=partition).get(partition, {})
-        status = {uid: tags.get(uid, {}).get("status") for uid in uids}
-        if all(s in ("finished", "failure") for s in status.values()):
-            return status
-        time.sleep(0.2)
-    raise TimeoutError(f"trajectories did not settle within {WAIT_S}s: {status}")
+    with running_manager(ray_local, tiny_models, "v1", rm_path=nan_rm[0]) as (manager, config):
+        yield V1FitLoop(config, manager), manager
 
 
-def test_v1_trajectories_are_scored_in_transfer_queue(v1_manager, tiny_models):
+def _direct_scores(batch, rm_path, tiny_models):
+    """(RM score, rule score) of each sampled trajectory, computed with plain transformers and the test's rule."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from verl_async_rm.integration.manager import AsyncRMAgentLoopManagerV1
-
-    manager, tq = v1_manager
-    assert isinstance(manager, AsyncRMAgentLoopManagerV1)
-    questions = ["how many apples are left?", "what is the total cost?", "how fast is the train?"]
-    # one step dispatched as two batches (as verl's refills and async modes do): expected counts add up
-    first, refill = prompts_td(questions[:2], global_steps=1), prompts_td(questions[2:], global_steps=1, first_index=2)
-    uids = list(first["uid"]) + list(refill["uid"])
-    manager.generate_sequences(first)
-    manager.generate_sequences(refill)
-    status = wait_finished(tq, uids)
-    assert set(status.values()) == {"finished"}
-
-    keys = [f"{uid}_{session}_0" for uid in uids for session in range(2)]
-    data = tq.kv_batch_get(keys=keys, partition_id="train",
-                           select_fields=["prompts", "responses", "rm_scores", "extra_fields"])
-    rm = AutoModelForSequenceClassification.from_pretrained(tiny_models.rm, dtype=torch.float32).eval()
+    rm = AutoModelForSequenceClassification.from_pretrained(rm_path, dtype=torch.float32).eval()
     tok = AutoTokenizer.from_pretrained(tiny_models.policy)
-    for i in range(len(keys)):
-        prompt, response, rm_scores = data["prompts"][i], data["responses"][i], data["rm_scores"][i]
-        info = data["extra_fields"][i]["reward_extra_info"]
+    out = []
+    for i in range(len(batch.keys)):
+        prompt, response = batch.data["prompts"][i], batch.data["responses"][i]
         with torch.no_grad():
             ids = torch.cat([prompt, response]).unsqueeze(0)
             direct = float(rm.score(rm.model(input_ids=ids).last_hidden_state)[0, -1, 0])
-        rule = (len(tok.decode(response, skip_special_tokens=True)) % 7) / 7.0
-        assert info["rm_score"] == pytest.approx(direct, abs=1e-4) and info["rule_score"] == pytest.approx(rule)
-        assert float(rm_scores[-1]) == pytest.approx(RM_W * direct + RULE_W * rule, abs=1e-4)
-        assert float(rm_scores[:-1].abs().sum()) == 0.0
+        out.append((direct, (len(tok.decode(response, skip_special_tokens=True)) % 7) / 7.0))
+    return out
 
-    # the next step closes this one: its metrics cover all 6 trajectories
-    batch2 = prompts_td(["a new question"], global_steps=2)
-    manager.generate_sequences(batch2)
-    metrics = manager.last_metrics
-    assert metrics["async_rm/requests"] == 6 and metrics["async_rm/scored"] == 6 and metrics["async_rm/errors"] == 0
-    assert "async_rm/reward_tail_s" in metrics and "async_rm/rm_utilization" in metrics
-    assert set(wait_finished(tq, list(batch2["uid"])).values()) == {"finished"}
+
+def test_scores_and_metrics_reach_verls_tracker_at_their_steps(v1_loop, tiny_models, nan_rm, tmp_path, monkeypatch):
+    from verl.utils.tracking import Tracking
+
+    from verl_async_rm.testing.v1 import prompt_batch
+
+    loop, manager = v1_loop
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "metrics.jsonl"))
+    loop.logger = Tracking(project_name="p", experiment_name="e", default_backend=["console", "file"])
+    try:
+        # step 1 dispatched as two batches (as verl's refills are): both count in step 1
+        loop.dispatch(prompt_batch(["how many apples are left?", "what is the total cost?"]))
+        first = loop.train_step(prompt_batch(["how fast is the train?"]), batch_size=3)
+        val = loop.validate(prompt_batch(["a validation question", "another one"]))
+        second = loop.train_step(prompt_batch(["a new question"]))
+    finally:
+        loop.logger.finish()
+        loop.logger = None
+
+    assert len(first.keys) == 3 * N and len(second.keys) == N
+    for (direct, rule), i in zip(_direct_scores(first, nan_rm[0], tiny_models), range(len(first.keys)), strict=True):
+        info = first.reward_extra_info(i)
+        assert info["rm_score"] == pytest.approx(direct, abs=1e-4) and info["rule_score"] == pytest.approx(rule)
+        assert first.reward(i) == pytest.approx(RM_W * direct + RULE_W * rule, abs=1e-4)
+
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    logged = {(row["step"], key): value for row in lines for key, value in row["data"].items()}
+    # training figures at their step, validation (val_kwargs.n=1 per prompt) under its own prefix, never mixed in
+    assert logged[(1, "async_rm/requests")] == 3 * N and logged[(1, "async_rm/scored")] == 3 * N
+    assert logged[(1, "async_rm/errors")] == 0 and (1, "async_rm/rm_utilization") in logged
+    assert logged[(1, "val-async_rm/requests")] == 2 and logged[(1, "val-async_rm/scored")] == 2
+    assert logged[(2, "async_rm/requests")] == N and logged[(2, "async_rm/scored")] == N
+    assert not any(key.startswith("val-async_rm/") for step, key in logged if step == 2)
+    assert manager.last_metrics["async_rm/requests"] == N and manager.last_val_metrics["val-async_rm/requests"] == 2
+
+
+def test_a_poisoned_trajectory_stops_the_run_at_the_end_of_its_step(v1_loop):
+    import transfer_queue as tq
+
+    from verl_async_rm.errors import RMScoreError
+    from verl_async_rm.testing.v1 import prompt_batch
+
+    loop, manager = v1_loop
+    prompts = prompt_batch(["one", "two"], agent_names=["single_turn_agent", "poisoned"])
+    uids = list(prompts["uid"])
+    with pytest.raises(RMScoreError, match=rf"2 of 4 trajectories of step {loop.global_steps + 1}.*"
+                                            rf"trajectory {uids[1]}/\d.*NonFiniteScoreError"):
+        loop.train_step(prompts)
+    # verl's failure path: only the poisoned group is 'failure'; nothing of the step is left in TransferQueue
+    assert manager.last_metrics["async_rm/errors"] == 2 and manager.last_metrics["async_rm/scored"] == 2
+    assert not tq.kv_list(partition_id="train").get("train")
+
+
+def test_a_request_timeout_fails_the_step_under_raise(v1_loop):
+    from verl_async_rm.errors import RMScoreError
+    from verl_async_rm.testing.v1 import prompt_batch
+
+    loop, manager = v1_loop
+    integration = manager.async_rm_config.integration
+    ray.get([w.async_rm_attach.remote(manager.executor, 1e-4, "raise") for w in manager.agent_loop_workers])
+    try:
+        with pytest.raises(RMScoreError, match="RequestTimeoutError"):
+            loop.train_step(prompt_batch(["slow"]))
+    finally:
+        ray.get([w.async_rm_attach.remote(manager.executor, integration.request_timeout_s, "raise")
+                 for w in manager.agent_loop_workers])
+        _clear("train")  # the run would stop here: verl's replay buffer left the failed group in TransferQueue
+    assert loop.train_step(prompt_batch(["fast again"])).metrics["async_rm/scored"] == N
+
+
+def _clear(partition: str) -> None:
+    import transfer_queue as tq
+
+    keys = list(tq.kv_list(partition_id=partition).get(partition, {}))
+    if keys:
+        tq.kv_clear(keys=keys, partition_id=partition)
+
+
+def _wait_gone(actor) -> None:
+    for _ in range(600):  # ray.kill returns at once: wait until the actor is really gone
+        try:
+            ray.get(actor.ping.remote(), timeout=5)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return
+        time.sleep(0.05)
+
+
+def test_a_dead_executor_is_replaced_at_the_next_dispatch(v1_loop):
+    from verl_async_rm.testing.v1 import prompt_batch
+
+    loop, manager = v1_loop
+    old = manager.executor
+    ray.kill(old)
+    _wait_gone(old)
+    batch = loop.train_step(prompt_batch(["after the executor died", "and another"]))
+    assert manager.executor is not old
+    assert batch.metrics["async_rm/scored"] == 2 * N and batch.metrics["async_rm/errors"] == 0
+    assert batch.metrics["async_rm/executor_restarts_total"] >= 1
+    assert all(batch.reward_extra_info(i)["rm_score"] == batch.reward_extra_info(i)["rm_score"]  # not NaN
+               for i in range(len(batch.keys)))
+
+
+def test_a_replica_killed_mid_step_loses_no_trajectory(v1_loop):
+    """The first batch is held on replica 0 (a slow first call), killed there, re-queued and scored by the others."""
+    from verl_async_rm.testing.v1 import prompt_batch
+
+    loop, manager = v1_loop
+    victim = manager.replicas[0]
+    loop.dispatch(prompt_batch([f"question {i}" for i in range(4)]))
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # kill it while it (or its queue) holds this step's work
+        stats = ray.get(manager.executor.stats.remote(), timeout=30)
+        if stats["submitted"] > 0 and (stats["in_flight_requests"] or stats["queue_len"]):
+            break
+        time.sleep(0.01)
+    ray.kill(victim)
+    batch = loop.train_step(None, batch_size=4)
+    assert len(batch.keys) == 4 * N
+    assert batch.metrics["async_rm/scored"] == 4 * N and batch.metrics["async_rm/errors"] == 0
+    assert all(batch.reward_extra_info(i)["rm_score"] == batch.reward_extra_info(i)["rm_score"]
+               for i in range(len(batch.keys)))

@@ -27,7 +27,8 @@ from verl_async_rm.reward.manager import REWARD_MANAGER_NAME
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_verl_config", "legacy_keys_set", "LEGACY_KEYS", "ENTRY_MODULE"]
+__all__ = ["check_verl_config", "check_v1_trainer", "legacy_keys_set", "LEGACY_KEYS", "ENTRY_MODULE",
+           "V1_TRAINER_MODES"]
 
 ENTRY_MODULE = "verl_async_rm.main_ppo"
 #: Legacy top-level keys that verl 0.9.1's ``main_ppo`` ignores (all null in verl's defaults), with the keys
@@ -96,6 +97,37 @@ def check_verl_config(config: Any) -> None:
             "package's verl.plugins entry point; set reward.reward_manager.source=register"
         )
     _check_async_rm_settings(config)
+
+
+#: verl 0.9.1's v1 trainer modes (``trainer.v1.trainer_mode``, ``trainer/ppo/v1/__init__.py``); all work with the
+#: plugin: the step boundaries come from the fit loop every mode shares (:mod:`~verl_async_rm.integration.v1_hooks`).
+V1_TRAINER_MODES = ("sync", "colocate_async", "separate_async")
+
+
+def check_v1_trainer(config: Any, on_error: str) -> str:
+    """``trainer.v1.trainer_mode``, checked against what the plugin's ``on_error`` needs from verl's v1 trainer.
+
+    A mode verl 0.9.1 does not ship (a user's registered trainer) is logged. ``on_error=drop`` with the ``sync`` mode
+    needs ``trainer.v1.sampler.sync_refill_failed_groups=True``: verl's sync replay buffer stops the run when every
+    trajectory of a group failed and refilling is off (``trainer/ppo/v1/replay_buffer.py:495-510``), which a step
+    with dropped trajectories can reach.
+    """
+    mode = str(_get(config, "trainer.v1.trainer_mode") or "sync")
+    if mode not in V1_TRAINER_MODES:
+        logger.warning(
+            "verl_async_rm: trainer.v1.trainer_mode=%s is not one of verl 0.9.1's modes %s; the async_rm/* metrics "
+            "and on_error reach verl only if its trainer keeps PPOTrainer.step and PPOTrainer._validate",
+            mode, ", ".join(V1_TRAINER_MODES),
+        )
+    if on_error == "drop" and mode == "sync" and not _get(config, "trainer.v1.sampler.sync_refill_failed_groups"):
+        raise ValueError(
+            "async_rm.on_error=drop with trainer.v1.trainer_mode=sync needs "
+            "trainer.v1.sampler.sync_refill_failed_groups=True: a dropped trajectory's group takes verl's failure "
+            "path, and verl's sync replay buffer stops the run when every trajectory of a group failed unless it may "
+            "refill the group. Fix: add trainer.v1.sampler.sync_refill_failed_groups=True (verl then fetches one "
+            "prompt per dataloader call), or keep +async_rm.on_error=raise"
+        )
+    return mode
 
 
 def _check_async_rm_settings(config: Any) -> None:

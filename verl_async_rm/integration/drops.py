@@ -1,4 +1,11 @@
-"""``on_error='drop'`` for the v0 trainer: exclude the trajectories whose RM score failed from a generated batch.
+"""What a failed RM score does to a step: :func:`check_failures` (v1) and :func:`apply_drops` (v0).
+
+v1 (:func:`check_failures`, at the end of each training step or validation pass): the failed trajectory's session
+raised, so verl already gave its group the ``failure`` path (the trajectory is absent from TransferQueue; its group is
+padded, or refilled with ``trainer.v1.sampler.sync_refill_failed_groups``), and nothing trains on it. ``on_error=
+'raise'`` then stops the run with :class:`RMScoreError`; ``'drop'`` stops it only past ``drop_budget``.
+
+v0 (:func:`apply_drops`, ``on_error='drop'``): exclude the trajectories whose RM score failed from a generated batch.
 
 The reward manager marks such a trajectory (``rm_dropped=1``, ``rm_error``, a NaN reward at its last token).
 :func:`apply_drops` then, on the whole batch returned by ``generate_sequences``:
@@ -21,11 +28,38 @@ from typing import Any
 import numpy as np
 import torch
 
-from verl_async_rm.errors import TrajectoryDroppedError
+from verl_async_rm.errors import RMScoreError, TrajectoryDroppedError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["apply_drops"]
+__all__ = ["apply_drops", "check_failures"]
+
+
+def check_failures(record: Any, integration: Any, where: str) -> None:
+    """Apply ``on_error`` to a phase's record (:class:`~verl_async_rm.integration.ledger.PhaseRecord`).
+
+    Raises:
+        RMScoreError: ``on_error='raise'`` and a trajectory of the phase got no RM score.
+        TrajectoryDroppedError: ``on_error='drop'`` and more than ``drop_budget`` of the phase got none.
+    """
+    if not record.failed:
+        return
+    first = "; ".join(str(f) for f in record.failures[:3])
+    if integration.on_error != "drop":
+        raise RMScoreError(
+            f"{record.failed} of {record.requests} trajectories of {where} got no RM score (async_rm.on_error=raise); "
+            f"{first}. verl gave their groups its failure path, so nothing was trained on them. Fix: find why the RM "
+            "failed (these errors, the RM replicas' logs), or set +async_rm.on_error=drop to go on without them "
+            "within async_rm.drop_budget"
+        )
+    if record.failed > integration.drop_budget * record.requests:
+        raise TrajectoryDroppedError(
+            f"{record.failed} of {record.requests} trajectories of {where} got no RM score, more than "
+            f"async_rm.drop_budget={integration.drop_budget:g} allows; {first}. Fix: find why the RM fails (these "
+            "errors, the RM replicas' logs), or raise async_rm.drop_budget"
+        )
+    logger.warning("verl_async_rm: %d of %d trajectories of %s dropped (no RM score): %s", record.failed,
+                   record.requests, where, first)
 
 
 def apply_drops(output: Any, drop_budget: float, uids: Any = None) -> int:

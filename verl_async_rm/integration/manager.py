@@ -23,6 +23,7 @@ verl's v0 ``AgentLoopManager`` keeps a preset ``agent_loop_workers_class`` (``ag
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import uuid
 from typing import Any
@@ -34,9 +35,11 @@ from verl.utils.ray_utils import auto_await
 
 from verl_async_rm.config import AsyncRMConfig
 from verl_async_rm.executor.actor import create_executor_actor
-from verl_async_rm.integration.checks import check_verl_config
-from verl_async_rm.integration.drops import apply_drops
-from verl_async_rm.integration.metrics import step_metrics
+from verl_async_rm.integration import v1_hooks
+from verl_async_rm.integration.checks import check_v1_trainer, check_verl_config
+from verl_async_rm.integration.drops import apply_drops, check_failures
+from verl_async_rm.integration.ledger import PhaseRecord
+from verl_async_rm.integration.metrics import PREFIX, VAL_PREFIX, step_metrics
 from verl_async_rm.integration.worker import remote_worker_class
 from verl_async_rm.rm.batch_fn import RMBatchFn
 from verl_async_rm.rm.pool import create_rm_worker_group, shutdown_rm_worker_group
@@ -56,6 +59,7 @@ class _AsyncRMSide:
     def _async_rm_build(self, config: Any) -> None:
         check_verl_config(config)
         self.async_rm_config = AsyncRMConfig.from_verl(config)
+        self._async_rm_check(config)
         self.rm_worker_group = None
         self.executor = None
         self.last_metrics: dict[str, float] = {}
@@ -73,6 +77,9 @@ class _AsyncRMSide:
             "verl_async_rm: %d RM replica(s) from %s, batching %s",
             settings.rm.num_replicas, settings.rm.model_path, settings.batching.to_dict(),
         )
+
+    def _async_rm_check(self, config: Any) -> None:
+        """Checks of the trainer's settings that need ``async_rm_config``, before anything is started."""
 
     def _async_rm_new_executor(self):
         settings = self.async_rm_config
@@ -132,11 +139,14 @@ class _AsyncRMSide:
         if expected:
             await self._async_rm_control("expect", int(expected))
 
-    async def _async_rm_end_step(self) -> dict[str, float]:
+    async def _async_rm_end_step(
+        self, trajectories: PhaseRecord | None = None, prefix: str = PREFIX
+    ) -> dict[str, float]:
         """End a step: flush anything still pending and return the step's ``async_rm/*`` metrics.
 
         The replicas' own step counters (inputs truncated to ``max_length``, items that failed) are collected too;
-        each replica logs its truncation count once here.
+        each replica logs its truncation count once here. ``trajectories`` (v1: the agent-loop workers' record of
+        the phase) gives the trajectory counts instead of the executor's, which include every phase.
         """
         await self._async_rm_control("drain")
         executor_stats = await self._async_rm_control("pop_step_stats")
@@ -145,9 +155,10 @@ class _AsyncRMSide:
             asyncio.gather(*(w.pop_step_stats.remote() for w in self.replicas), return_exceptions=True),
             CONTROL_TIMEOUT_S,
         )
-        self.last_metrics = step_metrics(executor_stats, [r for r in replica_stats if isinstance(r, dict)])
-        self.last_metrics["async_rm/executor_restarts_total"] = float(self.executor_restarts)
-        return self.last_metrics
+        metrics = step_metrics(executor_stats, [r for r in replica_stats if isinstance(r, dict)], trajectories,
+                               prefix=prefix)
+        metrics[prefix + "executor_restarts_total"] = float(self.executor_restarts)
+        return metrics
 
     def shutdown(self) -> None:
         """Close the executor (pending requests fail with ExecutorClosedError) and release the RM pool. Idempotent."""
@@ -188,7 +199,7 @@ class AsyncRMAgentLoopManagerV0(_AsyncRMSide, AgentLoopManager):
             except Exception:  # noqa: BLE001 - the generation error is the one to report
                 logger.exception("verl_async_rm: could not close the failed step")
             raise
-        metrics = await self._async_rm_end_step()
+        metrics = self.last_metrics = await self._async_rm_end_step()
         integration = self.async_rm_config.integration
         if integration.on_error == "drop":
             uids = prompts.non_tensor_batch.get("uid")
@@ -200,45 +211,69 @@ class AsyncRMAgentLoopManagerV0(_AsyncRMSide, AgentLoopManager):
 class AsyncRMAgentLoopManagerV1(_AsyncRMSide, AgentLoopManagerTQ):
     """For the v1 trainer (``trainer.use_v1=True``, TransferQueue): ``generate_sequences`` only dispatches.
 
-    verl calls it for training batches, validation batches and refills, and in the async trainer modes while earlier
-    batches still run, so a call is not a step: each call adds its trajectories to the executor's expected count
-    (the drain fires when all have arrived), and the step's metrics close when ``global_steps`` changes. v1 gives
-    the manager no way to hand metrics to verl's tracker: each step's ``async_rm/*`` metrics are logged (INFO) when
-    the next step's first batch arrives, and kept in :attr:`last_metrics`.
+    verl calls ``generate_sequences`` for training batches, refills and validation batches, and in the async trainer
+    modes while earlier batches still run, so a call is not a step. The step boundaries come from verl's fit loop
+    instead, through :mod:`~verl_async_rm.integration.v1_hooks` (its wrappers of ``PPOTrainer.step`` and
+    ``_validate``): at the end of each training step (and of each validation pass) :meth:`async_rm_close` collects what the RM did since the previous close, applies ``on_error`` to
+    the trajectories that got no score, and returns the ``async_rm/*`` (``val-async_rm/*``) metrics, which verl logs
+    with its own ``Tracking`` at the step's number. In the ``sync`` trainer mode each training batch announces its
+    trajectory count to the executor (``expect``), so the step's last batch flushes the moment its last trajectory
+    arrives; the async modes stream prompts continuously and rely on ``max_wait_ms``.
     """
 
     def __init__(self, config, llm_client, teacher_client=None, reward_loop_worker_handles=None):
-        if AsyncRMConfig.from_verl(config).integration.on_error == "drop":
-            raise ValueError(
-                "async_rm.on_error=drop needs the v0 trainer (trainer.use_v1=False): verl's v1 trainer gives the "
-                "agent-loop manager no access to the batch before advantages are computed, so a dropped trajectory "
-                "could not be excluded. Fix: +async_rm.on_error=raise, or trainer.use_v1=False"
-            )
         super().__init__(config, llm_client, teacher_client, reward_loop_worker_handles)
         self.agent_loop_workers_class = remote_worker_class(use_v1=True)
         self._async_rm_build(config)
-        self._global_step = None
+        self.last_val_metrics: dict[str, float] = {}
+        v1_hooks.install()
+
+    def _async_rm_check(self, config: Any) -> None:
+        self._trainer_mode = check_v1_trainer(config, self.async_rm_config.integration.on_error)
 
     def generate_sequences(self, prompts) -> None:
         """Dispatch a batch of prompts (verl v1 semantics: returns once the agent loops are started)."""
-        self._v1_dispatch(prompts)
+        if self._trainer_mode == "sync":
+            expected = _v1_expected(prompts, self.config.actor_rollout_ref.rollout)
+            if expected:
+                self._v1_expect(expected)
         super().generate_sequences(prompts)
 
     @auto_await
-    async def _v1_dispatch(self, prompts) -> None:
-        from verl.utils import tensordict_utils as tu
+    async def _v1_expect(self, expected: int) -> None:
+        await self._async_rm_control("expect", expected)
 
-        step = tu.get_non_tensor_data(prompts, "global_steps", None)
-        if step != self._global_step:
-            if self._global_step is not None:
-                metrics = await self._async_rm_end_step()
-                logger.info("verl_async_rm step %s: %s", self._global_step, _fmt(metrics))
-            else:
-                await self._async_rm_begin_step(None)
-            self._global_step = step
-        expected = _v1_expected(prompts, self.config.actor_rollout_ref.rollout)
-        if expected:
-            await self._async_rm_control("expect", expected)
+    @auto_await
+    async def async_rm_close(self, phase: str, global_steps: int | None = None) -> dict[str, float]:
+        """End a training step (``phase='train'``) or a validation pass (``'val'``): its metrics, or its failure.
+
+        Collects every agent-loop worker's record of ``phase`` (trajectories asked, scored, failed), the executor's
+        figures since the previous close and the replicas' counters. Under ``on_error='raise'`` a trajectory of the
+        phase that got no RM score raises :class:`~verl_async_rm.errors.RMScoreError` here, naming it and its cause
+        (verl gave its group the ``failure`` path, so it was not trained on); under ``'drop'`` it is counted in
+        ``dropped``, and more than ``drop_budget`` of the phase's trajectories raises
+        :class:`~verl_async_rm.errors.TrajectoryDroppedError`.
+        """
+        record = await self._async_rm_collect(phase)
+        prefix = PREFIX if phase == "train" else VAL_PREFIX
+        metrics = await self._async_rm_end_step(record, prefix)
+        integration = self.async_rm_config.integration
+        if integration.on_error == "drop":
+            metrics[prefix + "dropped"] = float(record.failed)
+        if phase == "train":
+            self.last_metrics = metrics
+        else:
+            self.last_val_metrics = metrics
+        where = f"step {global_steps}" if phase == "train" else f"the validation at step {global_steps}"
+        check_failures(record, integration, where)
+        return metrics
+
+    async def _async_rm_collect(self, phase: str) -> PhaseRecord:
+        records = await asyncio.wait_for(
+            asyncio.gather(*(w.async_rm_pop_ledger.remote(phase) for w in self.agent_loop_workers)),
+            CONTROL_TIMEOUT_S,
+        )
+        return functools.reduce(PhaseRecord.merge, records, PhaseRecord())
 
 
 class AsyncRMAgentLoopManager:
@@ -270,6 +305,3 @@ def _v1_expected(prompts: Any, rollout_config: Any) -> int | None:
     n = rollout_config.val_kwargs.n if validate else rollout_config.n
     return len(prompts) * int(n)
 
-
-def _fmt(metrics: dict[str, float]) -> str:
-    return ", ".join(f"{k.removeprefix('async_rm/')}={v:.4g}" for k, v in sorted(metrics.items()))

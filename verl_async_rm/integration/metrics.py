@@ -5,16 +5,25 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["step_metrics", "PREFIX"]
+__all__ = ["step_metrics", "PREFIX", "VAL_PREFIX"]
 
 PREFIX = "async_rm/"
+#: Validation passes on the v1 trainer (verl names its own validation metrics ``val-core/``, ``val-aux/``).
+VAL_PREFIX = "val-async_rm/"
 
 
-def step_metrics(executor_step: Mapping[str, Any], replica_steps: Sequence[Mapping[str, Any]] = ()) -> dict[str, float]:
+def step_metrics(
+    executor_step: Mapping[str, Any],
+    replica_steps: Sequence[Mapping[str, Any]] = (),
+    trajectories: Any = None,
+    prefix: str = PREFIX,
+) -> dict[str, float]:
     """Flat ``{"async_rm/<name>": number}`` for one step; figures with no value this step (no batch ran) are left out.
 
     ``replica_steps`` are the RM replicas' own step counters (``RewardModelWorker.pop_step_stats``): inputs
-    truncated to ``max_length`` and items the RM failed (bad input, NaN score...).
+    truncated to ``max_length`` and items the RM failed (bad input, NaN score...). ``trajectories`` (a
+    :class:`~verl_async_rm.integration.ledger.PhaseRecord`, v1) gives ``requests``/``scored``/``errors`` as the
+    agent-loop workers counted them for one phase, instead of the executor's counts over every phase.
 
     ``reward_tail_s`` is the time from the step's last trajectory reaching the executor (right after its agent loop
     ended) to the last score handed back, measured on the executor's one clock.
@@ -39,7 +48,9 @@ def step_metrics(executor_step: Mapping[str, Any], replica_steps: Sequence[Mappi
         "truncated": sum(r.get("truncated", 0) for r in replica_steps) if replica_steps else None,
         "rm_failed_items": sum(r.get("failed", 0) for r in replica_steps) if replica_steps else None,
     }
-    return {PREFIX + name: float(value) for name, value in values.items() if value is not None}
+    if trajectories is not None:
+        values.update(requests=trajectories.requests, scored=trajectories.scored, errors=trajectories.failed)
+    return {prefix + name: float(value) for name, value in values.items() if value is not None}
 
 
 def _usable(executor_step: Mapping[str, Any]) -> int | None:

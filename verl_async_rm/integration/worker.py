@@ -10,13 +10,23 @@ does.
 
 The executor handle is attached after verl has built the workers (:meth:`AsyncRMWorkerMixin.async_rm_attach`), so
 verl's own worker construction and placement are used unchanged, and attached again when the manager had to start a
-new executor. If the RM fails for a trajectory, ``on_error='raise'`` fails the trajectory with the error (a dead
-executor gives :class:`ExecutorLostError` at once); ``on_error='drop'`` hands the error to the reward manager instead
-of a score, and the v0 manager excludes the trajectory (see ``AsyncRMAgentLoopManagerV0``).
+new executor.
+
+Each outcome (asked, scored, failed) is recorded per phase in the worker's
+:class:`~verl_async_rm.integration.ledger.TrajectoryLedger`, which the v1 manager collects at the end of each
+training step and validation pass. If the RM fails for a trajectory (a dead executor gives
+:class:`ExecutorLostError` at once):
+
+- v1 trainer: the trajectory's session raises the error whatever ``on_error`` says, so verl gives its group its own
+  ``failure`` path (the trajectory never reaches TransferQueue, so nothing trains on it); the manager then applies
+  ``on_error`` at the end of the step (``raise`` stops the run, ``drop`` counts it against ``drop_budget``);
+- v0 trainer: ``on_error='raise'`` fails the trajectory (and the step); ``on_error='drop'`` hands the error to the
+  reward manager instead of a score, and the v0 manager excludes the trajectory (``AsyncRMAgentLoopManagerV0``).
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import time
 from typing import Any
@@ -27,10 +37,15 @@ from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
 
 from verl_async_rm.errors import AsyncRMError, ExecutorLostError
 from verl_async_rm.executor.actor import submit_with_timeout
+from verl_async_rm.integration.ledger import Failure, PhaseRecord, TrajectoryLedger
 from verl_async_rm.reward.combine import RM_ERROR_KEY, RM_SCORE_KEY
 from verl_async_rm.rm.request import RMRequest
 
 logger = logging.getLogger(__name__)
+
+#: The phase of the trajectory whose task is running: v1 passes ``validate`` to ``_agent_loop_postprocess`` but not to
+#: ``_compute_score``, so the v1 worker sets it around that call (each trajectory runs in its own asyncio task).
+_PHASE: contextvars.ContextVar[str] = contextvars.ContextVar("async_rm_phase", default="train")
 
 __all__ = ["AsyncRMWorkerMixin", "AsyncRMAgentLoopWorker", "AsyncRMAgentLoopWorkerTQ"]
 
@@ -41,6 +56,10 @@ class AsyncRMWorkerMixin:
     _async_rm_executor: Any = None
     _async_rm_timeout_s: float = 0.0
     _async_rm_on_error: str = "raise"
+    #: v1: a failed RM score always fails the trajectory's session (verl's own failure path); the manager applies
+    #: ``on_error`` at the step's end. v0: ``on_error='drop'`` hands the error on to the reward manager instead.
+    _async_rm_fail_session: bool = False
+    _async_rm_ledger: TrajectoryLedger | None = None
 
     async def async_rm_attach(self, executor: Any, request_timeout_s: float, on_error: str = "raise") -> bool:
         """Give this worker the executor actor it submits to (by the manager after creation, and after a restart)."""
@@ -49,19 +68,35 @@ class AsyncRMWorkerMixin:
         self._async_rm_on_error = on_error
         return True
 
+    async def async_rm_pop_ledger(self, phase: str) -> PhaseRecord:
+        """This worker's record of ``phase`` since the previous call (collected by the manager at a step's end)."""
+        return self._ledger().pop(phase)
+
+    def _ledger(self) -> TrajectoryLedger:
+        if self._async_rm_ledger is None:
+            self._async_rm_ledger = TrajectoryLedger()
+        return self._async_rm_ledger
+
     async def _compute_score(self, outputs: list, kwargs: dict) -> None:
         final = outputs[-1]
         if final.reward_score is not None:  # the agent loop scored itself: no RM call, as verl does
             await super()._compute_score(outputs, kwargs)  # type: ignore[misc]
             return
         start = time.perf_counter()
+        phase, ledger = _PHASE.get(), self._ledger()
+        ledger.asked(phase)
         try:
             handed = {RM_SCORE_KEY: await self._async_rm_score(final, kwargs)}
         except (AsyncRMError, ray.exceptions.RayError) as err:
-            if self._async_rm_on_error != "drop":
+            error = f"{type(err).__name__}: {err}"[:500]
+            trajectory = f"{kwargs.get('uid', '?')}/{kwargs.get('session_id', 0)}"
+            ledger.failed(phase, Failure(trajectory, _int_or_none(kwargs.get("global_steps")), error))
+            if self._async_rm_fail_session or self._async_rm_on_error != "drop":
                 raise
-            logger.warning("verl_async_rm: no RM score for trajectory %s (dropped): %r", kwargs.get("uid"), err)
-            handed = {RM_SCORE_KEY: None, RM_ERROR_KEY: f"{type(err).__name__}: {err}"[:500]}
+            logger.warning("verl_async_rm: no RM score for trajectory %s (dropped): %r", trajectory, err)
+            handed = {RM_SCORE_KEY: None, RM_ERROR_KEY: error}
+        else:
+            ledger.scored(phase)
         rm_s = time.perf_counter() - start
         await super()._compute_score(outputs, {**kwargs, **handed})  # type: ignore[misc]
         # verl times only its own reward-loop call (agent_loop.py:971-1016): count the RM wait in the same metric
@@ -96,11 +131,27 @@ class AsyncRMAgentLoopWorker(AsyncRMWorkerMixin, AgentLoopWorker):
 class AsyncRMAgentLoopWorkerTQ(AsyncRMWorkerMixin, AgentLoopWorkerTQ.__ray_actor_class__):
     """verl's v1 (TransferQueue) ``AgentLoopWorkerTQ`` with the per-trajectory RM hook."""
 
+    _async_rm_fail_session = True
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # Must stay: without an __init__ of its own, Ray ships the inherited one by value, and cloudpickle copies
         # verl's class with it (its module name is bound to the ActorClass, so it cannot be found by reference);
         # verl's zero-arg super() in AgentLoopWorkerTQ.__init__ (agent_loop_tq.py:55) then fails on the copy.
         super().__init__(*args, **kwargs)
+
+    async def _agent_loop_postprocess(self, output: Any, validate: Any, **kwargs: Any) -> None:
+        token = _PHASE.set("val" if validate else "train")
+        try:
+            await super()._agent_loop_postprocess(output, validate, **kwargs)
+        finally:
+            _PHASE.reset(token)
+
+
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return None if value is None else int(value)
+    except (TypeError, ValueError):
+        return None
 
 
 def remote_worker_class(use_v1: bool):

@@ -1,0 +1,79 @@
+"""What happened to each trajectory's RM score in one agent-loop worker, per phase, until the manager collects it.
+
+On verl's v1 trainer a trajectory whose RM score failed is not written to TransferQueue: its session raises, and verl
+marks the prompt's group ``failure`` (``trainer/ppo/v1/agent_loop_tq.py:127-148``). The worker records the outcome
+here first, and the manager collects every worker's record at the end of the training step (or of the validation
+pass), where it applies ``on_error``: ``raise`` stops the run with the recorded error, ``drop`` counts it against
+``drop_budget``. Phases: ``train`` and ``val`` (verl's ``validate`` flag), kept apart so validation never mixes
+into a training step's figures.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["Failure", "PhaseRecord", "TrajectoryLedger", "PHASES"]
+
+PHASES = ("train", "val")
+#: Failures kept in full per phase between two collections (the rest are only counted): enough to name the first
+#: ones in an error message without holding every traceback of a step where the RM is down.
+_KEEP_FAILURES = 32
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One trajectory that got no RM score: its id (``<uid>/<session>``), the step it was dispatched in, the error."""
+
+    trajectory: str
+    global_steps: int | None
+    error: str
+
+    def __str__(self) -> str:
+        step = "" if self.global_steps is None else f" (step {self.global_steps})"
+        return f"trajectory {self.trajectory}{step}: {self.error}"
+
+
+@dataclass
+class PhaseRecord:
+    """Counts of one phase since the last collection; ``failures`` holds the first few in full."""
+
+    requests: int = 0
+    scored: int = 0
+    failed: int = 0
+    failures: list[Failure] = field(default_factory=list)
+
+    def merge(self, other: PhaseRecord) -> PhaseRecord:
+        """This record plus ``other`` (the manager adds up its workers' records); keeps the first failures."""
+        return PhaseRecord(
+            requests=self.requests + other.requests,
+            scored=self.scored + other.scored,
+            failed=self.failed + other.failed,
+            failures=(self.failures + other.failures)[:_KEEP_FAILURES],
+        )
+
+
+class TrajectoryLedger:
+    """Per-phase :class:`PhaseRecord` of one worker; :meth:`pop` hands one phase over and starts it again."""
+
+    def __init__(self) -> None:
+        self._records = {phase: PhaseRecord() for phase in PHASES}
+
+    def asked(self, phase: str) -> None:
+        """A trajectory of ``phase`` was sent to the RM."""
+        self._records[phase].requests += 1
+
+    def scored(self, phase: str) -> None:
+        """Its score came back."""
+        self._records[phase].scored += 1
+
+    def failed(self, phase: str, failure: Failure) -> None:
+        """It got no score (an RM, executor or timeout error)."""
+        record = self._records[phase]
+        record.failed += 1
+        if len(record.failures) < _KEEP_FAILURES:
+            record.failures.append(failure)
+
+    def pop(self, phase: str) -> PhaseRecord:
+        """The record of ``phase`` since the previous pop; the phase starts again from zero."""
+        record, self._records[phase] = self._records[phase], PhaseRecord()
+        return record
