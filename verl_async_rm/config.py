@@ -50,11 +50,12 @@ class IntegrationConfig:
     )
     on_error: str = field(
         default="raise",
-        metadata={"help": "What a failed RM score does: 'raise' fails the trajectory (and the step) with its error; "
-                          "'drop' (v0 trainer only) keeps the step going: the trajectory is flagged (rm_dropped=1 "
-                          "in reward_extra_info), its response_mask is zeroed so it adds nothing to the loss, and "
-                          "its reward is set to the mean of its group's scored trajectories so group statistics "
-                          "do not move; the step fails when more than drop_budget of it is dropped."},
+        metadata={"help": "What a failed RM score does. 'raise': the run stops with the RM's error, naming the "
+                          "trajectory (v1: at the end of the step, whose failed trajectory verl left out of "
+                          "training; v0: the step fails). 'drop': the run goes on without it (v1: its group takes "
+                          "verl's failure path, padded or refilled; v0: its response_mask is zeroed and its reward "
+                          "set to its group's mean), rm_dropped/dropped count it, and more than drop_budget of a "
+                          "step dropped stops the run with TrajectoryDroppedError."},
     )
     drop_budget: float = field(
         default=0.05,

@@ -295,11 +295,11 @@ def test_readme_documents_every_async_rm_key():
     assert missing == []
 
 
-def test_on_error_drop_is_refused_with_the_v1_trainer_before_anything_starts(tiny_models):
-    """v1's manager never sees the batch before advantages: a dropped trajectory could not be excluded there."""
+def test_on_error_drop_on_the_v1_sync_trainer_needs_refills_before_anything_starts(tiny_models):
+    """verl's sync replay buffer stops the run on a group whose every trajectory failed unless it may refill it."""
     from verl_async_rm.integration.manager import AsyncRMAgentLoopManagerV1
 
     config = compose(tiny_models, "+async_rm.on_error=drop", trainer="v1")
-    assert AsyncRMConfig.from_verl(config).integration.on_error == "drop"  # valid as a value (v0 uses it)
-    with pytest.raises(ValueError, match=r"on_error=drop needs the v0 trainer .*trainer.use_v1=False"):
-        AsyncRMAgentLoopManagerV1(config, llm_client=None)  # raises before verl builds workers or Ray is needed
+    assert AsyncRMConfig.from_verl(config).integration.on_error == "drop"
+    with pytest.raises(ValueError, match=r"trainer.v1.sampler.sync_refill_failed_groups=True"):
+        AsyncRMAgentLoopManagerV1(config, llm_client=None)  # raises before the RM pool or any worker is started

@@ -1,0 +1,190 @@
+"""The v1 step end without Ray: the per-phase ledger, ``on_error`` at a step's end, the trainer-mode checks, and the
+wrappers of verl's ``PPOTrainer.step`` / ``_validate`` (inert unless the trainer's manager is the plugin's)."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+from types import SimpleNamespace
+
+import pytest
+
+from verl_async_rm.errors import RMScoreError, TrajectoryDroppedError
+from verl_async_rm.integration.drops import check_failures
+from verl_async_rm.integration.ledger import Failure, PhaseRecord, TrajectoryLedger
+from verl_async_rm.integration.metrics import step_metrics
+
+pytestmark = pytest.mark.unit
+
+
+def _ledger_with(scored: int, failed: int, phase: str = "train") -> TrajectoryLedger:
+    ledger = TrajectoryLedger()
+    for i in range(scored + failed):
+        ledger.asked(phase)
+        if i < scored:
+            ledger.scored(phase)
+        else:
+            ledger.failed(phase, Failure(f"u{i}/0", 3, f"NonFiniteScoreError: nan {i}"))
+    return ledger
+
+
+def test_the_ledger_keeps_phases_apart_and_pop_starts_a_phase_again():
+    ledger = _ledger_with(3, 1)
+    ledger.asked("val")
+    ledger.scored("val")
+    train = ledger.pop("train")
+    assert (train.requests, train.scored, train.failed) == (4, 3, 1)
+    assert str(train.failures[0]) == "trajectory u3/0 (step 3): NonFiniteScoreError: nan 3"
+    assert ledger.pop("train") == PhaseRecord()
+    assert (ledger.pop("val").requests, ledger.pop("val").requests) == (1, 0)
+
+
+def test_records_of_several_workers_add_up_and_keep_only_the_first_failures():
+    records = [_ledger_with(2, 20).pop("train") for _ in range(3)]
+    total = PhaseRecord().merge(records[0]).merge(records[1]).merge(records[2])
+    assert (total.requests, total.scored, total.failed) == (66, 6, 60)
+    assert len(total.failures) == 32 and total.failures[0] == records[0].failures[0]
+
+
+RAISE = SimpleNamespace(on_error="raise", drop_budget=0.05)
+DROP = SimpleNamespace(on_error="drop", drop_budget=0.25)
+
+
+def test_raise_stops_on_one_failure_naming_the_trajectory_and_its_cause():
+    check_failures(_ledger_with(4, 0).pop("train"), RAISE, "step 3")  # nothing failed: nothing raised
+    with pytest.raises(RMScoreError, match=r"1 of 5 trajectories of step 3 got no RM score .*trajectory u4/0 "
+                                           r"\(step 3\): NonFiniteScoreError: nan 4"):
+        check_failures(_ledger_with(4, 1).pop("train"), RAISE, "step 3")
+
+
+def test_drop_goes_on_within_the_budget_and_stops_past_it(caplog):
+    with caplog.at_level(logging.WARNING):
+        check_failures(_ledger_with(3, 1).pop("train"), DROP, "step 3")  # 1 of 4 = the budget
+    assert "1 of 4 trajectories of step 3 dropped" in caplog.text
+    with pytest.raises(TrajectoryDroppedError, match=r"2 of 5 trajectories of step 3 .*drop_budget=0.25"):
+        check_failures(_ledger_with(3, 2).pop("train"), DROP, "step 3")
+
+
+def test_trajectory_counts_come_from_the_phase_record_and_take_the_prefix():
+    executor = {"submitted": 9, "completed": 9, "failed": 0, "timed_out": 0, "batches": 3, "tail_s": 0.2}
+    record = _ledger_with(5, 1).pop("train")
+    metrics = step_metrics(executor, [], record, prefix="val-async_rm/")
+    assert metrics["val-async_rm/requests"] == 6 and metrics["val-async_rm/scored"] == 5
+    assert metrics["val-async_rm/errors"] == 1 and metrics["val-async_rm/batches"] == 3
+    assert step_metrics(executor)["async_rm/requests"] == 9  # v0: the executor's own counts
+
+
+def _v1_config(mode: str, refill: bool = False):
+    from omegaconf import OmegaConf
+
+    return OmegaConf.create({"trainer": {"v1": {"trainer_mode": mode, "sampler": {"sync_refill_failed_groups": refill}}}})
+
+
+@pytest.mark.parametrize("mode", ["sync", "colocate_async", "separate_async"])
+def test_every_v1_trainer_mode_of_verl_works_under_raise(mode):
+    from verl_async_rm.integration.checks import check_v1_trainer
+
+    assert check_v1_trainer(_v1_config(mode), "raise") == mode
+
+
+def test_drop_needs_refills_only_on_the_sync_trainer_mode():
+    from verl_async_rm.integration.checks import check_v1_trainer
+
+    with pytest.raises(ValueError, match=r"on_error=drop with trainer.v1.trainer_mode=sync needs "
+                                         r"trainer.v1.sampler.sync_refill_failed_groups=True"):
+        check_v1_trainer(_v1_config("sync"), "drop")
+    assert check_v1_trainer(_v1_config("sync", refill=True), "drop") == "sync"
+    assert check_v1_trainer(_v1_config("colocate_async"), "drop") == "colocate_async"  # async modes refill anyway
+
+
+def test_a_mode_verl_does_not_ship_is_logged(caplog):
+    from verl_async_rm.integration.checks import check_v1_trainer
+
+    with caplog.at_level(logging.WARNING):
+        assert check_v1_trainer(_v1_config("my_mode"), "raise") == "my_mode"
+    assert "trainer.v1.trainer_mode=my_mode is not one of verl 0.9.1's modes" in caplog.text
+
+
+def test_importing_the_plugin_and_verls_trainer_wraps_nothing():
+    code = ("import verl, verl_async_rm, verl_async_rm.integration.manager\n"
+            "from verl.trainer.ppo.v1.trainer_base import PPOTrainer\n"
+            "from verl_async_rm.integration import v1_hooks\n"
+            "assert not v1_hooks.installed() and not hasattr(PPOTrainer.step, '__async_rm_wrapped__')\n")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=240)
+
+
+class _Recorder:
+    """A manager with the plugin's close method: records what the wrappers ask of it."""
+
+    def __init__(self, error: BaseException | None = None) -> None:
+        self.calls: list[tuple[str, int]] = []
+        self.error = error
+
+    def async_rm_close(self, phase, global_steps):
+        self.calls.append((phase, global_steps))
+        if self.error is not None:
+            raise self.error
+        return {("async_rm/" if phase == "train" else "val-async_rm/") + "requests": 4.0}
+
+
+@pytest.fixture
+def wrapped_trainer():
+    """verl's real PPOTrainer class, wrapped by install(); an instance built without its GPU set-up."""
+    from verl.trainer.ppo.v1 import PPOTrainerSync
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    from verl_async_rm.integration import v1_hooks
+
+    found = PPOTrainer.step, PPOTrainer._validate
+    originals = tuple(getattr(f, "__async_rm_wrapped__", f) for f in found)  # a manager built earlier may have wrapped
+    PPOTrainer.step, PPOTrainer._validate = originals
+    v1_hooks.install()
+    v1_hooks.install()  # idempotent: wrapped once
+    assert PPOTrainer.step.__async_rm_wrapped__ is originals[0]
+
+    class Trainer(PPOTrainerSync):  # verl's sync mode; only what the wrapped methods themselves read
+        def _step_once(self, metrics, timing_raw, sample_batch_size):
+            if self.fail_with is not None:
+                raise self.fail_with
+            metrics["actor/loss"] = 1.0
+            return SimpleNamespace(keys=["k"], tags=[{}], partition_id="train")
+
+    trainer = object.__new__(Trainer)
+    trainer.config = SimpleNamespace(data=SimpleNamespace(train_batch_size=2))
+    trainer.parameter_sync_step, trainer.global_steps, trainer.fail_with = 1, 7, None
+    trainer.prepare_step = lambda: {}
+    try:
+        yield trainer
+    finally:
+        PPOTrainer.step, PPOTrainer._validate = found
+
+
+def test_the_wrapped_step_adds_the_managers_metrics_at_the_steps_number(wrapped_trainer):
+    trainer = wrapped_trainer
+    trainer.agent_loop_manager = _Recorder()
+    metrics: dict = {}
+    trainer.step(metrics, {})
+    assert metrics["async_rm/requests"] == 4.0 and metrics["actor/loss"] == 1.0
+    assert trainer.agent_loop_manager.calls == [("train", 7)]
+
+
+@pytest.mark.parametrize("manager", [None, SimpleNamespace(generate_sequences=lambda prompts: None)])
+def test_the_wrapped_step_is_inert_without_the_plugins_manager(wrapped_trainer, manager):
+    trainer = wrapped_trainer
+    trainer.agent_loop_manager = manager
+    metrics: dict = {}
+    trainer.step(metrics, {})
+    assert metrics == {"actor/loss": 1.0}
+
+
+def test_an_rm_failure_is_raised_from_verls_own_error(wrapped_trainer):
+    trainer = wrapped_trainer
+    trainer.fail_with = RuntimeError("Sync replay buffer selected terminal groups with no materializable trajectories")
+    trainer.agent_loop_manager = _Recorder(RMScoreError("trajectory u/0 got no RM score"))
+    with pytest.raises(RMScoreError, match="u/0") as info:
+        trainer.step({}, {})
+    assert isinstance(info.value.__context__, RuntimeError)
+    trainer.agent_loop_manager = _Recorder()  # no RM failure: verl's error is the one raised
+    with pytest.raises(RuntimeError, match="no materializable trajectories"):
+        trainer.step({}, {})
