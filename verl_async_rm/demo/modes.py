@@ -1,10 +1,18 @@
-"""The two ways the demo runs a step, on the same prompts, generation server, RM replicas and reward mix.
+"""The two ways the demo runs a step on verl's v1 trainer, on the same prompts, generation server, RM replicas and mix.
 
-- ``async``: verl's agent loop through :class:`~verl_async_rm.AsyncRMAgentLoopManager` (v0 trainer path): each
-  trajectory goes to the RM executor the moment its agent loop ends; verl's reward loop mixes RM and rule scores.
-- ``sync``: verl's plain ``AgentLoopManager`` with no per-trajectory scoring; once the whole batch is back, it is
-  split across the same RM replicas (contiguous chunks, as verl's ``DP_COMPUTE_PROTO`` dispatch does for a colocated
-  RM) and scored, then the rule score and the same mix are applied.
+Both modes go through :class:`~verl_async_rm.testing.V1FitLoop`, verl's own v1 fit loop without the policy's GPU
+work: the prompts are tagged in TransferQueue and dispatched (``PPOTrainer._submit_batch_to_rollout``), verl's replay
+buffer waits for every group (both loops poll TransferQueue every :data:`POLL_INTERVAL_S`), the sampled trajectories
+are read from TransferQueue and cleared, and the step is closed.
+
+- ``async``: the plugin's :class:`~verl_async_rm.AsyncRMAgentLoopManagerV1`: each trajectory goes to the RM executor
+  the moment its agent loop ends, and verl's reward loop mixes RM and rule scores before the trajectory is put in
+  TransferQueue, so every reward is known when the sample returns; the step ends there.
+- ``sync``: verl's plain ``AgentLoopManagerTQ`` with no reward-loop workers (what verl's v1 trainer does with a
+  colocated RM: ``_compute_reward_colocate`` after sampling); once the sample returns, its prompts and responses are
+  read from TransferQueue, split across the same RM replicas (contiguous chunks, as verl's ``DP_COMPUTE_PROTO``
+  dispatch does for a colocated RM) and scored, then the rule score and the same mix are applied; the step ends when
+  the last reward is known.
 """
 
 from __future__ import annotations
@@ -12,6 +20,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -21,10 +30,63 @@ from verl_async_rm.rm.request import RMRequest
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["collect_batches", "requests_from_output", "run_async_step", "run_sync_step"]
+__all__ = [
+    "ASYNC_FIELDS",
+    "POLL_INTERVAL_S",
+    "SYNC_FIELDS",
+    "TimedLoop",
+    "collect_batches",
+    "requests_from_batch",
+    "rule_scorer",
+    "run_async_step",
+    "run_sync_step",
+    "sampled_order",
+    "score_after_rollout",
+]
 
 #: Longest a control call (records, reset) to a replica or the generation server may take.
 CONTROL_TIMEOUT_S = 60.0
+#: The replay buffer's TransferQueue polling period, the same in both modes (verl's default is 2 s; a CPU step of a
+#: few seconds needs a shorter one). A step's end is seen up to one period late, in either mode.
+POLL_INTERVAL_S = 0.05
+#: What each mode reads from TransferQueue for the sampled trajectories.
+ASYNC_FIELDS = ("rm_scores", "extra_fields")
+SYNC_FIELDS = ("prompts", "responses", "raw_prompt", "data_source", "reward_model")
+
+
+@dataclass
+class TimedLoop:
+    """A :class:`~verl_async_rm.testing.V1FitLoop` that also records when its replay buffer's sample returned.
+
+    The replay buffer's ``sample`` returns when every group of the step is terminal: the moment the trainer could go
+    on with the batch. Reading the batch and closing the step come after it.
+    """
+
+    loop: Any
+    sampled_at: float | None = field(default=None, init=False)
+
+    @classmethod
+    def create(cls, config: Any, manager: Any, poll_interval_s: float = POLL_INTERVAL_S) -> TimedLoop:
+        from verl_async_rm.testing.v1 import V1FitLoop
+
+        timed = cls(V1FitLoop(config, manager, poll_interval_s=poll_interval_s))
+        sample = timed.loop.replay_buffer.sample
+
+        def timed_sample(*args: Any, **kwargs: Any) -> Any:
+            result = sample(*args, **kwargs)
+            timed.sampled_at = time.time()
+            return result
+
+        timed.loop.replay_buffer.sample = timed_sample
+        return timed
+
+    def train_step(self, prompts: Any, fields: tuple[str, ...]) -> tuple[Any, float]:
+        """One step of the fit loop; returns the :class:`~verl_async_rm.testing.V1Batch` and when it was sampled."""
+        self.sampled_at = None
+        batch = self.loop.train_step(prompts, fields=fields)
+        if self.sampled_at is None:  # the loop did not go through its replay buffer: a bug of the demo, not input
+            raise RuntimeError("the v1 fit loop returned a batch without sampling its replay buffer")
+        return batch, self.sampled_at
 
 
 def collect_batches(replicas: Sequence[Any]) -> list[BatchRecord]:
@@ -47,30 +109,24 @@ def _finishes(server: Any) -> list[float]:
     return [r["end"] for r in ray.get(server.pop_finished.remote(), timeout=CONTROL_TIMEOUT_S)]
 
 
-def _column(output: Any, key: str) -> list[float]:
-    values = output.non_tensor_batch.get(key)
-    return [] if values is None else [float(v) for v in values]
+def sampled_order(keys: Sequence[str], uids: Sequence[str]) -> list[int]:
+    """Positions of the sampled trajectories (keys ``{uid}_{session}_{index}``) sorted by prompt order, then session.
 
-
-def run_async_step(manager: Any, server: Any, prompts: Any, step: int) -> StepTimeline:
-    """One step through the plugin's manager; rewards are read from verl's ``rm_scores``."""
-    replicas = list(manager.replicas)  # current handles (a lost replica is replaced)
-    _begin(server, replicas)
-    t0 = time.time()
-    output = manager.generate_sequences(prompts)
-    t_end = time.time()
-    timing = output.meta_info.get("timing", {})
-    return _timeline(
-        "async", step, t0, t_end, server, replicas,
-        rewards=[float(v) for v in output.batch["rm_scores"].sum(dim=-1).tolist()],
-        rm_scores=_column(output, "rm_score"),
-        rule_scores=_column(output, "rule_score"),
-        extra={
-            "executor_reward_tail_s": timing.get("async_rm/reward_tail_s"),
-            "executor_rm_utilization": timing.get("async_rm/rm_utilization"),
-            "errors": timing.get("async_rm/errors"),
-        },
-    )
+    verl's replay buffer returns the step's trajectories in the order TransferQueue lists them (when they finished);
+    the demo reports them in prompt order, so both modes list the same trajectory at the same place. Raises when a
+    prompt has no trajectory or a key belongs to no prompt of the step.
+    """
+    rank = {uid: i for i, uid in enumerate(uids)}
+    parsed = []
+    for pos, key in enumerate(keys):
+        uid, _, rest = str(key).partition("_")
+        if uid not in rank:
+            raise RuntimeError(f"sampled trajectory {key!r} belongs to no prompt of this step")
+        parsed.append((rank[uid], tuple(int(p) for p in rest.split("_") if p.isdigit()), pos))
+    missing = set(rank) - {str(k).partition("_")[0] for k in keys}
+    if missing:
+        raise RuntimeError(f"{len(missing)} prompt(s) of this step have no sampled trajectory: {sorted(missing)[:3]}")
+    return [pos for *_, pos in sorted(parsed)]
 
 
 def _timeline(mode: str, step: int, t0: float, t_end: float, server: Any, replicas: Sequence[Any],
@@ -80,20 +136,44 @@ def _timeline(mode: str, step: int, t0: float, t_end: float, server: Any, replic
                         batches=collect_batches(replicas), num_replicas=len(replicas), **scores)
 
 
-def requests_from_output(output: Any) -> list[RMRequest]:
-    """One :class:`RMRequest` per row of a v0 agent-loop output (padding removed with the attention mask)."""
-    prompts, responses = output.batch["prompts"], output.batch["responses"]
-    mask = output.batch["attention_mask"].bool()
-    width = prompts.shape[1]
-    raw = output.non_tensor_batch.get("raw_prompt")
+def run_async_step(timed: TimedLoop, manager: Any, server: Any, prompts: Any, step: int) -> StepTimeline:
+    """One step through the plugin's v1 manager; rewards are read from verl's ``rm_scores`` in TransferQueue."""
+    replicas = list(manager.replicas)  # current handles (a lost replica is replaced)
+    _begin(server, replicas)
+    uids = list(prompts["uid"])
+    t0 = time.time()
+    batch, sampled_at = timed.train_step(prompts, ASYNC_FIELDS)
+    returned = time.time()
+    order = sampled_order(batch.keys, uids)
+    infos = [batch.reward_extra_info(i) for i in order]
+    metrics = batch.metrics
+    return _timeline(
+        "async", step, t0, sampled_at, server, replicas,
+        rewards=[batch.reward(i) for i in order],
+        rm_scores=[float(info["rm_score"]) for info in infos],
+        rule_scores=[float(info["rule_score"]) for info in infos],
+        extra={
+            "sample_s": sampled_at - t0,
+            "after_sample_s": returned - sampled_at,
+            "executor_reward_tail_s": metrics.get("async_rm/reward_tail_s"),
+            "executor_rm_utilization": metrics.get("async_rm/rm_utilization"),
+            "errors": metrics.get("async_rm/errors"),
+        },
+    )
+
+
+def requests_from_batch(data: Any, order: Sequence[int], keys: Sequence[str]) -> list[RMRequest]:
+    """One :class:`RMRequest` per sampled trajectory, in ``order``, from the fields read from TransferQueue.
+
+    ``prompts`` and ``responses`` are jagged (one unpadded row per trajectory, as the agent loop put them), so the
+    rows are the token ids the plugin's workers send for the same trajectory; ``raw_prompt`` comes back as a
+    non-tensor stack (``list(...)`` gives one message list per trajectory, as in verl's ``_compute_reward_colocate``).
+    """
+    raw = list(data["raw_prompt"])
     return [
-        RMRequest(
-            uid=str(output.non_tensor_batch["uid"][i]) if "uid" in output.non_tensor_batch else str(i),
-            prompt_ids=prompts[i][mask[i, :width]].tolist(),
-            response_ids=responses[i][mask[i, width:]].tolist(),
-            raw_prompt=None if raw is None else raw[i],
-        )
-        for i in range(len(output))
+        RMRequest(uid=str(keys[i]), prompt_ids=data["prompts"][i].tolist(),
+                  response_ids=data["responses"][i].tolist(), raw_prompt=raw[i])
+        for i in order
     ]
 
 
@@ -116,8 +196,30 @@ def score_after_rollout(replicas: Sequence[Any], requests: list[RMRequest], time
     return [float(r) for r in results]
 
 
+def rule_scorer(tokenizer: Any) -> Callable[[Any, int], float]:
+    """Trajectory ``i``'s rule score from the fields read from TransferQueue, as verl's reward manager computes it.
+
+    ``NaiveRewardManager`` decodes the response with ``skip_special_tokens=True`` and calls the rule with the
+    trajectory's ``data_source`` and ``reward_model["ground_truth"]``.
+    """
+    from verl_async_rm.demo import rule
+
+    def score(data: Any, i: int) -> float:
+        text = tokenizer.decode(data["responses"][i].tolist(), skip_special_tokens=True)
+        ground_truth = _row(data, "reward_model", i)["ground_truth"]
+        return float(rule.compute_score(_row(data, "data_source", i), text, ground_truth)["score"])
+
+    return score
+
+
+def _row(data: Any, key: str, i: int) -> Any:
+    """Row ``i`` of a non-tensor field read from TransferQueue (a stack of ``NonTensorData`` or a plain list)."""
+    value = data[key][i]
+    return getattr(value, "data", value)
+
+
 def run_sync_step(
-    manager: Any,
+    timed: TimedLoop,
     server: Any,
     replicas: Sequence[Any],
     prompts: Any,
@@ -129,16 +231,21 @@ def run_sync_step(
 ) -> StepTimeline:
     """One step the synchronous way: rollout with no scoring, then the whole batch on the RM replicas, then the mix.
 
-    ``rule_score(output, i)`` gives row ``i``'s rule score; ``mix`` is the plugin's ``RewardMix``.
+    ``rule_score(data, i)`` gives trajectory ``i``'s rule score (:func:`rule_scorer`); ``mix`` is the plugin's
+    ``RewardMix``.
     """
     _begin(server, replicas)
+    uids = list(prompts["uid"])
     t0 = time.time()
-    output = manager.generate_sequences(prompts)
-    rm_scores = score_after_rollout(replicas, requests_from_output(output), timeout_s)
-    rule_scores = [rule_score(output, i) for i in range(len(output))] if mix.uses_rule else [0.0] * len(output)
+    batch, sampled_at = timed.train_step(prompts, SYNC_FIELDS)
+    read = time.time()
+    order = sampled_order(batch.keys, uids)
+    rm_scores = score_after_rollout(replicas, requests_from_batch(batch.data, order, batch.keys), timeout_s)
+    rule_scores = [rule_score(batch.data, i) for i in order] if mix.uses_rule else [0.0] * len(order)
     rewards = [mix.combine(rm, rule) for rm, rule in zip(rm_scores, rule_scores, strict=True)]
     t_end = time.time()
     return _timeline(
         "sync", step, t0, t_end, server, replicas, rewards=rewards, rm_scores=rm_scores, rule_scores=rule_scores,
-        extra={"executor_reward_tail_s": None, "executor_rm_utilization": None, "errors": 0},
+        extra={"sample_s": sampled_at - t0, "after_sample_s": read - sampled_at, "executor_reward_tail_s": None,
+               "executor_rm_utilization": None, "errors": 0},
     )

@@ -1,11 +1,13 @@
 """``verl-async-rm demo``: the same rollout steps with the RM scored as each trajectory ends, then after the rollout.
 
 On a CPU machine with nothing but this package: builds the tiny models (and the demo RM) if missing, starts its own
-local Ray cluster, builds the plugin's :class:`~verl_async_rm.AsyncRMAgentLoopManager` as verl's v0 trainer does
-(after verl's ``RewardLoopManager``), plus verl's plain ``AgentLoopManager`` for the synchronous mode, and runs each
-step once per mode on the same prompts (the synthetic CPU generation server gives them the same heavy-tailed lengths
-in both modes). One warm-up step per mode is run first and not counted. It writes ``timeline.png`` and
-``summary.json`` to the output folder and shuts the cluster down.
+local Ray cluster and verl's TransferQueue, builds the plugin's :class:`~verl_async_rm.AsyncRMAgentLoopManager` as
+verl's v1 trainer (the default, ``trainer.use_v1=True``) does (after verl's ``RewardLoopManager``), plus verl's plain
+``AgentLoopManagerTQ`` for the synchronous mode, gives each its own v1 fit loop
+(:class:`~verl_async_rm.testing.V1FitLoop`, same replay-buffer polling period), and runs each step once per mode on
+the same prompts (the synthetic CPU generation server gives them the same heavy-tailed lengths in both modes). One
+warm-up step per mode is run first and not counted. It writes ``timeline.png`` and ``summary.json`` to the output
+folder, closes TransferQueue and shuts the cluster down.
 """
 
 from __future__ import annotations
@@ -26,9 +28,11 @@ from verl_async_rm.demo.timeline import StepTimeline
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DemoResult", "default_out_dir", "run_demo"]
+__all__ = ["DemoResult", "TRAINER", "default_out_dir", "run_demo", "summary_config"]
 
 _WARMUP_SIZE = 2
+#: The verl trainer the demo runs (recorded in ``summary.json``'s config).
+TRAINER = "v1"
 
 
 @dataclass(frozen=True)
@@ -78,7 +82,7 @@ def run_demo(config: DemoConfig | None = None) -> DemoResult:
         rm_path = build_demo_rm(tiny, hidden_size=config.rm_hidden_size, num_layers=config.rm_layers,
                                 seed=config.seed)
         trainer_config = compose_trainer_config(
-            tiny.policy, trainer="v0", prompt_length=PROMPT_LENGTH, response_length=config.response_length,
+            tiny.policy, trainer=TRAINER, prompt_length=PROMPT_LENGTH, response_length=config.response_length,
             num_workers=1, overrides=verl_overrides(config, str(rm_path)),
         )
         bar.update(1)
@@ -96,14 +100,25 @@ def run_demo(config: DemoConfig | None = None) -> DemoResult:
 
 
 def _run_modes(config: DemoConfig, trainer_config: Any, tiny: Any, bar: Any) -> dict[str, list[StepTimeline]]:
+    import transfer_queue as tq
+
+    tq.init(trainer_config.transfer_queue)
+    try:
+        return _run_with_transfer_queue(config, trainer_config, tiny, bar)
+    finally:
+        tq.close()
+
+
+def _run_with_transfer_queue(config: DemoConfig, trainer_config: Any, tiny: Any,
+                             bar: Any) -> dict[str, list[StepTimeline]]:
     import ray
     from transformers import AutoTokenizer
-    from verl.experimental.agent_loop.agent_loop import AgentLoopManager
     from verl.experimental.reward_loop import RewardLoopManager
+    from verl.trainer.ppo.v1 import AgentLoopManagerTQ
 
     from verl_async_rm import AsyncRMAgentLoopManager
     from verl_async_rm.config import AsyncRMConfig
-    from verl_async_rm.demo.modes import run_async_step, run_sync_step
+    from verl_async_rm.demo.modes import TimedLoop, rule_scorer, run_async_step, run_sync_step
     from verl_async_rm.demo.workload import prompts_batch, server_kwargs
     from verl_async_rm.testing import make_llm_client, start_generation_servers
 
@@ -121,29 +136,34 @@ def _run_modes(config: DemoConfig, trainer_config: Any, tiny: Any, bar: Any) -> 
             reward_loop_worker_handles=reward_loop.reward_loop_worker_handles,
         )
         actors += manager.agent_loop_workers
-        plain = AgentLoopManager.create(config=trainer_config, llm_client=client, teacher_client=None,
-                                        reward_loop_worker_handles=None)
+        # no reward-loop workers: verl's v1 trainer then scores after sampling (``_compute_reward_colocate``)
+        plain = AgentLoopManagerTQ.create(config=trainer_config, llm_client=client, teacher_client=None,
+                                          reward_loop_worker_handles=None)
         actors += plain.agent_loop_workers
         ray.get([w.__ray_ready__.remote() for w in plain.agent_loop_workers], timeout=config.step_timeout_s)
+        async_loop, sync_loop = TimedLoop.create(trainer_config, manager), TimedLoop.create(trainer_config, plain)
         replicas = list(manager.replicas)
         mix = AsyncRMConfig.from_verl(trainer_config).mix
-        rule = _rule_scorer(AutoTokenizer.from_pretrained(tiny.policy))
+        rule = rule_scorer(AutoTokenizer.from_pretrained(tiny.policy))
         bar.update(1)
 
-        def sync_step(prompts, step):
-            return run_sync_step(plain, server, replicas, prompts, step, rule_score=rule, mix=mix,
-                                 timeout_s=config.step_timeout_s)
+        def async_step(step: int, size: int, tag: str = "step") -> StepTimeline:
+            return run_async_step(async_loop, manager, server, prompts_batch(step, size, tag=tag, mode="async"), step)
+
+        def sync_step(step: int, size: int, tag: str = "step") -> StepTimeline:
+            return run_sync_step(sync_loop, server, replicas, prompts_batch(step, size, tag=tag, mode="sync"), step,
+                                 rule_score=rule, mix=mix, timeout_s=config.step_timeout_s)
 
         bar.set_description("warm-up")
-        run_async_step(manager, server, prompts_batch(0, _WARMUP_SIZE, tag="warmup"), 0)
-        sync_step(prompts_batch(0, _WARMUP_SIZE, tag="warmup"), 0)
+        async_step(0, _WARMUP_SIZE, tag="warmup")
+        sync_step(0, _WARMUP_SIZE, tag="warmup")
         modes: dict[str, list[StepTimeline]] = {"async": [], "sync": []}
         for step in range(1, config.steps + 1):
             bar.set_description(f"step {step}/{config.steps} async")
-            modes["async"].append(run_async_step(manager, server, prompts_batch(step, config.batch_size), step))
+            modes["async"].append(async_step(step, config.batch_size))
             bar.update(1)
             bar.set_description(f"step {step}/{config.steps} sync")
-            modes["sync"].append(sync_step(prompts_batch(step, config.batch_size), step))
+            modes["sync"].append(sync_step(step, config.batch_size))
             bar.update(1)
         return modes
     finally:
@@ -154,18 +174,11 @@ def _run_modes(config: DemoConfig, trainer_config: Any, tiny: Any, bar: Any) -> 
                 ray.kill(actor)
 
 
-def _rule_scorer(tokenizer: Any):
-    """Row ``i``'s rule score, decoded and computed as verl's reward manager does (``NaiveRewardManager``)."""
-    from verl_async_rm.demo import rule
+def summary_config(config: DemoConfig) -> dict[str, Any]:
+    """The ``config`` section of ``summary.json``: the demo's settings, the verl trainer and the polling period."""
+    from verl_async_rm.demo.modes import POLL_INTERVAL_S
 
-    def score(output: Any, i: int) -> float:
-        width = output.batch["prompts"].shape[1]
-        n = int(output.batch["attention_mask"][i, width:].sum())
-        text = tokenizer.decode(output.batch["responses"][i][:n], skip_special_tokens=True)
-        gt = output.non_tensor_batch["reward_model"][i]["ground_truth"]
-        return float(rule.compute_score(output.non_tensor_batch["data_source"][i], text, gt)["score"])
-
-    return score
+    return {**config.to_dict(), "trainer": TRAINER, "replay_buffer_poll_interval_s": POLL_INTERVAL_S}
 
 
 def _write(config: DemoConfig, out_dir: Path, modes: dict[str, list[StepTimeline]], wall_s: float,
@@ -177,7 +190,7 @@ def _write(config: DemoConfig, out_dir: Path, modes: dict[str, list[StepTimeline
     summary_path = out_dir / "summary.json"
     plot_timeline(modes, timeline_path)
     summary = build_summary(
-        modes, config=config.to_dict(), env=environment(), wall_s=wall_s,
+        modes, config=summary_config(config), env=environment(), wall_s=wall_s,
         files={"timeline_png": str(timeline_path), "summary_json": str(summary_path)}, ray_info=ray_info,
     )
     write_summary(summary, summary_path)

@@ -8,7 +8,7 @@ from verl_async_rm.demo import rule
 from verl_async_rm.demo.config import DemoConfig
 from verl_async_rm.testing.generation import LengthDistribution
 
-__all__ = ["GROUND_TRUTH", "PROMPT_LENGTH", "prompts_batch", "server_kwargs", "verl_overrides"]
+__all__ = ["GROUND_TRUTH", "PROMPT_LENGTH", "prompt_uids", "prompts_batch", "server_kwargs", "verl_overrides"]
 
 PROMPT_LENGTH = 64
 GROUND_TRUTH = "42"
@@ -21,7 +21,10 @@ _QUESTIONS = (
 
 
 def verl_overrides(config: DemoConfig, rm_path: str) -> list[str]:
-    """The recipe overrides a user adds for the plugin (v0 trainer), with the demo's RM, rule and batching."""
+    """The recipe overrides a user adds for the plugin, with the demo's RM, rule and batching.
+
+    The same overrides serve verl's v1 trainer (the default, ``trainer.use_v1=True``), which the demo composes.
+    """
     return [
         "+actor_rollout_ref.rollout.agent.agent_loop_manager_class=verl_async_rm.AsyncRMAgentLoopManager",
         "reward.reward_model.enable_resource_pool=True",
@@ -42,26 +45,35 @@ def verl_overrides(config: DemoConfig, rm_path: str) -> list[str]:
     ]
 
 
-def prompts_batch(step: int, size: int, *, tag: str = "step") -> Any:
-    """A v0 batch of ``size`` single-turn prompts for ``step`` (the same for both modes); a fresh object each call."""
-    import numpy as np
-    from verl import DataProto
+def prompts_batch(step: int, size: int, *, tag: str = "step", mode: str = "demo") -> Any:
+    """A v1 prompt batch (a TensorDict, as verl's dataloader gives it) of ``size`` single-turn prompts for ``step``.
+
+    The questions depend only on ``step``, ``tag`` and ``i`` (the same prompts, hence the same synthetic lengths, in
+    both modes); the uids, ``{mode}-{tag}{step}-{i}``, also name the mode, so the two modes never share a key in
+    TransferQueue. verl builds trajectory keys as ``{uid}_{session}_{index}``: a uid holds no ``_``. A fresh object
+    each call (``global_steps`` is set by the fit loop at dispatch).
+    """
+    import torch
+    from verl.utils import tensordict_utils as tu
 
     rows = [
         f"{tag} {step} question {i}: " + _QUESTIONS[i % len(_QUESTIONS)].format(a=7 + 3 * i + step, b=2 + i % 5)
         for i in range(size)
     ]
-    return DataProto(
-        batch=None,
-        non_tensor_batch={
-            "raw_prompt": np.array([[{"role": "user", "content": q}] for q in rows], dtype=object),
-            "data_source": np.array(["demo"] * size, dtype=object),
-            "reward_model": np.array([{"ground_truth": GROUND_TRUTH} for _ in rows], dtype=object),
-            "uid": np.array([f"{tag}{step}-{i}" for i in range(size)], dtype=object),
-            "index": np.arange(size),
-        },
-        meta_info={"global_steps": step, "validate": False},
-    )
+    return tu.get_tensordict(tensor_dict={
+        "uid": prompt_uids(step, size, tag=tag, mode=mode),
+        "raw_prompt": [[{"role": "user", "content": q}] for q in rows],
+        "data_source": ["demo"] * size,
+        "reward_model": [{"ground_truth": GROUND_TRUTH} for _ in rows],
+        "index": torch.arange(size),
+    })
+
+
+def prompt_uids(step: int, size: int, *, tag: str = "step", mode: str = "demo") -> list[str]:
+    """The uids :func:`prompts_batch` gives its rows, in row order."""
+    if "_" in f"{mode}{tag}":
+        raise ValueError(f"demo prompt uids may not contain '_' (verl splits trajectory keys on it): {mode!r}, {tag!r}")
+    return [f"{mode}-{tag}{step}-{i}" for i in range(size)]
 
 
 def server_kwargs(config: DemoConfig, policy_path: str) -> dict[str, Any]:
