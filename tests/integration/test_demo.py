@@ -1,4 +1,5 @@
-"""``verl-async-rm demo`` end to end, one step per mode, as a user runs it (a subprocess with its own Ray cluster)."""
+"""``verl-async-rm demo`` end to end, one step per mode on verl's v1 trainer, as a user runs it (a subprocess with its
+own Ray cluster and TransferQueue)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,8 @@ def test_demo_writes_the_png_and_the_json_summary(demo_run):
     assert sync["batches"] == 2 and {b["size"] for b in sync["timeline"]["batches"]} == {BATCH // 2}  # split in two
     assert summary["modes"]["async"]["per_step"][0]["errors"] == 0
     assert summary["speedup"] > 0
+    assert summary["config"]["trainer"] == "v1" and summary["config"]["replay_buffer_poll_interval_s"] > 0
+    assert "verl v1 trainer" in stdout
     for key in ("verl_async_rm", "verl", "ray", "torch", "python", "cpu_count"):
         assert summary["environment"][key] is not None
     assert str(out.resolve()) in stdout and "speed-up" in stdout
@@ -65,6 +68,21 @@ def test_both_modes_give_the_same_rewards(demo_run):
     sync_rewards = summary["modes"]["sync"]["per_step"][0]["rewards"]
     assert async_rewards == pytest.approx(sync_rewards, abs=1e-3)
     assert len({round(r, 3) for r in async_rewards}) > 1  # the RM tells responses apart
+
+
+@pytest.mark.timeout(600)
+def test_each_mode_ends_its_step_where_its_rewards_are_known(demo_run):
+    """async: when verl's replay buffer returns the sample (every reward is in TransferQueue by then); sync: after
+    the whole batch was scored, which starts once the sample returned."""
+    out, _ = demo_run
+    summary = json.loads((out / "summary.json").read_text())
+    asy, sync = summary["modes"]["async"]["per_step"][0], summary["modes"]["sync"]["per_step"][0]
+    assert asy["step_time_s"] == pytest.approx(asy["sample_s"])
+    assert max(b["end_s"] for b in asy["timeline"]["batches"]) <= asy["step_time_s"]  # every RM batch ended before
+    assert asy["executor_reward_tail_s"] is not None and asy["executor_rm_utilization"] is not None
+    first_sync_batch = min(b["start_s"] for b in sync["timeline"]["batches"])
+    assert sync["sample_s"] <= first_sync_batch <= sync["step_time_s"]
+    assert max(sync["timeline"]["finishes_s"]) <= sync["sample_s"]  # nothing scored before the whole rollout ended
 
 
 @pytest.mark.timeout(600)

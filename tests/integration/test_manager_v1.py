@@ -124,10 +124,10 @@ def _clear(partition: str) -> None:
         tq.kv_clear(keys=keys, partition_id=partition)
 
 
-def _wait_gone(actor) -> None:
+def _wait_gone(actor, method: str = "ping") -> None:
     for _ in range(600):  # ray.kill returns at once: wait until the actor is really gone
         try:
-            ray.get(actor.ping.remote(), timeout=5)
+            ray.get(getattr(actor, method).remote(), timeout=5)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
             return
         time.sleep(0.05)
@@ -165,5 +165,22 @@ def test_a_replica_killed_mid_step_loses_no_trajectory(v1_loop):
     batch = loop.train_step(None, batch_size=4)
     assert len(batch.keys) == 4 * N
     assert batch.metrics["async_rm/scored"] == 4 * N and batch.metrics["async_rm/errors"] == 0
+    assert all(batch.reward_extra_info(i)["rm_score"] == batch.reward_extra_info(i)["rm_score"]
+               for i in range(len(batch.keys)))
+
+
+def test_replicas_dead_before_a_step_are_replaced_and_their_batches_requeued(v1_loop):
+    """Both replicas killed before the step: the batches sent to them come back, replacements load, all are scored."""
+    from verl_async_rm.testing.v1 import prompt_batch
+
+    loop, manager = v1_loop
+    before = manager.last_metrics.get("async_rm/replicas_replaced_total", 0.0)
+    for replica in list(manager.replicas):
+        ray.kill(replica, no_restart=True)
+        _wait_gone(replica, method="describe")
+    batch = loop.train_step(prompt_batch(["after both replicas died", "and a second question"]))
+    m = batch.metrics
+    assert m["async_rm/scored"] == 2 * N and m["async_rm/errors"] == 0 and m["async_rm/requeued"] >= 1
+    assert m["async_rm/replicas_replaced_total"] - before >= 1  # the other may still be loading
     assert all(batch.reward_extra_info(i)["rm_score"] == batch.reward_extra_info(i)["rm_score"]
                for i in range(len(batch.keys)))

@@ -82,3 +82,23 @@ def test_records_that_run_backwards_are_refused():
         BatchRecord(replica=0, start=2.0, end=1.0, size=1)
     with pytest.raises(ValueError, match="before t0"):
         StepTimeline(mode="async", step=1, t0=2.0, t_end=1.0, finishes=[], batches=[], num_replicas=1)
+
+
+def test_sampled_trajectories_are_put_back_in_prompt_order():
+    """verl's replay buffer lists a step's trajectories as they finished; the demo reports them in prompt order."""
+    from verl_async_rm.demo.modes import sampled_order
+
+    uids = ["sync-step1-0", "sync-step1-1", "sync-step1-2"]
+    keys = ["sync-step1-2_0_0", "sync-step1-0_1_0", "sync-step1-1_0_0", "sync-step1-0_0_0"]
+    order = sampled_order(keys, uids)
+    assert [keys[i] for i in order] == ["sync-step1-0_0_0", "sync-step1-0_1_0", "sync-step1-1_0_0", "sync-step1-2_0_0"]
+    assert sampled_order(["b_0_0", "a_0_0"], ["a", "b"]) == [1, 0]
+
+
+def test_a_sampled_batch_that_misses_a_prompt_or_holds_a_foreign_one_is_refused():
+    from verl_async_rm.demo.modes import sampled_order
+
+    with pytest.raises(RuntimeError, match="no sampled trajectory: \\['b'\\]"):
+        sampled_order(["a_0_0"], ["a", "b"])
+    with pytest.raises(RuntimeError, match="'c_0_0' belongs to no prompt"):
+        sampled_order(["a_0_0", "c_0_0"], ["a"])
