@@ -60,6 +60,7 @@ def test_scores_and_metrics_reach_verls_tracker_at_their_steps(v1_loop, tiny_mod
         loop.dispatch(prompt_batch(["how many apples are left?", "what is the total cost?"]))
         first = loop.train_step(prompt_batch(["how fast is the train?"]), batch_size=3)
         val = loop.validate(prompt_batch(["a validation question", "another one"]))
+        assert len(val.keys) == 2 and val.metrics["val-async_rm/scored"] == 2
         second = loop.train_step(prompt_batch(["a new question"]))
     finally:
         loop.logger.finish()

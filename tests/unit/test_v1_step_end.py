@@ -78,7 +78,8 @@ def test_trajectory_counts_come_from_the_phase_record_and_take_the_prefix():
 def _v1_config(mode: str, refill: bool = False):
     from omegaconf import OmegaConf
 
-    return OmegaConf.create({"trainer": {"v1": {"trainer_mode": mode, "sampler": {"sync_refill_failed_groups": refill}}}})
+    sampler = {"sync_refill_failed_groups": refill}
+    return OmegaConf.create({"trainer": {"v1": {"trainer_mode": mode, "sampler": sampler}}})
 
 
 @pytest.mark.parametrize("mode", ["sync", "colocate_async", "separate_async"])

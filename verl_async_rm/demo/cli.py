@@ -34,6 +34,8 @@ def report(result) -> str:
     """What the CLI prints at the end: the table, the figures that matter, the output folder."""
     summary = result.summary
     lines = [result.table(), ""]
+    if summary["config"].get("trainer"):
+        lines.append(_trainer_line(summary["config"]))
     for name in ("async", "sync"):
         mode = summary["modes"].get(name)
         if mode:
@@ -49,3 +51,10 @@ def report(result) -> str:
     lines.append(f"wrote {result.timeline_path} and {result.summary_path}")
     lines.append(f"output folder: {result.out_dir.resolve()}")
     return "\n".join(lines)
+
+
+def _trainer_line(config) -> str:
+    """Which verl trainer ran both modes, and how often its replay buffer polled TransferQueue."""
+    poll = config.get("replay_buffer_poll_interval_s")
+    line = f"verl {config['trainer']} trainer"
+    return line if poll is None else f"{line}, replay buffer polling TransferQueue every {poll:g} s in both modes"

@@ -69,7 +69,7 @@ class TimedLoop:
     def create(cls, config: Any, manager: Any, poll_interval_s: float = POLL_INTERVAL_S) -> TimedLoop:
         from verl_async_rm.testing.v1 import V1FitLoop
 
-        timed = cls(V1FitLoop(config, manager, poll_interval_s=poll_interval_s))
+        timed = cls(V1FitLoop(config, manager, make_prompts=_no_refill, poll_interval_s=poll_interval_s))
         sample = timed.loop.replay_buffer.sample
 
         def timed_sample(*args: Any, **kwargs: Any) -> Any:
@@ -87,6 +87,14 @@ class TimedLoop:
         if self.sampled_at is None:  # the loop did not go through its replay buffer: a bug of the demo, not input
             raise RuntimeError("the v1 fit loop returned a batch without sampling its replay buffer")
         return batch, self.sampled_at
+
+
+def _no_refill(num_prompts: int) -> Any:
+    """verl's replay buffer refills failed groups with new prompts; the demo's steps must be the same in both modes."""
+    raise RuntimeError(
+        f"{num_prompts} prompt group(s) of the demo step failed in the agent loop (see the Ray worker logs); the demo "
+        "compares the same prompts in both modes, so it does not refill them"
+    )
 
 
 def collect_batches(replicas: Sequence[Any]) -> list[BatchRecord]:

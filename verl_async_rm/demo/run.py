@@ -113,10 +113,7 @@ def _run_with_transfer_queue(config: DemoConfig, trainer_config: Any, tiny: Any,
                              bar: Any) -> dict[str, list[StepTimeline]]:
     import ray
     from transformers import AutoTokenizer
-    from verl.experimental.reward_loop import RewardLoopManager
-    from verl.trainer.ppo.v1 import AgentLoopManagerTQ
 
-    from verl_async_rm import AsyncRMAgentLoopManager
     from verl_async_rm.config import AsyncRMConfig
     from verl_async_rm.demo.modes import TimedLoop, rule_scorer, run_async_step, run_sync_step
     from verl_async_rm.demo.workload import prompts_batch, server_kwargs
@@ -125,24 +122,12 @@ def _run_with_transfer_queue(config: DemoConfig, trainer_config: Any, tiny: Any,
     bar.set_description("start RM replicas, agent loops")
     servers = start_generation_servers(1, name_prefix="demo_gen", **server_kwargs(config, str(tiny.policy)))
     server = next(iter(servers.values()))
-    client = make_llm_client(trainer_config, servers)
     actors: list[Any] = list(servers.values())
-    manager = None
+    managers: list[Any] = []
     try:
-        reward_loop = RewardLoopManager(config=trainer_config, rm_resource_pool=None)
-        actors += reward_loop.reward_loop_workers
-        manager = AsyncRMAgentLoopManager.create(
-            config=trainer_config, llm_client=client, teacher_client=None,
-            reward_loop_worker_handles=reward_loop.reward_loop_worker_handles,
-        )
-        actors += manager.agent_loop_workers
-        # no reward-loop workers: verl's v1 trainer then scores after sampling (``_compute_reward_colocate``)
-        plain = AgentLoopManagerTQ.create(config=trainer_config, llm_client=client, teacher_client=None,
-                                          reward_loop_worker_handles=None)
-        actors += plain.agent_loop_workers
-        ray.get([w.__ray_ready__.remote() for w in plain.agent_loop_workers], timeout=config.step_timeout_s)
+        manager, plain = _start_managers(trainer_config, make_llm_client(trainer_config, servers), actors, managers,
+                                         config.step_timeout_s)
         async_loop, sync_loop = TimedLoop.create(trainer_config, manager), TimedLoop.create(trainer_config, plain)
-        replicas = list(manager.replicas)
         mix = AsyncRMConfig.from_verl(trainer_config).mix
         rule = rule_scorer(AutoTokenizer.from_pretrained(tiny.policy))
         bar.update(1)
@@ -151,27 +136,59 @@ def _run_with_transfer_queue(config: DemoConfig, trainer_config: Any, tiny: Any,
             return run_async_step(async_loop, manager, server, prompts_batch(step, size, tag=tag, mode="async"), step)
 
         def sync_step(step: int, size: int, tag: str = "step") -> StepTimeline:
-            return run_sync_step(sync_loop, server, replicas, prompts_batch(step, size, tag=tag, mode="sync"), step,
+            return run_sync_step(sync_loop, server, list(manager.replicas),  # the same replicas (a lost one replaced)
+                                 prompts_batch(step, size, tag=tag, mode="sync"), step,
                                  rule_score=rule, mix=mix, timeout_s=config.step_timeout_s)
 
-        bar.set_description("warm-up")
-        async_step(0, _WARMUP_SIZE, tag="warmup")
-        sync_step(0, _WARMUP_SIZE, tag="warmup")
-        modes: dict[str, list[StepTimeline]] = {"async": [], "sync": []}
-        for step in range(1, config.steps + 1):
-            bar.set_description(f"step {step}/{config.steps} async")
-            modes["async"].append(async_step(step, config.batch_size))
-            bar.update(1)
-            bar.set_description(f"step {step}/{config.steps} sync")
-            modes["sync"].append(sync_step(step, config.batch_size))
-            bar.update(1)
-        return modes
+        return _run_steps(config, async_step, sync_step, bar)
     finally:
-        if manager is not None:
-            manager.shutdown()
+        for started in managers:
+            started.shutdown()
         for actor in actors:
             with contextlib.suppress(Exception):
                 ray.kill(actor)
+
+
+def _start_managers(trainer_config: Any, client: Any, actors: list[Any], managers: list[Any],
+                    timeout_s: float) -> tuple[Any, Any]:
+    """The plugin's v1 manager (after verl's ``RewardLoopManager``, as verl's trainer builds it) and verl's plain
+    ``AgentLoopManagerTQ`` with no reward-loop workers (verl's v1 trainer then scores after sampling,
+    ``_compute_reward_colocate``). What they start is appended to ``actors`` / ``managers`` as it is started."""
+    import ray
+    from verl.experimental.reward_loop import RewardLoopManager
+    from verl.trainer.ppo.v1 import AgentLoopManagerTQ
+
+    from verl_async_rm import AsyncRMAgentLoopManager
+
+    reward_loop = RewardLoopManager(config=trainer_config, rm_resource_pool=None)
+    actors += reward_loop.reward_loop_workers
+    manager = AsyncRMAgentLoopManager.create(
+        config=trainer_config, llm_client=client, teacher_client=None,
+        reward_loop_worker_handles=reward_loop.reward_loop_worker_handles,
+    )
+    managers.append(manager)
+    actors += manager.agent_loop_workers
+    plain = AgentLoopManagerTQ.create(config=trainer_config, llm_client=client, teacher_client=None,
+                                      reward_loop_worker_handles=None)
+    actors += plain.agent_loop_workers
+    ray.get([w.__ray_ready__.remote() for w in plain.agent_loop_workers], timeout=timeout_s)
+    return manager, plain
+
+
+def _run_steps(config: DemoConfig, async_step: Any, sync_step: Any, bar: Any) -> dict[str, list[StepTimeline]]:
+    """One untimed warm-up step per mode, then each step once per mode (async first), on the same prompts."""
+    bar.set_description("warm-up")
+    async_step(0, _WARMUP_SIZE, tag="warmup")
+    sync_step(0, _WARMUP_SIZE, tag="warmup")
+    modes: dict[str, list[StepTimeline]] = {"async": [], "sync": []}
+    for step in range(1, config.steps + 1):
+        bar.set_description(f"step {step}/{config.steps} async")
+        modes["async"].append(async_step(step, config.batch_size))
+        bar.update(1)
+        bar.set_description(f"step {step}/{config.steps} sync")
+        modes["sync"].append(sync_step(step, config.batch_size))
+        bar.update(1)
+    return modes
 
 
 def summary_config(config: DemoConfig) -> dict[str, Any]:

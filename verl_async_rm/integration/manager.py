@@ -214,8 +214,9 @@ class AsyncRMAgentLoopManagerV1(_AsyncRMSide, AgentLoopManagerTQ):
     verl calls ``generate_sequences`` for training batches, refills and validation batches, and in the async trainer
     modes while earlier batches still run, so a call is not a step. The step boundaries come from verl's fit loop
     instead, through :mod:`~verl_async_rm.integration.v1_hooks` (its wrappers of ``PPOTrainer.step`` and
-    ``_validate``): at the end of each training step (and of each validation pass) :meth:`async_rm_close` collects what the RM did since the previous close, applies ``on_error`` to
-    the trajectories that got no score, and returns the ``async_rm/*`` (``val-async_rm/*``) metrics, which verl logs
+    ``_validate``): at the end of each training step (and of each validation pass) :meth:`async_rm_close` collects
+    what the RM did since the previous close (since the first dispatch, for the first), applies ``on_error`` to the
+    trajectories that got no score, and returns the ``async_rm/*`` (``val-async_rm/*``) metrics, which verl logs
     with its own ``Tracking`` at the step's number. In the ``sync`` trainer mode each training batch announces its
     trajectory count to the executor (``expect``), so the step's last batch flushes the moment its last trajectory
     arrives; the async modes stream prompts continuously and rely on ``max_wait_ms``.
@@ -226,6 +227,7 @@ class AsyncRMAgentLoopManagerV1(_AsyncRMSide, AgentLoopManagerTQ):
         self.agent_loop_workers_class = remote_worker_class(use_v1=True)
         self._async_rm_build(config)
         self.last_val_metrics: dict[str, float] = {}
+        self._dispatched = False
         v1_hooks.install()
 
     def _async_rm_check(self, config: Any) -> None:
@@ -233,15 +235,20 @@ class AsyncRMAgentLoopManagerV1(_AsyncRMSide, AgentLoopManagerTQ):
 
     def generate_sequences(self, prompts) -> None:
         """Dispatch a batch of prompts (verl v1 semantics: returns once the agent loops are started)."""
+        expected = None
         if self._trainer_mode == "sync":
             expected = _v1_expected(prompts, self.config.actor_rollout_ref.rollout)
-            if expected:
-                self._v1_expect(expected)
+        if expected or not self._dispatched:
+            self._v1_before_dispatch(expected)
         super().generate_sequences(prompts)
 
     @auto_await
-    async def _v1_expect(self, expected: int) -> None:
-        await self._async_rm_control("expect", expected)
+    async def _v1_before_dispatch(self, expected: int | None) -> None:
+        if not self._dispatched:  # the first window starts here, not when the pool was built
+            await self._async_rm_begin_step(expected)
+            self._dispatched = True
+        elif expected:
+            await self._async_rm_control("expect", expected)
 
     @auto_await
     async def async_rm_close(self, phase: str, global_steps: int | None = None) -> dict[str, float]:

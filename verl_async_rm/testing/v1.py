@@ -112,7 +112,7 @@ class V1FitLoop:
         """One training step: dispatch ``prompts`` (None: dispatched already), sample ``batch_size`` groups (default:
         ``len(prompts)``), read and clear them, close the step as the plugin's hook of ``PPOTrainer.step`` does, log.
 
-        Raises what the step raises (verl's replay buffer, or the plugin's ``RMScoreError`` / ``TrajectoryDroppedError``).
+        Raises what the step raises (verl's replay buffer; the plugin's ``RMScoreError``, ``TrajectoryDroppedError``).
         """
         import transfer_queue as tq
 
@@ -148,7 +148,8 @@ class V1FitLoop:
 
         tu.assign_non_tensor_data(prompts, "global_steps", self.global_steps)
         tu.assign_non_tensor_data(prompts, "validate", True)
-        tags = [{"is_prompt": True, "status": "pending", "global_steps": self.global_steps} for _ in range(len(prompts))]
+        tag = {"is_prompt": True, "status": "pending", "global_steps": self.global_steps}
+        tags = [dict(tag) for _ in range(len(prompts))]
 
         def body() -> tuple[Any, Any]:
             tq.kv_batch_put(keys=list(prompts["uid"]), partition_id="val", tags=tags)
