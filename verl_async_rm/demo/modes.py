@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import ray
@@ -34,8 +33,8 @@ __all__ = [
     "ASYNC_FIELDS",
     "POLL_INTERVAL_S",
     "SYNC_FIELDS",
-    "TimedLoop",
     "collect_batches",
+    "fit_loop",
     "requests_from_batch",
     "rule_scorer",
     "run_async_step",
@@ -54,39 +53,11 @@ ASYNC_FIELDS = ("rm_scores", "extra_fields")
 SYNC_FIELDS = ("prompts", "responses", "raw_prompt", "data_source", "reward_model")
 
 
-@dataclass
-class TimedLoop:
-    """A :class:`~verl_async_rm.testing.V1FitLoop` that also records when its replay buffer's sample returned.
+def fit_loop(config: Any, manager: Any) -> Any:
+    """verl's v1 fit loop for one mode: the demo's polling period, no refill (the modes compare the same prompts)."""
+    from verl_async_rm.testing.v1 import V1FitLoop
 
-    The replay buffer's ``sample`` returns when every group of the step is terminal: the moment the trainer could go
-    on with the batch. Reading the batch and closing the step come after it.
-    """
-
-    loop: Any
-    sampled_at: float | None = field(default=None, init=False)
-
-    @classmethod
-    def create(cls, config: Any, manager: Any, poll_interval_s: float = POLL_INTERVAL_S) -> TimedLoop:
-        from verl_async_rm.testing.v1 import V1FitLoop
-
-        timed = cls(V1FitLoop(config, manager, make_prompts=_no_refill, poll_interval_s=poll_interval_s))
-        sample = timed.loop.replay_buffer.sample
-
-        def timed_sample(*args: Any, **kwargs: Any) -> Any:
-            result = sample(*args, **kwargs)
-            timed.sampled_at = time.time()
-            return result
-
-        timed.loop.replay_buffer.sample = timed_sample
-        return timed
-
-    def train_step(self, prompts: Any, fields: tuple[str, ...]) -> tuple[Any, float]:
-        """One step of the fit loop; returns the :class:`~verl_async_rm.testing.V1Batch` and when it was sampled."""
-        self.sampled_at = None
-        batch = self.loop.train_step(prompts, fields=fields)
-        if self.sampled_at is None:  # the loop did not go through its replay buffer: a bug of the demo, not input
-            raise RuntimeError("the v1 fit loop returned a batch without sampling its replay buffer")
-        return batch, self.sampled_at
+    return V1FitLoop(config, manager, make_prompts=_no_refill, poll_interval_s=POLL_INTERVAL_S)
 
 
 def _no_refill(num_prompts: int) -> Any:
@@ -144,13 +115,14 @@ def _timeline(mode: str, step: int, t0: float, t_end: float, server: Any, replic
                         batches=collect_batches(replicas), num_replicas=len(replicas), **scores)
 
 
-def run_async_step(timed: TimedLoop, manager: Any, server: Any, prompts: Any, step: int) -> StepTimeline:
+def run_async_step(loop: Any, manager: Any, server: Any, prompts: Any, step: int) -> StepTimeline:
     """One step through the plugin's v1 manager; rewards are read from verl's ``rm_scores`` in TransferQueue."""
     replicas = list(manager.replicas)  # current handles (a lost replica is replaced)
     _begin(server, replicas)
     uids = list(prompts["uid"])
     t0 = time.time()
-    batch, sampled_at = timed.train_step(prompts, ASYNC_FIELDS)
+    batch = loop.train_step(prompts, fields=ASYNC_FIELDS)
+    sampled_at = batch.sampled_at
     returned = time.time()
     order = sampled_order(batch.keys, uids)
     infos = [batch.reward_extra_info(i) for i in order]
@@ -227,7 +199,7 @@ def _row(data: Any, key: str, i: int) -> Any:
 
 
 def run_sync_step(
-    timed: TimedLoop,
+    loop: Any,
     server: Any,
     replicas: Sequence[Any],
     prompts: Any,
@@ -245,7 +217,8 @@ def run_sync_step(
     _begin(server, replicas)
     uids = list(prompts["uid"])
     t0 = time.time()
-    batch, sampled_at = timed.train_step(prompts, SYNC_FIELDS)
+    batch = loop.train_step(prompts, fields=SYNC_FIELDS)
+    sampled_at = batch.sampled_at
     read = time.time()
     order = sampled_order(batch.keys, uids)
     rm_scores = score_after_rollout(replicas, requests_from_batch(batch.data, order, batch.keys), timeout_s)

@@ -115,7 +115,7 @@ def _run_with_transfer_queue(config: DemoConfig, trainer_config: Any, tiny: Any,
     from transformers import AutoTokenizer
 
     from verl_async_rm.config import AsyncRMConfig
-    from verl_async_rm.demo.modes import TimedLoop, rule_scorer, run_async_step, run_sync_step
+    from verl_async_rm.demo.modes import fit_loop, rule_scorer, run_async_step, run_sync_step
     from verl_async_rm.demo.workload import prompts_batch, server_kwargs
     from verl_async_rm.testing import make_llm_client, start_generation_servers
 
@@ -127,7 +127,7 @@ def _run_with_transfer_queue(config: DemoConfig, trainer_config: Any, tiny: Any,
     try:
         manager, plain = _start_managers(trainer_config, make_llm_client(trainer_config, servers), actors, managers,
                                          config.step_timeout_s)
-        async_loop, sync_loop = TimedLoop.create(trainer_config, manager), TimedLoop.create(trainer_config, plain)
+        async_loop, sync_loop = fit_loop(trainer_config, manager), fit_loop(trainer_config, plain)
         mix = AsyncRMConfig.from_verl(trainer_config).mix
         rule = rule_scorer(AutoTokenizer.from_pretrained(tiny.policy))
         bar.update(1)

@@ -20,6 +20,7 @@ which the plugin never touches.
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,11 +49,13 @@ def prompt_batch(questions: list[str], *, agent_names: list[str] | None = None, 
 
 @dataclass
 class V1Batch:
-    """One sampled batch: the trajectory keys (``{uid}_{session}_{index}``), their data, the step's metrics."""
+    """One sampled batch: the trajectory keys (``{uid}_{session}_{index}``), their data, the step's metrics, and when
+    (``time.time()``) the replay buffer's sample returned, i.e. when the trainer could go on with the batch."""
 
     keys: list[str]
     data: Any  # TensorDict read from TransferQueue (rm_scores, extra_fields, prompts, responses, uid...)
     metrics: dict[str, Any]
+    sampled_at: float
 
     def reward_extra_info(self, i: int) -> dict[str, Any]:
         return self.data["extra_fields"][i]["reward_extra_info"]
@@ -121,22 +124,23 @@ class V1FitLoop:
         self.global_steps += 1
         size = batch_size if batch_size is not None else len(prompts)
 
-        def body() -> tuple[Any, Any, dict]:
+        def body() -> tuple[Any, Any, dict, float]:
             if prompts is not None:
                 self.dispatch(prompts)
             meta, eviction = self.replay_buffer.sample(global_steps=self.global_steps, partition_id="train",
                                                        batch_size=size)
+            sampled_at = time.time()
             try:
                 return meta, tq.kv_batch_get(keys=meta.keys, partition_id=meta.partition_id,
-                                             select_fields=list(fields)), eviction
+                                             select_fields=list(fields)), eviction, sampled_at
             finally:
                 tq.kv_clear(keys=meta.keys, partition_id=meta.partition_id)
 
-        (meta, data, metrics), extra = closing(self, "train", body)
+        (meta, data, metrics, sampled_at), extra = closing(self, "train", body)
         metrics = {**metrics, **extra}
         if self.logger is not None:
             self.logger.log(data=metrics, step=self.global_steps)
-        return V1Batch(keys=list(meta.keys), data=data, metrics=metrics)
+        return V1Batch(keys=list(meta.keys), data=data, metrics=metrics, sampled_at=sampled_at)
 
     def validate(self, prompts: Any,
                  fields: tuple[str, ...] = ("uid", "rm_scores", "extra_fields")) -> V1Batch:
@@ -151,17 +155,19 @@ class V1FitLoop:
         tag = {"is_prompt": True, "status": "pending", "global_steps": self.global_steps}
         tags = [dict(tag) for _ in range(len(prompts))]
 
-        def body() -> tuple[Any, Any]:
+        def body() -> tuple[Any, Any, float]:
             tq.kv_batch_put(keys=list(prompts["uid"]), partition_id="val", tags=tags)
             self.agent_loop_manager.generate_sequences(prompts)
             meta, _ = self.replay_buffer.sample(global_steps=self.global_steps, partition_id="val",
                                                 batch_size=len(prompts))
+            sampled_at = time.time()
             try:
-                return meta, tq.kv_batch_get(keys=meta.keys, partition_id=meta.partition_id, select_fields=list(fields))
+                return meta, tq.kv_batch_get(keys=meta.keys, partition_id=meta.partition_id,
+                                             select_fields=list(fields)), sampled_at
             finally:
                 tq.kv_clear(keys=meta.keys, partition_id=meta.partition_id)
 
-        (meta, data), metrics = closing(self, "val", body)
+        (meta, data, sampled_at), metrics = closing(self, "val", body)
         if self.logger is not None:
             self.logger.log(data=metrics, step=self.global_steps)
-        return V1Batch(keys=list(meta.keys), data=data, metrics=metrics)
+        return V1Batch(keys=list(meta.keys), data=data, metrics=metrics, sampled_at=sampled_at)
