@@ -189,3 +189,16 @@ def test_an_rm_failure_is_raised_from_verls_own_error(wrapped_trainer):
     trainer.agent_loop_manager = _Recorder()  # no RM failure: verl's error is the one raised
     with pytest.raises(RuntimeError, match="no materializable trajectories"):
         trainer.step({}, {})
+
+
+def test_a_failure_names_the_remote_error_not_rays_wrapper():
+    import ray
+
+    from verl_async_rm.errors import ReplicaTimeoutError
+    from verl_async_rm.integration.worker import _describe
+
+    remote = ray.exceptions.RayTaskError("submit", "Traceback (most recent call last): ...",
+                                         ReplicaTimeoutError("RM replica did not score a batch of 2"))
+    for err in (remote, remote.as_instanceof_cause()):
+        assert _describe(err) == "ReplicaTimeoutError: RM replica did not score a batch of 2"
+    assert _describe(ValueError("x" * 600)) == ("ValueError: " + "x" * 600)[:500]

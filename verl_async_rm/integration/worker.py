@@ -88,7 +88,7 @@ class AsyncRMWorkerMixin:
         try:
             handed = {RM_SCORE_KEY: await self._async_rm_score(final, kwargs)}
         except (AsyncRMError, ray.exceptions.RayError) as err:
-            error = f"{type(err).__name__}: {err}"[:500]
+            error = _describe(err)
             trajectory = f"{kwargs.get('uid', '?')}/{kwargs.get('session_id', 0)}"
             ledger.failed(phase, Failure(trajectory, _int_or_none(kwargs.get("global_steps")), error))
             if self._async_rm_fail_session or self._async_rm_on_error != "drop":
@@ -145,6 +145,13 @@ class AsyncRMAgentLoopWorkerTQ(AsyncRMWorkerMixin, AgentLoopWorkerTQ.__ray_actor
             await super()._agent_loop_postprocess(output, validate, **kwargs)
         finally:
             _PHASE.reset(token)
+
+
+def _describe(err: BaseException) -> str:
+    """``Type: message`` of the error itself: a Ray task error names the remote exception, not Ray's traceback."""
+    cause = getattr(err, "cause", None)
+    cause = cause if isinstance(cause, BaseException) else err
+    return f"{type(cause).__name__}: {cause}"[:500]
 
 
 def _int_or_none(value: Any) -> int | None:
