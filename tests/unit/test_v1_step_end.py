@@ -202,3 +202,18 @@ def test_a_failure_names_the_remote_error_not_rays_wrapper():
     for err in (remote, remote.as_instanceof_cause()):
         assert _describe(err) == "ReplicaTimeoutError: RM replica did not score a batch of 2"
     assert _describe(ValueError("x" * 600)) == ("ValueError: " + "x" * 600)[:500]
+
+
+def test_verls_fit_loop_still_logs_what_step_and_validate_return_at_the_steps_number():
+    """Pins the verl 0.9.1 fit loop the hooks rely on (trainer/ppo/v1/trainer_base.py fit): if verl changes it, the
+    async_rm/* metrics may stop reaching its tracker, and this test says where to look."""
+    import inspect
+
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    fit = inspect.getsource(getattr(PPOTrainer.fit, "__async_rm_wrapped__", PPOTrainer.fit))
+    order = ["val_metrics = self._validate()", "self.logger.log(data=val_metrics, step=self.global_steps)",
+             "batch = self.step(metrics, self.timing_raw)", "val_metrics: dict = self._validate()",
+             "metrics.update(val_metrics)", "self.logger.log(data=metrics, step=self.global_steps)"]
+    positions = [fit.find(line) for line in order]
+    assert -1 not in positions and positions == sorted(positions), dict(zip(order, positions, strict=True))
