@@ -188,7 +188,7 @@ def test_a_row_that_makes_the_forward_raise_fails_alone(scorer, tiny_models, req
     poisoned[2] = rows[2][:-1] + [vocab + 7]
     with pytest.raises(IndexError):  # the poison really makes the model raise
         scorer.forward_ids([poisoned[2]])
-    out = scorer._forward_safely(poisoned)
+    out = scorer.forward.score_batch(poisoned)
     assert isinstance(out[2], RewardModelError) and "index" in str(out[2]).lower()
     kept = [i for i in range(len(rows)) if i != 2]
     assert [out[i] for i in kept] == pytest.approx([direct_score(model, rows[i]) for i in kept], abs=ATOL, rel=RTOL)

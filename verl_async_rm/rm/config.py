@@ -31,6 +31,7 @@ __all__ = ["RMConfig", "ConfigValueError", "rm_config_from_verl"]
 _DTYPES = ("auto", "bfloat16", "float16", "float32")
 _RETEMPLATE = ("auto", "always", "never")
 _REDUCTIONS = ("index", "mean", "sum", "max", "min")
+_PACKING = ("auto", "true", "false")
 
 
 class ConfigValueError(ValueError):
@@ -115,8 +116,17 @@ class RMConfig:
     micro_batch_max_tokens: int = field(
         default=16384,
         metadata={
-            "help": "Token budget of one forward pass (rows x longest row, after padding). A longer single input "
-            "runs alone."
+            "help": "Token budget of one forward pass: rows x longest row when padded, the rows' real tokens when "
+            "packed. A longer single input runs alone."
+        },
+    )
+    packing: str = field(
+        default="auto",
+        metadata={
+            "help": "'auto': packed forwards (a micro-batch's rows as one sequence, no padding, attention kept in "
+            "each row) where the RM's attention allows it and a variable-length kernel exists (CUDA with "
+            "flash-attn or torch's varlen_attn; CPU), checked against padded scores at load, else padded; 'true': "
+            "packed whenever the model allows it, or fail at load; 'false': always padded."
         },
     )
     use_gpu: bool = field(default=True, metadata={"help": "False: CPU replicas (tests, demo)."})
@@ -166,6 +176,12 @@ class RMConfig:
             raise ConfigValueError("score_reduction", self.score_reduction, "unknown", f"use one of {_REDUCTIONS}")
         if not isinstance(self.score_head, str) or not self.score_head:
             raise ConfigValueError("score_head", self.score_head, "must be a module name", "use 'auto'")
+        if isinstance(self.packing, bool):  # Hydra reads +async_rm.packing=true as a boolean
+            self.packing = "true" if self.packing else "false"
+        if self.packing not in _PACKING:
+            raise ConfigValueError(
+                "packing", self.packing, "unknown mode", f"use one of {_PACKING} ('auto' packs where it is safe)"
+            )
         if _not_int(self.micro_batch_max_tokens) or self.micro_batch_max_tokens <= 0:
             raise ConfigValueError(
                 "micro_batch_max_tokens",

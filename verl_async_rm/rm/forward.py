@@ -1,0 +1,241 @@
+"""The RM's forward passes: prepared token ids in, one float32 score per row out (no tokenizers, no Ray, no verl).
+
+:class:`RMForward` runs micro-batches either padded (rows right-padded to the longest, an attention mask) or packed
+(rows concatenated into one sequence, see :mod:`verl_async_rm.rm.packing`), reads each row's score at its last token
+from the score head's per-token output (a forward hook on the head module), and isolates failures: a micro-batch that
+runs out of memory or raises is halved until the failing row is alone (:meth:`RMForward.score_batch`).
+:class:`verl_async_rm.rm.scorer.RewardModelScorer` holds one; ``verl-async-rm bench rm`` drives one directly.
+
+No per-shape stall on the padded path: on CUDA its forwards run with torch's cuDNN attention backend disabled
+(``sdpa_kernel`` without ``CUDNN_ATTENTION``), because cuDNN builds a plan for every new (rows, width) shape
+(0.3-1.9 s each on an H100, and RL lengths change every step); flash/memory-efficient attention need no plan. The
+packed ``varlen`` kernels need none either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from verl_async_rm.errors import RewardModelError
+from verl_async_rm.rm.config import ConfigValueError
+from verl_async_rm.rm.inputs import plan_micro_batches, plan_packed_micro_batches
+from verl_async_rm.rm.packing import (
+    VARLEN_ATTENTION,
+    choose_kernel,
+    pack_rows,
+    register_varlen_attention,
+    varlen_kernel_name,
+)
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["RMForward", "last_token_logits", "reduce_outputs", "OOM_ERRORS"]
+
+OOM_ERRORS: tuple[type[BaseException], ...] = tuple(
+    {getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError), torch.cuda.OutOfMemoryError}
+)
+#: Rows of the load-time packing check (token counts); short, so the check costs one tiny forward per row.
+_CHECK_ROWS = (9, 4, 6)
+
+
+def last_token_logits(per_token: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """``per_token[b, t]`` at each row's last position where ``attention_mask`` is 1: ``(B, T, L) -> (B, L)``."""
+    positions = torch.arange(attention_mask.shape[-1], device=attention_mask.device)
+    last = (positions * attention_mask.to(positions.dtype)).argmax(dim=-1).to(per_token.device)
+    return per_token[torch.arange(per_token.shape[0], device=per_token.device), last]
+
+
+def reduce_outputs(logits: torch.Tensor, reduction: str, index: int) -> torch.Tensor:
+    """One score per row from ``(B, L)`` head outputs: ``logits[:, index]`` or a reduction over ``L`` (float32)."""
+    logits = logits.float()
+    if reduction == "index":
+        return logits[:, index]
+    return {"mean": torch.mean, "sum": torch.sum, "max": torch.amax, "min": torch.amin}[reduction](logits, dim=-1)
+
+
+class RMForward:
+    """Forward passes of one loaded sequence-classification model.
+
+    Args:
+        model: the model, on ``device``, in eval mode.
+        head: the module whose per-token output holds the scores (hooked here), or None to use the model's own
+            pooled ``logits`` (then forwards are always padded).
+        device: where ``model`` lives.
+        pad_id: the token id padding positions get (masked out, so any valid id).
+        packing: ``'auto'``, ``'true'`` or ``'false'`` (see :func:`verl_async_rm.rm.packing.choose_kernel`).
+        score_reduction, score_index: how a multi-output head becomes one score (:func:`reduce_outputs`).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        head: torch.nn.Module | None,
+        *,
+        device: torch.device,
+        pad_id: int,
+        packing: str = "auto",
+        score_reduction: str = "index",
+        score_index: int = 0,
+    ) -> None:
+        self.model, self.head, self.device, self.pad_id = model, head, device, pad_id
+        self.score_reduction, self.score_index = score_reduction, score_index
+        self._captured: torch.Tensor | None = None
+        if head is not None:
+            head.register_forward_hook(self._capture)
+        #: 'varlen', 'mask' (packed) or 'padded'.
+        self.kernel, self.packing_reason = choose_kernel(model, device, packing, per_token_head=head is not None)
+        if packing == "true" and self.kernel == "padded":
+            raise ConfigValueError(
+                "packing", "true", self.packing_reason.removeprefix("packing=true, but "),
+                "use packing='auto' or 'false' (verl: +async_rm.packing=auto)",
+            )
+        if self.kernel != "padded":
+            self._switch_to_packing(packing)
+        logger.info("RM forwards: %s (%s)", self.describe()["packing"], self.packing_reason)
+
+    @property
+    def packed(self) -> bool:
+        """True when micro-batches run as one packed sequence each."""
+        return self.kernel != "padded"
+
+    def describe(self) -> dict[str, Any]:
+        """``packing``: 'packed (varlen: <kernel>)', 'packed (mask: <attention>)' or 'padded'; and why."""
+        if self.kernel == "varlen":
+            what = f"packed (varlen: {varlen_kernel_name(self.device)})"
+        elif self.kernel == "mask":
+            what = f"packed (mask: {self.model.config._attn_implementation})"
+        else:
+            what = "padded"
+        return {"packing": what, "packing_reason": self.packing_reason}
+
+    def plan(self, lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+        """Micro-batches (lists of indices into ``lengths``) within ``max_tokens``: real tokens when packed,
+        rows x longest row when padded."""
+        return (plan_packed_micro_batches if self.packed else plan_micro_batches)(lengths, max_tokens)
+
+    # ------------------------------------------------------------------------------------------------- forwards
+
+    def forward_ids(self, batch: Sequence[Sequence[int]]) -> torch.Tensor:
+        """Scores (float32, on the host, one per row) of prepared input ids, in one forward pass."""
+        return (self.forward_packed if self.packed else self.forward_padded)(batch)
+
+    def forward_padded(self, batch: Sequence[Sequence[int]]) -> torch.Tensor:
+        """One right-padded forward; the score is read at each row's last unmasked token."""
+        width = max(len(ids) for ids in batch)
+        input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, ids in enumerate(batch):
+            input_ids[row, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
+            attention_mask[row, : len(ids)] = 1
+        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+        self._captured = None
+        with torch.inference_mode(), self._no_shape_plans():
+            output = self.model(input_ids=input_ids, attention_mask=attention_mask)
+            per_token, self._captured = self._captured, None
+            if per_token is not None and per_token.dim() == 3 and per_token.shape[:2] == input_ids.shape:
+                logits = last_token_logits(per_token, attention_mask)
+            else:
+                logits = getattr(output, "logits", None)
+                if logits is None or logits.dim() != 2 or logits.shape[0] != len(batch):
+                    raise RewardModelError(
+                        f"the RM's output has no (batch, num_labels) logits (got {type(output).__name__}); "
+                        "set score_head to the module that produces the scores"
+                    )
+            return reduce_outputs(logits, self.score_reduction, self.score_index).cpu()
+
+    def forward_packed(self, batch: Sequence[Sequence[int]]) -> torch.Tensor:
+        """One packed forward: rows concatenated, positions restarting per row, scores at each row's last token."""
+        rows = pack_rows(batch, self.device)
+        kwargs: dict[str, Any] = {"input_ids": rows.input_ids, "position_ids": rows.position_ids, "use_cache": False}
+        if self.kernel == "varlen":
+            kwargs.update(rows.varlen_kwargs())
+        self._captured = None
+        with torch.inference_mode():
+            self.model(**kwargs)
+            per_token, self._captured = self._captured, None
+            if per_token is None or per_token.dim() != 3 or tuple(per_token.shape[:2]) != tuple(rows.input_ids.shape):
+                raise RewardModelError(
+                    "packed forward: the score head gave no per-token output to read each row's last token from; "
+                    "set packing='false' (verl: +async_rm.packing=false)"
+                )
+            logits = per_token[0].index_select(0, rows.last)
+            return reduce_outputs(logits, self.score_reduction, self.score_index).cpu()
+
+    def score_batch(self, batch: list[list[int]]) -> list[float | RewardModelError]:
+        """Scores of one micro-batch. A failure (out of memory, or a row that makes the forward raise) halves the
+        micro-batch until the failing row is alone: only that row gets the error."""
+        try:
+            return [float(v) for v in self.forward_ids(batch).tolist()]
+        except OOM_ERRORS as err:
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            if len(batch) == 1:
+                return [RewardModelError(f"out of memory on a {len(batch[0])}-token input: {err}")]
+            half = len(batch) // 2
+            logger.warning("RM out of memory on %d rows; retrying in halves", len(batch))
+            return self.score_batch(batch[:half]) + self.score_batch(batch[half:])
+        except RewardModelError as err:
+            return [err] * len(batch)
+        except Exception as err:
+            if len(batch) > 1:  # isolate the row(s) that make the forward raise; the others still get scores
+                half = len(batch) // 2
+                logger.warning("RM forward failed on %d rows (%r); retrying in halves", len(batch), err)
+                return self.score_batch(batch[:half]) + self.score_batch(batch[half:])
+            logger.exception("RM forward failed on a %d-token input", len(batch[0]))
+            return [RewardModelError(f"RM forward failed: {err!r}")]
+
+    # -------------------------------------------------------------------------------------------------- helpers
+
+    def _capture(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        self._captured = output if isinstance(output, torch.Tensor) else None
+
+    def _no_shape_plans(self) -> contextlib.AbstractContextManager[Any]:
+        """On CUDA: sdpa without the cuDNN backend (it plans per shape); elsewhere nothing."""
+        if self.device.type != "cuda":
+            return contextlib.nullcontext()
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+    def _switch_to_packing(self, mode: str) -> None:
+        """Check on a few short rows that packed scores equal single-row padded ones; then pack, else pad.
+
+        The reference is computed with the model's own attention, before a ``varlen`` kernel replaces it. A mismatch
+        or an error means this model's attention does not honour the packing (custom modelling code, a
+        bidirectional encoder, ...): ``auto`` falls back to padded forwards with a warning, ``true`` raises.
+        """
+        vocab = int(self.model.get_input_embeddings().num_embeddings)
+        gen = torch.Generator().manual_seed(0)
+        rows = [torch.randint(0, min(vocab, 1000), (n,), generator=gen).tolist() for n in _CHECK_ROWS]
+        original = self.model.config._attn_implementation
+        problem = None
+        try:
+            reference = torch.cat([self.forward_padded([ids]) for ids in rows])
+            if self.kernel == "varlen":
+                register_varlen_attention()
+                self.model.set_attn_implementation(VARLEN_ATTENTION)
+                if self.model.config._attn_implementation != VARLEN_ATTENTION:
+                    raise RuntimeError(f"the model kept attn_implementation={self.model.config._attn_implementation}")
+            packed = self.forward_packed(rows)
+            half = next(p.dtype for p in self.model.parameters()) in (torch.bfloat16, torch.float16)
+            tolerance = 3e-2 * (1 + reference.abs()) if half else 1e-4 * (1 + reference.abs())
+            if not bool(((packed - reference).abs() <= tolerance).all()):
+                problem = f"packed scores {packed.tolist()} differ from single-row scores {reference.tolist()}"
+        except Exception as err:  # the model's code refused the packed call
+            problem = f"a packed forward failed: {err!r}"
+        if problem is None:
+            return
+        if self.kernel == "varlen":
+            self.model.set_attn_implementation(original)
+        if mode == "true":
+            raise ConfigValueError(
+                "packing", "true", f"{type(self.model).__name__} does not score packed rows correctly ({problem})",
+                "use packing='auto' or 'false' (verl: +async_rm.packing=auto)",
+            )
+        logger.warning("packing=auto: %s; using padded forwards", problem)
+        self.kernel, self.packing_reason = "padded", f"packing={mode}, but {problem}"
