@@ -24,8 +24,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
 __all__ = ["RMConfig", "ConfigValueError", "rm_config_from_verl"]
 
 _DTYPES = ("auto", "bfloat16", "float16", "float32")
@@ -216,6 +214,9 @@ def _not_int(value: Any) -> bool:
 
 def _select(config: Any, key: str) -> Any:
     """``config[key]`` for a dotted key, or None when any part is missing (a ``DictConfig`` or nested mappings)."""
+    # omegaconf is imported here, not at the top: the scorer (and `bench rm`) import RMConfig where it is absent.
+    from omegaconf import DictConfig, OmegaConf
+
     if isinstance(config, DictConfig):
         return OmegaConf.select(config, key, default=None)
     node = config

@@ -51,7 +51,7 @@ class RewardModelScorer:
 
     Args:
         config: the RM settings.
-        device: where to run; default: the current accelerator when ``config.use_gpu``, else CPU.
+        device: where to run; default: the current CUDA device when ``config.use_gpu``, else CPU (no verl import).
     """
 
     def __init__(self, config: RMConfig, device: str | torch.device | None = None) -> None:
@@ -318,11 +318,20 @@ def _uid(request: Any) -> str:
 
 
 def _default_device(use_gpu: bool) -> torch.device:
+    """CPU unless ``use_gpu``; then the current CUDA device (a Ray GPU worker sees only its own GPU), found by torch
+    alone, so the scorer runs where verl is not installed. verl is asked only when torch sees no CUDA device (another
+    accelerator, such as an Ascend NPU)."""
     if not use_gpu:
         return torch.device("cpu")
-    from verl.utils.device import get_device_id, get_device_name
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    name = "cpu"
+    try:
+        from verl.utils.device import get_device_id, get_device_name
 
-    name = get_device_name()
+        name = get_device_name()
+    except ImportError:
+        pass
     if name == "cpu":
         raise RewardModelError("use_gpu=True but this process sees no accelerator. Fix: use_gpu=False for CPU runs")
     return torch.device(name, get_device_id())
