@@ -80,10 +80,10 @@ def test_packed_plan_budgets_real_tokens_and_places_every_input_once(seed):
 # --- scores ---------------------------------------------------------------------------------------------------------
 
 
-def test_auto_packs_on_cpu_with_the_per_row_varlen_kernel(model_path):
+def test_auto_packs_on_cpu_through_the_varlen_attention_function(model_path):
     forward = engine(model_path, "auto")
     assert forward.kernel == "varlen"
-    assert forward.describe()["packing"] == "packed (varlen: per_row_sdpa)"
+    assert forward.describe()["packing"] == "packed (varlen: row_padded_sdpa)"
     assert forward.model.config._attn_implementation == packing.VARLEN_ATTENTION
 
 
@@ -198,6 +198,6 @@ def test_scorer_reports_its_forwards_and_scores_alike_packed_or_padded(tiny_mode
     common = dict(model_path=str(tiny_models.rm), policy_tokenizer_path=str(tiny_models.policy), use_gpu=False)
     packed = RewardModelScorer(RMConfig(**common, packing="true"))
     padded = RewardModelScorer(RMConfig(**common, packing="false"))
-    assert packed.describe()["packing"] == "packed (varlen: per_row_sdpa)"
+    assert packed.describe()["packing"] == "packed (varlen: row_padded_sdpa)"
     assert padded.describe()["packing"] == "padded"
     assert packed.score(requests) == pytest.approx(padded.score(requests), abs=ATOL, rel=RTOL)

@@ -85,8 +85,8 @@ class RMForward:
         self.model, self.head, self.device, self.pad_id = model, head, device, pad_id
         self.score_reduction, self.score_index = score_reduction, score_index
         self._captured: torch.Tensor | None = None
-        if head is not None:
-            head.register_forward_hook(self._capture)
+        self._hook = head.register_forward_hook(self._capture) if head is not None else None
+        self._original_attention = getattr(model.config, "_attn_implementation", None)
         #: 'varlen', 'mask' (packed) or 'padded'.
         self.kernel, self.packing_reason = choose_kernel(model, device, packing, per_token_head=head is not None)
         if packing == "true" and self.kernel == "padded":
@@ -118,7 +118,26 @@ class RMForward:
         rows x longest row when padded."""
         return (plan_packed_micro_batches if self.packed else plan_micro_batches)(lengths, max_tokens)
 
+    def close(self) -> None:
+        """Remove the head hook and give the model its own attention back (a model shared with other code)."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        if self.kernel == "varlen" and self._original_attention is not None:
+            self.model.set_attn_implementation(self._original_attention)
+
     # ------------------------------------------------------------------------------------------------- forwards
+
+    def score_all(self, inputs: Sequence[list[int]], max_tokens: int) -> list[float | RewardModelError]:
+        """Scores of prepared inputs, in their order: micro-batches of at most ``max_tokens`` (:meth:`plan`), each
+        through :meth:`score_batch`, so a failure costs only the rows that cause it."""
+        results: list[float | RewardModelError | None] = [None] * len(inputs)
+        for batch in self.plan([len(ids) for ids in inputs], max_tokens):
+            for j, value in zip(batch, self.score_batch([inputs[j] for j in batch]), strict=True):
+                results[j] = value
+        assert all(r is not None for r in results), "every input is in exactly one micro-batch"
+        return results  # type: ignore[return-value]
+
 
     def forward_ids(self, batch: Sequence[Sequence[int]]) -> torch.Tensor:
         """Scores (float32, on the host, one per row) of prepared input ids, in one forward pass."""
@@ -212,7 +231,7 @@ class RMForward:
         vocab = int(self.model.get_input_embeddings().num_embeddings)
         gen = torch.Generator().manual_seed(0)
         rows = [torch.randint(0, min(vocab, 1000), (n,), generator=gen).tolist() for n in _CHECK_ROWS]
-        original = self.model.config._attn_implementation
+        original = self._original_attention
         problem = None
         try:
             reference = torch.cat([self.forward_padded([ids]) for ids in rows])

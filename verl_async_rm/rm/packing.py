@@ -8,8 +8,9 @@ Two ways to keep attention inside each row, both through the model's own HF modu
   down to every attention call) and runs a variable-length kernel: ``flash_attn.flash_attn_varlen_func`` when the
   flash-attn package is installed, else torch's ``torch.nn.attention.varlen.varlen_attn`` (both CUDA only; causal,
   grouped KV heads). Its cost is the rows' own attention, no mask, and the kernel needs no per-shape plan (no stall
-  on a never-seen set of lengths). On CPU the same function runs each row through ``scaled_dot_product_attention``
-  (``is_causal=True``), which lets CPU tests exercise the very wiring the GPU uses.
+  on a never-seen set of lengths). On CPU the same function pads only the attention (``rows x longest row``, one
+  causal ``scaled_dot_product_attention``; exact, see :func:`_row_padded_sdpa`) while the rest of the model runs on
+  the real tokens; CPU tests so exercise the very wiring the GPU uses.
 - ``mask``: transformers' own packed-sequence detection. With no attention mask and no cache (``use_cache=False``),
   ``masking_utils.create_causal_mask`` finds rows from restarting ``position_ids``
   (``find_packed_sequence_indices``) and builds a causal block-diagonal mask for sdpa/eager/flex. Exact, but the
@@ -133,19 +134,29 @@ def _torch_varlen() -> Callable[..., torch.Tensor] | None:
     return run
 
 
-def _per_row_sdpa(q, k, v, cu, max_len, scale):
-    """The CPU kernel: every row through causal ``scaled_dot_product_attention``; ``(T, H, D)`` tensors."""
-    out = torch.empty_like(q)
+def _row_padded_sdpa(q, k, v, cu, max_len, scale):
+    """The CPU kernel: the rows' attention padded to ``(rows, heads, max_len, D)``, one causal
+    ``scaled_dot_product_attention``; ``(T, H, D)`` tensors in and out.
+
+    Exact: with right padding, a row's query at position i attends keys 0..i, all of them its own real tokens, so the
+    causal mask alone keeps rows apart and the padded positions (never read back) need no mask. Only the attention
+    is padded; the rest of the model runs on the real tokens.
+    """
+    lengths = cu[1:] - cu[:-1]
+    rows = torch.repeat_interleave(torch.arange(len(lengths), device=q.device), lengths)
+    pos = torch.arange(q.shape[0], device=q.device) - torch.repeat_interleave(cu[:-1].long(), lengths)
     groups = q.shape[1] // k.shape[1]
-    bounds = cu.tolist()
-    for start, end in zip(bounds[:-1], bounds[1:], strict=True):
-        qs, ks, vs = (x[start:end].transpose(0, 1) for x in (q, k, v))
-        if groups > 1:
-            ks, vs = ks.repeat_interleave(groups, 0), vs.repeat_interleave(groups, 0)
-        out[start:end] = torch.nn.functional.scaled_dot_product_attention(
-            qs, ks, vs, is_causal=True, scale=scale
-        ).transpose(0, 1)
-    return out
+
+    def padded(x: torch.Tensor) -> torch.Tensor:
+        out = x.new_zeros((len(lengths), max_len, *x.shape[1:]))
+        out[rows, pos] = x
+        return out.transpose(1, 2)  # (rows, heads, max_len, D)
+
+    qp, kp, vp = padded(q), padded(k), padded(v)
+    if groups > 1:
+        kp, vp = kp.repeat_interleave(groups, 1), vp.repeat_interleave(groups, 1)
+    out = torch.nn.functional.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scale)
+    return out.transpose(1, 2)[rows, pos]
 
 
 _KERNELS: dict[str, Callable[..., torch.Tensor] | None] = {}
@@ -159,9 +170,9 @@ def _kernel(name: str) -> Callable[..., torch.Tensor] | None:
 
 def varlen_kernel_name(device: torch.device) -> str | None:
     """The variable-length kernel :func:`varlen_attention_forward` runs on ``device``: ``'flash_attn'``,
-    ``'torch_varlen'``, ``'per_row_sdpa'`` (CPU), or None (no such kernel for this device)."""
+    ``'torch_varlen'``, ``'row_padded_sdpa'`` (CPU), or None (no such kernel for this device)."""
     if device.type == "cpu":
-        return "per_row_sdpa"
+        return "row_padded_sdpa"
     if device.type != "cuda":
         return None
     for name in ("flash_attn", "torch_varlen"):
@@ -199,7 +210,7 @@ def varlen_attention_forward(
     cu, max_len = kwargs["cu_seq_lens_q"], int(kwargs["max_length_q"])
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (T, heads, D)
     name = varlen_kernel_name(query.device)
-    run = _per_row_sdpa if name == "per_row_sdpa" else _kernel(name) if name else None
+    run = _row_padded_sdpa if name == "row_padded_sdpa" else _kernel(name) if name else None
     if run is None:
         raise RuntimeError(f"{VARLEN_ATTENTION}: no variable-length attention kernel on {query.device}")
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
@@ -224,8 +235,9 @@ def choose_kernel(model: torch.nn.Module, device: torch.device, mode: str, per_t
     Packing needs a decoder whose attention goes through transformers' ``AttentionInterface`` (it then takes
     ``position_ids`` and the varlen keyword arguments), full attention in every layer (no sliding window), and a
     per-token score head (the score is read at each row's last token). ``auto`` packs with ``varlen`` where a
-    variable-length kernel exists for the device (CUDA with flash-attn or torch's varlen_attn; the CPU per-row
-    kernel), and pads otherwise: the ``mask`` kernel's ``T x T`` attention is slower than padding on a GPU.
+    variable-length kernel exists for the device (CUDA with flash-attn or torch's varlen_attn; the CPU row-padded
+    kernel), and pads otherwise: the ``mask`` kernel does ``T x T`` attention work (tiny RM on CPU, 8192 tokens per
+    forward: 7.5k tok/s packed with the mask against 90k padded).
     ``true`` packs whenever the model allows it (``mask`` without a varlen kernel); ``false`` always pads.
     """
     if mode == "false":

@@ -187,16 +187,11 @@ class RewardModelScorer:
             owners.append(i)
 
         lengths = [len(ids) for ids in inputs]
-        for batch in self.forward.plan(lengths, self.config.micro_batch_max_tokens):
-            scores = self.forward.score_batch([inputs[j] for j in batch])
-            for j, value in zip(batch, scores, strict=True):
-                i = owners[j]
-                if isinstance(value, RewardModelError):
-                    results[i] = value
-                elif not math.isfinite(value):
-                    results[i] = NonFiniteScoreError(f"trajectory {requests[i].uid}: the RM returned {value}")
-                else:
-                    results[i] = value
+        for i, value in zip(owners, self.forward.score_all(inputs, self.config.micro_batch_max_tokens), strict=True):
+            if isinstance(value, RewardModelError) or math.isfinite(value):
+                results[i] = value
+            else:
+                results[i] = NonFiniteScoreError(f"trajectory {requests[i].uid}: the RM returned {value}")
 
         failed = sum(isinstance(r, Exception) for r in results)
         self._count(len(requests), failed, truncated, sum(lengths), time.perf_counter() - start)
