@@ -1,0 +1,73 @@
+"""``verl-async-rm bench rm`` on the CPU with the tiny shape: the report's keys, and packed scores equal padded ones.
+
+No timing is asserted (timings belong to the benchmark's report, not to a unit test).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from verl_async_rm.bench.rm import main
+from verl_async_rm.bench.rm_model import SHAPES, rl_workload
+from verl_async_rm.cli import main as cli_main
+
+pytestmark = pytest.mark.unit
+
+MODE_KEYS = {
+    "packing", "packing_reason", "forwards", "real_tokens", "padded_tokens", "padding_fraction", "fresh_s",
+    "repeat_s", "fresh_tok_per_s", "repeat_tok_per_s", "fresh_over_repeat", "fresh_of_dense_bound",
+    "repeat_of_dense_bound", "fresh_mfu", "repeat_mfu", "peak_memory_gib", "peak_memory_kind", "failed",
+}
+
+
+def test_tiny_cpu_run_reports_every_figure_and_equal_scores(tmp_path, capsys):
+    status = cli_main(["bench", "rm", "--shape", "tiny", "--device", "cpu", "--requests", "48",
+                       "--out", str(tmp_path)])
+    assert status == 0
+    printed = capsys.readouterr().out
+    assert "dense bound" in printed and "packed (varlen: row_padded_sdpa)" in printed
+    report = json.loads((tmp_path / "bench_rm.json").read_text())
+    assert {"environment", "shape", "device", "dtype", "n_params", "peak_flops", "budget", "workload", "dense_bound",
+            "modes", "scores"} <= set(report)
+    assert report["device"] == "cpu" and report["dtype"] == "float32" and report["peak_flops"] is None
+    assert report["dense_bound"]["tok_per_s"] > 0 and report["dense_bound"]["mfu"] is None
+    assert set(report["modes"]) == {"auto", "false"}
+    for mode in report["modes"].values():
+        assert set(mode) == MODE_KEYS
+        assert mode["failed"] == 0 and mode["real_tokens"] == report["workload"]["real_tokens"]
+        assert mode["fresh_tok_per_s"] > 0 and mode["repeat_tok_per_s"] > 0 and mode["fresh_mfu"] is None
+    packed, padded = report["modes"]["auto"], report["modes"]["false"]
+    assert packed["padding_fraction"] == 0 and packed["padded_tokens"] == packed["real_tokens"]
+    assert padded["packing"] == "padded" and padded["padded_tokens"] >= padded["real_tokens"]
+    assert report["scores"]["max_abs_diff"]["auto vs false"] < 1e-4
+    assert report["scores"]["std"] > 1e-3  # the scores differ between inputs, so equal scores mean something
+
+
+def test_workload_is_seeded_and_scaled():
+    a, b = rl_workload(64, 3, vocab=640, scale=16), rl_workload(64, 3, vocab=640, scale=16)
+    assert a == b and a != rl_workload(64, 4, vocab=640, scale=16)
+    full = rl_workload(256, 0, vocab=10**6)
+    lengths = sorted(len(r) for r in full)
+    assert 64 + 16 <= lengths[0] and lengths[-1] <= 512 + 4096
+    assert 500 < lengths[len(lengths) // 2] < 1100  # prompt ~288 + response median ~400
+    assert all(3 <= t < 32000 for r in full for t in r)
+
+
+def test_public_shapes_and_bad_arguments():
+    assert {"llama8b", "qwen0.5b", "tiny"} <= set(SHAPES)
+    assert SHAPES["llama8b"]["hidden_size"] == 4096 and SHAPES["qwen0.5b"]["num_key_value_heads"] == 2
+    status, text = main(["--shape", "gpt5", "--device", "cpu"])
+    assert status == 2 and "--shape 'gpt5': unknown" in text and "Fix" in text
+    status, text = main(["--packing", "sometimes", "--device", "cpu"])
+    assert status == 2 and "--packing 'sometimes'" in text
+
+
+def test_a_config_json_gives_the_shape(tmp_path):
+    config = dict(SHAPES["tiny"], model_type="llama", num_key_value_heads=4)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    status, _ = main(["--config", str(tmp_path), "--device", "cpu", "--requests", "8", "--packing", "true",
+                      "--out", str(tmp_path / "out")])
+    report = json.loads((tmp_path / "out" / "bench_rm.json").read_text())
+    assert status == 0 and report["shape"].endswith("config.json") and list(report["modes"]) == ["true"]
