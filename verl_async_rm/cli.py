@@ -61,8 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     # prefix_chars="+": every option after `bench` goes, unparsed, to the chosen benchmark's own parser.
     bench = sub.add_parser("bench", add_help=False, prefix_chars="+",
-                           help="the overlap benchmark (`bench --help`), `bench executor` or `bench rm` (`bench rm --help`)")
-    bench.add_argument("rest", nargs=argparse.REMAINDER, help="[executor] and the benchmark's options")
+                           help="the overlap benchmark (`bench --help`), `bench executor` or `bench rm` "
+                                "(`bench rm --help`)")
+    bench.add_argument("rest", nargs=argparse.REMAINDER, help="[executor|rm] and the benchmark's options")
     bench.set_defaults(func=_cmd_bench)
     return parser
 

@@ -112,7 +112,8 @@ def run_mode(model: Any, device: Any, mode: str, workload: list[list[int]], warm
     """One packing mode: a warm-up pass, then the fresh and the repeat pass over ``workload``."""
     from verl_async_rm.rm.forward import RMForward
 
-    head = next((m for m in (getattr(model, n, None) for n in ("score", "v_head", "classifier")) if m is not None), None)
+    heads = (getattr(model, name, None) for name in ("score", "v_head", "classifier"))
+    head = next((module for module in heads if module is not None), None)
     forward = RMForward(model, head, device=device, pad_id=0, packing=mode)
     try:
         _peak_memory_reset(device)

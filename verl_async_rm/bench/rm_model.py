@@ -80,7 +80,8 @@ def count_parameters(model: Any) -> int:
 
 def rl_workload(n: int, seed: int, vocab: int, scale: int = 1) -> list[list[int]]:
     """``n`` RM inputs with RL-like lengths: prompt uniform in [64, 512], response log-normal (median 400, sigma 0.7)
-    clipped to [16, 4096]; every length divided by ``scale`` (at least 2 tokens); ids uniform in [3, min(vocab, 32000))."""
+    clipped to [16, 4096]; every length divided by ``scale`` (at least 2 tokens); ids uniform in
+    [3, min(vocab, 32000))."""
     rng = random.Random(seed)
     top = min(vocab, 32000)
     rows = []
