@@ -13,7 +13,7 @@ every ``--packing`` mode:
   compiles).
 
 The dense bound: equal-length rows (``--budget // width`` rows of ``width`` tokens, no padding, no mask) through the
-model with its own attention, best of 3: what a forward of this budget can do at best. Reported: real tokens/s, the
+model with its own attention, best of 5: what a forward of this budget can do at best. Reported: real tokens/s, the
 fraction of the bound, MFU (``2 x parameters x tokens/s / peak``, for bf16/fp16 on a known GPU, else null), the
 padding fraction (of the tokens the model's layers compute; the CPU packed kernel still pads inside attention), peak
 memory, and how far the modes' scores are apart. JSON (``--out``) and a table.
@@ -87,7 +87,7 @@ def _timed(fn: Any, device: Any) -> tuple[float, Any]:
 
 
 def dense_bound(model: Any, device: Any, budget: int, width: int, vocab: int) -> dict[str, Any]:
-    """Tokens/s of ``budget // width`` equal rows of ``width`` tokens (no padding, no mask), best of 3."""
+    """Tokens/s of ``budget // width`` equal rows of ``width`` tokens (no padding, no mask), best of 5."""
     import torch
 
     rows = max(1, budget // width)
@@ -95,7 +95,7 @@ def dense_bound(model: Any, device: Any, budget: int, width: int, vocab: int) ->
     best = float("inf")
     with torch.inference_mode():
         model(input_ids=ids)
-        for _ in range(3):
+        for _ in range(5):
             seconds, _ = _timed(lambda: model(input_ids=ids).logits.float().cpu(), device)
             best = min(best, seconds)
     return {"rows": rows, "width": width, "tok_per_s": rows * width / best}
