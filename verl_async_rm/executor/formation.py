@@ -7,8 +7,10 @@ Rules, in order:
 3. Without length grouping (or when the head has no length), the batch is filled strictly oldest first and stops at the
    first request that does not fit the token budget: that request keeps its place at the head of the queue.
 4. With length grouping, the rest of the batch is chosen from the ``window`` requests right after the head: those that
-   have waited ``max_wait`` ("due") first, then younger ones; within each, the lengths closest to the head's first
-   (ties oldest first). A request that does not fit the remaining token budget is skipped and keeps its place.
+   have waited ``max_wait`` ("due") first, then younger ones; within each, the head's siblings first (requests of the
+   head's ``group``, e.g. the other responses to its GRPO prompt, which the RM then scores with their shared prompt
+   computed once), then the lengths closest to the head's (ties oldest first). A request that does not fit the
+   remaining token budget is skipped and keeps its place.
 
 Why rule 4 also reorders due requests: under a backlog every queued request is due, and taking due requests oldest first
 would mix long and short ones in every batch (about a third of the tokens padding in the overlap benchmark).
@@ -72,9 +74,12 @@ def select_batch(
                 break
         return batch
 
-    def order(req: Request) -> tuple[bool, float, int]:
+    group = head.group
+
+    def order(req: Request) -> tuple[bool, bool, float, int]:
         n = req.num_tokens
-        return (req.t_submit > due_before, math.inf if n is None else abs(n - anchor), req.seq)
+        sibling = group is not None and req.group == group
+        return (req.t_submit > due_before, not sibling, math.inf if n is None else abs(n - anchor), req.seq)
 
     for req in sorted(islice(it, window), key=order):
         n = req.num_tokens or 0
