@@ -127,6 +127,14 @@ class RMConfig:
             "packed whenever the model allows it, or fail at load; 'false': always padded."
         },
     )
+    share_prompts: bool = field(
+        default=True,
+        metadata={
+            "help": "With packed variable-length forwards: sibling trajectories (GRPO responses to one prompt, same "
+            "uid before the last '/') in one micro-batch run their longest common prefix of RM tokens once, and "
+            "each response attends to its keys and values; the scores are unchanged. Checked at load."
+        },
+    )
     use_gpu: bool = field(default=True, metadata={"help": "False: CPU replicas (tests, demo)."})
     n_gpus_per_node: int = field(
         default=1,
@@ -180,6 +188,8 @@ class RMConfig:
             raise ConfigValueError(
                 "packing", self.packing, "unknown mode", f"use one of {_PACKING} ('auto' packs where it is safe)"
             )
+        if not isinstance(self.share_prompts, bool):
+            raise ConfigValueError("share_prompts", self.share_prompts, "must be true or false", "set {key}=true")
         if _not_int(self.micro_batch_max_tokens) or self.micro_batch_max_tokens <= 0:
             raise ConfigValueError(
                 "micro_batch_max_tokens",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import torch
@@ -31,6 +31,7 @@ from verl_async_rm.rm.packing import (
     register_varlen_attention,
     varlen_kernel_name,
 )
+from verl_async_rm.rm.sharing import MIN_SHARED_PREFIX, plan_shared_micro_batches, shared_layout
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +40,10 @@ __all__ = ["RMForward", "last_token_logits", "reduce_outputs", "OOM_ERRORS"]
 OOM_ERRORS: tuple[type[BaseException], ...] = tuple(
     {getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError), torch.cuda.OutOfMemoryError}
 )
-#: Rows of the load-time packing check (token counts); short, so the check costs one tiny forward per row.
-_CHECK_ROWS = (9, 4, 6)
+#: Rows of the load-time packing check (token counts); short, so the check costs one tiny forward per row. The
+#: second row is the first one's sibling: its first 6 tokens, then 3 of its own.
+_CHECK_ROWS = (9, 9, 4, 6)
+_CHECK_GROUPS = ("g", "g", None, None)
 
 
 def last_token_logits(per_token: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -69,6 +72,9 @@ class RMForward:
         pad_id: the token id padding positions get (masked out, so any valid id).
         packing: ``'auto'``, ``'true'`` or ``'false'`` (see :func:`verl_async_rm.rm.packing.choose_kernel`).
         score_reduction, score_index: how a multi-output head becomes one score (:func:`reduce_outputs`).
+        share_prompts: with the ``varlen`` kernel, run the common prefix of siblings (same group) in a micro-batch
+            once (:mod:`verl_async_rm.rm.sharing`).
+        min_shared_prefix: the shortest common prefix worth sharing.
     """
 
     def __init__(
@@ -81,9 +87,14 @@ class RMForward:
         packing: str = "auto",
         score_reduction: str = "index",
         score_index: int = 0,
+        share_prompts: bool = True,
+        min_shared_prefix: int = MIN_SHARED_PREFIX,
     ) -> None:
         self.model, self.head, self.device, self.pad_id = model, head, device, pad_id
         self.score_reduction, self.score_index = score_reduction, score_index
+        self.min_shared_prefix = min_shared_prefix
+        #: Tokens the packed forwards computed, and those a shared prefix saved on top of them, since load.
+        self.computed_tokens = self.saved_tokens = 0
         self._captured: torch.Tensor | None = None
         self._hook = head.register_forward_hook(self._capture) if head is not None else None
         self._original_attention = getattr(model.config, "_attn_implementation", None)
@@ -94,9 +105,14 @@ class RMForward:
                 "packing", "true", self.packing_reason.removeprefix("packing=true, but "),
                 "use packing='auto' or 'false' (verl: +async_rm.packing=auto)",
             )
+        #: Whether siblings' common prefixes run once (needs the ``varlen`` kernel and a passing load-time check).
+        self.share_prompts = False
         if self.kernel != "padded":
-            self._switch_to_packing(packing)
-        logger.info("RM forwards: %s (%s)", self.describe()["packing"], self.packing_reason)
+            self._switch_to_packing(packing, share_prompts)
+        logger.info(
+            "RM forwards: %s (%s); shared prompts %s",
+            self.describe()["packing"], self.packing_reason, "on" if self.share_prompts else "off",
+        )
 
     @property
     def packed(self) -> bool:
@@ -111,7 +127,7 @@ class RMForward:
             what = f"packed (mask: {self.model.config._attn_implementation})"
         else:
             what = "padded"
-        return {"packing": what, "packing_reason": self.packing_reason}
+        return {"packing": what, "packing_reason": self.packing_reason, "share_prompts": self.share_prompts}
 
     def plan(self, lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
         """Micro-batches (lists of indices into ``lengths``) within ``max_tokens``: real tokens when packed,
@@ -128,20 +144,33 @@ class RMForward:
 
     # ------------------------------------------------------------------------------------------------- forwards
 
-    def score_all(self, inputs: Sequence[list[int]], max_tokens: int) -> list[float | RewardModelError]:
-        """Scores of prepared inputs, in their order: micro-batches of at most ``max_tokens`` (:meth:`plan`), each
-        through :meth:`score_batch`, so a failure costs only the rows that cause it."""
+    def score_all(
+        self, inputs: Sequence[list[int]], max_tokens: int, groups: Sequence[Hashable | None] | None = None
+    ) -> list[float | RewardModelError]:
+        """Scores of prepared inputs, in their order: micro-batches of at most ``max_tokens`` (:meth:`plan`, or with
+        shared prompts siblings kept together), each through :meth:`score_batch`, so a failure costs only the rows
+        that cause it. ``groups``: each input's group (siblings share one), or None."""
         results: list[float | RewardModelError | None] = [None] * len(inputs)
-        for batch in self.plan([len(ids) for ids in inputs], max_tokens):
-            for j, value in zip(batch, self.score_batch([inputs[j] for j in batch]), strict=True):
+        share = self.share_prompts and groups is not None and any(g is not None for g in groups)
+        if share:
+            assert groups is not None
+            plan = plan_shared_micro_batches(inputs, groups, max_tokens, self.min_shared_prefix)
+        else:
+            plan = self.plan([len(ids) for ids in inputs], max_tokens)
+        for batch in plan:
+            batch_groups = [groups[j] for j in batch] if share else None  # type: ignore[index]
+            for j, value in zip(batch, self.score_batch([inputs[j] for j in batch], batch_groups), strict=True):
                 results[j] = value
         assert all(r is not None for r in results), "every input is in exactly one micro-batch"
         return results  # type: ignore[return-value]
 
 
-    def forward_ids(self, batch: Sequence[Sequence[int]]) -> torch.Tensor:
-        """Scores (float32, on the host, one per row) of prepared input ids, in one forward pass."""
-        return (self.forward_packed if self.packed else self.forward_padded)(batch)
+    def forward_ids(
+        self, batch: Sequence[Sequence[int]], groups: Sequence[Hashable | None] | None = None
+    ) -> torch.Tensor:
+        """Scores (float32, on the host, one per row) of prepared input ids, in one forward pass; ``groups`` lets
+        siblings share their common prefix (packed forwards with shared prompts only)."""
+        return self.forward_packed(batch, groups) if self.packed else self.forward_padded(batch)
 
     def forward_padded(self, batch: Sequence[Sequence[int]]) -> torch.Tensor:
         """One right-padded forward; the score is read at each row's last unmasked token."""
@@ -167,11 +196,21 @@ class RMForward:
                     )
             return reduce_outputs(logits, self.score_reduction, self.score_index).cpu()
 
-    def forward_packed(self, batch: Sequence[Sequence[int]]) -> torch.Tensor:
-        """One packed forward: rows concatenated, positions restarting per row, scores at each row's last token."""
-        rows = pack_rows(batch, self.device)
+    def forward_packed(
+        self, batch: Sequence[Sequence[int]], groups: Sequence[Hashable | None] | None = None
+    ) -> torch.Tensor:
+        """One packed forward: rows concatenated, positions restarting per row, scores at each row's last token.
+        With shared prompts and ``groups``, siblings' common prefix runs once (:func:`shared_layout`)."""
+        layout = None
+        if self.share_prompts and groups is not None:
+            layout = shared_layout(batch, groups, self.device, self.min_shared_prefix)
+            if layout.saved == 0:
+                layout = None  # nothing shared: the plain layout needs no key gather
+        rows = layout or pack_rows(batch, self.device)
         kwargs: dict[str, Any] = {"input_ids": rows.input_ids, "position_ids": rows.position_ids, "use_cache": False}
-        if self.kernel == "varlen":
+        if layout is not None:
+            kwargs.update(layout.attention_kwargs())
+        elif self.kernel == "varlen":
             kwargs.update(rows.varlen_kwargs())
         self._captured = None
         with torch.inference_mode():
@@ -183,32 +222,44 @@ class RMForward:
                     "set packing='false' (verl: +async_rm.packing=false)"
                 )
             logits = per_token[0].index_select(0, rows.last)
-            return reduce_outputs(logits, self.score_reduction, self.score_index).cpu()
+            scores = reduce_outputs(logits, self.score_reduction, self.score_index).cpu()
+        computed = int(rows.input_ids.shape[1])
+        self.computed_tokens += computed
+        self.saved_tokens += sum(len(ids) for ids in batch) - computed
+        return scores
 
-    def score_batch(self, batch: list[list[int]]) -> list[float | RewardModelError]:
+    def score_batch(
+        self, batch: list[list[int]], groups: Sequence[Hashable | None] | None = None
+    ) -> list[float | RewardModelError]:
         """Scores of one micro-batch. A failure (out of memory, or a row that makes the forward raise) halves the
         micro-batch until the failing row is alone: only that row gets the error."""
         try:
-            return [float(v) for v in self.forward_ids(batch).tolist()]
+            return [float(v) for v in self.forward_ids(batch, groups).tolist()]
         except OOM_ERRORS as err:
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
             if len(batch) == 1:
                 return [RewardModelError(f"out of memory on a {len(batch[0])}-token input: {err}")]
-            half = len(batch) // 2
             logger.warning("RM out of memory on %d rows; retrying in halves", len(batch))
-            return self.score_batch(batch[:half]) + self.score_batch(batch[half:])
+            return self._halves(batch, groups)
         except RewardModelError as err:
             return [err] * len(batch)
         except Exception as err:
             if len(batch) > 1:  # isolate the row(s) that make the forward raise; the others still get scores
-                half = len(batch) // 2
                 logger.warning("RM forward failed on %d rows (%r); retrying in halves", len(batch), err)
-                return self.score_batch(batch[:half]) + self.score_batch(batch[half:])
+                return self._halves(batch, groups)
             logger.exception("RM forward failed on a %d-token input", len(batch[0]))
             return [RewardModelError(f"RM forward failed: {err!r}")]
 
     # -------------------------------------------------------------------------------------------------- helpers
+
+    def _halves(
+        self, batch: list[list[int]], groups: Sequence[Hashable | None] | None
+    ) -> list[float | RewardModelError]:
+        half = len(batch) // 2
+        if groups is None:
+            return self.score_batch(batch[:half]) + self.score_batch(batch[half:])
+        return self.score_batch(batch[:half], groups[:half]) + self.score_batch(batch[half:], groups[half:])
 
     def _capture(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         self._captured = output if isinstance(output, torch.Tensor) else None
@@ -221,8 +272,9 @@ class RMForward:
 
         return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
-    def _switch_to_packing(self, mode: str) -> None:
-        """Check on a few short rows that packed scores equal single-row padded ones; then pack, else pad.
+    def _switch_to_packing(self, mode: str, share_prompts: bool) -> None:
+        """Check on a few short rows that packed scores equal single-row padded ones; then pack, else pad. With
+        ``share_prompts`` (and the ``varlen`` kernel), check a sibling pair sharing its prefix the same way.
 
         The reference is computed with the model's own attention, before a ``varlen`` kernel replaces it. A mismatch
         or an error means this model's attention does not honour the packing (custom modelling code, a
@@ -231,6 +283,7 @@ class RMForward:
         vocab = int(self.model.get_input_embeddings().num_embeddings)
         gen = torch.Generator().manual_seed(0)
         rows = [torch.randint(0, min(vocab, 1000), (n,), generator=gen).tolist() for n in _CHECK_ROWS]
+        rows[1][:6] = rows[0][:6]
         original = self._original_attention
         problem = None
         try:
@@ -240,14 +293,21 @@ class RMForward:
                 self.model.set_attn_implementation(VARLEN_ATTENTION)
                 if self.model.config._attn_implementation != VARLEN_ATTENTION:
                     raise RuntimeError(f"the model kept attn_implementation={self.model.config._attn_implementation}")
-            packed = self.forward_packed(rows)
-            half = next(p.dtype for p in self.model.parameters()) in (torch.bfloat16, torch.float16)
-            tolerance = 3e-2 * (1 + reference.abs()) if half else 1e-4 * (1 + reference.abs())
-            if not bool(((packed - reference).abs() <= tolerance).all()):
-                problem = f"packed scores {packed.tolist()} differ from single-row scores {reference.tolist()}"
+            problem = self._check(self.forward_packed(rows), reference, "packed")
         except Exception as err:  # the model's code refused the packed call
             problem = f"a packed forward failed: {err!r}"
         if problem is None:
+            if share_prompts and self.kernel == "varlen":
+                self.share_prompts, minimum, self.min_shared_prefix = True, self.min_shared_prefix, 1
+                try:
+                    shared = self._check(self.forward_packed(rows, _CHECK_GROUPS), reference, "shared-prompt")
+                except Exception as err:
+                    shared = f"a shared-prompt forward failed: {err!r}"
+                self.min_shared_prefix = minimum
+                if shared is not None:
+                    logger.warning("%s; scoring without shared prompts", shared)
+                    self.share_prompts = False
+            self.computed_tokens = self.saved_tokens = 0
             return
         if self.kernel == "varlen":
             self.model.set_attn_implementation(original)
@@ -258,3 +318,11 @@ class RMForward:
             )
         logger.warning("packing=auto: %s; using padded forwards", problem)
         self.kernel, self.packing_reason = "padded", f"packing={mode}, but {problem}"
+
+    def _check(self, got: torch.Tensor, reference: torch.Tensor, what: str) -> str | None:
+        """None when ``got`` equals ``reference`` within the dtype's tolerance, else what differs."""
+        half = next(p.dtype for p in self.model.parameters()) in (torch.bfloat16, torch.float16)
+        tolerance = (3e-2 if half else 1e-4) * (1 + reference.abs())
+        if bool(((got - reference).abs() <= tolerance).all()):
+            return None
+        return f"{what} scores {got.tolist()} differ from single-row scores {reference.tolist()}"

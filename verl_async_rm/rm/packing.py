@@ -106,8 +106,9 @@ def _flash_attn_varlen() -> Callable[..., torch.Tensor] | None:
     except Exception:  # not installed, or built for another torch/CUDA
         return None
 
-    def run(q, k, v, cu, max_len, scale):
-        return flash_attn_varlen_func(q, k, v, cu, cu, max_len, max_len, softmax_scale=scale, causal=True)
+    def run(q, k, v, cu_q, cu_k, max_q, max_k, scale):
+        # flash-attn >= 2.1: with fewer queries than keys the causal mask is aligned to the bottom right
+        return flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, softmax_scale=scale, causal=True)
 
     return run
 
@@ -127,35 +128,46 @@ def _torch_varlen() -> Callable[..., torch.Tensor] | None:
         return None
     gqa = "enable_gqa" in params
 
-    def run(q, k, v, cu, max_len, scale):
+    def run(q, k, v, cu_q, cu_k, max_q, max_k, scale):
         extra = {"enable_gqa": True} if gqa and q.shape[1] != k.shape[1] else {}
-        return varlen_attn(q, k, v, cu, cu, max_len, max_len, scale=scale, **causal, **extra)
+        return varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, scale=scale, **causal, **extra)
 
     return run
 
 
-def _row_padded_sdpa(q, k, v, cu, max_len, scale):
-    """The CPU kernel: the rows' attention padded to ``(rows, heads, max_len, D)``, one causal
+def _row_padded_sdpa(q, k, v, cu_q, cu_k, max_q, max_k, scale):
+    """The CPU kernel: each segment's attention padded to ``(segments, heads, longest, D)``, one
     ``scaled_dot_product_attention``; ``(T, H, D)`` tensors in and out.
 
-    Exact: with right padding, a row's query at position i attends keys 0..i, all of them its own real tokens, so the
-    causal mask alone keeps rows apart and the padded positions (never read back) need no mask. Only the attention
-    is padded; the rest of the model runs on the real tokens.
+    Exact: with right padding, a segment's query ``i`` attends keys ``0..i + Lk - Lq`` (causal, aligned to the bottom
+    right as in flash-attention; ``Lk == Lq`` unless a shared prefix precedes the segment's own keys), all of them real,
+    so the padded positions (never read back) need no mask of their own. Only the attention is padded; the rest of
+    the model runs on the real tokens.
     """
-    lengths = cu[1:] - cu[:-1]
-    rows = torch.repeat_interleave(torch.arange(len(lengths), device=q.device), lengths)
-    pos = torch.arange(q.shape[0], device=q.device) - torch.repeat_interleave(cu[:-1].long(), lengths)
-    groups = q.shape[1] // k.shape[1]
+    q_len, k_len = cu_q[1:] - cu_q[:-1], cu_k[1:] - cu_k[:-1]
+    segments = len(q_len)
 
-    def padded(x: torch.Tensor) -> torch.Tensor:
-        out = x.new_zeros((len(lengths), max_len, *x.shape[1:]))
+    def padded(x: torch.Tensor, cu: torch.Tensor, lengths: torch.Tensor, longest: int):
+        rows = torch.repeat_interleave(torch.arange(segments, device=x.device), lengths)
+        pos = torch.arange(x.shape[0], device=x.device) - torch.repeat_interleave(cu[:-1].long(), lengths)
+        out = x.new_zeros((segments, longest, *x.shape[1:]))
         out[rows, pos] = x
-        return out.transpose(1, 2)  # (rows, heads, max_len, D)
+        return out.transpose(1, 2), rows, pos  # (segments, heads, longest, D)
 
-    qp, kp, vp = padded(q), padded(k), padded(v)
+    qp, rows, pos = padded(q, cu_q, q_len, max_q)
+    kp, _, _ = padded(k, cu_k, k_len, max_k)
+    vp, _, _ = padded(v, cu_k, k_len, max_k)
+    groups = q.shape[1] // k.shape[1]
     if groups > 1:
         kp, vp = kp.repeat_interleave(groups, 1), vp.repeat_interleave(groups, 1)
-    out = torch.nn.functional.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scale)
+    if bool(torch.equal(q_len, k_len)):
+        out = torch.nn.functional.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scale)
+    else:
+        offset = (k_len - q_len).long()[:, None, None]  # (segments, 1, 1)
+        i = torch.arange(max_q, device=q.device)[None, :, None]
+        j = torch.arange(max_k, device=q.device)[None, None, :]
+        mask = (j <= i + offset)[:, None]  # (segments, 1, max_q, max_k)
+        out = torch.nn.functional.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=scale)
     return out.transpose(1, 2)[rows, pos]
 
 
@@ -193,7 +205,9 @@ def varlen_attention_forward(
 ) -> tuple[torch.Tensor, None]:
     """A transformers attention function for packed rows: ``query`` ``(1, H, T, D)`` -> ``((1, T, H, D), None)``.
 
-    Needs the rows' boundaries in ``kwargs`` (``cu_seq_lens_q``, ``max_length_q``). Raises on what it cannot honour
+    Needs the rows' boundaries in ``kwargs`` (``cu_seq_lens_q``, ``max_length_q``; ``cu_seq_lens_k``, ``max_length_k``
+    and ``rm_key_index`` when segments read a shared prefix, see :mod:`verl_async_rm.rm.sharing`: the keys and values
+    are then gathered by ``rm_key_index`` first). Raises on what it cannot honour
     (a padding mask, a sliding window, logit soft-capping, attention sinks), so a model that needs them fails the
     load-time check instead of scoring wrongly.
     """
@@ -207,15 +221,19 @@ def varlen_attention_forward(
         )
     if query.shape[0] != 1:
         raise RuntimeError(f"{VARLEN_ATTENTION}: expects one packed row, got a batch of {query.shape[0]}")
-    cu, max_len = kwargs["cu_seq_lens_q"], int(kwargs["max_length_q"])
+    cu_q, max_q = kwargs["cu_seq_lens_q"], int(kwargs["max_length_q"])
+    cu_k, max_k = kwargs.get("cu_seq_lens_k", cu_q), int(kwargs.get("max_length_k", max_q))
     q, k, v = (x[0].transpose(0, 1) for x in (query, key, value))  # (T, heads, D)
+    key_index = kwargs.get("rm_key_index")
+    if key_index is not None:  # each segment's keys: its shared prefix's, then its own
+        k, v = k.index_select(0, key_index), v.index_select(0, key_index)
     name = varlen_kernel_name(query.device)
     run = _row_padded_sdpa if name == "row_padded_sdpa" else _kernel(name) if name else None
     if run is None:
         raise RuntimeError(f"{VARLEN_ATTENTION}: no variable-length attention kernel on {query.device}")
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-    out = run(q, k, v, cu, max_len, scaling)
+    out = run(q, k, v, cu_q, cu_k, max_q, max_k, scaling)
     return out[None], None
 
 

@@ -104,6 +104,7 @@ class RewardModelScorer:
             packing=config.packing,
             score_reduction=config.score_reduction,
             score_index=config.score_index,
+            share_prompts=config.share_prompts,
         )
 
         self.policy_tokenizer = None
@@ -187,7 +188,9 @@ class RewardModelScorer:
             owners.append(i)
 
         lengths = [len(ids) for ids in inputs]
-        for i, value in zip(owners, self.forward.score_all(inputs, self.config.micro_batch_max_tokens), strict=True):
+        groups = [requests[i].group for i in owners]  # GRPO siblings: their common prompt can run once
+        scores = self.forward.score_all(inputs, self.config.micro_batch_max_tokens, groups)
+        for i, value in zip(owners, scores, strict=True):
             if isinstance(value, RewardModelError) or math.isfinite(value):
                 results[i] = value
             else:
