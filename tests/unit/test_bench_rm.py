@@ -19,6 +19,7 @@ MODE_KEYS = {
     "packing", "packing_reason", "forwards", "real_tokens", "padded_tokens", "padding_fraction", "fresh_s",
     "repeat_s", "fresh_tok_per_s", "repeat_tok_per_s", "fresh_over_repeat", "fresh_of_dense_bound",
     "repeat_of_dense_bound", "fresh_mfu", "repeat_mfu", "peak_memory_gib", "peak_memory_kind", "failed",
+    "share_prompts", "computed_over_real", "fresh_traj_per_s",
 }
 
 
@@ -45,10 +46,24 @@ def test_tiny_cpu_run_reports_every_figure_and_equal_scores(tmp_path, capsys):
     assert report["scores"]["std"] > 1e-3  # the scores differ between inputs, so equal scores mean something
 
 
+def test_grpo_workload_shares_prompts_and_scores_stay_equal(tmp_path):
+    status, _ = main(["--shape", "tiny", "--device", "cpu", "--requests", "64", "--rollout-n", "8",
+                      "--out", str(tmp_path)])
+    report = json.loads((tmp_path / "bench_rm.json").read_text())
+    assert status == 0 and list(report["modes"]) == ["auto", "auto+shared", "false"]
+    shared, plain = report["modes"]["auto+shared"], report["modes"]["auto"]
+    assert shared["share_prompts"] is True and plain["share_prompts"] is False
+    assert shared["computed_over_real"] < 0.9 and plain["computed_over_real"] == 1
+    assert max(report["scores"]["max_abs_diff"].values()) < 1e-4
+
+
 def test_workload_is_seeded_and_scaled():
-    a, b = rl_workload(64, 3, vocab=640, scale=16), rl_workload(64, 3, vocab=640, scale=16)
-    assert a == b and a != rl_workload(64, 4, vocab=640, scale=16)
-    full = rl_workload(256, 0, vocab=10**6)
+    (a, _), (b, _) = rl_workload(64, 3, vocab=640, scale=16), rl_workload(64, 3, vocab=640, scale=16)
+    assert a == b and a != rl_workload(64, 4, vocab=640, scale=16)[0]
+    rows, groups = rl_workload(16, 0, vocab=640, rollout_n=8)
+    assert groups[:8] == [groups[0]] * 8 and groups[8] != groups[0]
+    assert all(r[:64] == rows[0][:64] for r in rows[:8]) and rows[8][:64] != rows[0][:64]
+    full, _ = rl_workload(256, 0, vocab=10**6)
     lengths = sorted(len(r) for r in full)
     assert 64 + 16 <= lengths[0] and lengths[-1] <= 512 + 4096
     assert 500 < lengths[len(lengths) // 2] < 1100  # prompt ~288 + response median ~400

@@ -12,6 +12,9 @@ every ``--packing`` mode:
 - ``repeat``: the same pass again (best of 2). ``fresh / repeat`` near 1 means no per-shape stall (cuDNN plans,
   compiles).
 
+With ``--rollout-n N`` every N inputs share a prompt (GRPO), and each packed mode also runs as ``<mode>+shared``:
+the prompt once per group and micro-batch (:mod:`verl_async_rm.rm.sharing`); compare ``fresh_traj_per_s``.
+
 The dense bound: equal-length rows (``--budget // width`` rows of ``width`` tokens, no padding, no mask) through the
 model with its own attention, best of 5: what a forward of this budget can do at best. Reported: real tokens/s, the
 fraction of the bound, MFU (``2 x parameters x tokens/s / peak``, for bf16/fp16 on a known GPU, else null), the
@@ -46,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="micro_batch_max_tokens (default: 16384; 1024 for tiny)")
     parser.add_argument("--length-scale", type=int, default=None,
                         help="divide workload lengths by this (default: 16 for tiny, else 1)")
+    parser.add_argument("--rollout-n", type=int, default=1,
+                        help="responses per prompt (GRPO's rollout.n); > 1 also runs packed modes with the prompt "
+                             "shared once per group, as '<mode>+shared' (default: 1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="directory for bench_rm.json")
     return parser
@@ -107,22 +113,30 @@ def _padded_tokens(plan: list[list[int]], lengths: list[int], packed: bool) -> i
     return sum(len(batch) * max(lengths[i] for i in batch) for batch in plan)
 
 
-def run_mode(model: Any, device: Any, mode: str, workload: list[list[int]], warmup: list[list[int]],
-             budget: int) -> tuple[dict[str, Any], list[float]]:
-    """One packing mode: a warm-up pass, then the fresh and the repeat pass over ``workload``."""
+def run_mode(model: Any, device: Any, mode: str, workload: tuple[list[list[int]], list[str]],
+             warmup: tuple[list[list[int]], list[str]], budget: int) -> tuple[dict[str, Any], list[float]]:
+    """One mode (``auto``, ``true``, ``false``, or one of them + ``'+shared'``): a warm-up pass, then the fresh and
+    the repeat pass over ``workload`` (inputs and their groups)."""
     from verl_async_rm.rm.forward import RMForward
 
+    packing, _, shared = mode.partition("+")
     heads = (getattr(model, name, None) for name in ("score", "v_head", "classifier"))
     head = next((module for module in heads if module is not None), None)
-    forward = RMForward(model, head, device=device, pad_id=0, packing=mode)
+    forward = RMForward(model, head, device=device, pad_id=0, packing=packing, share_prompts=bool(shared))
+    inputs, groups = workload
     try:
+        if shared and not forward.share_prompts:
+            raise ValueError(f"mode {mode}: prompts cannot be shared here ({forward.describe()['packing']})")
         _peak_memory_reset(device)
-        forward.score_all(warmup, budget)
-        fresh_s, scores = _timed(lambda: forward.score_all(workload, budget), device)
-        repeat_s = min(_timed(lambda: forward.score_all(workload, budget), device)[0] for _ in range(2))
-        lengths = [len(ids) for ids in workload]
+        forward.score_all(warmup[0], budget, warmup[1])
+        before = forward.computed_tokens
+        fresh_s, scores = _timed(lambda: forward.score_all(inputs, budget, groups), device)
+        pass_tokens = forward.computed_tokens - before
+        repeat_s = min(_timed(lambda: forward.score_all(inputs, budget, groups), device)[0] for _ in range(2))
+        lengths = [len(ids) for ids in inputs]
         plan = forward.plan(lengths, budget)
-        real, computed = sum(lengths), _padded_tokens(plan, lengths, forward.packed)
+        real = sum(lengths)
+        computed = pass_tokens if forward.packed else _padded_tokens(plan, lengths, packed=False)
         peak, peak_kind = _peak_memory_gib(device)
         failed = [s for s in scores if not isinstance(s, float)]
         result = {
@@ -130,7 +144,9 @@ def run_mode(model: Any, device: Any, mode: str, workload: list[list[int]], warm
             "forwards": len(plan),
             "real_tokens": real,
             "padded_tokens": computed,
-            "padding_fraction": 1 - real / computed,
+            "padding_fraction": max(0.0, 1 - real / computed),
+            "computed_over_real": computed / real,
+            "fresh_traj_per_s": len(inputs) / fresh_s,
             "fresh_s": fresh_s,
             "repeat_s": repeat_s,
             "fresh_tok_per_s": real / fresh_s,
@@ -158,6 +174,10 @@ def run_rm_bench(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError(f"--packing {args.packing!r}: modes are {MODES}. Fix: e.g. --packing auto,false")
     if args.requests <= 0:
         raise ValueError(f"--requests {args.requests!r}: must be positive. Fix: e.g. --requests 512")
+    if args.rollout_n <= 0:
+        raise ValueError(f"--rollout-n {args.rollout_n!r}: must be positive. Fix: e.g. --rollout-n 8")
+    if args.rollout_n > 1:
+        modes = [m for mode in modes for m in ((mode, f"{mode}+shared") if mode != "false" else (mode,))]
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -169,8 +189,8 @@ def run_rm_bench(args: argparse.Namespace) -> dict[str, Any]:
     model, name = build_random_rm(None if args.config else args.shape, args.config, device, dtype)
     vocab = int(model.get_input_embeddings().num_embeddings)
     n_params = count_parameters(model)
-    workload = rl_workload(args.requests, args.seed, vocab, scale)
-    warmup = rl_workload(max(8, args.requests // 4), args.seed + 1000, vocab, scale)
+    workload = rl_workload(args.requests, args.seed, vocab, scale, args.rollout_n)
+    warmup = rl_workload(max(8, args.requests // 4), args.seed + 1000, vocab, scale, args.rollout_n)
     bound = dense_bound(model, device, budget, width=max(8, 1024 // scale), vocab=vocab)
     peak = peak_flops(device) if dtype in (torch.bfloat16, torch.float16) else None
 
@@ -190,7 +210,7 @@ def run_rm_bench(args: argparse.Namespace) -> dict[str, Any]:
         f"{a} vs {b}": max(abs(x - y) for x, y in zip(scores[a], scores[b], strict=True))
         for i, a in enumerate(modes) for b in modes[i + 1:]
     }
-    lengths = [len(ids) for ids in workload]
+    lengths = [len(ids) for ids in workload[0]]
     first = scores[modes[0]]
     mean = sum(first) / len(first)
     return {
@@ -204,8 +224,9 @@ def run_rm_bench(args: argparse.Namespace) -> dict[str, Any]:
         "n_params": n_params,
         "peak_flops": peak,
         "budget": budget,
-        "workload": {"requests": len(workload), "real_tokens": sum(lengths), "seed": args.seed,
-                     "length_scale": scale, "shortest": min(lengths), "longest": max(lengths)},
+        "workload": {"requests": len(lengths), "real_tokens": sum(lengths), "seed": args.seed,
+                     "length_scale": scale, "rollout_n": args.rollout_n, "shortest": min(lengths),
+                     "longest": max(lengths)},
         "dense_bound": bound,
         "modes": results,
         "scores": {"max_abs_diff": diffs, "std": (sum((s - mean) ** 2 for s in first) / len(first)) ** 0.5},
@@ -232,19 +253,21 @@ def format_table(report: dict[str, Any]) -> str:
         f"RM bench: {report['shape']} ({report['n_params'] / 1e6:.1f}M parameters), {report['device_name']}, "
         f"{report['dtype']}, budget {report['budget']} tokens/forward",
         f"workload: {w['requests']} requests, {w['real_tokens']} tokens ({w['shortest']}-{w['longest']} per input, "
-        f"lengths / {w['length_scale']}, seed {w['seed']})",
+        f"lengths / {w['length_scale']}, rollout.n {w['rollout_n']}, seed {w['seed']})",
         f"dense bound ({b['rows']} x {b['width']} equal rows, no mask): {b['tok_per_s']:,.0f} tok/s, "
         f"MFU {num(b['mfu'], '.2f')}",
         "",
-        f"{'packing':<8} {'forwards as':<33} {'fwd':>4} {'padding':>8} {'fresh tok/s':>12} {'repeat tok/s':>13} "
-        f"{'fresh/rep':>9} {'of bound':>8} {'MFU':>5} {'peak GiB':>8}",
+        f"{'mode':<12} {'forwards as':<33} {'fwd':>4} {'computed':>8} {'fresh tok/s':>12} {'repeat tok/s':>13} "
+        f"{'fresh/rep':>9} {'traj/s':>9} {'of bound':>8} {'MFU':>5} {'peak GiB':>8}",
     ]
     for mode, r in report["modes"].items():
         lines.append(
-            f"{mode:<8} {r['packing']:<33} {r['forwards']:>4} {r['padding_fraction']:>8.1%} "
+            f"{mode:<12} {r['packing']:<33} {r['forwards']:>4} {r['computed_over_real']:>8.3f} "
             f"{r['fresh_tok_per_s']:>12,.0f} {r['repeat_tok_per_s']:>13,.0f} {r['fresh_over_repeat']:>9.2f} "
-            f"{r['fresh_of_dense_bound']:>8.2f} {num(r['fresh_mfu'], '.2f'):>5} {num(r['peak_memory_gib'], '.2f'):>8}"
+            f"{r['fresh_traj_per_s']:>9,.1f} {r['fresh_of_dense_bound']:>8.2f} {num(r['fresh_mfu'], '.2f'):>5} "
+            f"{num(r['peak_memory_gib'], '.2f'):>8}"
         )
+    lines.append("computed: tokens the model's layers ran over the real tokens (padding > 1, a shared prompt < 1)")
     for pair, diff in report["scores"]["max_abs_diff"].items():
         lines.append(f"scores {pair}: max abs diff {diff:.3g} (score std {report['scores']['std']:.3g})")
     return "\n".join(lines)

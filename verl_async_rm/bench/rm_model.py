@@ -78,19 +78,25 @@ def count_parameters(model: Any) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def rl_workload(n: int, seed: int, vocab: int, scale: int = 1) -> list[list[int]]:
-    """``n`` RM inputs with RL-like lengths: prompt uniform in [64, 512], response log-normal (median 400, sigma 0.7)
-    clipped to [16, 4096]; every length divided by ``scale`` (at least 2 tokens); ids uniform in
-    [3, min(vocab, 32000))."""
+def rl_workload(
+    n: int, seed: int, vocab: int, scale: int = 1, rollout_n: int = 1
+) -> tuple[list[list[int]], list[str]]:
+    """``n`` RM inputs with RL-like lengths, and their groups: prompt uniform in [64, 512] tokens, response log-normal
+    (median 400, sigma 0.7) clipped to [16, 4096]; lengths divided by ``scale`` (at least 1 token each); ids uniform
+    in [3, min(vocab, 32000)). Every ``rollout_n`` consecutive inputs are one group (GRPO's ``rollout.n`` responses
+    to one prompt): they share the prompt's tokens and the group label."""
     rng = random.Random(seed)
     top = min(vocab, 32000)
-    rows = []
-    for _ in range(n):
-        prompt = rng.randint(64, 512)
+    rows: list[list[int]] = []
+    groups: list[str] = []
+    prompt: list[int] = []
+    for i in range(n):
+        if i % rollout_n == 0:
+            prompt = [rng.randrange(3, top) for _ in range(max(1, rng.randint(64, 512) // scale))]
         response = min(max(round(rng.lognormvariate(math.log(400), 0.7)), 16), 4096)
-        length = max(2, (prompt + response) // scale)
-        rows.append([rng.randrange(3, top) for _ in range(length)])
-    return rows
+        rows.append(prompt + [rng.randrange(3, top) for _ in range(max(1, response // scale))])
+        groups.append(f"{seed}-{i // rollout_n}")
+    return rows, groups
 
 
 def peak_flops(device: Any) -> float | None:
