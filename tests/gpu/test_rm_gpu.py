@@ -138,6 +138,24 @@ def test_packed_and_padded_scores_agree_on_the_same_batch(scorer, padded_scorer)
     assert scorer.score(requests) == pytest.approx(padded_scorer.score(requests), abs=BF16_TOL, rel=BF16_TOL)
 
 
+def test_shared_prompts_score_like_the_unshared_path(scorer, big_rm):
+    """GRPO groups (4 prompts x 8 responses): the prompt runs once per group, scores equal the unshared packed path."""
+    from verl_async_rm.rm.scorer import RewardModelScorer
+
+    if not scorer.describe()["share_prompts"]:
+        pytest.skip(f"no shared prompts with {scorer.describe()['packing']}")
+    rng = random.Random(5)
+    requests = []
+    for g in range(4):
+        prompt = [rng.randrange(5, 600) for _ in range(rng.randint(64, 512))]
+        requests += [RMRequest(f"p{g}/{s}", prompt, [rng.randrange(5, 600) for _ in range(rng.randint(16, 512))])
+                     for s in range(8)]
+    unshared = RewardModelScorer(gpu_config(big_rm, share_prompts=False))
+    before = scorer.forward.saved_tokens
+    assert scorer.score(requests) == pytest.approx(unshared.score(requests), abs=BF16_TOL, rel=BF16_TOL)
+    assert scorer.forward.saved_tokens - before >= 4 * 7 * 64
+
+
 def test_bf16_scores_match_a_per_sample_hf_forward(scorer, big_rm):
     requests = random_requests(24, seed=1)
     scores = scorer.score(requests)
