@@ -44,6 +44,7 @@ def model_path(request, tiny_models):
 
 def engine(path, **kwargs) -> RMForward:
     model = hf_model(path)
+    kwargs.setdefault("share_prompts", "true")  # 'auto' shares on CUDA only
     return RMForward(model, model.score, device=CPU, pad_id=0, packing="true", **kwargs)
 
 
@@ -145,14 +146,21 @@ def test_a_sibling_that_makes_the_forward_raise_fails_alone(tiny_models):
     )
 
 
-def test_sharing_is_off_without_the_varlen_kernel_or_when_disabled(tiny_models):
-    assert engine(tiny_models.rm, share_prompts=False).share_prompts is False
+def test_sharing_is_off_when_disabled_without_the_varlen_kernel_and_by_default_on_cpu(tiny_models):
+    assert engine(tiny_models.rm, share_prompts="false").share_prompts is False
+    assert engine(tiny_models.rm, share_prompts="auto").share_prompts is False  # CPU: measured slower
     model = hf_model(tiny_models.rm)
-    assert RMForward(model, model.score, device=CPU, pad_id=0, packing="false").share_prompts is False
+    padded = RMForward(model, model.score, device=CPU, pad_id=0, packing="false", share_prompts="true")
+    assert padded.share_prompts is False
+
+
+@pytest.mark.parametrize(("value", "stored"), [(True, "true"), (False, "false"), ("auto", "auto")])
+def test_share_prompts_accepts_modes_and_hydra_booleans(value, stored):
+    assert RMConfig(model_path="/m", retemplate="never", share_prompts=value).share_prompts == stored
 
 
 def test_bad_share_prompts_value_names_key_value_and_fix():
-    with pytest.raises(ValueError, match=r"share_prompts='yes': must be true or false. Fix: set share_prompts=true"):
+    with pytest.raises(ValueError, match=r"share_prompts='yes': unknown mode. Fix: use one of"):
         RMConfig(model_path="/m", retemplate="never", share_prompts="yes")
 
 
@@ -165,8 +173,8 @@ def test_scorer_shares_grpo_siblings_prompts_and_scores_like_per_sample_forwards
                 for s, answer in enumerate(["seven", "seven apples", "it is 7"]) for p in range(2)]
     requests.insert(3, make_request(policy_tok, "hi", "hello", "lone"))
     common = dict(model_path=str(tiny_models.rm), policy_tokenizer_path=str(tiny_models.policy), use_gpu=False)
-    shared = RewardModelScorer(RMConfig(**common))
-    unshared = RewardModelScorer(RMConfig(**common, share_prompts=False))
+    shared = RewardModelScorer(RMConfig(**common, share_prompts="true"))
+    unshared = RewardModelScorer(RMConfig(**common))  # 'auto': off on CPU
     assert shared.describe()["share_prompts"] is True and unshared.describe()["share_prompts"] is False
     model = hf_model(tiny_models.rm)
     expected = [direct_score(model, r.prompt_ids + r.response_ids) for r in requests]

@@ -122,7 +122,7 @@ def run_mode(model: Any, device: Any, mode: str, workload: tuple[list[list[int]]
     packing, _, shared = mode.partition("+")
     heads = (getattr(model, name, None) for name in ("score", "v_head", "classifier"))
     head = next((module for module in heads if module is not None), None)
-    forward = RMForward(model, head, device=device, pad_id=0, packing=packing, share_prompts=bool(shared))
+    forward = RMForward(model, head, device=device, pad_id=0, packing=packing, share_prompts="true" if shared else "false")
     inputs, groups = workload
     try:
         if shared and not forward.share_prompts:

@@ -127,12 +127,14 @@ class RMConfig:
             "packed whenever the model allows it, or fail at load; 'false': always padded."
         },
     )
-    share_prompts: bool = field(
-        default=True,
+    share_prompts: str = field(
+        default="auto",
         metadata={
-            "help": "With packed variable-length forwards: sibling trajectories (GRPO responses to one prompt, same "
-            "uid before the last '/') in one micro-batch run their longest common prefix of RM tokens once, and "
-            "each response attends to its keys and values; the scores are unchanged. Checked at load."
+            "help": "Sibling trajectories (GRPO responses to one prompt: same uid before the last '/') in one packed "
+            "micro-batch run their longest common prefix of RM tokens once, and each response attends to its keys "
+            "and values; scores are unchanged (checked at load). 'auto': with a CUDA variable-length kernel (on "
+            "CPU the padded attention makes it slower); 'true': with any variable-length kernel, CPU included; "
+            "'false': never."
         },
     )
     use_gpu: bool = field(default=True, metadata={"help": "False: CPU replicas (tests, demo)."})
@@ -188,8 +190,10 @@ class RMConfig:
             raise ConfigValueError(
                 "packing", self.packing, "unknown mode", f"use one of {_PACKING} ('auto' packs where it is safe)"
             )
-        if not isinstance(self.share_prompts, bool):
-            raise ConfigValueError("share_prompts", self.share_prompts, "must be true or false", "set {key}=true")
+        if isinstance(self.share_prompts, bool):  # Hydra reads +async_rm.share_prompts=true as a boolean
+            self.share_prompts = "true" if self.share_prompts else "false"
+        if self.share_prompts not in _PACKING:
+            raise ConfigValueError("share_prompts", self.share_prompts, "unknown mode", f"use one of {_PACKING}")
         if _not_int(self.micro_batch_max_tokens) or self.micro_batch_max_tokens <= 0:
             raise ConfigValueError(
                 "micro_batch_max_tokens",

@@ -72,8 +72,9 @@ class RMForward:
         pad_id: the token id padding positions get (masked out, so any valid id).
         packing: ``'auto'``, ``'true'`` or ``'false'`` (see :func:`verl_async_rm.rm.packing.choose_kernel`).
         score_reduction, score_index: how a multi-output head becomes one score (:func:`reduce_outputs`).
-        share_prompts: with the ``varlen`` kernel, run the common prefix of siblings (same group) in a micro-batch
-            once (:mod:`verl_async_rm.rm.sharing`).
+        share_prompts: ``'auto'``, ``'true'`` or ``'false'``: run the common prefix of siblings (same group) in a
+            micro-batch once (:mod:`verl_async_rm.rm.sharing`); needs the ``varlen`` kernel, and ``auto`` only uses
+            it on CUDA (the CPU kernel pads attention to the longest segment, which makes sharing slower there).
         min_shared_prefix: the shortest common prefix worth sharing.
     """
 
@@ -87,7 +88,7 @@ class RMForward:
         packing: str = "auto",
         score_reduction: str = "index",
         score_index: int = 0,
-        share_prompts: bool = True,
+        share_prompts: str = "auto",
         min_shared_prefix: int = MIN_SHARED_PREFIX,
     ) -> None:
         self.model, self.head, self.device, self.pad_id = model, head, device, pad_id
@@ -108,7 +109,8 @@ class RMForward:
         #: Whether siblings' common prefixes run once (needs the ``varlen`` kernel and a passing load-time check).
         self.share_prompts = False
         if self.kernel != "padded":
-            self._switch_to_packing(packing, share_prompts)
+            share = share_prompts == "true" or (share_prompts == "auto" and device.type == "cuda")
+            self._switch_to_packing(packing, share)
         logger.info(
             "RM forwards: %s (%s); shared prompts %s",
             self.describe()["packing"], self.packing_reason, "on" if self.share_prompts else "off",

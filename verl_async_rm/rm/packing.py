@@ -136,39 +136,36 @@ def _torch_varlen() -> Callable[..., torch.Tensor] | None:
 
 
 def _row_padded_sdpa(q, k, v, cu_q, cu_k, max_q, max_k, scale):
-    """The CPU kernel: each segment's attention padded to ``(segments, heads, longest, D)``, one
+    """The CPU kernel: each segment's attention padded to ``(segments, heads, longest, D)``, one causal
     ``scaled_dot_product_attention``; ``(T, H, D)`` tensors in and out.
 
-    Exact: with right padding, a segment's query ``i`` attends keys ``0..i + Lk - Lq`` (causal, aligned to the bottom
-    right as in flash-attention; ``Lk == Lq`` unless a shared prefix precedes the segment's own keys), all of them real,
-    so the padded positions (never read back) need no mask of their own. Only the attention is padded; the rest of
-    the model runs on the real tokens.
+    A segment's ``Lk`` keys sit at positions ``0..Lk-1`` and its ``Lq`` queries at ``Lk-Lq..Lk-1`` (``Lk == Lq``
+    unless a shared prefix precedes the segment's own keys), so the plain causal mask lets query ``i`` see keys
+    ``0..i + Lk - Lq``: causal from the bottom right, as flash-attention does. Exact: a real query never sees a
+    padded key, and padded query positions are never read back. Only the attention is padded; the rest of the model
+    runs on the real tokens.
     """
-    q_len, k_len = cu_q[1:] - cu_q[:-1], cu_k[1:] - cu_k[:-1]
+    del max_q  # queries are placed in the keys' frame
+    q_len, k_len = (cu_q[1:] - cu_q[:-1]).long(), (cu_k[1:] - cu_k[:-1]).long()
     segments = len(q_len)
+    seg = torch.arange(segments, device=q.device)
 
-    def padded(x: torch.Tensor, cu: torch.Tensor, lengths: torch.Tensor, longest: int):
-        rows = torch.repeat_interleave(torch.arange(segments, device=x.device), lengths)
-        pos = torch.arange(x.shape[0], device=x.device) - torch.repeat_interleave(cu[:-1].long(), lengths)
-        out = x.new_zeros((segments, longest, *x.shape[1:]))
+    def padded(x: torch.Tensor, rows: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        out = x.new_zeros((segments, max_k, *x.shape[1:]))
         out[rows, pos] = x
-        return out.transpose(1, 2), rows, pos  # (segments, heads, longest, D)
+        return out.transpose(1, 2)  # (segments, heads, max_k, D)
 
-    qp, rows, pos = padded(q, cu_q, q_len, max_q)
-    kp, _, _ = padded(k, cu_k, k_len, max_k)
-    vp, _, _ = padded(v, cu_k, k_len, max_k)
+    q_rows = torch.repeat_interleave(seg, q_len)
+    q_pos = torch.arange(q.shape[0], device=q.device) - torch.repeat_interleave(cu_q[:-1].long(), q_len)
+    q_pos = q_pos + (k_len - q_len)[q_rows]
+    k_rows = torch.repeat_interleave(seg, k_len)
+    k_pos = torch.arange(k.shape[0], device=k.device) - torch.repeat_interleave(cu_k[:-1].long(), k_len)
+    qp, kp, vp = padded(q, q_rows, q_pos), padded(k, k_rows, k_pos), padded(v, k_rows, k_pos)
     groups = q.shape[1] // k.shape[1]
     if groups > 1:
         kp, vp = kp.repeat_interleave(groups, 1), vp.repeat_interleave(groups, 1)
-    if bool(torch.equal(q_len, k_len)):
-        out = torch.nn.functional.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scale)
-    else:
-        offset = (k_len - q_len).long()[:, None, None]  # (segments, 1, 1)
-        i = torch.arange(max_q, device=q.device)[None, :, None]
-        j = torch.arange(max_k, device=q.device)[None, None, :]
-        mask = (j <= i + offset)[:, None]  # (segments, 1, max_q, max_k)
-        out = torch.nn.functional.scaled_dot_product_attention(qp, kp, vp, attn_mask=mask, scale=scale)
-    return out.transpose(1, 2)[rows, pos]
+    out = torch.nn.functional.scaled_dot_product_attention(qp, kp, vp, is_causal=True, scale=scale)
+    return out.transpose(1, 2)[q_rows, q_pos]
 
 
 _KERNELS: dict[str, Callable[..., torch.Tensor] | None] = {}
