@@ -136,6 +136,19 @@ class RMForward:
         rows x longest row when padded."""
         return (plan_packed_micro_batches if self.packed else plan_micro_batches)(lengths, max_tokens)
 
+    def plan_inputs(
+        self, inputs: Sequence[Sequence[int]], max_tokens: int, groups: Sequence[Hashable | None] | None = None
+    ) -> list[list[int]]:
+        """The micro-batches :meth:`score_all` runs: :meth:`plan`, or with shared prompts (and ``groups``) siblings
+        kept together and their common prefix counted once."""
+        if self._sharing(groups):
+            assert groups is not None
+            return plan_shared_micro_batches(inputs, groups, max_tokens, self.min_shared_prefix)
+        return self.plan([len(ids) for ids in inputs], max_tokens)
+
+    def _sharing(self, groups: Sequence[Hashable | None] | None) -> bool:
+        return self.share_prompts and groups is not None and any(g is not None for g in groups)
+
     def close(self) -> None:
         """Remove the head hook and give the model its own attention back (a model shared with other code)."""
         if self._hook is not None:
@@ -153,13 +166,8 @@ class RMForward:
         shared prompts siblings kept together), each through :meth:`score_batch`, so a failure costs only the rows
         that cause it. ``groups``: each input's group (siblings share one), or None."""
         results: list[float | RewardModelError | None] = [None] * len(inputs)
-        share = self.share_prompts and groups is not None and any(g is not None for g in groups)
-        if share:
-            assert groups is not None
-            plan = plan_shared_micro_batches(inputs, groups, max_tokens, self.min_shared_prefix)
-        else:
-            plan = self.plan([len(ids) for ids in inputs], max_tokens)
-        for batch in plan:
+        share = self._sharing(groups)
+        for batch in self.plan_inputs(inputs, max_tokens, groups):
             batch_groups = [groups[j] for j in batch] if share else None  # type: ignore[index]
             for j, value in zip(batch, self.score_batch([inputs[j] for j in batch], batch_groups), strict=True):
                 results[j] = value
