@@ -9,6 +9,7 @@ Layout (one job per module):
 - :mod:`~verl_async_rm.rm.forward`: :class:`~verl_async_rm.rm.forward.RMForward`, padded or packed forwards, score
   extraction, failure isolation;
 - :mod:`~verl_async_rm.rm.packing`: packed rows and the variable-length attention kernels;
+- :mod:`~verl_async_rm.rm.sharing`: GRPO siblings' common prompt computed once per packed forward;
 - :mod:`~verl_async_rm.rm.worker`: :class:`RewardModelWorker`, the verl ``Worker`` holding one replica;
 - :mod:`~verl_async_rm.rm.pool`: :class:`RMResourcePool` and the worker group's creation and shutdown;
 - :mod:`~verl_async_rm.rm.batch_fn`: :class:`RMBatchFn`, the executor's ``batch_fn(items, slot)``;

@@ -146,9 +146,6 @@ class RMForward:
             return plan_shared_micro_batches(inputs, groups, max_tokens, self.min_shared_prefix)
         return self.plan([len(ids) for ids in inputs], max_tokens)
 
-    def _sharing(self, groups: Sequence[Hashable | None] | None) -> bool:
-        return self.share_prompts and groups is not None and any(g is not None for g in groups)
-
     def close(self) -> None:
         """Remove the head hook and give the model its own attention back (a model shared with other code)."""
         if self._hook is not None:
@@ -173,7 +170,6 @@ class RMForward:
                 results[j] = value
         assert all(r is not None for r in results), "every input is in exactly one micro-batch"
         return results  # type: ignore[return-value]
-
 
     def forward_ids(
         self, batch: Sequence[Sequence[int]], groups: Sequence[Hashable | None] | None = None
@@ -262,6 +258,10 @@ class RMForward:
             return [RewardModelError(f"RM forward failed: {err!r}")]
 
     # -------------------------------------------------------------------------------------------------- helpers
+
+    def _sharing(self, groups: Sequence[Hashable | None] | None) -> bool:
+        """Whether :meth:`score_all` shares prompts for these groups."""
+        return self.share_prompts and groups is not None and any(g is not None for g in groups)
 
     def _halves(
         self, batch: list[list[int]], groups: Sequence[Hashable | None] | None
