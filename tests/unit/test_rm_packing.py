@@ -201,3 +201,24 @@ def test_scorer_reports_its_forwards_and_scores_alike_packed_or_padded(tiny_mode
     assert packed.describe()["packing"] == "packed (varlen: row_padded_sdpa)"
     assert padded.describe()["packing"] == "padded"
     assert packed.score(requests) == pytest.approx(padded.score(requests), abs=ATOL, rel=RTOL)
+
+
+def test_verl_command_line_keys_reach_the_rm_config(tiny_models):
+    """``+async_rm.packing=false`` and ``+async_rm.share_prompts=true`` (Hydra reads both as booleans)."""
+    from verl_async_rm.config import AsyncRMConfig
+    from verl_async_rm.testing import compose_trainer_config
+
+    overrides = [
+        "reward.reward_model.enable_resource_pool=True",
+        "reward.reward_model.n_gpus_per_node=1",
+        "reward.reward_model.nnodes=1",
+        f"reward.reward_model.model_path={tiny_models.rm}",
+        "reward.reward_manager.name=async_rm",
+        "+async_rm.packing=false",
+        "+async_rm.share_prompts=true",
+    ]
+    rm = AsyncRMConfig.from_verl(compose_trainer_config(tiny_models.policy, trainer="v1", overrides=overrides)).rm
+    assert (rm.packing, rm.share_prompts) == ("false", "true")
+    bad = compose_trainer_config(tiny_models.policy, trainer="v1", overrides=[*overrides[:5], "+async_rm.packing=on"])
+    with pytest.raises(ValueError, match=r"async_rm.packing='on': unknown mode. Fix"):
+        AsyncRMConfig.from_verl(bad)
