@@ -144,6 +144,23 @@ def test_a_row_that_makes_a_packed_forward_raise_fails_alone(tiny_models):
     )
 
 
+@pytest.mark.parametrize("mode", ["true", "false"])
+def test_score_all_keeps_order_across_micro_batches_and_isolates_a_failing_row(tiny_models, mode):
+    """Scores of all micro-batches are copied to the host at once; a micro-batch whose forward raises is bisected."""
+    forward = engine(tiny_models.rm, mode)
+    reference_model = hf_model(tiny_models.rm)
+    vocab = reference_model.config.vocab_size
+    rows = random_rows(14, seed=6, vocab=vocab)
+    rows[9] = [*rows[9], vocab + 1]
+    out = forward.score_all(rows, max_tokens=90)
+    assert len(forward.plan([len(r) for r in rows], 90)) >= 3
+    assert isinstance(out[9], RewardModelError)
+    kept = [i for i in range(len(rows)) if i != 9]
+    assert [out[i] for i in kept] == pytest.approx(
+        [direct_score(reference_model, rows[i]) for i in kept], abs=ATOL, rel=RTOL
+    )
+
+
 # --- models that cannot be packed -----------------------------------------------------------------------------------
 
 

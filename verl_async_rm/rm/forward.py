@@ -161,13 +161,26 @@ class RMForward:
     ) -> list[float | RewardModelError]:
         """Scores of prepared inputs, in their order: micro-batches of at most ``max_tokens`` (:meth:`plan`, or with
         shared prompts siblings kept together), each through :meth:`score_batch`, so a failure costs only the rows
-        that cause it. ``groups``: each input's group (siblings share one), or None."""
+        that cause it. ``groups``: each input's group (siblings share one), or None.
+
+        Scores stay on the device until every micro-batch has been launched and are copied to the host at once: one
+        device sync per call instead of one per micro-batch, so the host builds the next forward's input while the
+        device runs the previous one."""
         results: list[float | RewardModelError | None] = [None] * len(inputs)
         share = self._sharing(groups)
+        launched: list[tuple[list[int], torch.Tensor]] = []
         for batch in self.plan_inputs(inputs, max_tokens, groups):
+            rows = [inputs[j] for j in batch]
             batch_groups = [groups[j] for j in batch] if share else None  # type: ignore[index]
-            for j, value in zip(batch, self.score_batch([inputs[j] for j in batch], batch_groups), strict=True):
-                results[j] = value
+            try:
+                launched.append((batch, self._forward(rows, batch_groups)))
+            except Exception as err:  # out of memory, or a row that makes the forward raise: bisect this one
+                for j, value in zip(batch, self._recover(rows, batch_groups, err), strict=True):
+                    results[j] = value
+        if launched:
+            scores = torch.cat([values for _, values in launched]).cpu().tolist()
+            for j, value in zip([j for batch, _ in launched for j in batch], scores, strict=True):
+                results[j] = float(value)
         assert all(r is not None for r in results), "every input is in exactly one micro-batch"
         return results  # type: ignore[return-value]
 
@@ -176,9 +189,13 @@ class RMForward:
     ) -> torch.Tensor:
         """Scores (float32, on the host, one per row) of prepared input ids, in one forward pass; ``groups`` lets
         siblings share their common prefix (packed forwards with shared prompts only)."""
-        return self.forward_packed(batch, groups) if self.packed else self.forward_padded(batch)
+        return self._forward(batch, groups).cpu()
 
-    def forward_padded(self, batch: Sequence[Sequence[int]]) -> torch.Tensor:
+    def _forward(self, batch: Sequence[Sequence[int]], groups: Sequence[Hashable | None] | None) -> torch.Tensor:
+        """:meth:`forward_ids` with the scores left on the device (no sync)."""
+        return self.forward_packed(batch, groups, to_host=False) if self.packed else self.forward_padded(batch, False)
+
+    def forward_padded(self, batch: Sequence[Sequence[int]], to_host: bool = True) -> torch.Tensor:
         """One right-padded forward; the score is read at each row's last unmasked token."""
         width = max(len(ids) for ids in batch)
         input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
@@ -200,10 +217,11 @@ class RMForward:
                         f"the RM's output has no (batch, num_labels) logits (got {type(output).__name__}); "
                         "set score_head to the module that produces the scores"
                     )
-            return reduce_outputs(logits, self.score_reduction, self.score_index).cpu()
+            scores = reduce_outputs(logits, self.score_reduction, self.score_index)
+        return scores.cpu() if to_host else scores
 
     def forward_packed(
-        self, batch: Sequence[Sequence[int]], groups: Sequence[Hashable | None] | None = None
+        self, batch: Sequence[Sequence[int]], groups: Sequence[Hashable | None] | None = None, to_host: bool = True
     ) -> torch.Tensor:
         """One packed forward: rows concatenated, positions restarting per row, scores at each row's last token.
         With shared prompts and ``groups``, siblings' common prefix runs once (:func:`shared_layout`)."""
@@ -228,11 +246,11 @@ class RMForward:
                     "set packing='false' (verl: +async_rm.packing=false)"
                 )
             logits = per_token[0].index_select(0, rows.last)
-            scores = reduce_outputs(logits, self.score_reduction, self.score_index).cpu()
+            scores = reduce_outputs(logits, self.score_reduction, self.score_index)
         computed = int(rows.input_ids.shape[1])
         self.computed_tokens += computed
         self.saved_tokens += sum(len(ids) for ids in batch) - computed
-        return scores
+        return scores.cpu() if to_host else scores
 
     def score_batch(
         self, batch: list[list[int]], groups: Sequence[Hashable | None] | None = None
@@ -241,27 +259,33 @@ class RMForward:
         micro-batch until the failing row is alone: only that row gets the error."""
         try:
             return [float(v) for v in self.forward_ids(batch, groups).tolist()]
-        except OOM_ERRORS as err:
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
-            if len(batch) == 1:
-                return [RewardModelError(f"out of memory on a {len(batch[0])}-token input: {err}")]
-            logger.warning("RM out of memory on %d rows; retrying in halves", len(batch))
-            return self._halves(batch, groups)
-        except RewardModelError as err:
-            return [err] * len(batch)
         except Exception as err:
-            if len(batch) > 1:  # isolate the row(s) that make the forward raise; the others still get scores
-                logger.warning("RM forward failed on %d rows (%r); retrying in halves", len(batch), err)
-                return self._halves(batch, groups)
-            logger.exception("RM forward failed on a %d-token input", len(batch[0]))
-            return [RewardModelError(f"RM forward failed: {err!r}")]
+            return self._recover(batch, groups, err)
 
     # -------------------------------------------------------------------------------------------------- helpers
 
     def _sharing(self, groups: Sequence[Hashable | None] | None) -> bool:
         """Whether :meth:`score_all` shares prompts for these groups."""
         return self.share_prompts and groups is not None and any(g is not None for g in groups)
+
+    def _recover(
+        self, batch: list[list[int]], groups: Sequence[Hashable | None] | None, err: Exception
+    ) -> list[float | RewardModelError]:
+        """Per-row results after the forward of ``batch`` raised ``err``: halves until the failing row is alone."""
+        if isinstance(err, OOM_ERRORS):
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            if len(batch) == 1:
+                return [RewardModelError(f"out of memory on a {len(batch[0])}-token input: {err}")]
+            logger.warning("RM out of memory on %d rows; retrying in halves", len(batch))
+            return self._halves(batch, groups)
+        if isinstance(err, RewardModelError):
+            return [err] * len(batch)
+        if len(batch) > 1:  # isolate the row(s) that make the forward raise; the others still get scores
+            logger.warning("RM forward failed on %d rows (%r); retrying in halves", len(batch), err)
+            return self._halves(batch, groups)
+        logger.error("RM forward failed on a %d-token input", len(batch[0]), exc_info=err)
+        return [RewardModelError(f"RM forward failed: {err!r}")]
 
     def _halves(
         self, batch: list[list[int]], groups: Sequence[Hashable | None] | None
