@@ -115,9 +115,9 @@ class PendingRequestExecutor(SettlingMixin):
             num_tokens: the item's length; required when ``max_batch_tokens`` is set, used for length grouping.
             deadline_s: seconds from now after which the call raises ``RequestTimeoutError`` (waiting or running);
                 None uses ``BatchPolicy.default_deadline_s``; ``math.inf`` means no deadline.
-            group: a hashable key shared by siblings (GRPO responses to one prompt): with length grouping, a batch
-                takes the pending siblings of its oldest request first. None: the item's ``group`` attribute, if
-                it has one (:attr:`verl_async_rm.rm.RMRequest.group`).
+            group: a hashable key shared by siblings (GRPO responses to one prompt): with ``prefer_siblings``, a
+                batch takes the pending siblings of its oldest request first. None: the item's ``group`` attribute,
+                if it has one (:attr:`verl_async_rm.rm.RMRequest.group`).
 
         Raises:
             QueueFullError: ``max_pending`` requests are waiting and the policy says ``reject``.
@@ -360,6 +360,7 @@ class PendingRequestExecutor(SettlingMixin):
             room.pending.values(), count=len(room), pending_tokens=room.tokens, max_items=max_items,
             max_tokens=max_tokens, due_before=now + _CLOCK_RESOLUTION - self._max_wait_s,
             group_by_length=self.policy.group_by_length, window=_GROUP_WINDOW_BATCHES * self._max_items,
+            prefer_siblings=self.policy.prefer_siblings,
         )
         try:
             self._start_batch(picked, reason, now)
