@@ -213,7 +213,9 @@ def test_sibling_preference_keeps_the_pass_over_bound(seed):
     rng.shuffle(backlog)  # siblings arrive apart
     queue = [_req(i, r.num_tokens, 0.0, r.group) for i, r in enumerate(backlog, start=1)]  # arrival order
     seq = iter(range(len(queue) + 1, 10**9))  # later arrivals come after them
-    arrivals = lambda rnd, now: (group_of_8(now) if rng.random() < 0.7 else []) if rnd < 300 else []  # noqa: E731
+    def arrivals(rnd, now):
+        return (group_of_8(now) if rng.random() < 0.7 else []) if rnd < 300 else []
+
     passed_over, entered, left = _replay(queue, max_items=max_items, max_tokens=4000, window=window,
                                          arrivals=arrivals, due_lag=3.0, siblings=True)
     assert max(passed_over.values()) <= window

@@ -212,7 +212,7 @@ def test_scorer_reports_its_forwards_and_scores_alike_packed_or_padded(tiny_mode
     from rm_cases import make_batch
 
     requests = make_batch(policy_tok) + [RMRequest("x", [5, 6, 7], [8, 9])]
-    common = dict(model_path=str(tiny_models.rm), policy_tokenizer_path=str(tiny_models.policy), use_gpu=False)
+    common = {"model_path": str(tiny_models.rm), "policy_tokenizer_path": str(tiny_models.policy), "use_gpu": False}
     packed = RewardModelScorer(RMConfig(**common, packing="true"))
     padded = RewardModelScorer(RMConfig(**common, packing="false"))
     assert packed.describe()["packing"] == "packed (varlen: row_padded_sdpa)"

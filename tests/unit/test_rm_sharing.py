@@ -15,7 +15,6 @@ from rm_cases import direct_score, hf_model
 from verl_async_rm.errors import RewardModelError
 from verl_async_rm.rm.config import RMConfig
 from verl_async_rm.rm.forward import RMForward
-from verl_async_rm.rm.request import RMRequest
 from verl_async_rm.rm.scorer import RewardModelScorer
 from verl_async_rm.rm.sharing import common_prefix, plan_shared_micro_batches, shared_layout
 
@@ -172,7 +171,7 @@ def test_scorer_shares_grpo_siblings_prompts_and_scores_like_per_sample_forwards
     requests = [make_request(policy_tok, question if p == 0 else question + " exactly", answer, f"q{p}/{s}")
                 for s, answer in enumerate(["seven", "seven apples", "it is 7"]) for p in range(2)]
     requests.insert(3, make_request(policy_tok, "hi", "hello", "lone"))
-    common = dict(model_path=str(tiny_models.rm), policy_tokenizer_path=str(tiny_models.policy), use_gpu=False)
+    common = {"model_path": str(tiny_models.rm), "policy_tokenizer_path": str(tiny_models.policy), "use_gpu": False}
     shared = RewardModelScorer(RMConfig(**common, share_prompts="true"))
     unshared = RewardModelScorer(RMConfig(**common))  # 'auto': off on CPU
     assert shared.describe()["share_prompts"] is True and unshared.describe()["share_prompts"] is False

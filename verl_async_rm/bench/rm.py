@@ -250,15 +250,15 @@ def format_table(report: dict[str, Any]) -> str:
     w = report["workload"]
     b = report["dense_bound"]
     lines = [
-        f"RM bench: {report['shape']} ({report['n_params'] / 1e6:.1f}M parameters), {report['device_name']}, "
-        f"{report['dtype']}, budget {report['budget']} tokens/forward",
-        f"workload: {w['requests']} requests, {w['real_tokens']} tokens ({w['shortest']}-{w['longest']} per input, "
-        f"lengths / {w['length_scale']}, rollout.n {w['rollout_n']}, seed {w['seed']})",
-        f"dense bound ({b['rows']} x {b['width']} equal rows, no mask): {b['tok_per_s']:,.0f} tok/s, "
-        f"MFU {num(b['mfu'], '.2f')}",
+        (f"RM bench: {report['shape']} ({report['n_params'] / 1e6:.1f}M parameters), {report['device_name']}, "
+         f"{report['dtype']}, budget {report['budget']} tokens/forward"),
+        (f"workload: {w['requests']} requests, {w['real_tokens']} tokens ({w['shortest']}-{w['longest']} per input, "
+         f"lengths / {w['length_scale']}, rollout.n {w['rollout_n']}, seed {w['seed']})"),
+        (f"dense bound ({b['rows']} x {b['width']} equal rows, no mask): {b['tok_per_s']:,.0f} tok/s, "
+         f"MFU {num(b['mfu'], '.2f')}"),
         "",
-        f"{'mode':<12} {'forwards as':<33} {'fwd':>4} {'computed':>8} {'fresh tok/s':>12} {'repeat tok/s':>13} "
-        f"{'fresh/rep':>9} {'traj/s':>9} {'of bound':>8} {'MFU':>5} {'peak GiB':>8}",
+        (f"{'mode':<12} {'forwards as':<33} {'fwd':>4} {'computed':>8} {'fresh tok/s':>12} {'repeat tok/s':>13} "
+         f"{'fresh/rep':>9} {'traj/s':>9} {'of bound':>8} {'MFU':>5} {'peak GiB':>8}"),
     ]
     for mode, r in report["modes"].items():
         lines.append(

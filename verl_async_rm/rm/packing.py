@@ -14,7 +14,7 @@ Two ways to keep attention inside each row, both through the model's own HF modu
 - ``mask``: transformers' own packed-sequence detection. With no attention mask and no cache (``use_cache=False``),
   ``masking_utils.create_causal_mask`` finds rows from restarting ``position_ids``
   (``find_packed_sequence_indices``) and builds a causal block-diagonal mask for sdpa/eager/flex. Exact, but the
-  attention does the whole ``T x T`` work: a CPU and fallback path.
+  attention does the whole ``T x T`` work: only ``packing=true`` takes it, where no variable-length kernel exists.
 
 :func:`choose_kernel` picks one for a model and a device; :class:`verl_async_rm.rm.forward.RMForward` checks at load
 that the packed scores equal padded ones before it trusts the choice.
@@ -23,17 +23,13 @@ that the packed scores equal padded ones before it trusts the choice.
 from __future__ import annotations
 
 import inspect
-import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-logger = logging.getLogger(__name__)
-
 __all__ = [
-    "PACKING_MODES",
     "VARLEN_ATTENTION",
     "PackedRows",
     "pack_rows",
@@ -43,7 +39,6 @@ __all__ = [
     "varlen_attention_forward",
 ]
 
-PACKING_MODES = ("auto", "true", "false")
 #: The name the varlen attention function is registered under in transformers' ``AttentionInterface``.
 VARLEN_ATTENTION = "verl_async_rm_varlen"
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -164,8 +165,8 @@ def shared_layout(
         for i in rows:
             segment(batch[i][prefix:], prefix, (begin, begin + prefix))
             last[i] = len(ids) - 1
-    q_lengths = [b - a for a, b in zip(cu_q[:-1], cu_q[1:], strict=True)]
-    k_lengths = [b - a for a, b in zip(cu_k[:-1], cu_k[1:], strict=True)]
+    q_lengths = [b - a for a, b in pairwise(cu_q)]
+    k_lengths = [b - a for a, b in pairwise(cu_k)]
     non_blocking = device.type == "cuda"
 
     def put(values: list[int], dtype: torch.dtype) -> torch.Tensor:
