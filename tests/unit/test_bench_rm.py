@@ -86,3 +86,22 @@ def test_a_config_json_gives_the_shape(tmp_path):
                       "--out", str(tmp_path / "out")])
     report = json.loads((tmp_path / "out" / "bench_rm.json").read_text())
     assert status == 0 and report["shape"].endswith("config.json") and list(report["modes"]) == ["true"]
+
+
+def test_runs_where_verl_ray_and_omegaconf_are_not_installed(tmp_path):
+    """The GPU machines have torch and transformers only: the command must not import verl, Ray or omegaconf."""
+    import subprocess
+    import sys
+
+    code = (
+        "import importlib.abc, sys\n"
+        "class Block(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name.split('.')[0] in ('verl', 'ray', 'omegaconf', 'hydra'):\n"
+        "            raise ImportError(f'{name} is not installed here')\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "from verl_async_rm.cli import main\n"
+        f"sys.exit(main(['bench', 'rm', '--device', 'cpu', '--requests', '8', '--out', {str(tmp_path)!r}]))\n"
+    )
+    subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    assert json.loads((tmp_path / "bench_rm.json").read_text())["modes"]["auto"]["failed"] == 0
