@@ -80,7 +80,11 @@ class RMConfig:
         metadata={"help": "Weights dtype: 'auto' (bfloat16 on GPU, float32 on CPU), 'bfloat16', 'float16', 'float32'."},
     )
     attn_implementation: str = field(
-        default="sdpa", metadata={"help": "HF attention implementation: 'sdpa', 'eager', 'flash_attention_2', ..."}
+        default="sdpa",
+        metadata={
+            "help": "HF attention implementation: 'sdpa', 'eager', 'flash_attention_2', ... Packed forwards with a "
+            "variable-length kernel (see packing) replace it with the plugin's own attention function."
+        },
     )
     trust_remote_code: bool = field(
         default=False,
