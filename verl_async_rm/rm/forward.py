@@ -19,6 +19,7 @@ import logging
 from collections.abc import Hashable, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from verl_async_rm.errors import RewardModelError
@@ -27,8 +28,10 @@ from verl_async_rm.rm.inputs import plan_micro_batches, plan_packed_micro_batche
 from verl_async_rm.rm.packing import (
     VARLEN_ATTENTION,
     choose_kernel,
+    flat_ids,
     pack_rows,
     register_varlen_attention,
+    to_device,
     varlen_kernel_name,
 )
 from verl_async_rm.rm.sharing import MIN_SHARED_PREFIX, plan_shared_micro_batches, shared_layout
@@ -197,13 +200,12 @@ class RMForward:
 
     def forward_padded(self, batch: Sequence[Sequence[int]], to_host: bool = True) -> torch.Tensor:
         """One right-padded forward; the score is read at each row's last unmasked token."""
-        width = max(len(ids) for ids in batch)
-        input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, ids in enumerate(batch):
-            input_ids[row, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
-            attention_mask[row, : len(ids)] = 1
-        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+        lengths = np.fromiter((len(ids) for ids in batch), dtype=np.int64, count=len(batch))
+        width = int(lengths.max())
+        mask = np.arange(width) < lengths[:, None]
+        ids = np.full((len(batch), width), self.pad_id, dtype=np.int64)
+        ids[mask] = flat_ids(batch, int(lengths.sum()))  # row-major: each row's tokens, then the next row's
+        input_ids, attention_mask = to_device(ids, self.device), to_device(mask.astype(np.int64), self.device)
         self._captured = None
         with torch.inference_mode(), self._no_shape_plans():
             output = self.model(input_ids=input_ids, attention_mask=attention_mask)

@@ -25,8 +25,10 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import Any
 
+import numpy as np
 import torch
 
 __all__ = [
@@ -71,23 +73,36 @@ class PackedRows:
         }
 
 
+def flat_ids(rows: Sequence[Sequence[int]], total: int) -> np.ndarray:
+    """The rows' token ids concatenated (int64), built in C (``torch.tensor`` of a Python list is ~4x slower)."""
+    return np.fromiter(chain.from_iterable(rows), dtype=np.int64, count=total)
+
+
+def concat_ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """``range(starts[0], starts[0] + lengths[0]), range(starts[1], ...), ...`` concatenated, without a loop."""
+    offsets = np.cumsum(lengths) - lengths
+    return np.repeat(starts - offsets, lengths) + np.arange(int(lengths.sum()), dtype=np.int64)
+
+
+def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    return torch.from_numpy(array).to(device, non_blocking=device.type == "cuda")
+
+
 def pack_rows(batch: Sequence[Sequence[int]], device: torch.device) -> PackedRows:
     """:class:`PackedRows` of ``batch`` (non-empty rows), built on the host in one pass and copied once."""
-    lengths = torch.tensor([len(ids) for ids in batch], dtype=torch.int64)
+    lengths = np.fromiter((len(ids) for ids in batch), dtype=np.int64, count=len(batch))
     if len(batch) == 0 or int(lengths.min()) < 1:
         raise ValueError("pack_rows needs at least one row and no empty row")
-    ends = torch.cumsum(lengths, 0)
+    ends = np.cumsum(lengths)
     starts = ends - lengths
-    flat = torch.tensor([t for ids in batch for t in ids], dtype=torch.long)
+    total = int(ends[-1])
     # position of token j of the whole pack = j - start of its row
-    positions = torch.arange(int(ends[-1])) - torch.repeat_interleave(starts, lengths)
-    cu = torch.cat([torch.zeros(1, dtype=torch.int64), ends]).to(torch.int32)
-    non_blocking = device.type == "cuda"
+    positions = concat_ranges(np.zeros_like(starts), lengths)
     return PackedRows(
-        input_ids=flat.to(device, non_blocking=non_blocking)[None],
-        position_ids=positions.to(device, non_blocking=non_blocking)[None],
-        cu_seqlens=cu.to(device, non_blocking=non_blocking),
-        last=(ends - 1).to(device, non_blocking=non_blocking),
+        input_ids=to_device(flat_ids(batch, total), device)[None],
+        position_ids=to_device(positions, device)[None],
+        cu_seqlens=to_device(np.concatenate([[0], ends]).astype(np.int32), device),
+        last=to_device(ends - 1, device),
         max_length=int(lengths.max()),
     )
 
