@@ -173,9 +173,9 @@ def shared_layout(
     q_end = np.cumsum(q_len)
     q_start = q_end - q_len
     total = int(q_end[-1])
-    has_prefix = np.array(prefix_of) >= 0
-    prefix_start = np.where(has_prefix, q_start[np.array(prefix_of)], 0)
-    prefix_len = np.where(has_prefix, q_len[np.array(prefix_of)], 0)
+    owner = np.array(prefix_of, dtype=np.int64)
+    prefix_start = np.where(owner >= 0, q_start[owner], 0)  # (owner -1 indexes the last segment; masked out)
+    prefix_len = np.where(owner >= 0, q_len[owner], 0)
     k_len = prefix_len + q_len
     # each segment's keys: its prefix's token positions in the pack, then its own
     key_index = concat_ranges(np.stack([prefix_start, q_start], 1).ravel(), np.stack([prefix_len, q_len], 1).ravel())
