@@ -119,7 +119,7 @@ class RMConfig:
         default=16384,
         metadata={
             "help": "Token budget of one forward pass: rows x longest row when padded, the rows' real tokens when "
-            "packed. A longer single input runs alone."
+            "packed (a shared prompt counted once). A longer single input runs alone."
         },
     )
     packing: str = field(
