@@ -26,9 +26,14 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    # `bench executor [...]`: the executor micro-benchmark; `bench [...]`: the overlap benchmark (its own parser).
+    # `bench executor [...]`: the executor micro-benchmark; `bench rm [...]`: the RM scorer's forwards on this
+    # device; `bench [...]`: the overlap benchmark (each its own parser).
     if args.rest[:1] == ["executor"]:
         from verl_async_rm.bench.executor import main as bench_main
+
+        rest = args.rest[1:]
+    elif args.rest[:1] == ["rm"]:
+        from verl_async_rm.bench.rm import main as bench_main
 
         rest = args.rest[1:]
     else:
@@ -56,8 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     # prefix_chars="+": every option after `bench` goes, unparsed, to the chosen benchmark's own parser.
     bench = sub.add_parser("bench", add_help=False, prefix_chars="+",
-                           help="the overlap benchmark (`bench --help`), or `bench executor` (`bench executor --help`)")
-    bench.add_argument("rest", nargs=argparse.REMAINDER, help="[executor] and the benchmark's options")
+                           help="the overlap benchmark (`bench --help`), `bench executor` or `bench rm` "
+                                "(`bench rm --help`)")
+    bench.add_argument("rest", nargs=argparse.REMAINDER, help="[executor|rm] and the benchmark's options")
     bench.set_defaults(func=_cmd_bench)
     return parser
 

@@ -46,7 +46,7 @@ def test_virtual_run_writes_files_with_the_keys(tmp_path, capsys):
     assert report["async_over_bound"] == pytest.approx(p["async"]["step_s"] / report["bound_s"])
     assert report["speedup_vs_sync"] == pytest.approx(p["sync"]["step_s"] / p["async"]["step_s"])
     assert report["params"] == {"trajectories": 48, "replicas": 2, "rm": "sim", "max_batch_size": 8,
-                                "max_wait_ms": 20.0, "seed": 3}
+                                "max_wait_ms": 20.0, "seed": 3, "rollout_n": 1}
     assert p["sync"]["mean_batch_size"] == 8.0 and p["per-request"]["mean_batch_size"] == 1.0
     assert p["bound"]["step_s"] == report["bound_s"] and p["bound"]["rm_utilization"] is None
     for name in ("sync", "per-request", "drain", "async"):

@@ -19,15 +19,15 @@ from verl_async_rm.executor.testing import GatedBatchFn, run_virtual
 pytestmark = pytest.mark.unit
 
 
-def _req(seq: int, tokens: int | None, t: float = 0.0) -> Request:
-    return Request(seq, f"r{seq}", tokens, t, None, None)  # type: ignore[arg-type]
+def _req(seq: int, tokens: int | None, t: float = 0.0, group: str | None = None) -> Request:
+    return Request(seq, f"r{seq}", tokens, t, None, None, group)  # type: ignore[arg-type]
 
 
-def _select(queue, *, max_items, max_tokens=None, due_before=1e9, group=True, window=None):
+def _select(queue, *, max_items, max_tokens=None, due_before=1e9, group=True, window=None, siblings=False):
     return select_batch(
         queue, count=len(queue), pending_tokens=sum(r.num_tokens or 0 for r in queue), max_items=max_items,
         max_tokens=max_tokens, due_before=due_before, group_by_length=group,
-        window=4 * max_items if window is None else window,
+        window=4 * max_items if window is None else window, prefer_siblings=siblings,
     )
 
 
@@ -62,7 +62,7 @@ def test_grouping_skips_what_does_not_fit_the_budget_and_an_oversized_head_goes_
     assert [r.seq for r in _select(oversized, max_items=8, max_tokens=100)] == [1]
 
 
-def _replay(queue, *, max_items, max_tokens, window, arrivals, due_lag=0.0):
+def _replay(queue, *, max_items, max_tokens, window, arrivals, due_lag=0.0, siblings=False):
     """Form batches (with grouping) until the queue is empty, appending ``arrivals(round, now)`` after each batch.
 
     Checks every batch's invariants and returns, per request, how many batches passed it over (took a younger request
@@ -78,7 +78,8 @@ def _replay(queue, *, max_items, max_tokens, window, arrivals, due_lag=0.0):
         for pos, req in enumerate(queue[:window + 1]):
             entered.setdefault(req.seq, (rnd, pos))
         due_before = now - due_lag
-        picked = _select(queue, max_items=max_items, max_tokens=max_tokens, due_before=due_before, window=window)
+        picked = _select(queue, max_items=max_items, max_tokens=max_tokens, due_before=due_before, window=window,
+                         siblings=siblings)
         seqs = [r.seq for r in picked]
         assert picked and picked[0] is queue[0]  # the oldest request is always taken
         assert len(set(seqs)) == len(seqs) <= max_items
@@ -174,3 +175,76 @@ def test_executor_groups_a_backlog_that_is_already_past_max_wait():
     assert grouped_stats["padding_fraction"] == 0.0
     fifo, fifo_stats = run(False)
     assert fifo == [[10, 1000] * 4] * 2 and fifo_stats["padding_fraction"] > 0.4
+
+
+# --- siblings (GRPO responses to one prompt) -------------------------------------------------------------------------
+
+
+def test_the_heads_siblings_go_first_whatever_their_length():
+    """Every request due: after the head, its siblings (same group), even of far lengths, then the closest lengths."""
+    queue = [_req(1, 100, group="a"), _req(2, 100, group="b"), _req(3, 900, group="a"), _req(4, 101, group="c"),
+             _req(5, 20, group="a"), _req(6, 99)]
+    picked = _select(queue, max_items=4, siblings=True)
+    assert [r.seq for r in picked] == [1, 5, 3, 2]  # siblings by closeness, then lengths
+    assert [r.seq for r in _select(queue, max_items=4)] == [1, 2, 4, 6]  # prefer_siblings off: lengths only
+    assert [r.seq for r in _select(queue, max_items=4, group=False, siblings=True)] == [1, 2, 3, 4]  # FIFO
+    ungrouped = [_req(1, 100), _req(2, 900), _req(3, 101, group="x")]
+    assert [r.seq for r in _select(ungrouped, max_items=2, siblings=True)] == [1, 3]  # a head without group
+
+
+def test_a_sibling_that_is_not_due_does_not_pass_a_due_request_nor_break_the_budget():
+    queue = [_req(1, 100, 0.0, "a"), _req(2, 500, 0.0, "b"), _req(3, 100, 5.0, "a"), _req(4, 950, 0.0, "a")]
+    picked = _select(queue, max_items=3, max_tokens=1000, due_before=1.0, siblings=True)
+    assert [r.seq for r in picked] == [1, 2, 3]  # r4 (a due sibling) does not fit next to r1: skipped, kept
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_sibling_preference_keeps_the_pass_over_bound(seed):
+    """The same replay as above with GRPO-like groups of 8 arriving interleaved: the pass-over bounds still hold."""
+    rng = random.Random(seed)
+    max_items, window = 8, 32
+    seq = iter(range(1, 10**9))
+
+    def group_of_8(now):
+        group = f"g{rng.randrange(10**9)}"
+        return [_req(next(seq), int(rng.lognormvariate(5.5, 1.0)) + 1, now, group) for _ in range(8)]
+
+    backlog = [r for _ in range(25) for r in group_of_8(0.0)]
+    rng.shuffle(backlog)  # siblings arrive apart
+    queue = [_req(i, r.num_tokens, 0.0, r.group) for i, r in enumerate(backlog, start=1)]  # arrival order
+    seq = iter(range(len(queue) + 1, 10**9))  # later arrivals come after them
+    def arrivals(rnd, now):
+        return (group_of_8(now) if rng.random() < 0.7 else []) if rnd < 300 else []
+
+    passed_over, entered, left = _replay(queue, max_items=max_items, max_tokens=4000, window=window,
+                                         arrivals=arrivals, due_lag=3.0, siblings=True)
+    assert max(passed_over.values()) <= window
+    assert set(left) == set(entered)
+    for s, (rnd, ahead) in entered.items():
+        assert left[s] - rnd <= ahead, (s, rnd, ahead, left[s])
+
+
+def test_executor_batches_rm_requests_with_their_siblings(policy_tok):
+    """RMRequest uids are "<prompt uid>/<session id>": interleaved arrivals still leave in per-prompt batches."""
+    from verl_async_rm.rm.request import RMRequest
+
+    def run():
+        async def main():
+            fn = GatedBatchFn()
+            executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=4, max_wait_ms=5, prefer_siblings=True))
+            blocker = asyncio.ensure_future(executor.submit(RMRequest("blocker", [1], [2]), num_tokens=2))
+            await fn.wait_calls(1)
+            requests = [RMRequest(f"p{p}/{s}", [5] * 10, [6] * (10 + 37 * s + 11 * p)) for s in range(4) for p in
+                        range(3)]  # p0/0, p1/0, p2/0, p0/1, ...: siblings arrive apart, lengths interleaved
+            tasks = [asyncio.ensure_future(executor.submit(r, num_tokens=r.num_tokens)) for r in requests]
+            await asyncio.sleep(1.0)  # virtual time: a backlog, all past max_wait
+            fn.open()
+            await asyncio.gather(blocker, *tasks)
+            await executor.aclose()
+            return [[r.group for r in items] for items, _ in fn.calls[1:]]
+
+        return run_virtual(main)
+
+    assert run() == [["p0"] * 4, ["p1"] * 4, ["p2"] * 4]
+    assert RMRequest("u7/3", [1], [2]).group == "u7" and RMRequest("a/b/3", [1], [2]).group == "a/b"
+    assert RMRequest("solo", [1], [2]).group is None

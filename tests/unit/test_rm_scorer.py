@@ -188,7 +188,30 @@ def test_a_row_that_makes_the_forward_raise_fails_alone(scorer, tiny_models, req
     poisoned[2] = rows[2][:-1] + [vocab + 7]
     with pytest.raises(IndexError):  # the poison really makes the model raise
         scorer.forward_ids([poisoned[2]])
-    out = scorer._forward_safely(poisoned)
+    out = scorer.forward.score_batch(poisoned)
     assert isinstance(out[2], RewardModelError) and "index" in str(out[2]).lower()
     kept = [i for i in range(len(rows)) if i != 2]
     assert [out[i] for i in kept] == pytest.approx([direct_score(model, rows[i]) for i in kept], abs=ATOL, rel=RTOL)
+
+
+def test_scorer_builds_and_scores_without_importing_verl_ray_or_omegaconf(tiny_models):
+    """The GPU machines that benchmark the scorer have torch and transformers only: RewardModelScorer(config) with
+    no device must not reach for verl (it picked its device through verl before)."""
+    import json
+    import subprocess
+    import sys
+
+    code = (
+        "import json, sys\n"
+        "from verl_async_rm.rm.config import RMConfig\n"
+        "from verl_async_rm.rm.request import RMRequest\n"
+        "from verl_async_rm.rm.scorer import RewardModelScorer\n"
+        f"scorer = RewardModelScorer(RMConfig(model_path={str(tiny_models.rm)!r}, retemplate='never', use_gpu=False))\n"
+        "scores = scorer.score([RMRequest('a', [5, 6, 7], [8, 9]), RMRequest('b', [5], [6])])\n"
+        "print(json.dumps({'device': str(scorer.device), 'scores': scores,\n"
+        "                  'imported': [m for m in ('verl', 'ray', 'omegaconf') if m in sys.modules]}))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["device"] == "cpu" and all(isinstance(s, float) for s in result["scores"])
+    assert result["imported"] == []

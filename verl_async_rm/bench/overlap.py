@@ -45,7 +45,8 @@ POLICIES = ("sync", "per-request", "drain", "async")
 _TIMEOUT_FACTOR = 10.0  # hang detector: a policy may take at most this many times the sync prediction (+60 s)
 
 
-def executor_policies(max_batch_size: int | None, max_wait_ms: float | None) -> dict[str, BatchPolicy]:
+def executor_policies(max_batch_size: int | None, max_wait_ms: float | None,
+                      prefer_siblings: bool = False) -> dict[str, BatchPolicy]:
     """The executor policies in workload time: ``async`` is ``BatchPolicy()`` with the given overrides."""
     defaults = BatchPolicy()
     cap = defaults.max_batch_size if max_batch_size is None else max_batch_size
@@ -53,12 +54,12 @@ def executor_policies(max_batch_size: int | None, max_wait_ms: float | None) -> 
     return {
         "per-request": BatchPolicy(max_batch_size=1, max_wait_ms=0.0),
         "drain": BatchPolicy(max_batch_size=cap, max_wait_ms=0.0),
-        "async": dataclasses.replace(defaults, max_batch_size=cap, max_wait_ms=wait),
+        "async": dataclasses.replace(defaults, max_batch_size=cap, max_wait_ms=wait, prefer_siblings=prefer_siblings),
     }
 
 
 async def _run_sync(workload: Workload, rm: SimulatedRM, clock: Clock, replicas: int, cap: int) -> list[Item]:
-    items = [Item(i, t) for i, t in enumerate(workload.tokens)]
+    items = [Item(i, t, group=workload.group(i)) for i, t in enumerate(workload.tokens)]
 
     async def arrive(item: Item) -> None:
         await clock.sleep_until(workload.finish_s[item.index])
@@ -85,7 +86,7 @@ async def _run_executor(workload: Workload, rm: SimulatedRM, clock: Clock, repli
                         expect: bool) -> list[Item]:
     real_policy = dataclasses.replace(policy, max_wait_ms=policy.max_wait_ms * clock.scale)
     executor = PendingRequestExecutor(rm, real_policy, slots=replicas, name="bench")
-    items = [Item(i, t) for i, t in enumerate(workload.tokens)]
+    items = [Item(i, t, group=workload.group(i)) for i, t in enumerate(workload.tokens)]
 
     async def arrive(item: Item) -> None:
         await clock.sleep_until(workload.finish_s[item.index])

@@ -10,7 +10,7 @@ Top-level JSON keys: ``benchmark``, ``clock``, ``time_scale``, ``params``, ``rm_
 (every computed figure), ``bound_s``, ``lone_latency_s``, ``predicted_speedup``, ``async_over_bound``,
 ``speedup_vs_sync``, ``async_tail_over_lone``, ``targets``, ``policies`` (``sync``, ``per-request``, ``drain``,
 ``async``, ``bound``; each with ``step_s``, ``reward_tail_s``, ``rm_utilization``, ``mean_batch_size``,
-``padding_fraction``, ``p50_wait_ms``, ``p99_wait_ms``), ``executor_policies``, ``environment``.
+``padding_fraction``, ``p50_wait_ms``, ``p99_wait_ms``, ``siblings_met``), ``executor_policies``, ``environment``.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ __all__ = ["METRICS", "build_parser", "main", "run"]
 
 #: The keys of every policy object under ``policies``.
 METRICS = ("step_s", "reward_tail_s", "rm_utilization", "mean_batch_size", "padding_fraction", "p50_wait_ms",
-           "p99_wait_ms")
+           "p99_wait_ms", "siblings_met")
 
 #: Real seconds per workload second on the real clock: the defaults (a ~62 s rollout, four policies) run in ~1 min.
 DEFAULT_TIME_SCALE = 0.2
@@ -61,6 +61,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-wait-ms", type=float, default=None,
                         help="async's max_wait_ms in workload ms (default: BatchPolicy's, 20)")
     parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    parser.add_argument("--rollout-n", type=int, default=1,
+                        help="responses per prompt (GRPO's rollout.n); > 1 reports siblings_met (default 1)")
+    parser.add_argument("--prefer-siblings", action="store_true",
+                        help="async: BatchPolicy(prefer_siblings=True), siblings first in a batch")
     parser.add_argument("--clock", choices=["real", "virtual"], default="real",
                         help="real: asyncio on the wall clock, scaled by --time-scale; virtual: deterministic "
                         "simulated time (default real)")
@@ -76,6 +80,8 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         parser.error(f"--trajectories must be >= 1, got {args.trajectories}")
     if args.replicas < 1:
         parser.error(f"--replicas must be >= 1, got {args.replicas}")
+    if args.rollout_n < 1:
+        parser.error(f"--rollout-n must be >= 1, got {args.rollout_n}")
     if args.max_batch_size is not None and args.max_batch_size < 1:
         parser.error(f"--max-batch-size must be >= 1, got {args.max_batch_size}")
     if args.max_wait_ms is not None and not args.max_wait_ms >= 0:
@@ -102,9 +108,9 @@ def run(args: argparse.Namespace, *, progress=None) -> dict[str, Any]:
             **({"source": "given on the command line"} if args.rm_batch_ms is not None
                or args.rm_us_per_token is not None else {}),
         )
-    workload_config = WorkloadConfig(trajectories=args.trajectories, seed=args.seed)
+    workload_config = WorkloadConfig(trajectories=args.trajectories, seed=args.seed, rollout_n=args.rollout_n)
     workload = generate_workload(workload_config)
-    policies = executor_policies(args.max_batch_size, args.max_wait_ms)
+    policies = executor_policies(args.max_batch_size, args.max_wait_ms, args.prefer_siblings)
     cap = policies["async"].max_batch_size
     bound = compute_bound(workload, cost, args.replicas, cap)
     scale = args.time_scale if args.clock == "real" else 1.0
@@ -124,7 +130,8 @@ def run(args: argparse.Namespace, *, progress=None) -> dict[str, Any]:
         "time_scale": scale,
         "units": "workload seconds (ms for *_ms); time_scale real seconds per workload second",
         "params": {"trajectories": args.trajectories, "replicas": args.replicas, "rm": args.rm,
-                   "max_batch_size": cap, "max_wait_ms": policies["async"].max_wait_ms, "seed": args.seed},
+                   "max_batch_size": cap, "max_wait_ms": policies["async"].max_wait_ms, "seed": args.seed,
+                   "rollout_n": args.rollout_n},
         "rm_model": {"a_s": cost.a_s, "b_s_per_token": cost.b_s_per_token, "source": cost.source,
                      "calibration": calibration},
         "workload": {"config": _plain(workload_config), **workload.summary()},
@@ -187,6 +194,10 @@ def table(report: dict[str, Any]) -> str:
         (f"clock {report['clock']} (x{report['time_scale']:g} real s per workload s); RM model: "
          f"{report['rm_model']['source']}"),
     ]
+    if report["params"].get("rollout_n", 1) > 1:
+        met = ", ".join(f"{name} {_fmt(m['siblings_met'], '.3f')}" for name, m in report["policies"].items()
+                        if m["siblings_met"] is not None)
+        lines.append(f"trajectories scored in a batch with a sibling (rollout.n {report['params']['rollout_n']}): {met}")
     return "\n".join(lines)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +52,7 @@ class Item:
     scored_s: float | None = None  # when its caller had the score
     batch_size: int | None = None  # size of the batch it ran in
     batch_model_s: float | None = None  # what that batch should take by the cost model
+    group: int | None = None  # its prompt, shared with its siblings (GRPO); None: no siblings
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,7 @@ class BatchRecord:
     size: int
     real_tokens: int
     padded_tokens: int
+    with_sibling: int = 0  # items of the batch that met at least one sibling in it
 
 
 @dataclass
@@ -83,8 +86,10 @@ class SimulatedRM:
             for item in items:
                 item.start_s, item.batch_size, item.batch_model_s = start, len(items), model_s
             await self.clock.sleep(model_s)
+            groups = Counter(item.group for item in items if item.group is not None)
             self.batches.append(BatchRecord(slot, start, self.clock.now(), len(items), sum(lengths),
-                                            self.cost.padded_tokens(lengths)))
+                                            self.cost.padded_tokens(lengths),
+                                            sum(n for n in groups.values() if n > 1)))
             return [item.index for item in items]
         finally:
             self._busy.discard(slot)
@@ -104,6 +109,8 @@ def policy_metrics(items: list[Item], batches: list[BatchRecord], replicas: int)
     trajectory's finish to the start of its batch. ``last_item_*`` split the tail of the trajectory that finished
     last: its wait for a batch (scheduling), its batch's size and modelled time, and how much longer than the model
     it took from batch start to its caller holding the score (timer lateness and CPU contention on the real clock).
+    ``siblings_met``: the share of trajectories scored in a batch holding at least one of their siblings (whose
+    common prompt the RM computes once with ``share_prompts``); None when trajectories have no siblings.
     """
     missing = [item.index for item in items if item.scored_s is None or item.start_s is None]
     if missing:
@@ -122,6 +129,8 @@ def policy_metrics(items: list[Item], batches: list[BatchRecord], replicas: int)
         "rm_utilization": busy / (replicas * span) if span > 0 else None,
         "mean_batch_size": sum(b.size for b in batches) / len(batches),
         "padding_fraction": (padded - sum(b.real_tokens for b in batches)) / padded if padded else 0.0,
+        "siblings_met": (sum(b.with_sibling for b in batches) / len(items)
+                         if any(item.group is not None for item in items) else None),
         "p50_wait_ms": statistics.median(waits_ms),
         "p99_wait_ms": _quantile(waits_ms, 0.99),
         "batches": len(batches),

@@ -89,10 +89,17 @@ class WorkloadConfig:
     prefill_s: float = field(default=1.0, metadata={"help": "Time before the first response token, seconds."})
     decode_s_per_token: float = field(default=0.012, metadata={"help": "Decode time per response token, seconds."})
     speed_sigma: float = field(default=0.15, metadata={"help": "Sigma of the log-normal per-trajectory speed jitter."})
+    rollout_n: int = field(
+        default=1,
+        metadata={"help": "Responses per prompt (GRPO's rollout.n): trajectories i with the same i // rollout_n are "
+                          "siblings, with one prompt (its length drawn for the first of them)."},
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.trajectories, bool) or not isinstance(self.trajectories, int) or self.trajectories < 1:
             raise ValueError(f"WorkloadConfig.trajectories must be an integer >= 1, got {self.trajectories!r}")
+        if isinstance(self.rollout_n, bool) or not isinstance(self.rollout_n, int) or self.rollout_n < 1:
+            raise ValueError(f"WorkloadConfig.rollout_n must be an integer >= 1, got {self.rollout_n!r}")
         for name in ("prefill_s", "decode_s_per_token", "speed_sigma"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
@@ -106,6 +113,11 @@ class Workload:
     finish_s: tuple[float, ...]
     prompt_tokens: tuple[int, ...]
     response_tokens: tuple[int, ...]
+    rollout_n: int = 1
+
+    def group(self, i: int) -> int | None:
+        """Trajectory ``i``'s prompt (``i // rollout_n``), or None when every trajectory has its own."""
+        return i // self.rollout_n if self.rollout_n > 1 else None
 
     @property
     def size(self) -> int:
@@ -150,11 +162,14 @@ def generate_workload(config: WorkloadConfig | None = None) -> Workload:
     prompt_budget = config.prompt_lengths.max_tokens or 1 << 30
     response_budget = config.response_lengths.max_tokens or 1 << 30
     prompts, responses, finish = [], [], []
-    for _ in range(config.trajectories):
-        prompt = config.prompt_lengths.sample(rng, prompt_budget)
+    for i in range(config.trajectories):
+        prompt = config.prompt_lengths.sample(rng, prompt_budget)  # drawn for every trajectory: same draw order
+        if i % config.rollout_n:
+            prompt = prompts[-1]  # a sibling: its group's prompt
         response = config.response_lengths.sample(rng, response_budget)
         speed = rng.lognormvariate(0.0, config.speed_sigma) if config.speed_sigma > 0 else 1.0
         prompts.append(prompt)
         responses.append(response)
         finish.append(config.prefill_s + response * config.decode_s_per_token * speed)
-    return Workload(finish_s=tuple(finish), prompt_tokens=tuple(prompts), response_tokens=tuple(responses))
+    return Workload(finish_s=tuple(finish), prompt_tokens=tuple(prompts), response_tokens=tuple(responses),
+                    rollout_n=config.rollout_n)

@@ -105,7 +105,9 @@ class PendingRequestExecutor(SettlingMixin):
 
     # ------------------------------------------------------------------ public API
 
-    async def submit(self, item: Any, *, num_tokens: int | None = None, deadline_s: float | None = None) -> Any:
+    async def submit(
+        self, item: Any, *, num_tokens: int | None = None, deadline_s: float | None = None, group: Any = None
+    ) -> Any:
         """Queue ``item`` and return its result, or raise its exception.
 
         Args:
@@ -113,6 +115,9 @@ class PendingRequestExecutor(SettlingMixin):
             num_tokens: the item's length; required when ``max_batch_tokens`` is set, used for length grouping.
             deadline_s: seconds from now after which the call raises ``RequestTimeoutError`` (waiting or running);
                 None uses ``BatchPolicy.default_deadline_s``; ``math.inf`` means no deadline.
+            group: a hashable key shared by siblings (GRPO responses to one prompt): with ``prefer_siblings``, a
+                batch takes the pending siblings of its oldest request first. None: the item's ``group`` attribute,
+                if it has one (:attr:`verl_async_rm.rm.RMRequest.group`).
 
         Raises:
             QueueFullError: ``max_pending`` requests are waiting and the policy says ``reject``.
@@ -155,7 +160,9 @@ class PendingRequestExecutor(SettlingMixin):
         assert loop is not None
         self._seq += 1
         now = loop.time()
-        req = Request(self._seq, item, num_tokens, now, loop.create_future(), deadline_s)
+        if group is None:
+            group = getattr(item, "group", None)
+        req = Request(self._seq, item, num_tokens, now, loop.create_future(), deadline_s, group)
         self._stats.submitted += 1
         self._stats.step_last_submit = now
         if deadline_s is not None and deadline_s != math.inf:
@@ -353,6 +360,7 @@ class PendingRequestExecutor(SettlingMixin):
             room.pending.values(), count=len(room), pending_tokens=room.tokens, max_items=max_items,
             max_tokens=max_tokens, due_before=now + _CLOCK_RESOLUTION - self._max_wait_s,
             group_by_length=self.policy.group_by_length, window=_GROUP_WINDOW_BATCHES * self._max_items,
+            prefer_siblings=self.policy.prefer_siblings,
         )
         try:
             self._start_batch(picked, reason, now)

@@ -7,8 +7,10 @@ Rules, in order:
 3. Without length grouping (or when the head has no length), the batch is filled strictly oldest first and stops at the
    first request that does not fit the token budget: that request keeps its place at the head of the queue.
 4. With length grouping, the rest of the batch is chosen from the ``window`` requests right after the head: those that
-   have waited ``max_wait`` ("due") first, then younger ones; within each, the lengths closest to the head's first
-   (ties oldest first). A request that does not fit the remaining token budget is skipped and keeps its place.
+   have waited ``max_wait`` ("due") first, then younger ones; within each (with ``prefer_siblings``) the head's
+   siblings first (requests of the head's ``group``, e.g. the other responses to its GRPO prompt, which a packed RM
+   scores with their shared prompt computed once), then the lengths closest to the head's (ties oldest first). A
+   request that does not fit the remaining token budget is skipped and keeps its place.
 
 Why rule 4 also reorders due requests: under a backlog every queued request is due, and taking due requests oldest first
 would mix long and short ones in every batch (about a third of the tokens padding in the overlap benchmark).
@@ -43,11 +45,12 @@ def select_batch(
     due_before: float,
     group_by_length: bool,
     window: int,
+    prefer_siblings: bool = False,
 ) -> list[Request]:
     """Pick the next batch from ``pending`` (oldest first, ``count`` requests holding ``pending_tokens`` tokens).
 
     ``due_before``: a request submitted at or before this time has waited ``max_wait``. ``window``: how many requests
-    after the oldest one length grouping may choose from. Returns the oldest request first, at least one request when
+    after the oldest one length grouping may choose from. ``prefer_siblings``: take the head's group first (rule 4). Returns the oldest request first, at least one request when
     ``pending`` is not empty, at most ``max_items``, and more than one only if their tokens fit ``max_tokens``.
     """
     if count <= max_items and (max_tokens is None or pending_tokens <= max_tokens):
@@ -72,9 +75,12 @@ def select_batch(
                 break
         return batch
 
-    def order(req: Request) -> tuple[bool, float, int]:
+    group = head.group if prefer_siblings else None
+
+    def order(req: Request) -> tuple[bool, bool, float, int]:
         n = req.num_tokens
-        return (req.t_submit > due_before, math.inf if n is None else abs(n - anchor), req.seq)
+        sibling = group is not None and req.group == group
+        return (req.t_submit > due_before, not sibling, math.inf if n is None else abs(n - anchor), req.seq)
 
     for req in sorted(islice(it, window), key=order):
         n = req.num_tokens or 0

@@ -79,6 +79,15 @@ class BatchPolicy:
             "oldest, to cut padding; False: strict arrival order."
         },
     )
+    prefer_siblings: bool = field(
+        default=False,
+        metadata={
+            "help": "With group_by_length: fill the batch with the oldest request's pending siblings (same group: "
+            "the GRPO responses to its prompt, RMRequest.group) before the closest lengths, within the same window "
+            "and due requests first, so a packed RM with share_prompts computes their prompt once. Costs padding "
+            "for a padded RM: keep False there."
+        },
+    )
     bisect_on_error: bool = field(
         default=True,
         metadata={
@@ -124,7 +133,7 @@ class BatchPolicy:
                 _check_seconds(name, value, allow_zero=False, unit="s",
                                fix="give a positive number of seconds, or None for no limit")
                 object.__setattr__(self, name, float(value))
-        for name in ("group_by_length", "bisect_on_error"):
+        for name in ("group_by_length", "bisect_on_error", "prefer_siblings"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"BatchPolicy.{name} must be True or False, got {getattr(self, name)!r}")
         _check_int("slot_retries", self.slot_retries, minimum=0, fix="use 0 to fail at once, or a small count such as 2")

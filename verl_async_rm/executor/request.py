@@ -22,7 +22,9 @@ DONE = 3
 class Request:
     """A caller's item, its future and its bookkeeping. ``seq`` orders requests by arrival."""
 
-    __slots__ = ("seq", "item", "num_tokens", "t_submit", "future", "state", "timer", "deadline_s", "requeued")
+    __slots__ = (
+        "seq", "item", "num_tokens", "t_submit", "future", "state", "timer", "deadline_s", "requeued", "group"
+    )
 
     def __init__(
         self,
@@ -32,6 +34,7 @@ class Request:
         t_submit: float,
         future: asyncio.Future,
         deadline_s: float | None,
+        group: Any = None,
     ) -> None:
         self.seq = seq
         self.item = item
@@ -42,6 +45,7 @@ class Request:
         self.state = PENDING
         self.timer: asyncio.TimerHandle | None = None
         self.requeued = 0  # times put back in the queue because its slot was lost under it
+        self.group = group  # siblings (e.g. GRPO responses to one prompt) share it; None: no group
 
     def __repr__(self) -> str:
         state = ("BLOCKED", "PENDING", "RUNNING", "DONE")[self.state]

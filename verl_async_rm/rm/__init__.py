@@ -5,7 +5,11 @@ Layout (one job per module):
 - :mod:`~verl_async_rm.rm.config`: :class:`RMConfig` and :func:`rm_config_from_verl` (verl keys, legacy keys);
 - :mod:`~verl_async_rm.rm.request`: :class:`RMRequest`, the item scored (built from a verl ``AgentLoopOutput``);
 - :mod:`~verl_async_rm.rm.inputs`: re-templating, BOS de-duplication, truncation, micro-batch planning (pure);
-- :mod:`~verl_async_rm.rm.scorer`: :class:`RewardModelScorer`, model loading, forward and score extraction;
+- :mod:`~verl_async_rm.rm.scorer`: :class:`RewardModelScorer`, model loading and input building;
+- :mod:`~verl_async_rm.rm.forward`: :class:`~verl_async_rm.rm.forward.RMForward`, padded or packed forwards, score
+  extraction, failure isolation;
+- :mod:`~verl_async_rm.rm.packing`: packed rows and the variable-length attention kernels;
+- :mod:`~verl_async_rm.rm.sharing`: GRPO siblings' common prompt computed once per packed forward;
 - :mod:`~verl_async_rm.rm.worker`: :class:`RewardModelWorker`, the verl ``Worker`` holding one replica;
 - :mod:`~verl_async_rm.rm.pool`: :class:`RMResourcePool` and the worker group's creation and shutdown;
 - :mod:`~verl_async_rm.rm.batch_fn`: :class:`RMBatchFn`, the executor's ``batch_fn(items, slot)``;

@@ -24,13 +24,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
 __all__ = ["RMConfig", "ConfigValueError", "rm_config_from_verl"]
 
 _DTYPES = ("auto", "bfloat16", "float16", "float32")
 _RETEMPLATE = ("auto", "always", "never")
 _REDUCTIONS = ("index", "mean", "sum", "max", "min")
+_PACKING = ("auto", "true", "false")
 
 
 class ConfigValueError(ValueError):
@@ -81,7 +80,11 @@ class RMConfig:
         metadata={"help": "Weights dtype: 'auto' (bfloat16 on GPU, float32 on CPU), 'bfloat16', 'float16', 'float32'."},
     )
     attn_implementation: str = field(
-        default="sdpa", metadata={"help": "HF attention implementation: 'sdpa', 'eager', 'flash_attention_2', ..."}
+        default="sdpa",
+        metadata={
+            "help": "HF attention implementation: 'sdpa', 'eager', 'flash_attention_2', ... Packed forwards with a "
+            "variable-length kernel (see packing) replace it with the plugin's own attention function."
+        },
     )
     trust_remote_code: bool = field(
         default=False,
@@ -115,8 +118,27 @@ class RMConfig:
     micro_batch_max_tokens: int = field(
         default=16384,
         metadata={
-            "help": "Token budget of one forward pass (rows x longest row, after padding). A longer single input "
-            "runs alone."
+            "help": "Token budget of one forward pass: rows x longest row when padded, the rows' real tokens when "
+            "packed (a shared prompt counted once). A longer single input runs alone."
+        },
+    )
+    packing: str = field(
+        default="auto",
+        metadata={
+            "help": "'auto': packed forwards (a micro-batch's rows as one sequence, no padding, attention kept in "
+            "each row) where the RM's attention allows it and a variable-length kernel exists (CUDA with "
+            "flash-attn or torch's varlen_attn; CPU), checked against padded scores at load, else padded; 'true': "
+            "packed whenever the model allows it, or fail at load; 'false': always padded."
+        },
+    )
+    share_prompts: str = field(
+        default="auto",
+        metadata={
+            "help": "Sibling trajectories (GRPO responses to one prompt: same uid before the last '/') in one packed "
+            "micro-batch run their longest common prefix of RM tokens once, and each response attends to its keys "
+            "and values; scores are unchanged (checked at load). 'auto': with a CUDA variable-length kernel (on "
+            "CPU the padded attention makes it slower); 'true': with any variable-length kernel, CPU included; "
+            "'false': never."
         },
     )
     use_gpu: bool = field(default=True, metadata={"help": "False: CPU replicas (tests, demo)."})
@@ -166,6 +188,16 @@ class RMConfig:
             raise ConfigValueError("score_reduction", self.score_reduction, "unknown", f"use one of {_REDUCTIONS}")
         if not isinstance(self.score_head, str) or not self.score_head:
             raise ConfigValueError("score_head", self.score_head, "must be a module name", "use 'auto'")
+        if isinstance(self.packing, bool):  # Hydra reads +async_rm.packing=true as a boolean
+            self.packing = "true" if self.packing else "false"
+        if self.packing not in _PACKING:
+            raise ConfigValueError(
+                "packing", self.packing, "unknown mode", f"use one of {_PACKING} ('auto' packs where it is safe)"
+            )
+        if isinstance(self.share_prompts, bool):  # Hydra reads +async_rm.share_prompts=true as a boolean
+            self.share_prompts = "true" if self.share_prompts else "false"
+        if self.share_prompts not in _PACKING:
+            raise ConfigValueError("share_prompts", self.share_prompts, "unknown mode", f"use one of {_PACKING}")
         if _not_int(self.micro_batch_max_tokens) or self.micro_batch_max_tokens <= 0:
             raise ConfigValueError(
                 "micro_batch_max_tokens",
@@ -200,6 +232,9 @@ def _not_int(value: Any) -> bool:
 
 def _select(config: Any, key: str) -> Any:
     """``config[key]`` for a dotted key, or None when any part is missing (a ``DictConfig`` or nested mappings)."""
+    # omegaconf is imported here, not at the top: the scorer (and `bench rm`) import RMConfig where it is absent.
+    from omegaconf import DictConfig, OmegaConf
+
     if isinstance(config, DictConfig):
         return OmegaConf.select(config, key, default=None)
     node = config

@@ -12,7 +12,8 @@ The steps, in the order :func:`prepare_input_ids` runs them:
 2. Truncate to ``max_length`` from the left (:func:`truncate_left`): the end of the response, which is where the
    score is read, is kept; the prompt loses its start; a leading BOS survives.
 
-:func:`plan_micro_batches` then groups inputs into forward passes by a padded-token budget.
+:func:`plan_micro_batches` then groups inputs into forward passes by a padded-token budget (rows x longest row);
+:func:`plan_packed_micro_batches` by real tokens, for packed (padding-free) forwards.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ __all__ = [
     "check_token_ids",
     "prepare_input_ids",
     "plan_micro_batches",
+    "plan_packed_micro_batches",
 ]
 
 
@@ -199,4 +201,27 @@ def plan_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int
         longest = width
     if current:
         batches.append(current)
+    return batches
+
+
+def plan_packed_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Group indices into packed forwards whose real tokens (the sum of their lengths) stay within ``max_tokens``.
+
+    First-fit decreasing: longest first, each input into the first forward it fits in, so few forwards run and each
+    is nearly full. An input longer than the budget runs alone. Every index appears in exactly one micro-batch.
+    """
+    if max_tokens <= 0:
+        raise ValueError(f"max_tokens={max_tokens!r}: must be positive")
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True)
+    batches: list[list[int]] = []
+    room: list[int] = []  # tokens left in each batch
+    for i in order:
+        n = max(lengths[i], 1)
+        slot = next((b for b, left in enumerate(room) if n <= left), None)
+        if slot is None:
+            batches.append([i])
+            room.append(max_tokens - n)
+        else:
+            batches[slot].append(i)
+            room[slot] -= n
     return batches

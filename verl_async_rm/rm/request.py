@@ -45,6 +45,14 @@ class RMRequest:
         self.num_turns = int(self.num_turns)
 
     @property
+    def group(self) -> str | None:
+        """The GRPO group: ``uid`` up to its last ``/`` (the integration's uids are ``"<prompt uid>/<session id>"``),
+        shared by the responses to one prompt; None for a uid without ``/``. The executor batches siblings together
+        and the RM runs their common prompt once."""
+        head, sep, _ = self.uid.rpartition("/")
+        return head if sep else None
+
+    @property
     def num_tokens(self) -> int:
         """Prompt plus response length in policy tokens (what the executor budgets with)."""
         return len(self.prompt_ids) + len(self.response_ids)

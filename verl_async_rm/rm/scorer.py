@@ -8,6 +8,9 @@ sequence-classification models pick "the rightmost token that is not pad_token_i
 equals the pad id (pad id 0 being a real token, or pad = EOS and the response ends with EOS). The scorer hooks the
 head module (``score``, ``v_head`` or ``classifier``) to get its per-token output and indexes it itself. Heads that
 see an already pooled input (encoder classifiers) and ``score_head='none'`` use the model's own ``logits``.
+
+The forward passes themselves (padded or packed micro-batches, score extraction, failure isolation) are
+:class:`verl_async_rm.rm.forward.RMForward`'s; the scorer loads the model, builds each request's input ids and counts.
 """
 
 from __future__ import annotations
@@ -25,7 +28,8 @@ import torch
 from verl_async_rm.errors import NonFiniteScoreError, RewardInputError, RewardModelError
 from verl_async_rm.rm.checkpoint import check_rm_checkpoint, load_sequence_classifier, load_tokenizer
 from verl_async_rm.rm.config import ConfigValueError, RMConfig
-from verl_async_rm.rm.inputs import plan_micro_batches, prepare_input_ids, tokenizers_match
+from verl_async_rm.rm.forward import RMForward, last_token_logits, reduce_outputs
+from verl_async_rm.rm.inputs import prepare_input_ids, tokenizers_match
 from verl_async_rm.rm.request import RMRequest
 
 logger = logging.getLogger(__name__)
@@ -33,9 +37,6 @@ logger = logging.getLogger(__name__)
 __all__ = ["RewardModelScorer", "resolve_dtype", "last_token_logits", "reduce_outputs"]
 
 _AUTO_HEADS = ("score", "v_head", "classifier")
-_OOM_ERRORS: tuple[type[BaseException], ...] = tuple(
-    {getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError), torch.cuda.OutOfMemoryError}
-)
 
 
 def resolve_dtype(name: str, on_gpu: bool) -> torch.dtype:
@@ -45,27 +46,12 @@ def resolve_dtype(name: str, on_gpu: bool) -> torch.dtype:
     return {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[name]
 
 
-def last_token_logits(per_token: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """``per_token[b, t]`` at each row's last position where ``attention_mask`` is 1: ``(B, T, L) -> (B, L)``."""
-    positions = torch.arange(attention_mask.shape[-1], device=attention_mask.device)
-    last = (positions * attention_mask.to(positions.dtype)).argmax(dim=-1).to(per_token.device)
-    return per_token[torch.arange(per_token.shape[0], device=per_token.device), last]
-
-
-def reduce_outputs(logits: torch.Tensor, reduction: str, index: int) -> torch.Tensor:
-    """One score per row from ``(B, L)`` head outputs: ``logits[:, index]`` or a reduction over ``L`` (float32)."""
-    logits = logits.float()
-    if reduction == "index":
-        return logits[:, index]
-    return {"mean": torch.mean, "sum": torch.sum, "max": torch.amax, "min": torch.amin}[reduction](logits, dim=-1)
-
-
 class RewardModelScorer:
     """A HF sequence-classification RM, ready to score :class:`RMRequest` batches.
 
     Args:
         config: the RM settings.
-        device: where to run; default: the current accelerator when ``config.use_gpu``, else CPU.
+        device: where to run; default: the current CUDA device when ``config.use_gpu``, else CPU (no verl import).
     """
 
     def __init__(self, config: RMConfig, device: str | torch.device | None = None) -> None:
@@ -106,12 +92,20 @@ class RewardModelScorer:
             (i for i in (self.rm_tokenizer.pad_token_id, self.rm_tokenizer.eos_token_id) if i is not None), 0
         )
         self.head_name, self.head = self._find_head(config.score_head)
-        self._captured: torch.Tensor | None = None
-        if self.head is not None:
-            self.head.register_forward_hook(self._capture)
-            if getattr(text_config, "pad_token_id", None) is None:
-                # HF refuses batches > 1 without a pad id; the scorer reads scores by the mask, so any id will do.
-                text_config.pad_token_id = self.pad_id
+        if self.head is not None and getattr(text_config, "pad_token_id", None) is None:
+            # HF refuses batches > 1 without a pad id; the scorer reads scores by the mask, so any id will do.
+            text_config.pad_token_id = self.pad_id
+        #: The forward passes (padded or packed, see ``config.packing``), score extraction, failure isolation.
+        self.forward = RMForward(
+            self.model,
+            self.head,
+            device=self.device,
+            pad_id=self.pad_id,
+            packing=config.packing,
+            score_reduction=config.score_reduction,
+            score_index=config.score_index,
+            share_prompts=config.share_prompts,
+        )
 
         self.policy_tokenizer = None
         self.response_stop_ids: set[int] = set()
@@ -143,7 +137,7 @@ class RewardModelScorer:
         self._step = _zero_stats()
         self._warned_truncation = False
         logger.info(
-            "RM %s loaded on %s (%s, %s attention, %d output(s), head=%s, max_length=%s, retemplate=%s)",
+            "RM %s loaded on %s (%s, %s attention, %d output(s), head=%s, max_length=%s, retemplate=%s, forwards %s)",
             config.model_path,
             self.device,
             self.dtype,
@@ -152,6 +146,7 @@ class RewardModelScorer:
             self.head_name,
             self.max_length,
             self.retemplate,
+            self.forward.describe()["packing"],
         )
 
     # ----------------------------------------------------------------------------------------------------- scoring
@@ -193,16 +188,13 @@ class RewardModelScorer:
             owners.append(i)
 
         lengths = [len(ids) for ids in inputs]
-        for batch in plan_micro_batches(lengths, self.config.micro_batch_max_tokens):
-            scores = self._forward_safely([inputs[j] for j in batch])
-            for j, value in zip(batch, scores, strict=True):
-                i = owners[j]
-                if isinstance(value, RewardModelError):
-                    results[i] = value
-                elif not math.isfinite(value):
-                    results[i] = NonFiniteScoreError(f"trajectory {requests[i].uid}: the RM returned {value}")
-                else:
-                    results[i] = value
+        groups = [requests[i].group for i in owners]  # GRPO siblings: their common prompt can run once
+        scores = self.forward.score_all(inputs, self.config.micro_batch_max_tokens, groups)
+        for i, value in zip(owners, scores, strict=True):
+            if isinstance(value, RewardModelError) or math.isfinite(value):
+                results[i] = value
+            else:
+                results[i] = NonFiniteScoreError(f"trajectory {requests[i].uid}: the RM returned {value}")
 
         failed = sum(isinstance(r, Exception) for r in results)
         self._count(len(requests), failed, truncated, sum(lengths), time.perf_counter() - start)
@@ -212,28 +204,19 @@ class RewardModelScorer:
         return results  # type: ignore[return-value]
 
     def forward_ids(self, batch: Sequence[Sequence[int]]) -> torch.Tensor:
-        """Scores (float32, one per row) of already prepared input ids, in one right-padded forward pass."""
-        width = max(len(ids) for ids in batch)
-        input_ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, ids in enumerate(batch):
-            input_ids[row, : len(ids)] = torch.as_tensor(ids, dtype=torch.long)
-            attention_mask[row, : len(ids)] = 1
-        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
-        self._captured = None
-        with torch.inference_mode():
-            output = self.model(input_ids=input_ids, attention_mask=attention_mask)
-            per_token, self._captured = self._captured, None
-            if per_token is not None and per_token.dim() == 3 and per_token.shape[:2] == input_ids.shape:
-                logits = last_token_logits(per_token, attention_mask)
-            else:
-                logits = getattr(output, "logits", None)
-                if logits is None or logits.dim() != 2 or logits.shape[0] != len(batch):
-                    raise RewardModelError(
-                        f"the RM's output has no (batch, num_labels) logits (got {type(output).__name__}); "
-                        "set score_head to the module that produces the scores"
-                    )
-            return reduce_outputs(logits, self.config.score_reduction, self.config.score_index).cpu()
+        """Scores (float32, one per row) of already prepared input ids, in one forward pass (packed or padded)."""
+        return self.forward.forward_ids(batch)
+
+    def describe(self) -> dict[str, Any]:
+        """What this scorer serves: device, dtype, retemplating, max_length, outputs, and how forwards run."""
+        return {
+            "device": str(self.device),
+            "dtype": str(self.dtype),
+            "retemplate": self.retemplate,
+            "max_length": self.max_length,
+            "num_labels": self.num_labels,
+            **self.forward.describe(),
+        }
 
     # ------------------------------------------------------------------------------------------------------- stats
 
@@ -258,32 +241,6 @@ class RewardModelScorer:
         return step
 
     # ----------------------------------------------------------------------------------------------------- helpers
-
-    def _forward_safely(self, batch: list[list[int]]) -> list[float | RewardModelError]:
-        """Scores of one micro-batch. A failure (out of memory, or a row that makes the forward raise) halves the
-        micro-batch until the failing row is alone: only that row gets the error."""
-        try:
-            return [float(v) for v in self.forward_ids(batch).tolist()]
-        except _OOM_ERRORS as err:
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
-            if len(batch) == 1:
-                return [RewardModelError(f"out of memory on a {len(batch[0])}-token input: {err}")]
-            half = len(batch) // 2
-            logger.warning("RM out of memory on %d rows; retrying in halves", len(batch))
-            return self._forward_safely(batch[:half]) + self._forward_safely(batch[half:])
-        except RewardModelError as err:
-            return [err] * len(batch)
-        except Exception as err:
-            if len(batch) > 1:  # isolate the row(s) that make the forward raise; the others still get scores
-                half = len(batch) // 2
-                logger.warning("RM forward failed on %d rows (%r); retrying in halves", len(batch), err)
-                return self._forward_safely(batch[:half]) + self._forward_safely(batch[half:])
-            logger.exception("RM forward failed on a %d-token input", len(batch[0]))
-            return [RewardModelError(f"RM forward failed: {err!r}")]
-
-    def _capture(self, module: torch.nn.Module, args: Any, output: Any) -> None:
-        self._captured = output if isinstance(output, torch.Tensor) else None
 
     def _find_head(self, name: str) -> tuple[str, torch.nn.Module | None]:
         """(name, module) of the head whose per-token output is read; (``"model logits"``, None) for none."""
@@ -359,11 +316,20 @@ def _uid(request: Any) -> str:
 
 
 def _default_device(use_gpu: bool) -> torch.device:
+    """CPU unless ``use_gpu``; then the current CUDA device (a Ray GPU worker sees only its own GPU), found by torch
+    alone, so the scorer runs where verl is not installed. verl is asked only when torch sees no CUDA device (another
+    accelerator, such as an Ascend NPU)."""
     if not use_gpu:
         return torch.device("cpu")
-    from verl.utils.device import get_device_id, get_device_name
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    name = "cpu"
+    try:
+        from verl.utils.device import get_device_id, get_device_name
 
-    name = get_device_name()
+        name = get_device_name()
+    except ImportError:
+        pass
     if name == "cpu":
         raise RewardModelError("use_gpu=True but this process sees no accelerator. Fix: use_gpu=False for CPU runs")
     return torch.device(name, get_device_id())

@@ -95,7 +95,8 @@ class RewardModelWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def describe(self) -> dict[str, Any]:
-        """Where this replica runs and what it serves (node, device, dtype, retemplating, max_length)."""
+        """Where this replica runs and what it serves (node, device, dtype, retemplating, max_length, and
+        ``packing``: whether its forwards are packed, with which kernel, and why)."""
         context = ray.get_runtime_context()
         info: dict[str, Any] = {
             "rank": self.rank,
@@ -106,13 +107,7 @@ class RewardModelWorker(Worker):
             "loaded": self._scorer is not None,
         }
         if self._scorer is not None:
-            info.update(
-                device=str(self._scorer.device),
-                dtype=str(self._scorer.dtype),
-                retemplate=self._scorer.retemplate,
-                max_length=self._scorer.max_length,
-                num_labels=self._scorer.num_labels,
-            )
+            info.update(self._scorer.describe())  # device, dtype, retemplate, max_length, num_labels, packing
         return info
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

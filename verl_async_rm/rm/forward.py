@@ -1,0 +1,364 @@
+"""The RM's forward passes: prepared token ids in, one float32 score per row out (no tokenizers, no Ray, no verl).
+
+:class:`RMForward` runs micro-batches either padded (rows right-padded to the longest, an attention mask) or packed
+(rows concatenated into one sequence, see :mod:`verl_async_rm.rm.packing`), reads each row's score at its last token
+from the score head's per-token output (a forward hook on the head module), and isolates failures: a micro-batch that
+runs out of memory or raises is halved until the failing row is alone (:meth:`RMForward.score_batch`).
+:class:`verl_async_rm.rm.scorer.RewardModelScorer` holds one; ``verl-async-rm bench rm`` drives one directly.
+
+No per-shape stall on the padded path: on CUDA its forwards run with torch's cuDNN attention backend disabled
+(``sdpa_kernel`` without ``CUDNN_ATTENTION``), because cuDNN builds a plan for every new (rows, width) shape
+(0.3-1.9 s each on an H100, and RL lengths change every step); flash/memory-efficient attention need no plan. The
+packed ``varlen`` kernels need none either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Hashable, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from verl_async_rm.errors import RewardModelError
+from verl_async_rm.rm.config import ConfigValueError
+from verl_async_rm.rm.inputs import plan_micro_batches, plan_packed_micro_batches
+from verl_async_rm.rm.packing import (
+    VARLEN_ATTENTION,
+    choose_kernel,
+    flat_ids,
+    pack_rows,
+    register_varlen_attention,
+    to_device,
+    varlen_kernel_name,
+)
+from verl_async_rm.rm.sharing import MIN_SHARED_PREFIX, plan_shared_micro_batches, shared_layout
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["RMForward", "last_token_logits", "reduce_outputs", "OOM_ERRORS"]
+
+OOM_ERRORS: tuple[type[BaseException], ...] = tuple(
+    {getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError), torch.cuda.OutOfMemoryError}
+)
+#: Rows of the load-time packing check (token counts); short, so the check costs one tiny forward per row. The
+#: second row is the first one's sibling: its first 6 tokens, then 3 of its own.
+_CHECK_ROWS = (9, 9, 4, 6)
+_CHECK_GROUPS = ("g", "g", None, None)
+
+
+def last_token_logits(per_token: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """``per_token[b, t]`` at each row's last position where ``attention_mask`` is 1: ``(B, T, L) -> (B, L)``."""
+    positions = torch.arange(attention_mask.shape[-1], device=attention_mask.device)
+    last = (positions * attention_mask.to(positions.dtype)).argmax(dim=-1).to(per_token.device)
+    return per_token[torch.arange(per_token.shape[0], device=per_token.device), last]
+
+
+def reduce_outputs(logits: torch.Tensor, reduction: str, index: int) -> torch.Tensor:
+    """One score per row from ``(B, L)`` head outputs: ``logits[:, index]`` or a reduction over ``L`` (float32)."""
+    logits = logits.float()
+    if reduction == "index":
+        return logits[:, index]
+    return {"mean": torch.mean, "sum": torch.sum, "max": torch.amax, "min": torch.amin}[reduction](logits, dim=-1)
+
+
+class RMForward:
+    """Forward passes of one loaded sequence-classification model.
+
+    Args:
+        model: the model, on ``device``, in eval mode.
+        head: the module whose per-token output holds the scores (hooked here), or None to use the model's own
+            pooled ``logits`` (then forwards are always padded).
+        device: where ``model`` lives.
+        pad_id: the token id padding positions get (masked out, so any valid id).
+        packing: ``'auto'``, ``'true'`` or ``'false'`` (see :func:`verl_async_rm.rm.packing.choose_kernel`).
+        score_reduction, score_index: how a multi-output head becomes one score (:func:`reduce_outputs`).
+        share_prompts: ``'auto'``, ``'true'`` or ``'false'``: run the common prefix of siblings (same group) in a
+            micro-batch once (:mod:`verl_async_rm.rm.sharing`); needs the ``varlen`` kernel, and ``auto`` only uses
+            it on CUDA (the CPU kernel pads attention to the longest segment, which makes sharing slower there).
+        min_shared_prefix: the shortest common prefix worth sharing.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        head: torch.nn.Module | None,
+        *,
+        device: torch.device,
+        pad_id: int,
+        packing: str = "auto",
+        score_reduction: str = "index",
+        score_index: int = 0,
+        share_prompts: str = "auto",
+        min_shared_prefix: int = MIN_SHARED_PREFIX,
+    ) -> None:
+        self.model, self.head, self.device, self.pad_id = model, head, device, pad_id
+        self.score_reduction, self.score_index = score_reduction, score_index
+        self.min_shared_prefix = min_shared_prefix
+        #: Tokens the packed forwards computed, and those a shared prefix saved on top of them, since load.
+        self.computed_tokens = self.saved_tokens = 0
+        self._captured: torch.Tensor | None = None
+        self._hook = head.register_forward_hook(self._capture) if head is not None else None
+        self._original_attention = getattr(model.config, "_attn_implementation", None)
+        #: 'varlen', 'mask' (packed) or 'padded'.
+        self.kernel, self.packing_reason = choose_kernel(model, device, packing, per_token_head=head is not None)
+        if packing == "true" and self.kernel == "padded":
+            raise ConfigValueError(
+                "packing", "true", self.packing_reason.removeprefix("packing=true, but "),
+                "use packing='auto' or 'false' (verl: +async_rm.packing=auto)",
+            )
+        #: Whether siblings' common prefixes run once (needs the ``varlen`` kernel and a passing load-time check).
+        self.share_prompts = False
+        if self.kernel != "padded":
+            share = share_prompts == "true" or (share_prompts == "auto" and device.type == "cuda")
+            self._switch_to_packing(packing, share)
+        logger.info(
+            "RM forwards: %s (%s); shared prompts %s",
+            self.describe()["packing"], self.packing_reason, "on" if self.share_prompts else "off",
+        )
+
+    @property
+    def packed(self) -> bool:
+        """True when micro-batches run as one packed sequence each."""
+        return self.kernel != "padded"
+
+    def describe(self) -> dict[str, Any]:
+        """``packing``: 'packed (varlen: <kernel>)', 'packed (mask: <attention>)' or 'padded'; and why."""
+        if self.kernel == "varlen":
+            what = f"packed (varlen: {varlen_kernel_name(self.device)})"
+        elif self.kernel == "mask":
+            what = f"packed (mask: {self.model.config._attn_implementation})"
+        else:
+            what = "padded"
+        return {"packing": what, "packing_reason": self.packing_reason, "share_prompts": self.share_prompts}
+
+    def plan(self, lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+        """Micro-batches (lists of indices into ``lengths``) within ``max_tokens``: real tokens when packed,
+        rows x longest row when padded."""
+        return (plan_packed_micro_batches if self.packed else plan_micro_batches)(lengths, max_tokens)
+
+    def plan_inputs(
+        self, inputs: Sequence[Sequence[int]], max_tokens: int, groups: Sequence[Hashable | None] | None = None
+    ) -> list[list[int]]:
+        """The micro-batches :meth:`score_all` runs: :meth:`plan`, or with shared prompts (and ``groups``) siblings
+        kept together and their common prefix counted once."""
+        if self._sharing(groups):
+            assert groups is not None
+            return plan_shared_micro_batches(inputs, groups, max_tokens, self.min_shared_prefix)
+        return self.plan([len(ids) for ids in inputs], max_tokens)
+
+    def close(self) -> None:
+        """Remove the head hook and give the model its own attention back (a model shared with other code)."""
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        if self.kernel == "varlen" and self._original_attention is not None:
+            self.model.set_attn_implementation(self._original_attention)
+
+    # ------------------------------------------------------------------------------------------------- forwards
+
+    def score_all(
+        self, inputs: Sequence[list[int]], max_tokens: int, groups: Sequence[Hashable | None] | None = None
+    ) -> list[float | RewardModelError]:
+        """Scores of prepared inputs, in their order: micro-batches of at most ``max_tokens`` (:meth:`plan`, or with
+        shared prompts siblings kept together), each through :meth:`score_batch`, so a failure costs only the rows
+        that cause it. ``groups``: each input's group (siblings share one), or None.
+
+        Scores stay on the device until every micro-batch has been launched and are copied to the host at once: one
+        device sync per call instead of one per micro-batch, so the host builds the next forward's input while the
+        device runs the previous one."""
+        results: list[float | RewardModelError | None] = [None] * len(inputs)
+        share = self._sharing(groups)
+        launched: list[tuple[list[int], torch.Tensor]] = []
+        for batch in self.plan_inputs(inputs, max_tokens, groups):
+            rows = [inputs[j] for j in batch]
+            batch_groups = [groups[j] for j in batch] if share else None  # type: ignore[index]
+            try:
+                launched.append((batch, self._forward(rows, batch_groups)))
+            except Exception as err:  # out of memory, or a row that makes the forward raise: bisect this one
+                for j, value in zip(batch, self._recover(rows, batch_groups, err), strict=True):
+                    results[j] = value
+        if launched:
+            scores = torch.cat([values for _, values in launched]).cpu().tolist()
+            for j, value in zip([j for batch, _ in launched for j in batch], scores, strict=True):
+                results[j] = float(value)
+        assert all(r is not None for r in results), "every input is in exactly one micro-batch"
+        return results  # type: ignore[return-value]
+
+    def forward_ids(
+        self, batch: Sequence[Sequence[int]], groups: Sequence[Hashable | None] | None = None
+    ) -> torch.Tensor:
+        """Scores (float32, on the host, one per row) of prepared input ids, in one forward pass; ``groups`` lets
+        siblings share their common prefix (packed forwards with shared prompts only)."""
+        return self._forward(batch, groups).cpu()
+
+    def _forward(self, batch: Sequence[Sequence[int]], groups: Sequence[Hashable | None] | None) -> torch.Tensor:
+        """:meth:`forward_ids` with the scores left on the device (no sync)."""
+        return self.forward_packed(batch, groups, to_host=False) if self.packed else self.forward_padded(batch, False)
+
+    def forward_padded(self, batch: Sequence[Sequence[int]], to_host: bool = True) -> torch.Tensor:
+        """One right-padded forward; the score is read at each row's last unmasked token."""
+        lengths = np.fromiter((len(ids) for ids in batch), dtype=np.int64, count=len(batch))
+        width = int(lengths.max())
+        mask = np.arange(width) < lengths[:, None]
+        ids = np.full((len(batch), width), self.pad_id, dtype=np.int64)
+        ids[mask] = flat_ids(batch, int(lengths.sum()))  # row-major: each row's tokens, then the next row's
+        input_ids, attention_mask = to_device(ids, self.device), to_device(mask.astype(np.int64), self.device)
+        self._captured = None
+        with torch.inference_mode(), self._no_shape_plans():
+            output = self.model(input_ids=input_ids, attention_mask=attention_mask)
+            per_token, self._captured = self._captured, None
+            if per_token is not None and per_token.dim() == 3 and per_token.shape[:2] == input_ids.shape:
+                logits = last_token_logits(per_token, attention_mask)
+            else:
+                logits = getattr(output, "logits", None)
+                if logits is None or logits.dim() != 2 or logits.shape[0] != len(batch):
+                    raise RewardModelError(
+                        f"the RM's output has no (batch, num_labels) logits (got {type(output).__name__}); "
+                        "set score_head to the module that produces the scores"
+                    )
+            scores = reduce_outputs(logits, self.score_reduction, self.score_index)
+        return scores.cpu() if to_host else scores
+
+    def forward_packed(
+        self, batch: Sequence[Sequence[int]], groups: Sequence[Hashable | None] | None = None, to_host: bool = True
+    ) -> torch.Tensor:
+        """One packed forward: rows concatenated, positions restarting per row, scores at each row's last token.
+        With shared prompts and ``groups``, siblings' common prefix runs once (:func:`shared_layout`)."""
+        layout = None
+        if self.share_prompts and groups is not None:
+            layout = shared_layout(batch, groups, self.device, self.min_shared_prefix)
+            if layout.saved == 0:
+                layout = None  # nothing shared: the plain layout needs no key gather
+        rows = layout or pack_rows(batch, self.device)
+        kwargs: dict[str, Any] = {"input_ids": rows.input_ids, "position_ids": rows.position_ids, "use_cache": False}
+        if layout is not None:
+            kwargs.update(layout.attention_kwargs())
+        elif self.kernel == "varlen":
+            kwargs.update(rows.varlen_kwargs())
+        self._captured = None
+        with torch.inference_mode():
+            self.model(**kwargs)
+            per_token, self._captured = self._captured, None
+            if per_token is None or per_token.dim() != 3 or tuple(per_token.shape[:2]) != tuple(rows.input_ids.shape):
+                raise RewardModelError(
+                    "packed forward: the score head gave no per-token output to read each row's last token from; "
+                    "set packing='false' (verl: +async_rm.packing=false)"
+                )
+            logits = per_token[0].index_select(0, rows.last)
+            scores = reduce_outputs(logits, self.score_reduction, self.score_index)
+        computed = int(rows.input_ids.shape[1])
+        self.computed_tokens += computed
+        self.saved_tokens += sum(len(ids) for ids in batch) - computed
+        return scores.cpu() if to_host else scores
+
+    def score_batch(
+        self, batch: list[list[int]], groups: Sequence[Hashable | None] | None = None
+    ) -> list[float | RewardModelError]:
+        """Scores of one micro-batch. A failure (out of memory, or a row that makes the forward raise) halves the
+        micro-batch until the failing row is alone: only that row gets the error."""
+        try:
+            return [float(v) for v in self.forward_ids(batch, groups).tolist()]
+        except Exception as err:
+            return self._recover(batch, groups, err)
+
+    # -------------------------------------------------------------------------------------------------- helpers
+
+    def _sharing(self, groups: Sequence[Hashable | None] | None) -> bool:
+        """Whether :meth:`score_all` shares prompts for these groups."""
+        return self.share_prompts and groups is not None and any(g is not None for g in groups)
+
+    def _recover(
+        self, batch: list[list[int]], groups: Sequence[Hashable | None] | None, err: Exception
+    ) -> list[float | RewardModelError]:
+        """Per-row results after the forward of ``batch`` raised ``err``: halves until the failing row is alone."""
+        if isinstance(err, OOM_ERRORS):
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            if len(batch) == 1:
+                return [RewardModelError(f"out of memory on a {len(batch[0])}-token input: {err}")]
+            logger.warning("RM out of memory on %d rows; retrying in halves", len(batch))
+            return self._halves(batch, groups)
+        if isinstance(err, RewardModelError):
+            return [err] * len(batch)
+        if len(batch) > 1:  # isolate the row(s) that make the forward raise; the others still get scores
+            logger.warning("RM forward failed on %d rows (%r); retrying in halves", len(batch), err)
+            return self._halves(batch, groups)
+        logger.error("RM forward failed on a %d-token input", len(batch[0]), exc_info=err)
+        return [RewardModelError(f"RM forward failed: {err!r}")]
+
+    def _halves(
+        self, batch: list[list[int]], groups: Sequence[Hashable | None] | None
+    ) -> list[float | RewardModelError]:
+        half = len(batch) // 2
+        if groups is None:
+            return self.score_batch(batch[:half]) + self.score_batch(batch[half:])
+        return self.score_batch(batch[:half], groups[:half]) + self.score_batch(batch[half:], groups[half:])
+
+    def _capture(self, module: torch.nn.Module, args: Any, output: Any) -> None:
+        self._captured = output if isinstance(output, torch.Tensor) else None
+
+    def _no_shape_plans(self) -> contextlib.AbstractContextManager[Any]:
+        """On CUDA: sdpa without the cuDNN backend (it plans per shape); elsewhere nothing."""
+        if self.device.type != "cuda":
+            return contextlib.nullcontext()
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+    def _switch_to_packing(self, mode: str, share_prompts: bool) -> None:
+        """Check on a few short rows that packed scores equal single-row padded ones; then pack, else pad. With
+        ``share_prompts`` (and the ``varlen`` kernel), check a sibling pair sharing its prefix the same way.
+
+        The reference is computed with the model's own attention, before a ``varlen`` kernel replaces it. A mismatch
+        or an error means this model's attention does not honour the packing (custom modelling code, a
+        bidirectional encoder, ...): ``auto`` falls back to padded forwards with a warning, ``true`` raises.
+        """
+        vocab = int(self.model.get_input_embeddings().num_embeddings)
+        gen = torch.Generator().manual_seed(0)
+        rows = [torch.randint(0, min(vocab, 1000), (n,), generator=gen).tolist() for n in _CHECK_ROWS]
+        rows[1][:6] = rows[0][:6]
+        original = self._original_attention
+        problem = None
+        try:
+            reference = torch.cat([self.forward_padded([ids]) for ids in rows])
+            if self.kernel == "varlen":
+                register_varlen_attention()
+                self.model.set_attn_implementation(VARLEN_ATTENTION)
+                if self.model.config._attn_implementation != VARLEN_ATTENTION:
+                    raise RuntimeError(f"the model kept attn_implementation={self.model.config._attn_implementation}")
+            problem = self._check(self.forward_packed(rows), reference, "packed")
+        except Exception as err:  # the model's code refused the packed call
+            problem = f"a packed forward failed: {err!r}"
+        if problem is None:
+            if share_prompts and self.kernel == "varlen":
+                self.share_prompts, minimum, self.min_shared_prefix = True, self.min_shared_prefix, 1
+                try:
+                    shared = self._check(self.forward_packed(rows, _CHECK_GROUPS), reference, "shared-prompt")
+                except Exception as err:
+                    shared = f"a shared-prompt forward failed: {err!r}"
+                self.min_shared_prefix = minimum
+                if shared is not None:
+                    logger.warning("%s; scoring without shared prompts", shared)
+                    self.share_prompts = False
+            self.computed_tokens = self.saved_tokens = 0
+            return
+        if self.kernel == "varlen":
+            self.model.set_attn_implementation(original)
+        if mode == "true":
+            raise ConfigValueError(
+                "packing", "true", f"{type(self.model).__name__} does not score packed rows correctly ({problem})",
+                "use packing='auto' or 'false' (verl: +async_rm.packing=auto)",
+            )
+        logger.warning("packing=auto: %s; using padded forwards", problem)
+        self.kernel, self.packing_reason = "padded", f"packing={mode}, but {problem}"
+
+    def _check(self, got: torch.Tensor, reference: torch.Tensor, what: str) -> str | None:
+        """None when ``got`` equals ``reference`` within the dtype's tolerance, else what differs."""
+        half = next(p.dtype for p in self.model.parameters()) in (torch.bfloat16, torch.float16)
+        tolerance = (3e-2 if half else 1e-4) * (1 + reference.abs())
+        if bool(((got - reference).abs() <= tolerance).all()):
+            return None
+        return f"{what} scores {got.tolist()} differ from single-row scores {reference.tolist()}"

@@ -1,0 +1,194 @@
+"""Shared prompts computed once: the common prefix of sibling RM inputs runs once per packed forward.
+
+GRPO samples ``n`` responses per prompt; after (re-)templating, the siblings' RM inputs (same
+:attr:`~verl_async_rm.rm.RMRequest.group`) share a long prefix. It is found as the longest common prefix of their
+token ids (:func:`common_prefix`), so template quirks cannot break it, and capped one token short of the shortest
+sibling so every row keeps a token of its own to read its score at.
+
+In a packed forward (:func:`shared_layout`) each such prefix is one segment with positions ``0..P-1``, followed by
+each sibling's own tokens as a segment with positions ``P..``; a row without siblings is one whole segment. The
+attention of a sibling's segment reads ``[its prefix's keys/values ; its own]``: the variable-length attention
+function gathers them with one ``index_select`` per layer (``rm_key_index``) and runs with separate query and key
+boundaries, causal from the bottom right (query ``i`` of a segment with ``Lq`` queries and ``Lk`` keys sees keys
+``0..i + Lk - Lq``), which is exactly what the sibling's tokens see in its full sequence. Scores equal the unshared
+path's up to summation order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from verl_async_rm.rm.packing import concat_ranges, flat_ids, to_device
+
+__all__ = ["MIN_SHARED_PREFIX", "common_prefix", "plan_shared_micro_batches", "SharedLayout", "shared_layout"]
+
+#: Siblings share a prefix only when it is at least this long (shorter ones save less than the gather costs).
+MIN_SHARED_PREFIX = 16
+
+
+def common_prefix(rows: Sequence[Sequence[int]]) -> int:
+    """Length of the longest common prefix of ``rows``, at most one less than the shortest row.
+
+    A binary search over the length with slice comparisons (done in C): ``log2(shortest)`` passes over the rows.
+    """
+    first = rows[0]
+    low, high = 0, min(len(r) for r in rows) - 1
+    while low < high:
+        mid = (low + high + 1) // 2
+        head = first[:mid]
+        if all(r[:mid] == head for r in rows[1:]):
+            low = mid
+        else:
+            high = mid - 1
+    return max(low, 0)
+
+
+def _sibling_sets(groups: Sequence[Hashable | None]) -> list[list[int]]:
+    """Indices by group, in first-seen order; a row without a group is a set of its own."""
+    sets: dict[Any, list[int]] = {}
+    out: list[list[int]] = []
+    for i, group in enumerate(groups):
+        if group is None:
+            out.append([i])
+        elif group in sets:
+            sets[group].append(i)
+        else:
+            sets[group] = [i]
+            out.append(sets[group])
+    return out
+
+
+def plan_shared_micro_batches(
+    inputs: Sequence[Sequence[int]], groups: Sequence[Hashable | None], max_tokens: int,
+    min_prefix: int = MIN_SHARED_PREFIX,
+) -> list[list[int]]:
+    """Micro-batches (index lists) for packed forwards that keep siblings together, within ``max_tokens`` of
+    computed tokens (a shared prefix counted once).
+
+    Siblings with a common prefix of at least ``min_prefix`` tokens form a unit (split into several when prefix plus
+    their own tokens exceed the budget); every other input is a unit alone. Units are placed first-fit decreasing by
+    cost. Every index appears in exactly one micro-batch.
+    """
+    if max_tokens <= 0:
+        raise ValueError(f"max_tokens={max_tokens!r}: must be positive")
+    units: list[tuple[int, list[int]]] = []  # (cost, indices)
+    for rows in _sibling_sets(groups):
+        prefix = common_prefix([inputs[i] for i in rows]) if len(rows) > 1 else 0
+        if prefix < min_prefix:
+            units.extend((max(len(inputs[i]), 1), [i]) for i in rows)
+            continue
+        chunk: list[int] = []
+        cost = prefix
+        for i in sorted(rows, key=lambda i: len(inputs[i]), reverse=True):
+            own = len(inputs[i]) - prefix
+            if chunk and cost + own > max_tokens:
+                units.append((cost if len(chunk) > 1 else len(inputs[chunk[0]]), chunk))
+                chunk, cost = [], prefix
+            chunk.append(i)
+            cost += own
+        units.append((cost if len(chunk) > 1 else len(inputs[chunk[0]]), chunk))
+    units.sort(key=lambda unit: unit[0], reverse=True)
+    batches: list[list[int]] = []
+    room: list[int] = []
+    for cost, rows in units:
+        slot = next((b for b, left in enumerate(room) if cost <= left), None)
+        if slot is None:
+            batches.append(list(rows))
+            room.append(max_tokens - cost)
+        else:
+            batches[slot].extend(rows)
+            room[slot] -= cost
+    return batches
+
+
+@dataclass
+class SharedLayout:
+    """A packed forward with shared prefixes, on the device.
+
+    Attributes:
+        input_ids, position_ids: ``(1, T)`` query tokens (each prefix once, then the rows' own tokens).
+        cu_q, cu_k: ``(S + 1,)`` int32 boundaries of the ``S`` segments' queries and of their gathered keys.
+        key_index: ``(sum of key lengths,)`` int64: for each segment, its prefix's token positions (if any) then its own.
+        max_q, max_k: the longest segment's queries and keys.
+        last: ``(N,)`` int64 index of every row's last token, in the order of the rows given.
+        computed: query tokens (``T``); saved: tokens a plain packed forward would have computed on top.
+    """
+
+    input_ids: torch.Tensor
+    position_ids: torch.Tensor
+    cu_q: torch.Tensor
+    cu_k: torch.Tensor
+    key_index: torch.Tensor
+    max_q: int
+    max_k: int
+    last: torch.Tensor
+    computed: int
+    saved: int
+
+    def attention_kwargs(self) -> dict[str, Any]:
+        """What HF passes down to every attention call."""
+        return {
+            "cu_seq_lens_q": self.cu_q,
+            "cu_seq_lens_k": self.cu_k,
+            "max_length_q": self.max_q,
+            "max_length_k": self.max_k,
+            "rm_key_index": self.key_index,
+        }
+
+
+def shared_layout(
+    batch: Sequence[Sequence[int]], groups: Sequence[Hashable | None], device: torch.device,
+    min_prefix: int = MIN_SHARED_PREFIX,
+) -> SharedLayout:
+    """The :class:`SharedLayout` of ``batch``: siblings whose common prefix is at least ``min_prefix`` share it."""
+    tokens: list[Sequence[int]] = []  # each segment's query tokens
+    position_start: list[int] = []  # each segment's first position
+    prefix_of: list[int] = []  # the segment holding each segment's shared prefix, -1 for none
+    last_segment = [0] * len(batch)  # the segment ending each row
+
+    for rows in _sibling_sets(groups):
+        prefix = common_prefix([batch[i] for i in rows]) if len(rows) > 1 else 0
+        if prefix < min_prefix:
+            for i in rows:
+                last_segment[i] = len(tokens)
+                tokens.append(batch[i])
+                position_start.append(0)
+                prefix_of.append(-1)
+            continue
+        shared = len(tokens)
+        tokens.append(batch[rows[0]][:prefix])
+        position_start.append(0)
+        prefix_of.append(-1)
+        for i in rows:
+            last_segment[i] = len(tokens)
+            tokens.append(batch[i][prefix:])
+            position_start.append(prefix)
+            prefix_of.append(shared)
+    q_len = np.fromiter((len(t) for t in tokens), dtype=np.int64, count=len(tokens))
+    q_end = np.cumsum(q_len)
+    q_start = q_end - q_len
+    total = int(q_end[-1])
+    owner = np.array(prefix_of, dtype=np.int64)
+    prefix_start = np.where(owner >= 0, q_start[owner], 0)  # (owner -1 indexes the last segment; masked out)
+    prefix_len = np.where(owner >= 0, q_len[owner], 0)
+    k_len = prefix_len + q_len
+    # each segment's keys: its prefix's token positions in the pack, then its own
+    key_index = concat_ranges(np.stack([prefix_start, q_start], 1).ravel(), np.stack([prefix_len, q_len], 1).ravel())
+    positions = concat_ranges(np.array(position_start, dtype=np.int64), q_len)
+    return SharedLayout(
+        input_ids=to_device(flat_ids(tokens, total), device)[None],
+        position_ids=to_device(positions, device)[None],
+        cu_q=to_device(np.concatenate([[0], q_end]).astype(np.int32), device),
+        cu_k=to_device(np.concatenate([[0], np.cumsum(k_len)]).astype(np.int32), device),
+        key_index=to_device(key_index, device),
+        max_q=int(q_len.max()),
+        max_k=int(k_len.max()),
+        last=to_device(q_end[np.array(last_segment)] - 1, device),
+        computed=total,
+        saved=sum(len(r) for r in batch) - total,
+    )
