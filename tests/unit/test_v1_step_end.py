@@ -21,7 +21,6 @@ pytestmark = pytest.mark.unit
 def _ledger_with(scored: int, failed: int, phase: str = "train") -> TrajectoryLedger:
     ledger = TrajectoryLedger()
     for i in range(scored + failed):
-        ledger.asked(phase)
         if i < scored:
             ledger.scored(phase)
         else:
@@ -31,7 +30,6 @@ def _ledger_with(scored: int, failed: int, phase: str = "train") -> TrajectoryLe
 
 def test_the_ledger_keeps_phases_apart_and_pop_starts_a_phase_again():
     ledger = _ledger_with(3, 1)
-    ledger.asked("val")
     ledger.scored("val")
     train = ledger.pop("train")
     assert (train.requests, train.scored, train.failed) == (4, 3, 1)

@@ -5,7 +5,9 @@ marks the prompt's group ``failure`` (``trainer/ppo/v1/agent_loop_tq.py:127-148`
 here first, and the manager collects every worker's record at the end of the training step (or of the validation
 pass), where it applies ``on_error``: ``raise`` stops the run with the recorded error, ``drop`` counts it against
 ``drop_budget``. Phases: ``train`` and ``val`` (verl's ``validate`` flag), kept apart so validation never mixes
-into a training step's figures.
+into a training step's figures. A trajectory is counted when its outcome is known (scored or failed), so in the async
+trainer modes, where a trajectory may be sent in one step and answered in the next, it counts once, in the step of
+its answer.
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ class Failure:
 
 @dataclass
 class PhaseRecord:
-    """Counts of one phase since the last collection; ``failures`` holds the first few in full."""
+    """Counts of one phase since the last collection (``requests = scored + failed``); ``failures`` holds the first
+    few in full."""
 
     requests: int = 0
     scored: int = 0
@@ -58,17 +61,16 @@ class TrajectoryLedger:
     def __init__(self) -> None:
         self._records = {phase: PhaseRecord() for phase in PHASES}
 
-    def asked(self, phase: str) -> None:
-        """A trajectory of ``phase`` was sent to the RM."""
-        self._records[phase].requests += 1
-
     def scored(self, phase: str) -> None:
-        """Its score came back."""
-        self._records[phase].scored += 1
+        """A trajectory of ``phase`` got its RM score."""
+        record = self._records[phase]
+        record.requests += 1
+        record.scored += 1
 
     def failed(self, phase: str, failure: Failure) -> None:
-        """It got no score (an RM, executor or timeout error)."""
+        """A trajectory of ``phase`` got no RM score (an RM, executor or timeout error)."""
         record = self._records[phase]
+        record.requests += 1
         record.failed += 1
         if len(record.failures) < _KEEP_FAILURES:
             record.failures.append(failure)

@@ -254,7 +254,7 @@ class AsyncRMAgentLoopManagerV1(_AsyncRMSide, AgentLoopManagerTQ):
     async def async_rm_close(self, phase: str, global_steps: int | None = None) -> dict[str, float]:
         """End a training step (``phase='train'``) or a validation pass (``'val'``): its metrics, or its failure.
 
-        Collects every agent-loop worker's record of ``phase`` (trajectories asked, scored, failed), the executor's
+        Collects every agent-loop worker's record of ``phase`` (trajectories scored and failed), the executor's
         figures since the previous close and the replicas' counters. Under ``on_error='raise'`` a trajectory of the
         phase that got no RM score raises :class:`~verl_async_rm.errors.RMScoreError` here, naming it and its cause
         (verl gave its group the ``failure`` path, so it was not trained on); under ``'drop'`` it is counted in

@@ -12,7 +12,7 @@ The executor handle is attached after verl has built the workers (:meth:`AsyncRM
 verl's own worker construction and placement are used unchanged, and attached again when the manager had to start a
 new executor.
 
-Each outcome (asked, scored, failed) is recorded per phase in the worker's
+Each outcome (scored, failed) is recorded per phase in the worker's
 :class:`~verl_async_rm.integration.ledger.TrajectoryLedger`, which the v1 manager collects at the end of each
 training step and validation pass. If the RM fails for a trajectory (a dead executor gives
 :class:`ExecutorLostError` at once):
@@ -84,7 +84,6 @@ class AsyncRMWorkerMixin:
             return
         start = time.perf_counter()
         phase, ledger = _PHASE.get(), self._ledger()
-        ledger.asked(phase)
         try:
             handed = {RM_SCORE_KEY: await self._async_rm_score(final, kwargs)}
         except (AsyncRMError, ray.exceptions.RayError) as err:
