@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import sys
 import time
 import warnings
@@ -55,6 +56,15 @@ def default_out_dir() -> Path:
     return Path("async_rm_demo") / datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-%f")
 
 
+def _fit_transfer_queue_threads() -> None:
+    """TransferQueue asks for 8 torch threads per call (``TQ_NUM_THREADS``) and warns at every call of a step when
+    the machine has fewer physical cores: ask for what there is (read at its import, here and in the Ray workers this
+    process starts). A value the user set is kept."""
+    import psutil
+
+    os.environ.setdefault("TQ_NUM_THREADS", str(min(8, psutil.cpu_count(logical=False) or 1)))
+
+
 def run_demo(config: DemoConfig | None = None) -> DemoResult:
     """Run the demo (see module doc) and return what it wrote; raises on any failure, after shutting Ray down."""
     config = config or DemoConfig()
@@ -62,6 +72,7 @@ def run_demo(config: DemoConfig | None = None) -> DemoResult:
     out_dir = Path(config.out_dir) if config.out_dir else default_out_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
     total = 4 + 2 * config.steps
+    _fit_transfer_queue_threads()
     with warnings.catch_warnings(), _progress(total, config.progress) as bar:
         # verl warns about every optional training engine it cannot import: noise next to the progress bar
         warnings.filterwarnings("ignore", message=".*engine is not available", category=UserWarning)
