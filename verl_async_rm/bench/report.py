@@ -197,7 +197,8 @@ def table(report: dict[str, Any]) -> str:
     if report["params"].get("rollout_n", 1) > 1:
         met = ", ".join(f"{name} {_fmt(m['siblings_met'], '.3f')}" for name, m in report["policies"].items()
                         if m["siblings_met"] is not None)
-        lines.append(f"trajectories scored in a batch with a sibling (rollout.n {report['params']['rollout_n']}): {met}")
+        rollout_n = report["params"]["rollout_n"]
+        lines.append(f"trajectories scored in a batch with a sibling (rollout.n {rollout_n}): {met}")
     return "\n".join(lines)
 
 

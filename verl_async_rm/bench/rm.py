@@ -122,7 +122,8 @@ def run_mode(model: Any, device: Any, mode: str, workload: tuple[list[list[int]]
     packing, _, shared = mode.partition("+")
     heads = (getattr(model, name, None) for name in ("score", "v_head", "classifier"))
     head = next((module for module in heads if module is not None), None)
-    forward = RMForward(model, head, device=device, pad_id=0, packing=packing, share_prompts="true" if shared else "false")
+    forward = RMForward(model, head, device=device, pad_id=0, packing=packing,
+                        share_prompts="true" if shared else "false")
     inputs, groups = workload
     try:
         if shared and not forward.share_prompts:
@@ -290,10 +291,3 @@ def main(argv: list[str] | None = None) -> tuple[int, str]:
         text += f"\n{failed} input(s) failed to score: see the log"
     return (1 if failed else 0), text
 
-
-if __name__ == "__main__":
-    import sys
-
-    status, text = main()
-    print(text)
-    sys.exit(status)

@@ -50,8 +50,9 @@ def select_batch(
     """Pick the next batch from ``pending`` (oldest first, ``count`` requests holding ``pending_tokens`` tokens).
 
     ``due_before``: a request submitted at or before this time has waited ``max_wait``. ``window``: how many requests
-    after the oldest one length grouping may choose from. ``prefer_siblings``: take the head's group first (rule 4). Returns the oldest request first, at least one request when
-    ``pending`` is not empty, at most ``max_items``, and more than one only if their tokens fit ``max_tokens``.
+    after the oldest one length grouping may choose from. ``prefer_siblings``: take the head's group first (rule 4).
+    Returns the oldest request first, at least one request when ``pending`` is not empty, at most ``max_items``, and
+    more than one only if their tokens fit ``max_tokens``.
     """
     if count <= max_items and (max_tokens is None or pending_tokens <= max_tokens):
         return list(pending)

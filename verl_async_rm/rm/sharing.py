@@ -113,7 +113,8 @@ class SharedLayout:
     Attributes:
         input_ids, position_ids: ``(1, T)`` query tokens (each prefix once, then the rows' own tokens).
         cu_q, cu_k: ``(S + 1,)`` int32 boundaries of the ``S`` segments' queries and of their gathered keys.
-        key_index: ``(sum of key lengths,)`` int64: for each segment, its prefix's token positions (if any) then its own.
+        key_index: ``(sum of key lengths,)`` int64: for each segment, its prefix's token positions (if any), then its
+            own.
         max_q, max_k: the longest segment's queries and keys.
         last: ``(N,)`` int64 index of every row's last token, in the order of the rows given.
         computed: query tokens (``T``); saved: tokens a plain packed forward would have computed on top.
