@@ -11,10 +11,10 @@ import asyncio
 
 import pytest
 
-from verl_async_rm.executor import BatchPolicy, PendingRequestExecutor
-from verl_async_rm.executor.formation import select_batch
-from verl_async_rm.executor.request import Request
-from verl_async_rm.executor.testing import GatedBatchFn, run_virtual
+from verl_async_rm.batching import BatchPolicy, PendingRequestExecutor
+from verl_async_rm.batching.formation import select_batch
+from verl_async_rm.batching.pending import Request
+from verl_async_rm.batching.testing import GatedBatchFn, run_virtual
 
 pytestmark = pytest.mark.unit
 
@@ -224,20 +224,6 @@ def test_an_idle_slot_never_waits_for_a_busy_one():
     assert run_virtual(main) == 2
 
 
-def test_whole_group_mode_never_waits_for_a_multiple():
-    async def main():
-        fn = GatedBatchFn(open=True)
-        policy = BatchPolicy(max_batch_size=8, max_wait_ms=10, pad_multiple=4)
-        executor = PendingRequestExecutor(fn, policy, slots=1)
-        await asyncio.gather(*spawn(executor, range(5)))
-        stats = executor.stats()
-        await executor.aclose()
-        return fn.batch_sizes, stats
-
-    sizes, stats = run_virtual(main)
-    assert sizes == [5] and stats["pad_multiple_slots"] == 3 and stats["flush_reasons"]["age"] == 1
-
-
 def test_token_budget_flushes_at_once_and_caps_tokens():
     async def main():
         fn = GatedBatchFn(open=True)
@@ -349,3 +335,31 @@ def test_expect_adds_up_across_overlapping_dispatches():
         return fn.batch_sizes
 
     assert run_virtual(main) == [5]
+
+
+def test_the_flush_rule_says_now_and_why_or_until_when():
+    """``WaitingRoom.next_flush`` is the one place the flush rule is written: the loop both flushes and sleeps by it."""
+    from verl_async_rm.batching.queue import WaitingRoom
+
+    room = WaitingRoom(BatchPolicy(max_batch_size=3, max_batch_tokens=100, max_wait_ms=10))
+    loop = asyncio.new_event_loop()
+    try:
+        def put(seq, t, tokens):
+            room.put(Request(seq, seq, tokens, t, loop.create_future(), None))
+
+        assert room.next_flush(0.0) == (None, None)  # nothing to wait for
+        put(1, 1.0, 10)
+        assert room.next_flush(1.0) == (None, pytest.approx(1.010))  # not before the oldest has waited max_wait
+        put(2, 1.005, 10)
+        assert room.next_flush(1.005) == (None, pytest.approx(1.010))  # the OLDEST request sets the time
+        assert room.next_flush(1.010) == ("age", None)
+        room.drain_seq, room.drain_reason = 2, "expect"
+        assert room.next_flush(1.006) == ("expect", None)
+        room.drain_seq = 0
+        put(3, 1.007, 90)
+        assert room.next_flush(1.007) == ("size", None)
+        room.clear()
+        put(4, 1.008, 100)
+        assert room.next_flush(1.008) == ("tokens", None)
+    finally:
+        loop.close()

@@ -1,10 +1,9 @@
-"""Failures: a raising batch_fn, wrong-length or malformed answers, per-item exceptions, bisection of poison items,
-batch timeouts, crashes of the batching loop, and shutdown. After each, the executor keeps serving."""
+"""Failures: a raising batch_fn, wrong-length or malformed answers, per-item exceptions, batch timeouts, crashes of
+the batching loop, and shutdown. After each, the executor keeps serving."""
 
 from __future__ import annotations
 
 import asyncio
-import math
 
 import pytest
 
@@ -14,12 +13,11 @@ from verl_async_rm.errors import (
     ExecutorClosedError,
     ExecutorCrashedError,
     RequestTimeoutError,
-    SlotError,
+    RewardModelError,
 )
-from verl_async_rm.executor import BatchPolicy, PendingRequestExecutor
-from verl_async_rm.executor.runner import bisect_budget
-from verl_async_rm.executor.stats import ExecutorStats
-from verl_async_rm.executor.testing import GatedBatchFn, run_virtual
+from verl_async_rm.batching import BatchPolicy, PendingRequestExecutor
+from verl_async_rm.batching.stats import ExecutorStats
+from verl_async_rm.batching.testing import GatedBatchFn, run_virtual
 
 pytestmark = pytest.mark.unit
 
@@ -49,7 +47,7 @@ def test_raising_batch_fails_every_caller_and_the_executor_keeps_serving():
     async def main():
         boom = RuntimeError("rm forward failed")
         fn = GatedBatchFn(open=True, raise_if=lambda items: boom if "bad" in items else None)
-        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=4, bisect_on_error=False))
+        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=4))
         results = await outcomes(spawn(executor, ["a", "bad", "c", "d"]))
         assert results == [boom] * 4
         await still_serves(executor, fn)
@@ -58,7 +56,7 @@ def test_raising_batch_fails_every_caller_and_the_executor_keeps_serving():
         return stats
 
     stats = run_virtual(main)
-    assert stats["failed"] == 4 and stats["completed"] == 1 and stats["bisect_calls"] == 0
+    assert stats["failed"] == 4 and stats["completed"] == 1
 
 
 @pytest.mark.parametrize("answer", [lambda items: items[:-1], lambda items: items + ["extra"],
@@ -80,7 +78,7 @@ def test_malformed_answer_fails_the_batch_with_a_clear_error(answer):
         results = await outcomes(spawn(executor, ["a", "b", "c"]))
         assert all(isinstance(r, BatchResultError) for r in results)
         assert "one entry per item" in str(results[0]) and "batch of 3" in str(results[0])
-        assert len(fn.calls) == 1  # a broken contract is not bisected
+        assert len(fn.calls) == 1  # one call: the batch failed as a whole
         await still_serves(executor, fn)
         await executor.aclose()
 
@@ -119,47 +117,6 @@ def test_per_item_exceptions_reach_only_their_callers():
     assert stats["failed"] == 2 and stats["completed"] == 4
 
 
-def _bisect_run(size: int, poison: set[int], enabled: bool = True):
-    async def main():
-        fn = GatedBatchFn(open=True, raise_if=lambda items: Poison(f"poison in {items}") if poison & set(items)
-                          else None)
-        policy = BatchPolicy(max_batch_size=size, max_wait_ms=HOUR_MS, bisect_on_error=enabled)
-        executor = PendingRequestExecutor(fn, policy)
-        results = await outcomes(spawn(executor, range(size)))
-        stats = executor.stats()
-        await executor.aclose()
-        return results, len(fn.calls) - 1, stats
-
-    return run_virtual(main)
-
-
-@pytest.mark.parametrize("size", [2, 5, 13, 16, 64])
-def test_bisection_isolates_one_poison_item_anywhere_within_the_budget(size):
-    for position in range(size):
-        results, extra_calls, stats = _bisect_run(size, {position})
-        assert extra_calls <= bisect_budget(size) == 2 * math.ceil(math.log2(size))
-        assert stats["bisect_calls"] == extra_calls
-        for i, r in enumerate(results):
-            if i == position:
-                assert isinstance(r, Poison)
-            else:
-                assert r == i, (size, position, i, r)
-
-
-def test_bisection_with_two_poison_items_and_with_everything_failing_stays_bounded():
-    results, extra, _ = _bisect_run(16, {3, 12})
-    assert extra <= bisect_budget(16)
-    assert isinstance(results[3], Poison) and isinstance(results[12], Poison)
-    assert sum(isinstance(r, Poison) for r in results) < 16  # most callers still got their result
-    results, extra, _ = _bisect_run(64, set(range(64)))  # a systemic failure
-    assert extra <= bisect_budget(64) and all(isinstance(r, Poison) for r in results)
-
-
-def test_bisection_can_be_turned_off():
-    results, extra, _ = _bisect_run(8, {5}, enabled=False)
-    assert extra == 0 and all(isinstance(r, Poison) for r in results)
-
-
 def test_batch_timeout_frees_the_slot_and_fails_the_batch():
     async def main():
         hang = asyncio.Event()
@@ -186,7 +143,7 @@ def test_a_crash_of_the_loop_fails_pending_requests_with_the_cause_and_the_loop_
     async def main():
         fn = GatedBatchFn(open=True)
         executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=4, max_wait_ms=10))
-        real = executor._flush_reason
+        real = executor._room.next_flush
         bug = KeyError("bug in the loop")
         crashes = []
 
@@ -196,7 +153,7 @@ def test_a_crash_of_the_loop_fails_pending_requests_with_the_cause_and_the_loop_
                 raise bug
             return real(now)
 
-        executor._flush_reason = flaky
+        executor._room.next_flush = flaky
         results = await outcomes(spawn(executor, ["a", "b"]))
         assert all(isinstance(r, ExecutorCrashedError) and r.__cause__ is bug for r in results)
         assert await asyncio.gather(*spawn(executor, ["c", "d"])) == ["c", "d"]
@@ -366,8 +323,10 @@ def test_async_with_closes_the_executor():
     run_virtual(main)
 
 
-@pytest.mark.parametrize("error", [SlotError("replica is gone"), RequestTimeoutError("no answer in time")])
-def test_a_failed_slot_or_timeout_fails_the_batch_without_bisecting(error):
+@pytest.mark.parametrize(
+    "error", [RewardModelError("replica failed on the batch"), RequestTimeoutError("no answer in time")]
+)
+def test_a_failed_slot_or_timeout_fails_the_batch_in_one_call(error):
     calls = []
 
     async def batch_fn(items, slot):
@@ -384,3 +343,26 @@ def test_a_failed_slot_or_timeout_fails_the_batch_without_bisecting(error):
     results = run_virtual(main)
     assert calls == [8]  # one call, no halves
     assert all(r is error for r in results)
+
+
+def test_a_timed_out_call_that_ignores_cancellation_keeps_its_slot_late_and_aclose_still_returns():
+    async def main():
+        async def stubborn_on_r0(items, slot):
+            while slot == "r0":
+                try:
+                    await asyncio.sleep(1000)
+                except asyncio.CancelledError:
+                    continue
+            return items
+
+        policy = BatchPolicy(max_batch_size=1, max_wait_ms=0, batch_timeout_s=5.0)
+        executor = PendingRequestExecutor(stubborn_on_r0, policy, slots=["r0", "r1"])
+        first = await outcomes(spawn(executor, ["a"]))
+        later = await asyncio.gather(*spawn(executor, ["b", "c", "d"]))  # all on r1: r0 never ended its call
+        stats = executor.stats()
+        await executor.aclose(grace_s=1.0)
+        return first, later, stats
+
+    first, later, stats = run_virtual(main, timeout_s=100.0)
+    assert isinstance(first[0], RequestTimeoutError) and later == ["b", "c", "d"]
+    assert stats["slots_late"] == 1 and stats["in_flight_batches"] == 1 and stats["in_flight_requests"] == 0

@@ -11,10 +11,10 @@ import random
 
 import pytest
 
-from verl_async_rm.executor import BatchPolicy, PendingRequestExecutor
-from verl_async_rm.executor.formation import select_batch
-from verl_async_rm.executor.request import Request
-from verl_async_rm.executor.testing import GatedBatchFn, run_virtual
+from verl_async_rm.batching import BatchPolicy, PendingRequestExecutor
+from verl_async_rm.batching.formation import select_batch
+from verl_async_rm.batching.pending import Request
+from verl_async_rm.batching.testing import GatedBatchFn, run_virtual
 
 pytestmark = pytest.mark.unit
 
@@ -226,7 +226,7 @@ def test_sibling_preference_keeps_the_pass_over_bound(seed):
 
 def test_executor_batches_rm_requests_with_their_siblings(policy_tok):
     """RMRequest uids are "<prompt uid>/<session id>": interleaved arrivals still leave in per-prompt batches."""
-    from verl_async_rm.rm.request import RMRequest
+    from verl_async_rm.request import RMRequest
 
     def run():
         async def main():

@@ -2,16 +2,15 @@
 loop and shutdowns, on the virtual-time loop (deterministic; a hang raises instead of blocking).
 
 Slots die too (a call raises SlotLostError; the executor re-queues its requests and asks for a replacement, which may
-fail). Invariants checked on every run: every submitted request resolves exactly once, with an outcome it is allowed to have;
-no batch exceeds ``max_batch_size`` or (unless alone) ``max_batch_tokens``; no slot runs two calls at once; a request
-that was settled before being dispatched (cancelled, timed out, closed, crashed) never reaches ``batch_fn``; the
+fail). Invariants checked on every run: every submitted request resolves exactly once, with an outcome it is allowed to
+have; no batch exceeds ``max_batch_size`` or (unless alone) ``max_batch_tokens``; no slot runs two calls at once; a
+request that was settled before being dispatched (cancelled, timed out, closed, crashed) never reaches ``batch_fn``; the
 statistics add up; the executor ends idle.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 import random
 from dataclasses import dataclass, field
 
@@ -28,9 +27,8 @@ from verl_async_rm.errors import (
     RequestTimeoutError,
     SlotLostError,
 )
-from verl_async_rm.executor import BatchPolicy, PendingRequestExecutor
-from verl_async_rm.executor.runner import bisect_budget
-from verl_async_rm.executor.testing import run_virtual
+from verl_async_rm.batching import BatchPolicy, PendingRequestExecutor
+from verl_async_rm.batching.testing import run_virtual
 
 pytestmark = pytest.mark.unit
 
@@ -56,7 +54,6 @@ class Scenario:
     default_deadline_s: float | None
     batch_timeout_s: float | None
     group_by_length: bool
-    bisect_on_error: bool
     mean_gap_s: float
     p_cancel: float
     p_deadline: float
@@ -64,7 +61,7 @@ class Scenario:
     p_poison: float
     p_wrong_length: float
     p_drain: float
-    crash_at: int | None  # make the loop raise on this call of _flush_reason
+    crash_at: int | None  # make the loop raise on this call of the flush rule (WaitingRoom.next_flush)
     close_at_s: float | None  # aclose at this virtual time (else: wait for everything, then close)
     p_kill: float = 0.0  # a call's slot dies under it
     p_replace_fail: float = 0.0  # a replacement of a dead slot fails
@@ -85,7 +82,6 @@ def random_scenario(rng: random.Random, requests: int) -> Scenario:
         default_deadline_s=rng.choice([None, None, rng.uniform(0.005, 0.3)]),
         batch_timeout_s=rng.choice([None, None, rng.uniform(0.02, 0.2)]),
         group_by_length=rng.random() < 0.5,
-        bisect_on_error=rng.random() < 0.7,
         mean_gap_s=rng.choice([0.0, 0.0005, 0.002, 0.01]),
         p_cancel=rng.choice([0.0, 0.05, 0.2]),
         p_deadline=rng.choice([0.0, 0.1, 0.3]),
@@ -177,18 +173,17 @@ def run_scenario(sc: Scenario) -> dict:
     policy = BatchPolicy(
         max_batch_size=sc.max_batch_size, max_batch_tokens=sc.max_batch_tokens, max_wait_ms=sc.max_wait_ms,
         max_pending=sc.max_pending, overflow=sc.overflow, default_deadline_s=sc.default_deadline_s,
-        batch_timeout_s=sc.batch_timeout_s, group_by_length=sc.group_by_length, bisect_on_error=sc.bisect_on_error,
+        batch_timeout_s=sc.batch_timeout_s, group_by_length=sc.group_by_length,
     )
     fn = FuzzBatchFn(reqs, random.Random(sc.seed + 1), sc.p_wrong_length, sc.p_kill, sc.p_replace_fail)
     cancelled_by_us: set[int] = set()
-    over_budget: list[tuple[int, int]] = []
 
     async def main() -> dict:
         loop = asyncio.get_running_loop()
         executor = PendingRequestExecutor(fn, policy, slots=[f"slot{k}" for k in range(sc.slots)],
                                           replace_slot=fn.replace)
         if sc.crash_at is not None:
-            real, count = executor._flush_reason, [0]
+            real, count = executor._room.next_flush, [0]
 
             def flaky(now: float):
                 count[0] += 1
@@ -196,19 +191,7 @@ def run_scenario(sc: Scenario) -> dict:
                     raise RuntimeError("injected crash")
                 return real(now)
 
-            executor._flush_reason = flaky
-        real_run = executor._runner.run
-
-        async def counted_run(batch, slot):
-            before = sum(1 for _, s in fn.calls if s == slot)  # one batch per slot at a time
-            try:
-                return await real_run(batch, slot)  # the slot verdict (lost / late / fine) goes back to the executor
-            finally:
-                extra = sum(1 for _, s in fn.calls if s == slot) - before - 1
-                if extra > bisect_budget(len(batch)):
-                    over_budget.append((len(batch), extra))
-
-        executor._runner.run = counted_run
+            executor._room.next_flush = flaky
 
         async def call(req: Req) -> None:
             try:
@@ -251,7 +234,6 @@ def run_scenario(sc: Scenario) -> dict:
         return stats
 
     stats = run_virtual(main, timeout_s=10_000.0)
-    assert not over_budget, f"bisection of (batch size, extra calls) {over_budget} went over its budget"
     check(sc, reqs, fn, stats, cancelled_by_us)
     return stats
 
@@ -288,8 +270,7 @@ def check(sc: Scenario, reqs: list[Req], fn: FuzzBatchFn, stats: dict, cancelled
             raise AssertionError(f"unexpected outcome for {req}: {o!r}")
         if req.settled_unseen:
             assert req.i not in fn.seen, f"request {req.i} reached batch_fn after it was settled ({o!r})"
-    max_calls_per_item = 2 + math.ceil(math.log2(sc.max_batch_size)) if sc.bisect_on_error else 1
-    max_calls_per_item *= 1 + BatchPolicy().slot_retries  # each re-queue after a lost slot may run it again
+    max_calls_per_item = 1 + BatchPolicy().slot_retries  # each re-queue after a lost slot may run it again
     per_item: dict[int, int] = {}
     for items, _ in fn.calls:
         assert 1 <= len(items) <= sc.max_batch_size, items
@@ -327,7 +308,6 @@ def test_fuzz_seeded_ten_thousand_arrivals(seed):
     max_wait_ms=st.sampled_from([0.0, 1.0, 10.0]),
     max_pending=st.one_of(st.none(), st.integers(1, 20)),
     overflow=st.sampled_from(["block", "reject"]),
-    bisect=st.booleans(),
     group=st.booleans(),
     p_cancel=st.sampled_from([0.0, 0.3]),
     p_deadline=st.sampled_from([0.0, 0.3]),
@@ -335,12 +315,12 @@ def test_fuzz_seeded_ten_thousand_arrivals(seed):
     crash_at=st.one_of(st.none(), st.integers(1, 20)),
     close_at_s=st.one_of(st.none(), st.floats(0.0, 0.05)),
 )
-def test_fuzz_hypothesis(seed, requests, slots, cap, tokens, max_wait_ms, max_pending, overflow, bisect, group,
+def test_fuzz_hypothesis(seed, requests, slots, cap, tokens, max_wait_ms, max_pending, overflow, group,
                          p_cancel, p_deadline, p_poison, crash_at, close_at_s):
     run_scenario(Scenario(
         seed=seed, requests=requests, slots=slots, max_batch_size=cap, max_batch_tokens=tokens,
         max_wait_ms=max_wait_ms, max_pending=max_pending, overflow=overflow, default_deadline_s=None,
-        batch_timeout_s=0.1, group_by_length=group, bisect_on_error=bisect, mean_gap_s=0.001, p_cancel=p_cancel,
+        batch_timeout_s=0.1, group_by_length=group, mean_gap_s=0.001, p_cancel=p_cancel,
         p_deadline=p_deadline, p_item_error=0.05, p_poison=p_poison, p_wrong_length=0.05, p_drain=0.05,
         crash_at=crash_at, close_at_s=close_at_s,
     ))

@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from verl_async_rm.executor import BatchPolicy, PendingRequestExecutor
-from verl_async_rm.executor.testing import GatedBatchFn, run_virtual
+from verl_async_rm.batching import BatchPolicy, PendingRequestExecutor
+from verl_async_rm.batching.testing import GatedBatchFn, run_virtual
 
 pytestmark = pytest.mark.unit
 
@@ -41,8 +41,6 @@ def test_defaults_are_valid_and_round_trip():
         ("default_deadline_s", -1.0, ValueError),
         ("batch_timeout_s", math.inf, ValueError),
         ("group_by_length", "yes", TypeError),
-        ("bisect_on_error", 1, TypeError),
-        ("pad_multiple", 0, ValueError),
     ],
 )
 def test_bad_values_name_the_field_the_value_and_a_fix(field, value, error):
@@ -51,14 +49,8 @@ def test_bad_values_name_the_field_the_value_and_a_fix(field, value, error):
     message = str(info.value)
     assert field in message
     assert repr(value) in message or str(value) in message
-    if field != "group_by_length" and field != "bisect_on_error":
+    if field != "group_by_length":
         assert any(word in message for word in ("set ", "use ", "give ")), message
-
-
-def test_max_batch_size_must_be_a_multiple_of_pad_multiple():
-    with pytest.raises(ValueError, match="multiple of pad_multiple=4"):
-        BatchPolicy(max_batch_size=6, pad_multiple=4)
-    assert BatchPolicy(max_batch_size=8, pad_multiple=4).pad_multiple == 4
 
 
 def test_from_mapping_rejects_unknown_keys_and_non_mappings():
@@ -120,7 +112,7 @@ def test_the_executor_package_imports_without_ray():
     import subprocess
     import sys
 
-    code = "import sys, verl_async_rm.executor; assert 'ray' not in sys.modules, 'ray was imported'"
+    code = "import sys, verl_async_rm.batching; assert 'ray' not in sys.modules, 'ray was imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 

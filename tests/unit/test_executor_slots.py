@@ -1,5 +1,6 @@
 """Slots that fail as a whole: a lost slot's requests go to the other slots, the slot is replaced (or retired), a
-late slot gets no batch until its given-up call ends, and with no slot left every waiter fails at once."""
+late slot (its call ran past batch_timeout_s) gets no batch until the cancelled call has ended, and with no slot left
+every waiter fails at once."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import asyncio
 
 import pytest
 
-from verl_async_rm.errors import NoSlotsError, ReplicaTimeoutError, SlotLostError
-from verl_async_rm.executor import BatchPolicy, PendingRequestExecutor
-from verl_async_rm.executor.testing import run_virtual
+from verl_async_rm.errors import NoSlotsError, RequestTimeoutError, SlotLostError
+from verl_async_rm.batching import BatchPolicy, PendingRequestExecutor
+from verl_async_rm.batching.testing import run_virtual
 
 pytestmark = pytest.mark.unit
 
@@ -17,7 +18,9 @@ HOUR_MS = 3_600_000.0
 
 
 class Replicas:
-    """A batch function over named slots; a slot in ``dead`` raises SlotLostError, in ``stuck`` hangs until freed."""
+    """A batch function over named slots; a slot in ``dead`` raises SlotLostError; a call on a slot in ``stuck``
+    hangs, and once cancelled (``batch_timeout_s``) waits for ``stuck[slot]`` like the RM side waits for the remote call
+    to come back: it then ends, or raises what that future holds (SlotLostError: the replica never answered)."""
 
     def __init__(self, delay_s: float = 0.01) -> None:
         self.delay_s = delay_s
@@ -31,7 +34,11 @@ class Replicas:
         if slot in self.stuck:
             release = asyncio.get_running_loop().create_future()
             self.stuck[slot] = release
-            raise ReplicaTimeoutError(f"{slot} did not answer", slot_ready=release)
+            try:
+                await asyncio.Event().wait()  # no answer
+            except asyncio.CancelledError:
+                await release
+                raise
         if slot in self.dead:
             raise SlotLostError(f"{slot} died")
         return [f"{item}@{slot}" for item in items]
@@ -136,14 +143,14 @@ def test_a_late_slot_gets_no_batch_until_its_call_answers():
     async def main():
         fn = Replicas()
         fn.stuck["r0"] = None
-        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=1, max_wait_ms=0), slots=["r0", "r1"])
+        policy = BatchPolicy(max_batch_size=1, max_wait_ms=0, batch_timeout_s=5.0)
+        executor = PendingRequestExecutor(fn, policy, slots=["r0", "r1"], name="rm")
         first = await asyncio.gather(executor.submit("a"), return_exceptions=True)
         late_stats = executor.stats()
         release = fn.stuck.pop("r0")
         during = await asyncio.gather(*spawn(executor, ["b", "c"]))
         release.set_result(None)  # the replica finally answers its old call
-        await asyncio.sleep(0)
-        await asyncio.sleep(0)
+        await asyncio.sleep(0.1)
         after_stats = executor.stats()
         fn.delay_s = 0.0
         both = await asyncio.gather(*spawn(executor, ["d", "e", "f", "g"]))
@@ -151,28 +158,44 @@ def test_a_late_slot_gets_no_batch_until_its_call_answers():
         return first[0], late_stats, during, after_stats, both
 
     first, late_stats, during, after_stats, both = run_virtual(main)
-    assert isinstance(first, ReplicaTimeoutError)
+    assert isinstance(first, RequestTimeoutError)
+    for part in ("'rm'", "batch of 1", "slot 0 ('r0')", "batch_timeout_s=5"):
+        assert part in str(first), (part, str(first))
     assert late_stats["slots_late"] == 1 and late_stats["slots_late_total"] == 1
+    assert late_stats["timed_out"] == 1 and late_stats["in_flight_requests"] == 0
     assert all(r.endswith("@r1") for r in during)
     assert after_stats["slots_late"] == 0 and after_stats["slots_free"] == 2
     assert {r.split("@")[1] for r in both} == {"r0", "r1"}
 
 
-def test_a_late_call_that_ends_with_the_replica_dead_loses_the_slot():
+@pytest.mark.parametrize("replace", [False, True])
+def test_a_late_call_that_ends_with_the_replica_dead_loses_the_slot(replace):
     async def main():
         fn = Replicas()
         fn.stuck["r0"] = None
-        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=1, max_wait_ms=0), slots=["r0", "r1"])
-        await asyncio.gather(executor.submit("a"), return_exceptions=True)
+
+        async def replace_slot(slot, index):
+            return "r0-new"
+
+        policy = BatchPolicy(max_batch_size=1, max_wait_ms=0, batch_timeout_s=5.0)
+        executor = PendingRequestExecutor(fn, policy, slots=["r0", "r1"],
+                                          replace_slot=replace_slot if replace else None)
+        first = await asyncio.gather(executor.submit("a"), return_exceptions=True)
         release = fn.stuck.pop("r0")
         release.set_exception(SlotLostError("r0 died while late"))
         await asyncio.sleep(0.1)
         stats = executor.stats()
         await executor.aclose()
-        return stats
+        return first[0], stats, fn.calls
 
-    stats = run_virtual(main)
-    assert stats["slots_lost"] == 1 and stats["slots_late"] == 0 and stats["slots_free"] == 1
+    first, stats, calls = run_virtual(main)
+    assert isinstance(first, RequestTimeoutError)  # failed at the timeout; not re-queued when the slot is lost later
+    assert stats["requeued"] == 0 and len(calls) == 1 and stats["timed_out"] == 1 and stats["failed"] == 0
+    assert stats["slots_lost_total"] == 1 and stats["slots_late"] == 0
+    if replace:
+        assert stats["slots_replaced_total"] == 1 and stats["slots_free"] == 2 and stats["slots_lost"] == 0
+    else:
+        assert stats["slots_lost"] == 1 and stats["slots_free"] == 1
 
 
 def test_a_slot_lost_while_closing_fails_its_requests_instead_of_requeueing_them():

@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from verl_async_rm.executor import BatchPolicy, PendingRequestExecutor
-from verl_async_rm.executor.testing import GatedBatchFn, run_virtual
+from verl_async_rm.batching import BatchPolicy, PendingRequestExecutor
+from verl_async_rm.batching.testing import GatedBatchFn, run_virtual
 
 pytestmark = pytest.mark.unit
 

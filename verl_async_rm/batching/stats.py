@@ -75,9 +75,8 @@ class ExecutorStats:
     refused at the door (queue full or executor closed); they are not part of ``submitted``.
     """
 
-    def __init__(self, max_batch_size: int, pad_multiple: int, window: int = 10_000) -> None:
+    def __init__(self, max_batch_size: int, window: int = 10_000) -> None:
         self._max_batch_size = max_batch_size
-        self._pad_multiple = pad_multiple
         self.submitted = 0
         self.completed = 0
         self.failed = 0
@@ -86,12 +85,10 @@ class ExecutorStats:
         self.rejected = 0
         self.batches = 0
         self.batched_requests = 0
-        self.bisect_calls = 0
         self.loop_restarts = 0
         self.requeued = 0  # requests put back in the queue because their slot was lost
         self.real_tokens = 0
         self.padded_tokens = 0
-        self.pad_multiple_slots = 0
         self.flush_reasons: Counter[str] = Counter({reason: 0 for reason in FLUSH_REASONS})
         self.batch_size = Samples(window)
         self.wait_s = Samples(window)
@@ -107,7 +104,6 @@ class ExecutorStats:
         self.batched_requests += size
         self.flush_reasons[reason] += 1
         self.batch_size.add(size)
-        self.pad_multiple_slots += -size % self._pad_multiple
         if lengths:
             longest = max(lengths)
             real = sum(lengths)
@@ -164,11 +160,9 @@ class ExecutorStats:
                 "batch_size": self.batch_size.summary(),
                 "mean_fill": None if mean_size is None else mean_size / self._max_batch_size,
                 "padding_fraction": self.padded_tokens / padded_total if padded_total else None,
-                "pad_multiple_slots": self.pad_multiple_slots,
                 "wait_ms": self.wait_s.summary(scale=1000.0),
                 "exec_ms": self.exec_s.summary(scale=1000.0),
                 "flush_reasons": dict(self.flush_reasons),
-                "bisect_calls": self.bisect_calls,
                 "loop_restarts": self.loop_restarts,
                 "requeued": self.requeued,
             }

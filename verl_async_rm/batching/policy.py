@@ -67,8 +67,9 @@ class BatchPolicy:
     batch_timeout_s: float | None = field(
         default=None,
         metadata={
-            "help": "Cancel a batch_fn call that runs longer than this and fail its requests with RequestTimeoutError, "
-            "freeing the slot; None lets a call run as long as it needs."
+            "help": "Fail the requests of a batch_fn call that runs longer than this with RequestTimeoutError and "
+            "cancel the call; its slot takes no new batch until the call has ended. None lets a call run as long "
+            "as it needs."
         },
     )
     group_by_length: bool = field(
@@ -86,20 +87,6 @@ class BatchPolicy:
             "the GRPO responses to its prompt, RMRequest.group) before the closest lengths, within the same window "
             "and due requests first, so a packed RM with share_prompts computes their prompt once. Costs padding "
             "for a padded RM: keep False there."
-        },
-    )
-    bisect_on_error: bool = field(
-        default=True,
-        metadata={
-            "help": "When batch_fn raises on a batch of several requests, split it in halves and retry to find the "
-            "failing request(s); at most 2*ceil(log2(batch size)) extra calls per failed batch."
-        },
-    )
-    pad_multiple: int = field(
-        default=1,
-        metadata={
-            "help": "The dispatch layer pads each batch to a multiple of this (the RM's data-parallel size in "
-            "whole-group mode). The executor never waits for a multiple; it only reports the padding in stats()."
         },
     )
     slot_retries: int = field(
@@ -133,18 +120,11 @@ class BatchPolicy:
                 _check_seconds(name, value, allow_zero=False, unit="s",
                                fix="give a positive number of seconds, or None for no limit")
                 object.__setattr__(self, name, float(value))
-        for name in ("group_by_length", "bisect_on_error", "prefer_siblings"):
+        for name in ("group_by_length", "prefer_siblings"):
             if not isinstance(getattr(self, name), bool):
                 raise TypeError(f"BatchPolicy.{name} must be True or False, got {getattr(self, name)!r}")
-        _check_int("slot_retries", self.slot_retries, minimum=0, fix="use 0 to fail at once, or a small count such as 2")
-        _check_int("pad_multiple", self.pad_multiple, minimum=1, fix="set it to the RM's data-parallel size, or 1")
-        if self.max_batch_size % self.pad_multiple:
-            example = self.pad_multiple * max(1, self.max_batch_size // self.pad_multiple)
-            raise ValueError(
-                f"BatchPolicy.max_batch_size={self.max_batch_size} is not a multiple of pad_multiple="
-                f"{self.pad_multiple}, so even full batches would need padding; set max_batch_size to a multiple of "
-                f"{self.pad_multiple} (for example {example})"
-            )
+        _check_int("slot_retries", self.slot_retries, minimum=0,
+                   fix="use 0 to fail at once, or a small count such as 2")
 
     @property
     def max_wait_s(self) -> float:

@@ -1,9 +1,11 @@
 """``PendingRequestExecutor``: slot-based dynamic batching in pure asyncio (no Ray, no threads).
 
-Callers ``await submit(item)`` one request at a time; a supervised background loop forms a batch only when a slot (an
-RM replica, or the whole sharded RM in whole-group mode) is free and one of the flush triggers holds (size, token
-budget, age of the OLDEST request, drain/expect). Each batch runs as its own task on its slot; results, per-item
-exceptions, deadlines, cancellations, shutdown and crashes of the loop settle every request exactly once.
+Callers ``await submit(item)`` one request at a time. A supervised background loop sleeps on one ``asyncio.Event``,
+set whenever the queue or the slots change, and by a timer at the time the flush rule names
+(:meth:`WaitingRoom.next_flush`: size, token budget, age of the OLDEST request, drain/expect). When a slot is free and
+the rule says "now", the loop takes a batch out of the queue and hands it to the :class:`BatchRunner`, which runs it on
+that slot. Every request leaves through ``_settle`` (or ``_cancel``) exactly once: result, per-item exception, batch
+failure, deadline, cancellation, lost slot, shutdown or a crash of the loop.
 """
 
 from __future__ import annotations
@@ -11,23 +13,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from functools import partial
 from typing import Any
 
+from verl_async_rm.batching.batch_call import BatchRunner
+from verl_async_rm.batching.pending import BLOCKED, DONE, PENDING, RUNNING, Request, check_tokens, normalise_slots
+from verl_async_rm.batching.policy import BatchPolicy
+from verl_async_rm.batching.queue import WaitingRoom
+from verl_async_rm.batching.slots import ReplaceFn, SlotTable
+from verl_async_rm.batching.stats import ExecutorStats
 from verl_async_rm.errors import (
     ExecutorClosedError,
     ExecutorCrashedError,
+    NoSlotsError,
     QueueFullError,
+    RequestTimeoutError,
+    SlotLostError,
 )
-from verl_async_rm.executor.formation import select_batch
-from verl_async_rm.executor.policy import BatchPolicy
-from verl_async_rm.executor.request import PENDING, RUNNING, Request, check_tokens, normalise_slots
-from verl_async_rm.executor.runner import BatchRunner
-from verl_async_rm.executor.settling import SettlingMixin
-from verl_async_rm.executor.slots import ReplaceFn, SlotTable
-from verl_async_rm.executor.stats import ExecutorStats
-from verl_async_rm.executor.waiting import WaitingRoom
 
 __all__ = ["PendingRequestExecutor", "BatchFn"]
 
@@ -36,24 +39,18 @@ logger = logging.getLogger(__name__)
 #: ``async batch_fn(items, slot) -> list``: one result or ``Exception`` instance per item, in order.
 BatchFn = Callable[[list[Any], Any], Awaitable[list[Any]]]
 
-#: Length grouping picks from at most this many batches' worth of requests after the oldest one. Wider groups better
-#: under a backlog (overlap bench, 4096 trajectories on 1 replica: padding 0.097 at 4, 0.039 at 16) and costs no
-#: fairness: the oldest request is in every batch, so a request with p ahead of it leaves within p + 1 batches.
-_GROUP_WINDOW_BATCHES = 16
-_CLOCK_RESOLUTION = time.get_clock_info("monotonic").resolution
 
-
-class PendingRequestExecutor(SettlingMixin):
+class PendingRequestExecutor:
     """Collect single requests into batches and run them on free slots.
 
     Args:
         batch_fn: ``async batch_fn(items, slot) -> list``; returns one entry per item, in order: a result, or an
-            ``Exception`` instance that fails only that item's caller. If it raises, the batch fails (see
-            ``BatchPolicy.bisect_on_error``).
+            ``Exception`` instance that fails only that item's caller. If it raises, every request of the batch
+            fails with that exception (a :class:`SlotLostError` re-queues them instead, see ``replace_slot``).
         policy: a :class:`BatchPolicy`, a mapping of its fields, or None for the defaults.
         slots: an int N (slots are then ``0..N-1``) or a sequence of slot objects (for example the Ray actor handles of
             the RM replicas); each batch runs on one free slot, which is passed to ``batch_fn``. Data-parallel
-            replicas: one slot each. A sharded RM (whole-group mode): one slot.
+            replicas: one slot each. A sharded RM: one slot.
         name: used in log lines and error messages.
         replace_slot: optional ``async replace_slot(slot, index) -> new slot``, called when ``batch_fn`` raises
             :class:`SlotLostError` (the slot's requests go back to the head of the queue, at most
@@ -76,30 +73,18 @@ class PendingRequestExecutor(SettlingMixin):
             raise TypeError(f"batch_fn must be an async callable `(items, slot) -> list`, got {batch_fn!r}")
         self.policy = BatchPolicy.from_mapping(policy)
         self._name = name
+        self._stats = ExecutorStats(self.policy.max_batch_size)
+        self._room = WaitingRoom(self.policy)
         self._slots = SlotTable(normalise_slots(slots), replace=replace_slot, on_change=self._on_slots_change,
                                 name=name)
-        p = self.policy
-        self._max_items = p.max_batch_size
-        self._max_tokens = p.max_batch_tokens
-        self._max_wait_s = p.max_wait_s
-        self._reject = p.overflow == "reject"
-        self._default_deadline_s = p.default_deadline_s
-        self._stats = ExecutorStats(p.max_batch_size, p.pad_multiple)
-        self._runner = BatchRunner(batch_fn, stats=self._stats, settle=self._settle,
-                                   bisect_on_error=p.bisect_on_error, batch_timeout_s=p.batch_timeout_s, name=name)
-        self._room = WaitingRoom(p.max_pending)
+        self._runner = BatchRunner(batch_fn, self._slots, self._stats, settle=self._settle, requeue=self._requeue,
+                                   timeout_s=self.policy.batch_timeout_s, name=name)
+        self._changed = asyncio.Event()  # set whenever the queue or the slots change: the loop sleeps on it
         self._seq = 0
-        self._drain_seq = 0  # requests with seq <= this are flushed without waiting
-        self._drain_reason = "drain"
         self._expect_n: int | None = None
         self._step_count = 0  # submits since the last drain (the current step)
-        self._running: dict[asyncio.Task, list[Request]] = {}
-        self._running_requests = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._supervisor: asyncio.Task | None = None
-        self._wake: asyncio.Future | None = None  # set while the loop sleeps
-        self._wake_at: float | None = None  # when its timer fires; None: it waits for a slot or a first request
-        self._wake_timer: asyncio.TimerHandle | None = None
         self._crash_streak = 0
         self._closed = False
 
@@ -117,12 +102,13 @@ class PendingRequestExecutor(SettlingMixin):
                 None uses ``BatchPolicy.default_deadline_s``; ``math.inf`` means no deadline.
             group: a hashable key shared by siblings (GRPO responses to one prompt): with ``prefer_siblings``, a
                 batch takes the pending siblings of its oldest request first. None: the item's ``group`` attribute,
-                if it has one (:attr:`verl_async_rm.rm.RMRequest.group`).
+                if it has one (:attr:`verl_async_rm.scoring.RMRequest.group`).
 
         Raises:
             QueueFullError: ``max_pending`` requests are waiting and the policy says ``reject``.
             ExecutorClosedError: the executor is closed, or was closed while the request waited.
             ExecutorCrashedError: the batching loop died while the request waited (it restarts by itself).
+            NoSlotsError: every slot is lost and none is being replaced.
             RequestTimeoutError: the deadline passed, or the batch ran past ``batch_timeout_s``.
             BatchResultError: ``batch_fn`` broke its contract (wrong number of results...).
             Exception: whatever ``batch_fn`` raised for the batch, or returned for this item.
@@ -135,13 +121,13 @@ class PendingRequestExecutor(SettlingMixin):
             raise self._no_slots_error()
         if num_tokens is not None:
             num_tokens = check_tokens(num_tokens)
-        elif self._max_tokens is not None:
+        elif self.policy.max_batch_tokens is not None:
             raise ValueError(
-                f"submit(num_tokens=None) but BatchPolicy.max_batch_tokens={self._max_tokens}: pass the item's "
-                "length as num_tokens, or set max_batch_tokens=None"
+                f"submit(num_tokens=None) but BatchPolicy.max_batch_tokens={self.policy.max_batch_tokens}: pass the "
+                "item's length as num_tokens, or set max_batch_tokens=None"
             )
         if deadline_s is None:
-            deadline_s = self._default_deadline_s
+            deadline_s = self.policy.default_deadline_s
         elif not deadline_s > 0:
             raise ValueError(f"deadline_s must be > 0 seconds (math.inf for none), got {deadline_s!r}")
         supervisor = self._supervisor
@@ -149,7 +135,7 @@ class PendingRequestExecutor(SettlingMixin):
             self._start()
         room = self._room
         blocked = room.full()
-        if blocked and self._reject:
+        if blocked and self.policy.overflow == "reject":
             self._stats.rejected += 1
             raise QueueFullError(
                 f"executor {self._name!r}: {len(room)} requests already pending (BatchPolicy.max_pending="
@@ -175,7 +161,7 @@ class PendingRequestExecutor(SettlingMixin):
         if self._expect_n is not None and self._step_count >= self._expect_n:
             self._start_drain("expect")
         else:
-            self._maybe_wake()
+            self._changed.set()
         try:
             return await req.future
         except asyncio.CancelledError:
@@ -214,11 +200,12 @@ class PendingRequestExecutor(SettlingMixin):
 
     def stats(self) -> dict[str, Any]:
         """Counters, batch size/fill/padding, wait and execution time percentiles (ms), flush reasons, queue state."""
+        running = self._runner.running
         live = {
             "queue_len": len(self._room),
             "blocked": self._room.blocked,
-            "in_flight_batches": len(self._running),
-            "in_flight_requests": self._running_requests,
+            "in_flight_batches": len(running),
+            "in_flight_requests": sum(req.state == RUNNING for batch in running.values() for req in batch),
             "slots": len(self._slots),
             "free_slots": len(self._slots.free),
             **self._slots.summary(),
@@ -252,26 +239,14 @@ class PendingRequestExecutor(SettlingMixin):
         if self._closed:
             return
         self._closed = True
-        self._fail_waiting(lambda: ExecutorClosedError(
-            f"executor {self._name!r} was closed while the request waited for a batch"))
+        self._fail_waiting(partial(ExecutorClosedError,
+                                   f"executor {self._name!r} was closed while the request waited for a batch"))
         supervisor, self._supervisor = self._supervisor, None
         if supervisor is not None:
             supervisor.cancel()
             await asyncio.wait({supervisor})
         await self._slots.aclose()
-        running = set(self._running)
-        if running:
-            late = running
-            if grace_s > 0:
-                _, late = await asyncio.wait(running, timeout=grace_s)
-            for task in late:
-                task.cancel()
-            if late:
-                await asyncio.wait(late, timeout=1.0)
-            for task in late:  # a batch_fn that swallows cancellation must not keep its callers waiting
-                for req in self._running.get(task, ()):
-                    self._settle(req, None, ExecutorClosedError(
-                        f"executor {self._name!r} was closed while the request's batch was running"))
+        await self._runner.aclose(grace_s)
 
     async def __aenter__(self) -> PendingRequestExecutor:
         return self
@@ -302,7 +277,7 @@ class PendingRequestExecutor(SettlingMixin):
                 self._crash_streak += 1
                 logger.error("executor %r: batching loop crashed; failing %d waiting requests and restarting",
                              self._name, len(self._room) + self._room.blocked, exc_info=exc)
-                self._fail_waiting(lambda: ExecutorCrashedError.from_cause(self._name, exc))
+                self._fail_waiting(partial(ExecutorCrashedError.from_cause, self._name, exc))
                 if self._crash_streak > 1:  # crashing again without a batch in between: back off a little
                     await asyncio.sleep(min(1.0, 0.001 * 2 ** min(self._crash_streak, 10)))
 
@@ -316,174 +291,142 @@ class PendingRequestExecutor(SettlingMixin):
         waiting = len(self._room) + self._room.blocked
         log = logger.error if waiting else logger.debug
         log("executor %r: batching loop stopped (%r); failing %d waiting requests", self._name, cause, waiting)
-        self._fail_waiting(lambda: ExecutorCrashedError.from_cause(self._name, cause))
+        self._fail_waiting(partial(ExecutorCrashedError.from_cause, self._name, cause))
 
     async def _batch_loop(self) -> None:
-        loop = self._loop
+        """Form a batch whenever a slot is free and the flush rule says so; else sleep until something changes or
+        the rule's time comes."""
+        loop, room, free, changed = self._loop, self._room, self._slots.free, self._changed
         assert loop is not None
-        room, free = self._room, self._slots.free
         while not self._closed:
-            if not free or not room.pending:
-                await self._sleep(None)
-                continue
-            now = loop.time()
-            reason = self._flush_reason(now)
-            if reason is None:
-                await self._sleep(room.head().t_submit + self._max_wait_s)
-                continue
-            self._dispatch(reason, now)
-
-    def _flush_reason(self, now: float) -> str | None:
-        room = self._room
-        if len(room) >= self._max_items:
-            return "size"
-        if self._max_tokens is not None and room.tokens >= self._max_tokens:
-            return "tokens"
-        head = room.head()
-        if head.seq <= self._drain_seq:
-            return self._drain_reason
-        if now + _CLOCK_RESOLUTION >= head.t_submit + self._max_wait_s:
-            return "age"
-        return None
+            changed.clear()
+            wake_at = None
+            if free:
+                now = loop.time()
+                reason, wake_at = room.next_flush(now)
+                if reason is not None:
+                    self._dispatch(reason, now)
+                    continue
+            # Sleep until the queue or the slots change, or the rule's time comes (the event is set then too).
+            timer = None if wake_at is None else loop.call_at(wake_at, changed.set)
+            try:
+                await changed.wait()
+            finally:
+                if timer is not None:
+                    timer.cancel()
 
     def _dispatch(self, reason: str, now: float) -> None:
-        """Form one batch from the queue and start it on the first free slot."""
-        room, free = self._room, self._slots.free
-        max_items, max_tokens = self._max_items, self._max_tokens
-        if reason in ("drain", "expect") and len(free) > 1 and len(room) > 1:
-            share = min(len(free), len(room))  # spread a drain evenly over the free slots
-            max_items = min(max_items, -(-len(room) // share))
-            if room.tokens:
-                per_slot = -(-room.tokens // share)
-                max_tokens = per_slot if max_tokens is None else min(max_tokens, per_slot)
-        picked = select_batch(
-            room.pending.values(), count=len(room), pending_tokens=room.tokens, max_items=max_items,
-            max_tokens=max_tokens, due_before=now + _CLOCK_RESOLUTION - self._max_wait_s,
-            group_by_length=self.policy.group_by_length, window=_GROUP_WINDOW_BATCHES * self._max_items,
-            prefer_siblings=self.policy.prefer_siblings,
-        )
+        """Take one batch out of the queue and start it on the oldest free slot."""
+        picked = self._room.take_batch(reason, now, len(self._slots.free))
         try:
-            self._start_batch(picked, reason, now)
-        except BaseException as exc:
-            for req in picked:  # whatever was taken out of the queue must not be stranded
-                if req.state == PENDING and req.seq in room.pending:
-                    room.take(req)
-                if not any(req in batch for batch in self._running.values()):
-                    self._settle(req, None, ExecutorCrashedError.from_cause(self._name, exc))
-            raise
-
-    def _start_batch(self, picked: list[Request], reason: str, now: float) -> None:
-        room = self._room
-        batch: list[Request] = []
-        lengths: list[int] = []
-        all_lengths = True
-        wait_s = self._stats.wait_s
-        for req in picked:
-            room.take(req)
-            if req.future.done():  # cancelled; the caller's task has not run its handler yet
-                self._settle(req, None, None)
-                continue
-            if req.num_tokens is None:
-                all_lengths = False
-            else:
-                lengths.append(req.num_tokens)
-            req.state = RUNNING
-            batch.append(req)
-            wait_s.add(now - req.t_submit)
-        if room.blocked:
-            room.admit()
-        if not batch:
-            return
-        self._stats.record_batch(len(batch), lengths if all_lengths else None, reason)
-        slot_index = self._slots.take()
-        try:
-            task = asyncio.get_running_loop().create_task(self._run_batch(batch, slot_index))
-        except BaseException:
-            self._slots.untake(slot_index)
-            raise
-        self._running[task] = batch
-        self._running_requests += len(batch)
-        task.add_done_callback(self._on_batch_done)
-        self._crash_streak = 0
-
-    async def _run_batch(self, batch: list[Request], slot_index: int) -> None:
-        verdict = None
-        try:
-            verdict = await self._runner.run(batch, self._slots.slots[slot_index])
-        except asyncio.CancelledError:
-            for req in batch:
-                self._settle(req, None, ExecutorClosedError(
-                    f"executor {self._name!r} was closed while the request's batch was running"))
-            raise
-        except Exception as exc:  # noqa: BLE001 - a bug in the runner must not strand callers
-            logger.error("executor %r: running a batch failed unexpectedly", self._name, exc_info=exc)
-            for req in batch:
+            batch = []
+            wait_s = self._stats.wait_s
+            for req in picked:
+                if req.future.done():  # cancelled; the caller's task has not run its handler yet
+                    self._settle(req, None, None)
+                    continue
+                req.state = RUNNING
+                batch.append(req)
+                wait_s.add(now - req.t_submit)
+            if batch:
+                lengths = [req.num_tokens for req in batch]
+                self._stats.record_batch(len(batch), None if None in lengths else lengths, reason)
+                self._runner.start(batch)
+                self._crash_streak = 0
+        except BaseException as exc:  # whatever was taken out of the queue must not be stranded
+            for req in picked:
                 self._settle(req, None, ExecutorCrashedError.from_cause(self._name, exc))
-        finally:
-            self._running_requests -= len(batch)
-            if verdict is not None and verdict.lost is not None:
-                self._requeue(batch, verdict.lost)
-                self._slots.lose(slot_index, verdict.lost)
-            elif verdict is not None and verdict.busy_until is not None:
-                self._slots.hold(slot_index, verdict.busy_until)
-            else:
-                self._slots.release(slot_index)
-            self._notify()
-
-    def _on_batch_done(self, task: asyncio.Task) -> None:
-        self._running.pop(task, None)
-        if not task.cancelled() and task.exception() is not None:  # _run_batch settles everything; log regardless
-            logger.error("executor %r: batch task failed", self._name, exc_info=task.exception())
-
-    # ------------------------------------------------------------------ waking the loop
-
-    async def _sleep(self, when: float | None) -> None:
-        """Sleep until ``_notify``, or until the loop time ``when`` (if given, or armed later by ``_maybe_wake``)."""
-        loop = self._loop
-        assert loop is not None
-        fut = loop.create_future()
-        self._wake = fut
-        self._arm(when)
-        try:
-            await fut
-        finally:
-            self._wake = None
-            self._arm(None)
-
-    def _arm(self, when: float | None) -> None:
-        """Set (or with None, cancel) the timer that ends the loop's current sleep."""
-        if self._wake_timer is not None:
-            self._wake_timer.cancel()
-            self._wake_timer = None
-        self._wake_at = when
-        if when is not None and self._wake is not None:
-            self._wake_timer = self._loop.call_at(when, _set_done, self._wake)  # type: ignore[union-attr]
-
-    def _notify(self) -> None:
-        wake = self._wake
-        if wake is not None and not wake.done():
-            wake.set_result(None)
-
-    def _maybe_wake(self) -> None:
-        """Wake the loop if the queue just changed in a way that can flush a batch before its timer."""
-        wake = self._wake
-        room = self._room
-        if wake is None or wake.done() or not self._slots.free or not room.pending:
-            return
-        if len(room) >= self._max_items or (self._max_tokens is not None and room.tokens >= self._max_tokens):
-            wake.set_result(None)
-        elif self._wake_at is None:  # the loop sleeps on an empty queue: time the new head's max_wait from here
-            when = room.head().t_submit + self._max_wait_s
-            if when <= self._loop.time() + _CLOCK_RESOLUTION:  # type: ignore[union-attr]
-                wake.set_result(None)  # already due (max_wait_ms=0, or an old request admitted from overflow)
-            else:
-                self._arm(when)
+            raise
 
     def _start_drain(self, reason: str) -> None:
-        self._drain_seq, self._drain_reason = self._seq, reason
+        self._room.drain_seq, self._room.drain_reason = self._seq, reason
         self._step_count, self._expect_n = 0, None
-        self._notify()
+        self._changed.set()
 
-def _set_done(fut: asyncio.Future) -> None:
-    if not fut.done():
-        fut.set_result(None)
+    # ------------------------------------------------------------------ settling requests
+
+    def _settle(self, req: Request, value: Any, exc: BaseException | None) -> None:
+        """Resolve ``req`` once (a no-op if it is DONE). The caller has already taken it out of the queue."""
+        if req.state == DONE:
+            return
+        req.state = DONE
+        if req.timer is not None:
+            req.timer.cancel()
+            req.timer = None
+        fut, stats = req.future, self._stats
+        if fut.done():  # the caller cancelled; its handler will find the request DONE
+            stats.cancelled += 1
+            return
+        stats.step_last_settle = self._loop.time()  # type: ignore[union-attr]
+        if exc is None:
+            fut.set_result(value)
+            stats.completed += 1
+        else:
+            fut.set_exception(exc)
+            if isinstance(exc, RequestTimeoutError):
+                stats.timed_out += 1
+            else:
+                stats.failed += 1
+
+    def _unlink(self, req: Request) -> None:
+        """Take a waiting request out of the queue before settling it; blocked ones may take its place."""
+        if req.state == PENDING or req.state == BLOCKED:
+            self._room.remove(req)
+            self._changed.set()
+
+    def _cancel(self, req: Request) -> None:
+        """The caller's ``submit`` was cancelled: drop the request (a running batch just loses its result)."""
+        if req.state == DONE:
+            return
+        self._unlink(req)
+        self._settle(req, None, None)  # its future is cancelled already: counted as cancelled
+
+    def _expire(self, req: Request) -> None:
+        """Deadline timer: fail the request wherever it is."""
+        if req.state == DONE:
+            return
+        req.timer = None
+        where = {BLOCKED: "blocked on a full queue", PENDING: "waiting for a batch",
+                 RUNNING: "in a running batch"}[req.state]
+        self._unlink(req)
+        self._settle(req, None, RequestTimeoutError(
+            f"executor {self._name!r}: request #{req.seq} missed its deadline of {req.deadline_s:g} s while "
+            f"{where} ({len(self._room)} pending, {len(self._slots.free)}/{len(self._slots)} slots free, "
+            f"{self._slots.usable} usable)"
+        ))
+
+    def _requeue(self, batch: list[Request], exc: SlotLostError) -> None:
+        """Put the unsettled requests of a batch whose slot was lost back at the head of the queue (or fail them)."""
+        again = []
+        for req in batch:
+            if req.state != RUNNING:
+                continue
+            if self._closed:  # no loop will serve the queue again
+                self._settle(req, None, ExecutorClosedError(
+                    f"executor {self._name!r} was closed while the request's slot was lost ({exc})"))
+            elif req.requeued >= self.policy.slot_retries:
+                self._settle(req, None, exc)
+            else:
+                req.requeued += 1
+                again.append(req)
+        self._room.requeue(again)
+        self._stats.requeued += len(again)
+        self._changed.set()
+
+    def _on_slots_change(self) -> None:
+        """A slot became free, or was lost for good: wake the loop; with no slot left, fail who waits."""
+        if not self._slots.usable:
+            self._fail_waiting(self._no_slots_error)
+        self._changed.set()
+
+    def _no_slots_error(self) -> NoSlotsError:
+        return NoSlotsError(
+            f"executor {self._name!r}: all {len(self._slots)} slot(s) (RM replicas) are lost and none could be "
+            f"replaced ({self._slots.counts['lost']} lost, {self._slots.counts['replace_failed']} replacements "
+            "failed); see the log for why each was lost"
+        )
+
+    def _fail_waiting(self, make_exc: Callable[[], BaseException]) -> None:
+        """Fail every waiting (pending or blocked) request, each with its own exception instance."""
+        for req in self._room.clear():
+            self._settle(req, None, make_exc())

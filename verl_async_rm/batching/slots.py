@@ -1,9 +1,9 @@
 """``SlotTable``: which slots (RM replicas) can take a batch, and what happens when one fails as a whole.
 
-A slot is ``free`` (ready for a batch), ``busy`` (running one), ``late`` (its last call was given up on but is still
-running remotely: no new batch until it answers), ``replacing`` (lost; a replacement is being made) or ``lost``
-(gone, no replacement). The executor takes free slots oldest-freed first and reports every change through
-``on_change`` so its loop can wake up, or fail the waiting requests when no slot is left.
+A slot is ``free`` (ready for a batch), ``busy`` (running one), ``late`` (its call ran past ``batch_timeout_s`` and was
+cancelled, but has not ended yet: no new batch until it has), ``replacing`` (lost; a replacement is being made) or
+``lost`` (gone, no replacement). The executor takes free slots oldest-freed first; every change that can let a batch
+start, or leaves no slot at all, is reported through ``on_change``.
 """
 
 from __future__ import annotations
@@ -62,28 +62,17 @@ class SlotTable:
         self.state[index] = "busy"
         return index
 
-    def untake(self, index: int) -> None:
-        """Undo :meth:`take` (the batch could not be started)."""
-        self.state[index] = "free"
-        self.free.appendleft(index)
-
     def release(self, index: int) -> None:
-        """The slot's batch is over and the slot is fine."""
+        """The slot's batch (or its late call) is over and the slot is fine."""
         self.state[index] = "free"
         self.free.append(index)
         self._on_change()
 
-    def hold(self, index: int, ready: Any) -> None:
-        """The slot's call was given up on but still runs: keep the slot ``late`` until ``ready`` completes.
-
-        ``ready`` ending with an exception that says the slot is gone (``SlotLostError``, or Ray's dead-actor
-        error) loses the slot instead.
-        """
+    def mark_late(self, index: int) -> None:
+        """The slot's call was given up on (and cancelled) but has not ended: no batch until :meth:`release`."""
         self.state[index] = "late"
         self.counts["late"] += 1
-        logger.warning("executor %r: slot %d keeps running a call that was given up on; it gets no batch until "
-                       "that call ends", self._name, index)
-        self._spawn(self._wait_late(index, ready), f"{self._name}-late-slot-{index}")
+        logger.warning("executor %r: slot %d gets no batch until its timed-out call has ended", self._name, index)
 
     def lose(self, index: int, cause: BaseException) -> None:
         """The slot is gone: replace it if a replacement function was given, else retire it."""
@@ -104,7 +93,7 @@ class SlotTable:
         return out
 
     async def aclose(self) -> None:
-        """Stop waiting for late slots and replacements; slots lost from now on are retired, not replaced."""
+        """Stop the replacements under way; slots lost from now on are retired, not replaced."""
         self._closed = True
         tasks, self._tasks = self._tasks, set()
         for task in tasks:
@@ -117,19 +106,6 @@ class SlotTable:
     def _retire(self, index: int) -> None:
         self.state[index] = "lost"
         self._on_change()
-
-    async def _wait_late(self, index: int, ready: Any) -> None:
-        try:
-            await ready
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the late call failed: decide whether the slot survived
-            if _means_lost(exc):
-                self.lose(index, exc)
-                return
-            logger.info("executor %r: the late call on slot %d ended with %r", self._name, index, exc)
-        logger.info("executor %r: slot %d answered its late call; it takes batches again", self._name, index)
-        self.release(index)
 
     async def _do_replace(self, index: int) -> None:
         old = self.slots[index]
@@ -161,11 +137,3 @@ class SlotTable:
         if not task.cancelled() and task.exception() is not None:
             logger.error("executor %r: slot task %s failed", self._name, task.get_name(), exc_info=task.exception())
 
-
-def _means_lost(exc: BaseException) -> bool:
-    """Whether the failure of a late call means its slot is gone (a lost-slot error, or Ray's dead-actor error)."""
-    from verl_async_rm.errors import SlotLostError
-
-    if isinstance(exc, SlotLostError):
-        return True
-    return any(cls.__name__ in ("RayActorError", "ActorDiedError") for cls in type(exc).__mro__)

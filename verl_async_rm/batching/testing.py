@@ -139,7 +139,7 @@ class GatedBatchFn:
 
     @property
     def seen(self) -> list[Any]:
-        """Every item passed to any call, in call order (repeats when a batch was bisected)."""
+        """Every item passed to any call, in call order (repeats when a batch was re-queued after a lost slot)."""
         return [item for items, _ in self.calls for item in items]
 
     def _bind(self) -> None:

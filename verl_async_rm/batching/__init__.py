@@ -1,0 +1,36 @@
+"""The pending-request executor: slot-based dynamic batching of single reward requests that never hangs.
+
+``PendingRequestExecutor`` is pure asyncio and Ray-free; the RM service (:mod:`verl_async_rm.service`) runs one inside
+its Ray actor, with the RM replicas as slots. The knobs are in :class:`BatchPolicy`.
+
+In process::
+
+    async def batch_fn(items: list, slot) -> list:       # one result or Exception instance per item, in order
+        return await slot.score.remote(items)             # e.g. slot = the Ray handle of one RM replica
+
+    executor = PendingRequestExecutor(batch_fn, BatchPolicy(max_batch_size=64, max_wait_ms=20), slots=replicas)
+    score = await executor.submit(item, num_tokens=len(ids), deadline_s=60)
+    executor.drain()                                      # end of a rollout step: flush what is pending now
+    await executor.aclose()
+
+Layout, in the order a request meets it: ``policy`` (BatchPolicy); ``executor`` (the API, settling every request
+once, and the supervised loop that sleeps on one ``asyncio.Event`` until the flush rule's time); ``pending`` (a request
+and its states); ``queue`` (WaitingRoom: pending and blocked requests, and the flush rule, written once);
+``formation`` (which requests form the next batch); ``slots`` (SlotTable: free, busy, late, replacing, lost);
+``batch_call`` (BatchRunner: the batches in flight, one ``batch_fn`` call each, under ``batch_timeout_s``); ``stats``;
+``testing`` (gated batch function and virtual-time loop for tests).
+"""
+
+from __future__ import annotations
+
+from verl_async_rm.batching.executor import BatchFn, PendingRequestExecutor
+from verl_async_rm.batching.policy import OVERFLOW_MODES, BatchPolicy
+from verl_async_rm.batching.stats import FLUSH_REASONS
+
+__all__ = [
+    "BatchFn",
+    "BatchPolicy",
+    "FLUSH_REASONS",
+    "OVERFLOW_MODES",
+    "PendingRequestExecutor",
+]
