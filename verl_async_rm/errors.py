@@ -14,15 +14,11 @@ __all__ = [
     "QueueFullError",
     "RequestTimeoutError",
     "BatchResultError",
-    "SlotError",
     "SlotLostError",
     "NoSlotsError",
-    "take_slot_ready",
     "RewardModelError",
-    "ReplicaError",
     "ReplicaLostError",
-    "ReplicaTimeoutError",
-    "ExecutorLostError",
+    "RMServiceLostError",
     "TrajectoryDroppedError",
     "RMScoreError",
     "NonFiniteScoreError",
@@ -65,29 +61,13 @@ class BatchResultError(AsyncRMError):
     """Raised when a batch function breaks its contract (for example returns a list of the wrong length)."""
 
 
-class SlotError(AsyncRMError):
-    """Raised by a batch function when its slot failed as a whole (the replica died, or did not answer in time).
-
-    The executor does not bisect such a batch: re-running halves on a dead or stuck slot finds no culprit item.
-    ``slot_ready``, when given, is an awaitable that completes when the slot is idle again (for example the RM call
-    that is still running on a replica after a timeout): the executor gives the slot no new batch until then.
-    """
-
-    def __init__(self, *args: object, slot_ready: object = None) -> None:
-        super().__init__(*args)
-        self.slot_ready = slot_ready
-
-
-def take_slot_ready(exc: BaseException) -> object:
-    """Detach and return ``exc.slot_ready`` (None if absent), so the exception can be pickled to callers."""
-    return exc.__dict__.pop("slot_ready", None)
-
-
-class SlotLostError(SlotError):
+class SlotLostError(AsyncRMError):
     """Raised by a batch function when its slot is gone for good (the RM replica died).
 
-    The executor retires the slot, puts the batch's requests back at the head of the queue for the other slots (at
-    most ``BatchPolicy.slot_retries`` times per request) and asks for a replacement if it was given a way to make one.
+    Raised by the call, the executor puts the batch's requests back at the head of the queue for the other slots (at
+    most ``BatchPolicy.slot_retries`` times per request); raised by a call that ran past ``batch_timeout_s`` (whose
+    requests have already failed), it only ends the slot. Either way the slot is replaced if the executor was given a
+    way to make one, else retired.
     """
 
 
@@ -99,20 +79,13 @@ class RewardModelError(AsyncRMError):
     """Raised when the reward model fails to score a trajectory (load failure, forward failure)."""
 
 
-class ReplicaError(SlotError, RewardModelError):
-    """Raised when an RM replica died, raised on a whole batch, or did not answer within ``score_timeout_s``."""
+class ReplicaLostError(SlotLostError, RewardModelError):
+    """Raised when an RM replica died (its actor is gone), or stayed silent past the late limit after its call was
+    given up on; its batch is re-queued on the other replicas and the replica replaced."""
 
 
-class ReplicaLostError(ReplicaError, SlotLostError):
-    """Raised when an RM replica died (its actor is gone); its batch is re-queued on the other replicas."""
-
-
-class ReplicaTimeoutError(ReplicaError, RequestTimeoutError):
-    """Raised when an RM replica did not answer a batch within ``score_timeout_s``."""
-
-
-class ExecutorLostError(AsyncRMError):
-    """Raised in an agent-loop worker when the executor actor died; the manager starts a new one at the next step."""
+class RMServiceLostError(AsyncRMError):
+    """Raised in an agent-loop worker when the RM service died; the manager starts a new one at the next step."""
 
 
 class TrajectoryDroppedError(RewardModelError):

@@ -1,11 +1,11 @@
 """``ReplicaFactory``: a stand-in RM replica for a lost one, started in the lost replica's own bundle.
 
 The executor calls it (as its ``replace_slot``) when a replica died under a batch. The new
-:class:`~verl_async_rm.rm.worker.RewardModelWorker` gets the placement-group bundle the dead one held (so it never
+:class:`~verl_async_rm.service.replica.RewardModelWorker` gets the placement-group bundle the dead one held (so it never
 competes with the policy for resources; it starts "when resources allow": as soon as Ray has freed the dead actor's
 bundle, or re-placed the group after a node loss) and the environment verl gave the original rank
 (``single_controller/ray/base.py:632-640``); then it loads the RM within ``init_timeout_s``. It is owned by the
-process that calls it (the executor actor), so it goes away with it.
+process that calls it (the RM service actor), so it goes away with it.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from verl_async_rm.errors import RewardModelError
-from verl_async_rm.rm.config import RMConfig
-from verl_async_rm.rm.worker import RewardModelWorker
+from verl_async_rm.scoring.rm_config import RMConfig
+from verl_async_rm.service.replica import RewardModelWorker
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +30,7 @@ __all__ = ["ReplicaFactory"]
 class ReplicaFactory:
     """``async factory(old_replica, index) -> new replica``, for a worker group made by ``create_rm_worker_group``.
 
-    Picklable (placement groups and plain data), so it can be handed to the executor actor.
+    Picklable (placement groups and plain data).
 
     Args:
         config: the RM settings (the replica loads ``config.model_path``; ``init_timeout_s`` bounds the start).

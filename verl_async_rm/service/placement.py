@@ -14,14 +14,7 @@
 the RM on every replica (with ``init_timeout_s``) and returns it; ``wg.workers`` are the per-replica actor handles,
 one executor slot each. :func:`shutdown_rm_worker_group` kills the replicas and frees the placement groups.
 
-Data-parallel replicas only. Each worker holds a full copy of the RM on one GPU. An RM too big for one GPU would be
-served in *group mode* (not built yet): a replica becomes ``k`` GPUs on one node. Either (a) one actor per replica
-asks ``num_gpus=k`` from a ``k``-GPU bundle and loads the model with ``device_map="auto"`` (layers split over its
-GPUs; simplest, no collectives, one GPU busy at a time), or (b) ``k`` ranks per replica shard the model (tensor
-parallel or FSDP): the pool is carved into per-replica sub-pools with verl's ``split_resource_pool``
-(``single_controller/ray/base.py``), each sub-pool gets its own ``RayWorkerGroup`` whose ranks run the same forward
-with collectives, and the executor slot becomes that replica group (a small async wrapper that sends the batch to
-all ``k`` ranks and awaits rank 0's result). The slot contract (``batch_fn(items, slot)``) does not change.
+Data-parallel replicas only: each worker holds a full copy of the RM on one GPU (or one CPU bundle).
 """
 
 from __future__ import annotations
@@ -30,16 +23,18 @@ import inspect
 import logging
 from typing import Any
 
-import numpy as np
 import ray
-from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
-from verl import DataProto
+from ray.util.placement_group import (
+    PlacementGroup,
+    get_placement_group,
+    placement_group,
+    remove_placement_group,
+)
 from verl.single_controller.ray.base import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
 
 from verl_async_rm.errors import ResourcePoolError, RewardModelError
-from verl_async_rm.rm.config import RMConfig
-from verl_async_rm.rm.request import RMRequest
-from verl_async_rm.rm.worker import RewardModelWorker
+from verl_async_rm.scoring.rm_config import RMConfig
+from verl_async_rm.service.replica import RewardModelWorker
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +43,7 @@ __all__ = [
     "reserve_placement_groups",
     "create_rm_worker_group",
     "shutdown_rm_worker_group",
-    "score_with_group",
+    "remove_pool_groups",
 ]
 
 _NODE_ID_LABEL = "ray.io/node-id"
@@ -156,6 +151,7 @@ def reserve_placement_groups(
         )
     pgs = []
     for i, bundles in enumerate(bundles_per_group):
+        _remove_stale(f"{name_prefix}{i}")
         kwargs: dict[str, Any] = {}
         if pin:
             kwargs["bundle_label_selector"] = [{_NODE_ID_LABEL: node_ids[i]} for _ in bundles]
@@ -183,7 +179,8 @@ def create_rm_worker_group(
     Args:
         config: the RM settings.
         pool: a pool to use; default: ``RMResourcePool.from_config(config)``.
-        name_prefix: actor name prefix (verl picks a random one by default).
+        name_prefix: prefix of the replicas' actor names and of the pool's placement groups (verl picks a random one
+            by default); placement groups of the same names left by a dead predecessor are removed first.
 
     Returns:
         The verl ``RayWorkerGroup``; ``wg.workers`` are the replicas' actor handles (executor slots) and
@@ -194,7 +191,7 @@ def create_rm_worker_group(
         RewardModelError: a replica failed to load the RM, or took longer than ``init_timeout_s``; the group is
             shut down first.
     """
-    pool = pool if pool is not None else RMResourcePool.from_config(config)
+    pool = pool if pool is not None else RMResourcePool.from_config(config, name_prefix=name_prefix)
     pool.get_placement_groups()
     device_name = "cpu" if not pool.use_gpu else _device_name()
     try:
@@ -244,20 +241,23 @@ def shutdown_rm_worker_group(wg: RayWorkerGroup) -> None:
         pool.release()
 
 
-def score_with_group(wg: RayWorkerGroup, requests: list[RMRequest]) -> list[float | Exception]:
-    """Score ``requests`` on the whole group in one blocking call (``Dispatch.DP_COMPUTE_PROTO``, auto-padded).
 
-    For synchronous callers; the executor uses the per-replica path instead (``wg.workers[i].score.remote``).
-    """
-    if not requests:
-        return []
-    array = np.empty(len(requests), dtype=object)
-    array[:] = requests
-    data = DataProto.from_dict(non_tensors={"rm_requests": array}, meta_info={"_verl_auto_padding": True})
-    out = wg.compute_rm_score(data)
-    scores = out.batch["rm_scores"].tolist()
-    errors = out.non_tensor_batch["rm_errors"]
-    return [err if err is not None else score for score, err in zip(scores, errors, strict=True)]
+def remove_pool_groups(name_prefix: str, nnodes: int) -> None:
+    """Remove the placement groups of a pool made by ``create_rm_worker_group(..., name_prefix=name_prefix)`` whose
+    owner died before releasing them (placement groups live as long as the job, not the actor that made them)."""
+    for i in range(nnodes):
+        _remove_stale(f"{name_prefix}verl_async_rm_pool:{i}")
+
+
+def _remove_stale(name: str) -> None:
+    """Remove a placement group of this name left by a dead predecessor (a restarted RM service reuses its pool's
+    names; placement groups live as long as the job, not the actor that made them)."""
+    try:
+        stale = get_placement_group(name)
+    except ValueError:  # none of that name: the usual case
+        return
+    logger.warning("removing placement group %s left by a previous RM service", name)
+    remove_placement_group(stale)
 
 
 def _accelerator_resource() -> str:

@@ -1,7 +1,7 @@
 """Shared prompts computed once: the common prefix of sibling RM inputs runs once per packed forward.
 
 GRPO samples ``n`` responses per prompt; after (re-)templating, the siblings' RM inputs (same
-:attr:`~verl_async_rm.rm.RMRequest.group`) share a long prefix. It is found as the longest common prefix of their
+:attr:`~verl_async_rm.scoring.RMRequest.group`) share a long prefix. It is found as the longest common prefix of their
 token ids (:func:`common_prefix`), so template quirks cannot break it, and capped one token short of the shortest
 sibling so every row keeps a token of its own to read its score at.
 
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from verl_async_rm.rm.packing import concat_ranges, flat_ids, to_device
+from verl_async_rm.scoring.packing import concat_ranges, flat_ids, to_device
 
 __all__ = ["MIN_SHARED_PREFIX", "common_prefix", "plan_shared_micro_batches", "SharedLayout", "shared_layout"]
 

@@ -21,7 +21,7 @@ import json
 import os
 from typing import Any
 
-from verl_async_rm.rm.config import ConfigValueError
+from verl_async_rm.scoring.rm_config import ConfigValueError
 
 __all__ = ["check_rm_checkpoint", "load_tokenizer", "load_sequence_classifier"]
 
@@ -107,7 +107,8 @@ def _remote_code_error(err: Exception, path: str, key: str) -> ConfigValueError 
 
 
 def load_tokenizer(path: str, key: str, trust_remote_code: bool) -> Any:
-    """``AutoTokenizer.from_pretrained(path)``; a failure names ``key`` and the fix instead of transformers' argument."""
+    """``AutoTokenizer.from_pretrained(path)``; a failure names ``key`` and the fix instead of transformers'
+    argument."""
     from transformers import AutoTokenizer
 
     try:

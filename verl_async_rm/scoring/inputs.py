@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from verl_async_rm.errors import RewardInputError
-from verl_async_rm.rm.request import RMRequest
+from verl_async_rm.request import RMRequest
 
 __all__ = [
     "tokenizers_match",

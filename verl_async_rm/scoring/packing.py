@@ -16,8 +16,8 @@ Two ways to keep attention inside each row, both through the model's own HF modu
   (``find_packed_sequence_indices``) and builds a causal block-diagonal mask for sdpa/eager/flex. Exact, but the
   attention does the whole ``T x T`` work: only ``packing=true`` takes it, where no variable-length kernel exists.
 
-:func:`choose_kernel` picks one for a model and a device; :class:`verl_async_rm.rm.forward.RMForward` checks at load
-that the packed scores equal padded ones before it trusts the choice.
+:func:`choose_kernel` picks one for a model and a device; :class:`verl_async_rm.scoring.forward.RMForward` checks at
+load that the packed scores equal padded ones before it trusts the choice.
 """
 
 from __future__ import annotations
@@ -213,8 +213,8 @@ def varlen_attention_forward(
     """A transformers attention function for packed rows: ``query`` ``(1, H, T, D)`` -> ``((1, T, H, D), None)``.
 
     Needs the rows' boundaries in ``kwargs`` (``cu_seq_lens_q``, ``max_length_q``; ``cu_seq_lens_k``, ``max_length_k``
-    and ``rm_key_index`` when segments read a shared prefix, see :mod:`verl_async_rm.rm.sharing`: the keys and values
-    are then gathered by ``rm_key_index`` first). Raises on what it cannot honour
+    and ``rm_key_index`` when segments read a shared prefix, see :mod:`verl_async_rm.scoring.sharing`: the keys and
+    values are then gathered by ``rm_key_index`` first). Raises on what it cannot honour
     (a padding mask, a sliding window, logit soft-capping, attention sinks), so a model that needs them fails the
     load-time check instead of scoring wrongly.
     """

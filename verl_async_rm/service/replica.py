@@ -1,36 +1,26 @@
-"""The RM worker: a verl ``Worker`` holding one full copy of the reward model (one data-parallel replica).
+"""One RM replica: a verl ``Worker`` holding one full copy of the reward model (one data-parallel replica).
 
-Two ways to call it:
-
-- per replica (what the executor uses): ``wg.workers[i].score.remote(requests)``. Every public method of a verl
-  ``Worker`` is an ordinary Ray actor method, so the individual actor handles of a ``RayWorkerGroup`` can be called
-  directly; ``@register`` only adds the group-level dispatch on the ``RayWorkerGroup`` object. Each replica is
-  one executor slot. ``score`` returns one entry per request: a float, or the exception that failed that request.
-- whole group (a synchronous caller such as a verl trainer): ``wg.compute_rm_score(data)`` with ``Dispatch.
-  DP_COMPUTE_PROTO``: ``data`` is a ``DataProto`` whose ``non_tensor_batch["rm_requests"]`` holds the requests; it
-  is split across replicas (padded when ``meta_info["_verl_auto_padding"]`` is set, see
-  :func:`verl_async_rm.rm.pool.score_with_group`) and the reply holds ``batch["rm_scores"]`` (NaN where an item
-  failed) and ``non_tensor_batch["rm_errors"]`` (None or the exception). This call blocks on ``ray.get``.
+The RM service calls each replica by its own actor handle, ``replica.score.remote(requests)``: every public method of
+a verl ``Worker`` is an ordinary Ray actor method (``@register`` only adds the group-level dispatch of a
+``RayWorkerGroup``). ``score`` returns one entry per request: a float, or the exception that failed that request.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections import deque
 from typing import Any
 
-import numpy as np
 import ray
-import torch
-from verl import DataProto
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 
 from verl_async_rm.errors import RewardModelError
-from verl_async_rm.rm.config import RMConfig
-from verl_async_rm.rm.request import RMRequest
-from verl_async_rm.rm.scorer import RewardModelScorer
+from verl_async_rm.scoring.rm_config import RMConfig
+from verl_async_rm.request import RMRequest
+from verl_async_rm.scoring.scorer import RewardModelScorer
 
 logger = logging.getLogger(__name__)
 
@@ -83,19 +73,9 @@ class RewardModelWorker(Worker):
         self._batch_records.clear()
         return records
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO)
-    def compute_rm_score(self, data: DataProto) -> DataProto:
-        """Whole-group path: score ``data.non_tensor_batch["rm_requests"]`` (this replica's share)."""
-        results = self.score(list(data.non_tensor_batch["rm_requests"]))
-        scores = torch.tensor([r if isinstance(r, float) else float("nan") for r in results], dtype=torch.float32)
-        errors = np.empty(len(results), dtype=object)
-        errors[:] = [r if isinstance(r, Exception) else None for r in results]
-        # meta_info must be identical on every rank: DataProto.concat checks it.
-        return DataProto.from_dict(tensors={"rm_scores": scores}, non_tensors={"rm_errors": errors})
-
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def describe(self) -> dict[str, Any]:
-        """Where this replica runs and what it serves (node, device, dtype, retemplating, max_length, and
+        """Where this replica runs (node, process) and what it serves (device, dtype, retemplating, max_length, and
         ``packing``: whether its forwards are packed, with which kernel, and why)."""
         context = ray.get_runtime_context()
         info: dict[str, Any] = {
@@ -103,6 +83,8 @@ class RewardModelWorker(Worker):
             "world_size": self.world_size,
             "node_id": context.get_node_id(),
             "node_ip": ray.util.get_node_ip_address(),
+            "actor_name": context.get_actor_name(),
+            "pid": os.getpid(),
             "model_path": self.config.model_path,
             "loaded": self._scorer is not None,
         }

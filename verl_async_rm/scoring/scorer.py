@@ -1,7 +1,7 @@
 """The reward model in one process: load it, turn trajectories into input, run forwards, read one score each.
 
-:class:`RewardModelScorer` is what each RM worker (:mod:`verl_async_rm.rm.worker`) holds; it has no Ray in it, so it
-can be tested and benchmarked in-process.
+:class:`RewardModelScorer` is what each RM worker (:mod:`verl_async_rm.service.replica`) holds; it has no Ray in it, so
+it can be tested and benchmarked in-process.
 
 Scores are read at the last valid token of the attention mask, not by ``pad_token_id``: HF decoder
 sequence-classification models pick "the rightmost token that is not pad_token_id", which is wrong when a real token
@@ -10,7 +10,8 @@ head module (``score``, ``v_head`` or ``classifier``) to get its per-token outpu
 see an already pooled input (encoder classifiers) and ``score_head='none'`` use the model's own ``logits``.
 
 The forward passes themselves (padded or packed micro-batches, score extraction, failure isolation) are
-:class:`verl_async_rm.rm.forward.RMForward`'s; the scorer loads the model, builds each request's input ids and counts.
+:class:`verl_async_rm.scoring.forward.RMForward`'s; the scorer loads the model, builds each request's input ids and
+counts.
 """
 
 from __future__ import annotations
@@ -26,11 +27,11 @@ from typing import Any
 import torch
 
 from verl_async_rm.errors import NonFiniteScoreError, RewardInputError, RewardModelError
-from verl_async_rm.rm.checkpoint import check_rm_checkpoint, load_sequence_classifier, load_tokenizer
-from verl_async_rm.rm.config import ConfigValueError, RMConfig
-from verl_async_rm.rm.forward import RMForward, last_token_logits, reduce_outputs
-from verl_async_rm.rm.inputs import prepare_input_ids, tokenizers_match
-from verl_async_rm.rm.request import RMRequest
+from verl_async_rm.scoring.checkpoint import check_rm_checkpoint, load_sequence_classifier, load_tokenizer
+from verl_async_rm.scoring.rm_config import ConfigValueError, RMConfig
+from verl_async_rm.scoring.forward import RMForward, last_token_logits, reduce_outputs
+from verl_async_rm.scoring.inputs import prepare_input_ids, tokenizers_match
+from verl_async_rm.request import RMRequest
 
 logger = logging.getLogger(__name__)
 

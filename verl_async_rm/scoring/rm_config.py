@@ -53,7 +53,7 @@ class ConfigValueError(ValueError):
         return ConfigValueError(key, self.value, self.why, self.fix)
 
 
-@dataclass
+@dataclass(frozen=True)
 class RMConfig:
     """How to load, feed and place the reward model (RM) worker group."""
 
@@ -151,11 +151,6 @@ class RMConfig:
         default=300.0, metadata={"help": "How long to wait for the reward pool's placement groups."}
     )
     init_timeout_s: float = field(default=900.0, metadata={"help": "How long a replica may take to load the RM."})
-    score_timeout_s: float = field(
-        default=600.0,
-        metadata={"help": "How long one batch may take on a replica before its trajectories fail; the replica then "
-                          "gets no batch until it answers, and is killed and replaced if still silent 2x as long."},
-    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.model_path, str) or not self.model_path:
@@ -189,13 +184,13 @@ class RMConfig:
         if not isinstance(self.score_head, str) or not self.score_head:
             raise ConfigValueError("score_head", self.score_head, "must be a module name", "use 'auto'")
         if isinstance(self.packing, bool):  # Hydra reads +async_rm.packing=true as a boolean
-            self.packing = "true" if self.packing else "false"
+            object.__setattr__(self, "packing", "true" if self.packing else "false")
         if self.packing not in _PACKING:
             raise ConfigValueError(
                 "packing", self.packing, "unknown mode", f"use one of {_PACKING} ('auto' packs where it is safe)"
             )
         if isinstance(self.share_prompts, bool):  # Hydra reads +async_rm.share_prompts=true as a boolean
-            self.share_prompts = "true" if self.share_prompts else "false"
+            object.__setattr__(self, "share_prompts", "true" if self.share_prompts else "false")
         if self.share_prompts not in _PACKING:
             raise ConfigValueError("share_prompts", self.share_prompts, "unknown mode", f"use one of {_PACKING}")
         if _not_int(self.micro_batch_max_tokens) or self.micro_batch_max_tokens <= 0:
@@ -215,7 +210,7 @@ class RMConfig:
                     f"the reward pool needs at least {what}",
                     "set {key} to a positive integer (one RM replica on one GPU: n_gpus_per_node=1, nnodes=1)",
                 )
-        for name in ("placement_timeout_s", "init_timeout_s", "score_timeout_s"):
+        for name in ("placement_timeout_s", "init_timeout_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ConfigValueError(name, value, "must be a positive number of seconds", "set {key}=300")

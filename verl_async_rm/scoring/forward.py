@@ -1,10 +1,10 @@
 """The RM's forward passes: prepared token ids in, one float32 score per row out (no tokenizers, no Ray, no verl).
 
 :class:`RMForward` runs micro-batches either padded (rows right-padded to the longest, an attention mask) or packed
-(rows concatenated into one sequence, see :mod:`verl_async_rm.rm.packing`), reads each row's score at its last token
-from the score head's per-token output (a forward hook on the head module), and isolates failures: a micro-batch that
-runs out of memory or raises is halved until the failing row is alone (:meth:`RMForward.score_batch`).
-:class:`verl_async_rm.rm.scorer.RewardModelScorer` holds one; ``verl-async-rm bench rm`` drives one directly.
+(rows concatenated into one sequence, see :mod:`verl_async_rm.scoring.packing`), reads each row's score at its last
+token from the score head's per-token output (a forward hook on the head module), and isolates failures: a micro-batch
+that runs out of memory or raises is halved until the failing row is alone (:meth:`RMForward.score_batch`).
+:class:`verl_async_rm.scoring.scorer.RewardModelScorer` holds one; ``verl-async-rm bench rm`` drives one directly.
 
 No per-shape stall on the padded path: on CUDA its forwards run with torch's cuDNN attention backend disabled
 (``sdpa_kernel`` without ``CUDNN_ATTENTION``), because cuDNN builds a plan for every new (rows, width) shape
@@ -23,9 +23,9 @@ import numpy as np
 import torch
 
 from verl_async_rm.errors import RewardModelError
-from verl_async_rm.rm.config import ConfigValueError
-from verl_async_rm.rm.inputs import plan_micro_batches, plan_packed_micro_batches
-from verl_async_rm.rm.packing import (
+from verl_async_rm.scoring.rm_config import ConfigValueError
+from verl_async_rm.scoring.inputs import plan_micro_batches, plan_packed_micro_batches
+from verl_async_rm.scoring.packing import (
     VARLEN_ATTENTION,
     choose_kernel,
     flat_ids,
@@ -34,7 +34,7 @@ from verl_async_rm.rm.packing import (
     to_device,
     varlen_kernel_name,
 )
-from verl_async_rm.rm.sharing import MIN_SHARED_PREFIX, plan_shared_micro_batches, shared_layout
+from verl_async_rm.scoring.sharing import MIN_SHARED_PREFIX, plan_shared_micro_batches, shared_layout
 
 logger = logging.getLogger(__name__)
 
@@ -73,10 +73,10 @@ class RMForward:
             pooled ``logits`` (then forwards are always padded).
         device: where ``model`` lives.
         pad_id: the token id padding positions get (masked out, so any valid id).
-        packing: ``'auto'``, ``'true'`` or ``'false'`` (see :func:`verl_async_rm.rm.packing.choose_kernel`).
+        packing: ``'auto'``, ``'true'`` or ``'false'`` (see :func:`verl_async_rm.scoring.packing.choose_kernel`).
         score_reduction, score_index: how a multi-output head becomes one score (:func:`reduce_outputs`).
         share_prompts: ``'auto'``, ``'true'`` or ``'false'``: run the common prefix of siblings (same group) in a
-            micro-batch once (:mod:`verl_async_rm.rm.sharing`); needs the ``varlen`` kernel, and ``auto`` only uses
+            micro-batch once (:mod:`verl_async_rm.scoring.sharing`); needs the ``varlen`` kernel, and ``auto`` only uses
             it on CUDA (the CPU kernel pads attention to the longest segment, which makes sharing slower there).
         min_shared_prefix: the shortest common prefix worth sharing.
     """

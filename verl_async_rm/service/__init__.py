@@ -1,0 +1,50 @@
+"""The RM service: one Ray actor per reward model that owns its pool, replicas, batcher and statistics.
+
+- :mod:`~verl_async_rm.service.service`: :class:`RMService` and :func:`start_rm_service`;
+- :mod:`~verl_async_rm.service.client`: :func:`score_with_timeout`, the only call an agent-loop worker makes;
+- :mod:`~verl_async_rm.service.placement`: the reward pool (node-pinned placement groups reserved with a timeout)
+  and the replicas' verl ``RayWorkerGroup``;
+- :mod:`~verl_async_rm.service.replica`: :class:`RewardModelWorker`, one replica (a verl ``Worker`` holding a
+  :class:`~verl_async_rm.scoring.RewardModelScorer`);
+- :mod:`~verl_async_rm.service.replica_call`: :class:`ReplicaCall`, one batch on one replica (the batcher's
+  ``batch_fn``);
+- :mod:`~verl_async_rm.service.replacement`: :class:`ReplicaFactory`, a stand-in for a replica that died;
+- :mod:`~verl_async_rm.service.metrics`: one step's figures.
+
+Everything here imports Ray and verl, so it loads on first attribute access.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = [
+    "RMService",
+    "start_rm_service",
+    "score_with_timeout",
+    "RewardModelWorker",
+    "RMResourcePool",
+    "create_rm_worker_group",
+    "shutdown_rm_worker_group",
+    "ReplicaCall",
+    "ReplicaFactory",
+]
+
+_LAZY = {
+    "RMService": "verl_async_rm.service.service",
+    "start_rm_service": "verl_async_rm.service.service",
+    "score_with_timeout": "verl_async_rm.service.client",
+    "RewardModelWorker": "verl_async_rm.service.replica",
+    "RMResourcePool": "verl_async_rm.service.placement",
+    "create_rm_worker_group": "verl_async_rm.service.placement",
+    "shutdown_rm_worker_group": "verl_async_rm.service.placement",
+    "ReplicaCall": "verl_async_rm.service.replica_call",
+    "ReplicaFactory": "verl_async_rm.service.replacement",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,61 @@
+"""The caller's side of :meth:`RMService.score`: every wait bounded, a caller that gives up cancels its request."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from verl_async_rm.errors import RequestTimeoutError
+from verl_async_rm.request import RMRequest
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["score_with_timeout"]
+
+
+async def score_with_timeout(
+    service: Any, request: RMRequest, *, timeout_s: float, transport_grace_s: float = 2.0
+) -> float:
+    """Score ``request`` on an RM service and wait at most about ``timeout_s`` for it.
+
+    The service-side deadline is ``timeout_s``, so a request that cannot be served in time leaves the queue and
+    raises ``RequestTimeoutError`` from the service. If the service does not answer within ``timeout_s +
+    transport_grace_s`` (dead, stuck, unreachable), the call is cancelled and ``RequestTimeoutError`` is raised here.
+    Other exceptions of the request propagate (as Ray task errors that are also instances of the original class); a
+    dead service raises ``ray.exceptions.RayActorError``.
+    """
+    import ray
+
+    if not timeout_s > 0:
+        raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
+    ref = service.score.remote(request, deadline_s=timeout_s)
+    # Not asyncio.wait_for: the request's own RequestTimeoutError is a TimeoutError too (asyncio.TimeoutError is
+    # TimeoutError since Python 3.11) and must reach the caller as it is, not as "the service did not answer".
+    answer = asyncio.ensure_future(_await(ref))
+    try:
+        done, _ = await asyncio.wait({answer}, timeout=timeout_s + transport_grace_s)
+    except asyncio.CancelledError:  # the caller gave up: take the request out of the service's queue too
+        answer.cancel()
+        _cancel_quietly(ray, ref)
+        raise
+    if done:
+        return answer.result()
+    answer.cancel()
+    _cancel_quietly(ray, ref)
+    raise RequestTimeoutError(
+        f"the RM service did not answer within {timeout_s + transport_grace_s:g} s "
+        f"(timeout_s={timeout_s:g} + transport_grace_s={transport_grace_s:g}); is it alive?"
+    )
+
+
+async def _await(ref: Any) -> Any:
+    return await ref
+
+
+def _cancel_quietly(ray: Any, ref: Any) -> None:
+    """Best effort: the service drops the request if it has not run yet; the service may be gone."""
+    try:
+        ray.cancel(ref)
+    except Exception as exc:  # noqa: BLE001
+        logger.debug("could not cancel a score call: %r", exc)

@@ -1,0 +1,232 @@
+"""``RMService``: one reward model as a Ray actor that owns its pool, its replicas, the batcher and the statistics.
+
+The agent-loop manager starts one service per RM (:func:`start_rm_service`), marks the steps and closes it; the
+agent-loop workers call only :meth:`RMService.score` (through :func:`verl_async_rm.service.client.score_with_timeout`).
+Nothing outside the service holds a replica handle.
+
+Inside, one event loop serves every caller: each ``score`` waits in the
+:class:`~verl_async_rm.batching.PendingRequestExecutor`, whose slots are the replicas (one batch per replica at a
+time, :class:`~verl_async_rm.service.replica_call.ReplicaCall`) and whose ``replace_slot`` starts a stand-in for a
+replica that died (:class:`~verl_async_rm.service.replacement.ReplicaFactory`). The replicas and any replacement are
+owned by this actor, so they go with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import ray
+
+from verl_async_rm.batching import BatchPolicy, PendingRequestExecutor
+from verl_async_rm.errors import AsyncRMError
+from verl_async_rm.request import RMRequest
+from verl_async_rm.scoring.rm_config import RMConfig
+from verl_async_rm.service.metrics import service_step_metrics
+from verl_async_rm.service.placement import create_rm_worker_group, shutdown_rm_worker_group
+from verl_async_rm.service.replacement import ReplicaFactory
+from verl_async_rm.service.replica_call import ReplicaCall
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["RMService", "start_rm_service", "DEFAULT_LATE_LIMIT_S"]
+
+#: How long a replica may go on with a call the executor gave up on when ``batch_timeout_s`` is None (closing).
+DEFAULT_LATE_LIMIT_S = 60.0
+#: Longest wait for one replica's step counters at a step's end.
+_REPLICA_STATS_TIMEOUT_S = 30.0
+
+
+class RMService:
+    """One RM: its reward pool, replicas, batcher and statistics (a Ray async actor; see :func:`start_rm_service`).
+
+    Args:
+        rm: where the RM is and how each replica loads and feeds it; the pool's size and placement.
+        batching: how requests become batches; ``batch_timeout_s`` bounds one batch on a replica (a replica still
+            busy with a given-up call ``2 * batch_timeout_s`` later is killed and replaced).
+        name: names the pool's placement groups, the replicas and the log lines. A service started again under the
+            same name (after its predecessor died) removes the placement groups the predecessor left.
+        replace_replicas: start a stand-in for a replica that died; False retires it.
+        late_limit_s: how long a replica may go on with a call given up on before it is killed and replaced;
+            default ``2 * batch_timeout_s`` (:data:`DEFAULT_LATE_LIMIT_S` without a batch timeout).
+    """
+
+    def __init__(self, rm: RMConfig, batching: BatchPolicy, *, name: str, replace_replicas: bool = True,
+                 late_limit_s: float | None = None) -> None:
+        self._rm = rm
+        self._batching = batching
+        self._name = name
+        self._replace = replace_replicas
+        timeout_s = batching.batch_timeout_s
+        self._late_limit_s = late_limit_s or (2.0 * timeout_s if timeout_s else DEFAULT_LATE_LIMIT_S)
+        self._group: Any = None
+        self._executor: PendingRequestExecutor | None = None
+        self._abandoned: set[asyncio.Task] = set()  # whole-batch calls given up on, still waiting for late answers
+
+    async def start(self) -> list[dict[str, Any]]:
+        """Reserve the pool, load the RM on every replica and start the batcher; returns each replica's ``describe``.
+
+        Raises what kept the pool or a replica from starting (``ResourcePoolError``, ``RewardModelError``), after
+        releasing what was reserved.
+        """
+        if self._executor is not None:
+            return await self.describe()
+        # Placement and loading block on Ray calls: a thread keeps this actor's loop free to answer meanwhile.
+        self._group = await asyncio.to_thread(create_rm_worker_group, self._rm, None, f"{self._name}_")
+        self._executor = PendingRequestExecutor(
+            ReplicaCall(late_limit_s=self._late_limit_s),
+            self._batching,
+            slots=list(self._group.workers),
+            name=self._name,
+            replace_slot=ReplicaFactory(self._rm, self._group) if self._replace else None,
+        )
+        logger.info("RM service %s: %d replica(s) of %s, batching %s", self._name, self._rm.num_replicas,
+                    self._rm.model_path, self._batching.to_dict())
+        return await self.describe()
+
+    async def score(self, request: RMRequest, deadline_s: float | None = None) -> float:
+        """The RM score of one trajectory, or the exception that kept it from being scored.
+
+        ``deadline_s``: seconds from now after which the request fails with ``RequestTimeoutError`` wherever it is.
+        A caller that gives up (``ray.cancel``) takes its request out of the queue.
+        """
+        return await self._require().submit(request, num_tokens=request.num_tokens, deadline_s=deadline_s)
+
+    async def begin_step(self, expected: int | None = None) -> None:
+        """Start a step: the step's figures count from here; with ``expected``, see :meth:`expect`."""
+        self._require().pop_step_stats()
+        if expected:
+            self._require().expect(int(expected))
+
+    async def expect(self, n: int) -> None:
+        """``n`` more trajectories belong to this step: the last batch flushes the moment the last one arrives."""
+        self._require().expect(int(n))
+
+    async def end_step(self) -> dict[str, float]:
+        """End a step: flush what is pending and return the step's figures (see ``service_step_metrics``).
+
+        Each replica's own counters (inputs truncated to ``max_length``, items it failed) are included; a replica
+        that does not answer in time is left out of them.
+        """
+        executor = self._require()
+        executor.drain()
+        executor_step = executor.pop_step_stats()
+        replica_steps = await asyncio.gather(
+            *(_bounded(replica.pop_step_stats.remote()) for replica in executor.slots), return_exceptions=True
+        )
+        return service_step_metrics(executor_step, [r for r in replica_steps if isinstance(r, dict)])
+
+    async def score_batch(self, requests: list[RMRequest], timeout_s: float) -> list[float | Exception]:
+        """Score a whole batch at once, the synchronous way (after rollout): contiguous, even chunks, one per replica,
+        outside the batcher. One float or exception per request, in order; ``TimeoutError`` past ``timeout_s``."""
+        replicas = self._require().slots
+        bounds = [round(k * len(requests) / len(replicas)) for k in range(len(replicas) + 1)]
+        chunks = [requests[bounds[k]: bounds[k + 1]] for k in range(len(replicas))]
+        call = ReplicaCall(late_limit_s=DEFAULT_LATE_LIMIT_S)
+        calls = [asyncio.ensure_future(call(chunk, replica)) for replica, chunk in zip(replicas, chunks, strict=True)]
+        _, late = await asyncio.wait(calls, timeout=timeout_s)
+        for task in late:  # not awaited: a cancelled call waits for its replica's late answer (kept, logged)
+            task.cancel()
+            self._abandoned.add(task)
+            task.add_done_callback(self._forget)
+        if late:
+            raise TimeoutError(f"the RM replicas did not score a batch of {len(requests)} within {timeout_s:g}s")
+        return [result for task in calls for result in task.result()]
+
+    async def pop_batch_records(self) -> list[list[dict[str, float]]]:
+        """Each current replica's scoring calls since the previous call (``{"start", "end", "size"}``, wall-clock
+        seconds of the replica's host), in slot order (the demo's timeline)."""
+        answers = await asyncio.gather(
+            *(_bounded(replica.pop_batch_records.remote()) for replica in self._require().slots),
+            return_exceptions=True,
+        )
+        return [a if isinstance(a, list) else [] for a in answers]
+
+    async def stats(self) -> dict[str, Any]:
+        """The batcher's counters and summaries since start (``PendingRequestExecutor.stats``)."""
+        return self._require().stats()
+
+    async def describe(self) -> list[dict[str, Any]]:
+        """Each current replica's ``describe()`` (node, device, actor name, how its forwards run...), in slot order;
+        a replica that does not answer shows ``{"error": ...}``."""
+        answers = await asyncio.gather(
+            *(_bounded(replica.describe.remote()) for replica in self._require().slots), return_exceptions=True
+        )
+        return [a if isinstance(a, dict) else {"error": repr(a)} for a in answers]
+
+    async def close(self, grace_s: float = 10.0) -> None:
+        """Fail waiting requests (``ExecutorClosedError``), give running batches ``grace_s``, kill the replicas and
+        release the pool. Idempotent; the actor stays alive (the manager kills it)."""
+        executor, self._executor = self._executor, None
+        if executor is not None:
+            slots = executor.slots
+            await executor.aclose(grace_s=grace_s)
+            for replica in slots:  # replacements too: they are not in the worker group
+                try:
+                    ray.kill(replica, no_restart=True)
+                except Exception:  # noqa: BLE001 - already gone
+                    logger.debug("RM replica already gone", exc_info=True)
+        group, self._group = self._group, None
+        if group is not None:
+            await asyncio.to_thread(shutdown_rm_worker_group, group)
+
+    async def ping(self) -> bool:
+        """Readiness of the actor itself (True once constructed; :meth:`start` loads the RM)."""
+        return True
+
+    def _forget(self, task: asyncio.Task) -> None:
+        self._abandoned.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.warning("RM service %s: a whole-batch call given up on ended with %r", self._name, task.exception())
+
+    def _require(self) -> PendingRequestExecutor:
+        if self._executor is None:
+            raise AsyncRMError(f"RM service {self._name!r} is not started, or is closed")
+        return self._executor
+
+
+async def _bounded(ref: Any) -> Any:
+    return await asyncio.wait_for(ref, _REPLICA_STATS_TIMEOUT_S)
+
+
+def start_rm_service(
+    rm: RMConfig,
+    batching: BatchPolicy,
+    *,
+    name: str,
+    replace_replicas: bool = True,
+    max_concurrency: int = 100_000,
+    actor_name: str | None = None,
+    late_limit_s: float | None = None,
+) -> Any:
+    """Start an :class:`RMService` actor, wait until its RM is loaded, and return its handle.
+
+    Waits at most ``rm.placement_timeout_s + rm.init_timeout_s`` (plus a minute for the actor itself); on any failure
+    the actor is killed and the error raised (the service's own error, for example ``ResourcePoolError``).
+
+    Args:
+        rm, batching, name, replace_replicas, late_limit_s: see :class:`RMService`.
+        max_concurrency: how many calls may wait in the actor at once (each waiting ``score`` holds one).
+        actor_name: a Ray actor name, for other processes to find it; default: unnamed.
+    """
+    options: dict[str, Any] = {"max_concurrency": max_concurrency, "num_cpus": 0}
+    if actor_name is not None:
+        options["name"] = actor_name
+    # num_cpus=0: it only runs an event loop, and must not wait for a CPU that placement groups have reserved.
+    service = ray.remote(RMService).options(**options).remote(rm, batching, name=name,
+                                                              replace_replicas=replace_replicas,
+                                                              late_limit_s=late_limit_s)
+    try:
+        ray.get(service.start.remote(), timeout=rm.placement_timeout_s + rm.init_timeout_s + 60.0)
+    except BaseException:
+        _kill_quietly(service)
+        raise
+    return service
+
+
+def _kill_quietly(actor: Any) -> None:
+    try:
+        ray.kill(actor, no_restart=True)
+    except Exception:  # noqa: BLE001 - already gone
+        logger.debug("RM service already gone", exc_info=True)
