@@ -21,7 +21,7 @@ __all__ = ["__version__", "SUPPORTED_VERL", "AsyncRMAgentLoopManager"]
 def __getattr__(name: str):
     # verl loads `verl_async_rm.AsyncRMAgentLoopManager` by name; import the heavy integration only then.
     if name == "AsyncRMAgentLoopManager":
-        from verl_async_rm.integration.manager import AsyncRMAgentLoopManager
+        from verl_async_rm.integration.agent_loop_manager import AsyncRMAgentLoopManager
 
         return AsyncRMAgentLoopManager
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

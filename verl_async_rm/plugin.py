@@ -37,7 +37,7 @@ def register_reward_manager() -> bool:
         if _registered:
             return True
         try:
-            import verl_async_rm.reward.manager  # noqa: F401  (the @register decorator runs on import)
+            import verl_async_rm.integration.reward_manager  # noqa: F401  (the @register decorator runs on import)
         except Exception:
             logger.exception("verl_async_rm: could not register the 'async_rm' reward manager")
             return False

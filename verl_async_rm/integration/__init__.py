@@ -14,5 +14,5 @@ __all__ = ["AsyncRMAgentLoopManager", "AsyncRMAgentLoopManagerV0", "AsyncRMAgent
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
-        return getattr(importlib.import_module("verl_async_rm.integration.manager"), name)
+        return getattr(importlib.import_module("verl_async_rm.integration.agent_loop_manager"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

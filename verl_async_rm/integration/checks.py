@@ -9,9 +9,9 @@ These are the mistakes that would otherwise fail late or silently:
   ``sandbox_fusion.*`` keys (only ``fully_async_main`` migrates them), so a recipe written with them would silently
   run without its RM pool or its rule function (``python -m verl_async_rm.main_ppo`` migrates them);
 - ``reward.reward_manager.name`` must be ``async_rm`` for the RM score to reach the reward;
-- the ``async_rm.*`` keys and the reward pool's size are read (:meth:`verl_async_rm.config.AsyncRMConfig.from_verl`),
+- the ``async_rm.*`` keys and the reward pool's size are read (:meth:`verl_async_rm.settings.AsyncRMConfig.from_verl`),
   and, when the RM path is a directory on this machine, its ``config.json`` is checked
-  (:func:`verl_async_rm.rm.checkpoint.check_rm_checkpoint`: a causal LM given as the RM, custom code without
+  (:func:`verl_async_rm.scoring.checkpoint.check_rm_checkpoint`: a causal LM given as the RM, custom code without
   ``trust_remote_code``), so these mistakes stop the run before any model is loaded.
 """
 
@@ -23,7 +23,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from verl_async_rm.reward.manager import REWARD_MANAGER_NAME
+from verl_async_rm.integration.reward_manager import REWARD_MANAGER_NAME
+from verl_async_rm.settings import AsyncRMConfig
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +58,8 @@ def legacy_keys_set(config: Any) -> dict[str, Any]:
     return {key: value for key in LEGACY_KEYS if (value := _get(config, key)) is not None}
 
 
-def check_verl_config(config: Any) -> None:
-    """Raise ``ValueError`` if verl's config cannot work with the plugin (see module doc)."""
+def check_verl_config(config: Any) -> AsyncRMConfig:
+    """Raise ``ValueError`` if verl's config cannot work with the plugin (see module doc); else the parsed settings."""
     legacy = legacy_keys_set(config)
     if legacy:
         shown = " ".join(f"{k}={v}" for k, v in legacy.items())
@@ -96,7 +97,7 @@ def check_verl_config(config: Any) -> None:
             f"reward.reward_manager.source={source!r}: the '{REWARD_MANAGER_NAME}' manager is registered through the "
             "package's verl.plugins entry point; set reward.reward_manager.source=register"
         )
-    _check_async_rm_settings(config)
+    return _check_async_rm_settings(config)
 
 
 #: verl 0.9.1's v1 trainer modes (``trainer.v1.trainer_mode``, ``trainer/ppo/v1/__init__.py``); all work with the
@@ -130,12 +131,13 @@ def check_v1_trainer(config: Any, on_error: str) -> str:
     return mode
 
 
-def _check_async_rm_settings(config: Any) -> None:
-    from verl_async_rm.config import AsyncRMConfig
-    from verl_async_rm.rm.checkpoint import check_rm_checkpoint
+def _check_async_rm_settings(config: Any) -> AsyncRMConfig:
+    from verl_async_rm.scoring.checkpoint import check_rm_checkpoint
 
-    rm = AsyncRMConfig.from_verl(config).rm
+    settings = AsyncRMConfig.from_verl(config)
+    rm = settings.rm
     if os.path.isdir(rm.model_path):
         check_rm_checkpoint(rm.model_path, rm.trust_remote_code)
     else:  # multi-node runs may keep the RM only on the reward nodes: each replica checks it when it loads
         logger.info("verl_async_rm: RM path %s is not on this machine; the RM replicas will check it", rm.model_path)
+    return settings

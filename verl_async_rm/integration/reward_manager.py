@@ -21,7 +21,7 @@ from verl.experimental.reward_loop.reward_manager import register
 from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager
 
 from verl_async_rm.errors import NonFiniteScoreError, RewardModelError
-from verl_async_rm.reward.combine import RM_ERROR_KEY, RM_SCORE_KEY, RewardMix
+from verl_async_rm.integration.reward_mix import RM_ERROR_KEY, RM_SCORE_KEY, RewardMix
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ class AsyncRMRewardManager(NaiveRewardManager):
 
     def __init__(self, config, tokenizer, compute_score, reward_router_address=None, reward_model_tokenizer=None):
         super().__init__(config, tokenizer, compute_score, reward_router_address, reward_model_tokenizer)
-        from verl_async_rm.config import AsyncRMConfig
+        from verl_async_rm.settings import AsyncRMConfig
 
         settings = AsyncRMConfig.from_verl(config)
         self.mix: RewardMix = settings.mix

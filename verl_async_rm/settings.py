@@ -1,15 +1,18 @@
-"""The plugin's config surface: verl's reward keys plus one flat ``async_rm`` group, read once at the boundary.
+"""The plugin's config surface: verl's reward keys plus one flat ``async_rm`` group, parsed once per process.
 
-Users write flat keys on verl's command line (``+async_rm.max_batch_size=64 +async_rm.rm_weight=1.0``); this module
-splits them into each component's own settings, so no component sees the trainer config:
+Users write flat keys on verl's command line (``+async_rm.max_batch_size=64 +async_rm.rm_weight=1.0``);
+:meth:`AsyncRMConfig.from_verl` validates them once into frozen dataclasses, one per component, and each component
+gets only its own:
 
-- batching knobs -> :class:`verl_async_rm.executor.BatchPolicy`;
-- RM loading/feeding/placement knobs -> :class:`verl_async_rm.rm.RMConfig` (with verl's ``reward.reward_model.*``
-  keys and their legacy ``reward_model.*`` spellings, see :func:`verl_async_rm.rm.rm_config_from_verl`);
-- reward weights -> :class:`verl_async_rm.reward.RewardMix`;
-- the rest (timeouts, error policy) -> :class:`IntegrationConfig`.
+- batching knobs -> :class:`verl_async_rm.batching.BatchPolicy` (the RM service's batcher; ``batch_timeout_s`` is
+  the one bound on a batch call, 600 s by default here);
+- RM loading/feeding/placement knobs -> :class:`verl_async_rm.scoring.RMConfig` (with verl's ``reward.reward_model.*``
+  keys and their legacy ``reward_model.*`` spellings, see :func:`verl_async_rm.scoring.rm_config_from_verl`);
+- reward weights -> :class:`verl_async_rm.integration.reward_mix.RewardMix`;
+- the rest (the trajectory's wait, error policy, the service actor) -> :class:`IntegrationConfig`.
 
-Unknown ``async_rm`` keys raise ``ValueError`` listing the known ones, so a typo never goes unnoticed.
+Unknown ``async_rm`` keys raise ``ValueError`` listing the known ones, and keys of earlier releases name their
+replacement, so a typo or a stale recipe never goes unnoticed.
 """
 
 from __future__ import annotations
@@ -20,9 +23,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from verl_async_rm.executor.policy import BatchPolicy
-from verl_async_rm.reward.combine import RewardMix
-from verl_async_rm.rm.config import RMConfig, rm_config_from_verl
+from verl_async_rm.batching.policy import BatchPolicy
+from verl_async_rm.integration.reward_mix import RewardMix
+from verl_async_rm.scoring.rm_config import RMConfig, _select, rm_config_from_verl
 
 __all__ = ["AsyncRMConfig", "IntegrationConfig", "CONFIG_GROUP", "ON_ERROR_MODES"]
 
@@ -30,6 +33,18 @@ CONFIG_GROUP = "async_rm"
 ON_ERROR_MODES = ("raise", "drop")
 
 # The RM worker group's path and placement come from verl's own keys, not from async_rm.*: what to set instead.
+#: Keys of earlier releases: what to do instead.
+_RETIRED_KEYS = {
+    "score_timeout_s": "the one bound on a batch call is now async_rm.batch_timeout_s (same meaning, default 600)",
+    "executor_max_concurrency": "the RM service's actor took over from the executor actor; set "
+    "async_rm.service_max_concurrency",
+    "pad_multiple": "there is no whole-group mode to pad for; remove the key",
+    "bisect_on_error": "each RM replica isolates a failing item itself (its micro-batch is split, the others keep "
+    "their scores); remove the key",
+}
+#: Batching defaults of the plugin that differ from the Ray-free executor's own.
+_PLUGIN_BATCHING_DEFAULTS = {"batch_timeout_s": 600.0}
+
 _VERL_OWNED_RM_FIELDS = {
     "model_path": "the RM path comes from verl's key; set reward.reward_model.model_path instead",
     "n_gpus_per_node": "the reward pool's size comes from verl's keys; set reward.reward_model.n_gpus_per_node "
@@ -67,9 +82,10 @@ class IntegrationConfig:
         metadata={"help": "Start a new RM replica in the bundle of one that died (its requests go to the other "
                           "replicas meanwhile); False retires it."},
     )
-    executor_max_concurrency: int = field(
+    service_max_concurrency: int = field(
         default=100_000,
-        metadata={"help": "Ray max_concurrency of the executor actor: the most callers that may wait on it at once."},
+        metadata={"help": "Ray max_concurrency of the RM service actor: the most trajectories that may wait on it "
+                          "at once."},
     )
 
     def __post_init__(self) -> None:
@@ -90,10 +106,10 @@ class IntegrationConfig:
             )
         if not isinstance(self.replace_replicas, bool):
             raise TypeError(f"async_rm.replace_replicas must be true or false, got {self.replace_replicas!r}")
-        value = self.executor_max_concurrency
+        value = self.service_max_concurrency
         if isinstance(value, bool) or not isinstance(value, int) or value < 16:
             raise ValueError(
-                f"async_rm.executor_max_concurrency must be an integer >= 16, got {value!r}; it bounds how many "
+                f"async_rm.service_max_concurrency must be an integer >= 16, got {value!r}; it bounds how many "
                 "trajectories may wait for a score at once, e.g. 100000"
             )
 
@@ -118,6 +134,8 @@ class AsyncRMConfig:
         sections: dict[type, dict[str, Any]] = {BatchPolicy: {}, RMConfig: {}, RewardMix: {}, IntegrationConfig: {}}
         owner = {f.name: kind for kind in sections for f in dataclasses.fields(kind)}
         for key, value in group.items():
+            if key in _RETIRED_KEYS:
+                raise ValueError(f"{CONFIG_GROUP}.{key}={value!r} is no longer read: {_RETIRED_KEYS[key]}")
             if key in _VERL_OWNED_RM_FIELDS:
                 raise ValueError(f"{CONFIG_GROUP}.{key}={value!r} is not read: {_VERL_OWNED_RM_FIELDS[key]}")
             if key not in owner:
@@ -125,7 +143,7 @@ class AsyncRMConfig:
                 raise ValueError(f"unknown key {CONFIG_GROUP}.{key}={value!r}; known keys: {', '.join(known)}")
             sections[owner[key]][key] = value
         return cls(
-            batching=_build(BatchPolicy, sections[BatchPolicy]),
+            batching=_build(BatchPolicy, {**_PLUGIN_BATCHING_DEFAULTS, **sections[BatchPolicy]}),
             rm=rm_config_from_verl(config, sections[RMConfig], overrides_key=CONFIG_GROUP),
             mix=_build(RewardMix, sections[RewardMix]),
             integration=_build(IntegrationConfig, sections[IntegrationConfig]),
@@ -133,24 +151,13 @@ class AsyncRMConfig:
 
 
 def _group(config: Any) -> dict[str, Any]:
-    try:
-        from omegaconf import DictConfig, OmegaConf
+    from omegaconf import DictConfig, OmegaConf
 
-        if isinstance(config, DictConfig):
-            node = OmegaConf.select(config, CONFIG_GROUP, default=None)
-            if node is None:
-                return {}
-            if not isinstance(node, DictConfig):
-                raise ValueError(
-                    f"{CONFIG_GROUP}={node!r}: it must be a group of keys; set them one by one, e.g. "
-                    f"+{CONFIG_GROUP}.max_batch_size=64"
-                )
-            return dict(OmegaConf.to_container(node, resolve=True))
-    except ImportError:  # pragma: no cover - omegaconf is a dependency
-        pass
-    node = config.get(CONFIG_GROUP) if isinstance(config, Mapping) else None
+    node = _select(config, CONFIG_GROUP)
     if node is None:
         return {}
+    if isinstance(node, DictConfig):
+        node = OmegaConf.to_container(node, resolve=True)
     if not isinstance(node, Mapping):
         raise ValueError(
             f"{CONFIG_GROUP}={node!r}: it must be a group of keys; set them one by one, e.g. "

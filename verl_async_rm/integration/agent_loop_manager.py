@@ -1,19 +1,16 @@
-"""``AsyncRMAgentLoopManager``: verl's agent-loop manager plus the RM worker group and the executor, for v0 and v1.
+"""``AsyncRMAgentLoopManager``: verl's agent-loop manager plus an RM service, for v0 and v1.
 
 verl builds the class named by ``actor_rollout_ref.rollout.agent.agent_loop_manager_class`` with
 ``.create(config=, llm_client=, teacher_client=, reward_loop_worker_handles=)`` (v0: ``trainer/ppo/ray_trainer.py
 :940-965``; v1: ``trainer/main_ppo.py:109-130``) and passes nothing else, so the manager builds, once, what it needs:
 
-1. checks verl's keys (:func:`~verl_async_rm.integration.checks.check_verl_config`) and reads ``async_rm.*``;
-2. reserves the reward pool and loads the RM on every replica (:func:`verl_async_rm.rm.create_rm_worker_group`);
-3. starts the executor actor with one slot per replica;
-4. lets verl build its agent-loop workers (our subclasses), then attaches the executor to each.
+1. checks verl's keys and parses ``async_rm.*`` once (:func:`~verl_async_rm.integration.checks.check_verl_config`);
+2. starts the RM service (:func:`verl_async_rm.service.start_rm_service`), which reserves the reward pool, loads the
+   RM on every replica and owns them, their replacement, the batcher and the statistics;
+3. lets verl build its agent-loop workers (our subclasses), then hands each the service's handle.
 
-Every step it tells the executor how many trajectories to expect, so the last batch flushes the moment the last
-trajectory arrives, and it collects per-step metrics. The same pool, replicas and executor serve every step,
-training and validation; :meth:`shutdown` releases them. A replica that dies is replaced by the executor
-(:class:`~verl_async_rm.rm.ReplicaFactory`); an executor that dies is started again at the next step, on the
-replicas it last reported, and attached to the agent-loop workers again.
+The manager only marks steps (``begin_step``/``expect``/``end_step``) and closes the service; it holds no replica.
+A service that dies is started again at the next step boundary (the RM loads again) and handed to the workers.
 
 verl's v0 ``AgentLoopManager`` keeps a preset ``agent_loop_workers_class`` (``agent_loop.py:1197``), while v1's
 ``AgentLoopManagerTQ.__init__`` overwrites it (``trainer/ppo/v1/agent_loop_tq.py:232``): the v0 class sets it before
@@ -33,64 +30,44 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopManager
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ
 from verl.utils.ray_utils import auto_await
 
-from verl_async_rm.config import AsyncRMConfig
-from verl_async_rm.executor.actor import create_executor_actor
 from verl_async_rm.integration import v1_hooks
 from verl_async_rm.integration.checks import check_v1_trainer, check_verl_config
 from verl_async_rm.integration.drops import apply_drops, check_failures
 from verl_async_rm.integration.ledger import PhaseRecord
 from verl_async_rm.integration.metrics import PREFIX, VAL_PREFIX, step_metrics
-from verl_async_rm.integration.worker import remote_worker_class
-from verl_async_rm.rm.batch_fn import RMBatchFn
-from verl_async_rm.rm.pool import create_rm_worker_group, shutdown_rm_worker_group
-from verl_async_rm.rm.replicas import ReplicaFactory
+from verl_async_rm.integration.agent_loop_worker import remote_worker_class
+from verl_async_rm.service.placement import remove_pool_groups
+from verl_async_rm.service.service import start_rm_service
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["AsyncRMAgentLoopManager", "AsyncRMAgentLoopManagerV0", "AsyncRMAgentLoopManagerV1"]
 
-#: Longest a control call to the executor actor or an agent-loop worker may take (attach, expect, stats, close).
+#: Longest a control call to the RM service or an agent-loop worker may take (attach, step marks, close).
 CONTROL_TIMEOUT_S = 60.0
 
 
 class _AsyncRMSide:
-    """What the v0 and v1 managers share: the RM worker group, the executor, step bookkeeping, shutdown."""
+    """What the v0 and v1 managers share: the RM service, its step marks, its restart and its shutdown."""
 
     def _async_rm_build(self, config: Any) -> None:
-        check_verl_config(config)
-        self.async_rm_config = AsyncRMConfig.from_verl(config)
+        self.async_rm_config = check_verl_config(config)
         self._async_rm_check(config)
-        self.rm_worker_group = None
-        self.executor = None
+        self.rm_service = None
         self.last_metrics: dict[str, float] = {}
-        self.executor_restarts = 0
-        settings = self.async_rm_config
-        self.rm_worker_group = create_rm_worker_group(settings.rm)
-        self.replicas = list(self.rm_worker_group.workers)  # current handles; replacements show up at step ends
-        try:
-            self.executor = self._async_rm_new_executor()
-            ray.get(self.executor.ping.remote(), timeout=CONTROL_TIMEOUT_S)
-        except BaseException:
-            self.shutdown()
-            raise
-        logger.info(
-            "verl_async_rm: %d RM replica(s) from %s, batching %s",
-            settings.rm.num_replicas, settings.rm.model_path, settings.batching.to_dict(),
-        )
+        self.service_restarts = 0
+        self._service_name = f"verl_async_rm_{uuid.uuid4().hex[:8]}"
+        self.rm_service = self._async_rm_start_service()
 
     def _async_rm_check(self, config: Any) -> None:
         """Checks of the trainer's settings that need ``async_rm_config``, before anything is started."""
 
-    def _async_rm_new_executor(self):
+    def _async_rm_start_service(self) -> Any:
         settings = self.async_rm_config
-        return create_executor_actor(
-            RMBatchFn.from_config(settings.rm),
-            settings.batching,
-            list(self.replicas),
-            name=f"verl_async_rm_executor_{uuid.uuid4().hex[:8]}",
-            max_concurrency=settings.integration.executor_max_concurrency,
-            replace_slot=ReplicaFactory(settings.rm, self.rm_worker_group) if settings.integration.replace_replicas
-            else None,
+        return start_rm_service(
+            settings.rm, settings.batching, name=self._service_name,
+            replace_replicas=settings.integration.replace_replicas,
+            max_concurrency=settings.integration.service_max_concurrency,
         )
 
     async def _init_agent_loop_workers(self):
@@ -107,71 +84,54 @@ class _AsyncRMSide:
         integration = self.async_rm_config.integration
         await asyncio.wait_for(
             asyncio.gather(*(
-                w.async_rm_attach.remote(self.executor, integration.request_timeout_s, integration.on_error)
+                w.async_rm_attach.remote(self.rm_service, integration.request_timeout_s, integration.on_error)
                 for w in self.agent_loop_workers
             )),
             timeout_s,
         )
 
-    async def _async_rm_restart_executor(self, cause: BaseException) -> None:
-        """Replace a dead (or unresponsive) executor by a new one on the replicas it last reported; re-attach it."""
-        logger.error("verl_async_rm: the executor actor is gone (%r); starting a new one", cause)
+    async def _async_rm_restart_service(self, cause: BaseException) -> None:
+        """Replace a dead (or unresponsive) RM service by a new one (the RM loads again); hand it to the workers."""
+        logger.error("verl_async_rm: the RM service is gone (%r); starting a new one", cause)
         try:
-            ray.kill(self.executor)
+            ray.kill(self.rm_service)
         except Exception:  # noqa: BLE001 - already dead
-            logger.debug("dead executor already gone", exc_info=True)
-        self.executor = self._async_rm_new_executor()
-        self.executor_restarts += 1
-        await asyncio.wait_for(self.executor.ping.remote(), CONTROL_TIMEOUT_S)
+            logger.debug("dead RM service already gone", exc_info=True)
+        self.rm_service = await asyncio.to_thread(self._async_rm_start_service)
+        self.service_restarts += 1
         await self._async_rm_attach(CONTROL_TIMEOUT_S)
 
     async def _async_rm_control(self, method: str, *args: Any) -> Any:
-        """A control call to the executor, made at a step boundary; a dead executor is replaced and asked again."""
+        """A call to the RM service at a step boundary; a dead service is replaced and asked again."""
         try:
-            return await asyncio.wait_for(getattr(self.executor, method).remote(*args), CONTROL_TIMEOUT_S)
+            return await asyncio.wait_for(getattr(self.rm_service, method).remote(*args), CONTROL_TIMEOUT_S)
         except (ray.exceptions.RayActorError, asyncio.TimeoutError) as err:
-            await self._async_rm_restart_executor(err)
-        return await asyncio.wait_for(getattr(self.executor, method).remote(*args), CONTROL_TIMEOUT_S)
-
-    async def _async_rm_begin_step(self, expected: int | None) -> None:
-        """Start a step: metrics count from here; ``expected`` trajectories flush the last batch when all arrived."""
-        await self._async_rm_control("pop_step_stats")
-        if expected:
-            await self._async_rm_control("expect", int(expected))
+            await self._async_rm_restart_service(err)
+        return await asyncio.wait_for(getattr(self.rm_service, method).remote(*args), CONTROL_TIMEOUT_S)
 
     async def _async_rm_end_step(
         self, trajectories: PhaseRecord | None = None, prefix: str = PREFIX
     ) -> dict[str, float]:
-        """End a step: flush anything still pending and return the step's ``async_rm/*`` metrics.
+        """End a step: the service flushes what is pending and returns its figures, as ``async_rm/*`` metrics.
 
-        The replicas' own step counters (inputs truncated to ``max_length``, items that failed) are collected too;
-        each replica logs its truncation count once here. ``trajectories`` (v1: the agent-loop workers' record of
-        the phase) gives the trajectory counts instead of the executor's, which include every phase.
+        ``trajectories`` (v1: the agent-loop workers' record of the phase) gives the trajectory counts instead of the
+        service's, which include every phase.
         """
-        await self._async_rm_control("drain")
-        executor_stats = await self._async_rm_control("pop_step_stats")
-        self.replicas = await self._async_rm_control("slots")
-        replica_stats = await asyncio.wait_for(
-            asyncio.gather(*(w.pop_step_stats.remote() for w in self.replicas), return_exceptions=True),
-            CONTROL_TIMEOUT_S,
-        )
-        metrics = step_metrics(executor_stats, [r for r in replica_stats if isinstance(r, dict)], trajectories,
-                               prefix=prefix)
-        metrics[prefix + "executor_restarts_total"] = float(self.executor_restarts)
+        metrics = step_metrics(await self._async_rm_control("end_step"), trajectories, prefix=prefix)
+        metrics[prefix + "service_restarts_total"] = float(self.service_restarts)
         return metrics
 
     def shutdown(self) -> None:
-        """Close the executor (pending requests fail with ExecutorClosedError) and release the RM pool. Idempotent."""
-        executor, self.executor = getattr(self, "executor", None), None
-        if executor is not None:
+        """Close the RM service (pending requests fail with ExecutorClosedError; replicas and pool released)."""
+        service, self.rm_service = getattr(self, "rm_service", None), None
+        if service is not None:
             try:
-                ray.get(executor.aclose.remote(), timeout=CONTROL_TIMEOUT_S)
+                ray.get(service.close.remote(), timeout=CONTROL_TIMEOUT_S)
             except Exception as exc:  # noqa: BLE001 - shutting down: log and go on releasing
-                logger.warning("verl_async_rm: executor did not close cleanly: %r", exc)
-            ray.kill(executor)  # replacement replicas it started are owned by it and go with it
-        group, self.rm_worker_group = getattr(self, "rm_worker_group", None), None
-        if group is not None:
-            shutdown_rm_worker_group(group)
+                logger.warning("verl_async_rm: RM service did not close cleanly: %r", exc)
+                # its replicas go with it, but its placement groups live as long as the job
+                remove_pool_groups(f"{self._service_name}_", self.async_rm_config.rm.nnodes)
+            ray.kill(service)  # its replicas are owned by it and go with it
 
 
 class AsyncRMAgentLoopManagerV0(_AsyncRMSide, AgentLoopManager):
@@ -190,7 +150,7 @@ class AsyncRMAgentLoopManagerV0(_AsyncRMSide, AgentLoopManager):
         as ``timing_s/async_rm/...`` with the rest of verl's metrics. With ``on_error='drop'`` the trajectories
         whose RM score failed are excluded here (:func:`~verl_async_rm.integration.drops.apply_drops`).
         """
-        await self._async_rm_begin_step(len(prompts))
+        await self._async_rm_control("begin_step", len(prompts))
         try:
             output = await super().generate_sequences(prompts)
         except BaseException:
@@ -218,7 +178,7 @@ class AsyncRMAgentLoopManagerV1(_AsyncRMSide, AgentLoopManagerTQ):
     what the RM did since the previous close (since the first dispatch, for the first), applies ``on_error`` to the
     trajectories that got no score, and returns the ``async_rm/*`` (``val-async_rm/*``) metrics, which verl logs
     with its own ``Tracking`` at the step's number. In the ``sync`` trainer mode each training batch announces its
-    trajectory count to the executor (``expect``), so the step's last batch flushes the moment its last trajectory
+    trajectory count to the RM service (``expect``), so the step's last batch flushes the moment its last trajectory
     arrives; the async modes stream prompts continuously and rely on ``max_wait_ms``.
     """
 
@@ -245,7 +205,7 @@ class AsyncRMAgentLoopManagerV1(_AsyncRMSide, AgentLoopManagerTQ):
     @auto_await
     async def _v1_before_dispatch(self, expected: int | None) -> None:
         if not self._dispatched:  # the first window starts here, not when the pool was built
-            await self._async_rm_begin_step(expected)
+            await self._async_rm_control("begin_step", expected)
             self._dispatched = True
         elif expected:
             await self._async_rm_control("expect", expected)
@@ -254,8 +214,8 @@ class AsyncRMAgentLoopManagerV1(_AsyncRMSide, AgentLoopManagerTQ):
     async def async_rm_close(self, phase: str, global_steps: int | None = None) -> dict[str, float]:
         """End a training step (``phase='train'``) or a validation pass (``'val'``): its metrics, or its failure.
 
-        Collects every agent-loop worker's record of ``phase`` (trajectories scored and failed), the executor's
-        figures since the previous close and the replicas' counters. Under ``on_error='raise'`` a trajectory of the
+        Collects every agent-loop worker's record of ``phase`` (trajectories scored and failed) and the RM service's
+        figures since the previous close. Under ``on_error='raise'`` a trajectory of the
         phase that got no RM score raises :class:`~verl_async_rm.errors.RMScoreError` here, naming it and its cause
         (verl gave its group the ``failure`` path, so it was not trained on); under ``'drop'`` it is counted in
         ``dropped``, and more than ``drop_budget`` of the phase's trajectories raises

@@ -1,21 +1,21 @@
-"""Agent-loop workers that send each finished trajectory to the RM executor the moment its agent loop ends.
+"""Agent-loop workers that send each finished trajectory to the RM service the moment its agent loop ends.
 
 verl calls ``AgentLoopWorker._compute_score(outputs, kwargs)`` in the trajectory's own task right after its agent
 loop ends (v0: ``experimental/agent_loop/agent_loop.py:822``; v1: ``trainer/ppo/v1/agent_loop_tq.py:160``). The
-override here builds an :class:`~verl_async_rm.rm.RMRequest` from the last output, awaits its RM score from the
-executor actor (with a timeout), and hands the score to verl's own ``_compute_score`` in ``kwargs``; verl copies
+override here builds an :class:`~verl_async_rm.request.RMRequest` from the last output, awaits its RM score from the
+RM service (with a timeout), and hands the score to verl's own ``_compute_score`` in ``kwargs``; verl copies
 ``kwargs`` into the ``non_tensor_batch`` it sends to its reward-loop worker, where the ``async_rm`` reward manager
 mixes it with the rule score. An agent loop that already set ``reward_score`` is left alone (no RM call), as verl
 does.
 
-The executor handle is attached after verl has built the workers (:meth:`AsyncRMWorkerMixin.async_rm_attach`), so
+The service handle is attached after verl has built the workers (:meth:`AsyncRMWorkerMixin.async_rm_attach`), so
 verl's own worker construction and placement are used unchanged, and attached again when the manager had to start a
-new executor.
+new service.
 
 Each outcome (scored, failed) is recorded per phase in the worker's
 :class:`~verl_async_rm.integration.ledger.TrajectoryLedger`, which the v1 manager collects at the end of each
-training step and validation pass. If the RM fails for a trajectory (a dead executor gives
-:class:`ExecutorLostError` at once):
+training step and validation pass. If the RM fails for a trajectory (a dead service gives
+:class:`RMServiceLostError` at once):
 
 - v1 trainer: the trajectory's session raises the error whatever ``on_error`` says, so verl gives its group its own
   ``failure`` path (the trajectory never reaches TransferQueue, so nothing trains on it); the manager then applies
@@ -35,11 +35,11 @@ import ray
 from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
 
-from verl_async_rm.errors import AsyncRMError, ExecutorLostError
-from verl_async_rm.executor.actor import submit_with_timeout
+from verl_async_rm.errors import AsyncRMError, RMServiceLostError
 from verl_async_rm.integration.ledger import Failure, PhaseRecord, TrajectoryLedger
-from verl_async_rm.reward.combine import RM_ERROR_KEY, RM_SCORE_KEY
-from verl_async_rm.rm.request import RMRequest
+from verl_async_rm.integration.reward_mix import RM_ERROR_KEY, RM_SCORE_KEY
+from verl_async_rm.request import RMRequest
+from verl_async_rm.service.client import score_with_timeout
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ __all__ = ["AsyncRMWorkerMixin", "AsyncRMAgentLoopWorker", "AsyncRMAgentLoopWork
 class AsyncRMWorkerMixin:
     """The per-trajectory reward hook; mixed into verl's v0 and v1 agent-loop workers."""
 
-    _async_rm_executor: Any = None
+    _async_rm_service: Any = None
     _async_rm_timeout_s: float = 0.0
     _async_rm_on_error: str = "raise"
     #: v1: a failed RM score always fails the trajectory's session (verl's own failure path); the manager applies
@@ -61,9 +61,9 @@ class AsyncRMWorkerMixin:
     _async_rm_fail_session: bool = False
     _async_rm_ledger: TrajectoryLedger | None = None
 
-    async def async_rm_attach(self, executor: Any, request_timeout_s: float, on_error: str = "raise") -> bool:
-        """Give this worker the executor actor it submits to (by the manager after creation, and after a restart)."""
-        self._async_rm_executor = executor
+    async def async_rm_attach(self, service: Any, request_timeout_s: float, on_error: str = "raise") -> bool:
+        """Give this worker the RM service it scores with (by the manager after creation, and after a restart)."""
+        self._async_rm_service = service
         self._async_rm_timeout_s = float(request_timeout_s)
         self._async_rm_on_error = on_error
         return True
@@ -102,22 +102,20 @@ class AsyncRMWorkerMixin:
         final.metrics.compute_score = (final.metrics.compute_score or 0.0) + rm_s
 
     async def _async_rm_score(self, final: Any, kwargs: dict) -> float:
-        if self._async_rm_executor is None:
+        if self._async_rm_service is None:
             raise AsyncRMError(
-                "this agent-loop worker has no RM executor attached: build it through "
+                "this agent-loop worker has no RM service attached: build it through "
                 "verl_async_rm.AsyncRMAgentLoopManager.create(...)"
             )
         request = RMRequest.from_agent_loop_output(
             final, uid=f"{kwargs.get('uid', '?')}/{kwargs.get('session_id', 0)}", raw_prompt=kwargs.get("raw_prompt")
         )
         try:
-            score = await submit_with_timeout(
-                self._async_rm_executor, request, timeout_s=self._async_rm_timeout_s, num_tokens=request.num_tokens
-            )
+            score = await score_with_timeout(self._async_rm_service, request, timeout_s=self._async_rm_timeout_s)
         except ray.exceptions.RayActorError as err:
-            raise ExecutorLostError(
-                f"the RM executor actor died while trajectory {request.uid} waited for its score ({err}); the agent-"
-                "loop manager starts a new one at the next step"
+            raise RMServiceLostError(
+                f"the RM service died while trajectory {request.uid} waited for its score ({err}); the agent-loop "
+                "manager starts a new one at the next step"
             ) from err
         return float(score)
 
