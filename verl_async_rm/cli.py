@@ -1,19 +1,9 @@
-"""Command-line interface: ``verl-async-rm {demo,smoke,bench}`` (also ``python -m verl_async_rm``)."""
+"""Command-line interface: ``verl-async-rm {demo,bench}`` (also ``python -m verl_async_rm``)."""
 
 from __future__ import annotations
 
 import argparse
 import sys
-
-
-def _cmd_smoke(args: argparse.Namespace) -> int:
-    from verl_async_rm.smoke import smoke
-
-    result = smoke(cache_dir=args.cache_dir)
-    for key, value in result.items():
-        print(f"{key:>20}: {value!r}")
-    print("smoke run OK")
-    return 0
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -54,10 +44,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_demo_arguments(demo)
     demo.set_defaults(func=_cmd_demo)
-
-    smoke = sub.add_parser("smoke", help="import verl with the plugin, build the tiny models, answer one prompt")
-    smoke.add_argument("--cache-dir", default=None, help="where the tiny models go (default: $VERL_ASYNC_RM_CACHE)")
-    smoke.set_defaults(func=_cmd_smoke)
 
     # prefix_chars="+": every option after `bench` goes, unparsed, to the chosen benchmark's own parser.
     bench = sub.add_parser("bench", add_help=False, prefix_chars="+",

@@ -1,11 +1,12 @@
 """``--rm tiny``: fit the RM cost model ``a + b * padded_tokens`` to forwards of the real tiny RM on this CPU.
 
 Builds the offline tiny models (:func:`verl_async_rm.testing.models.build_tiny_models`), loads the tiny RM with the
-package's own :class:`~verl_async_rm.rm.scorer.RewardModelScorer` (float32, CPU, every core torch is given) and times
-``forward_ids`` on right-padded random batches of several sizes and lengths: one warm-up forward per shape, then
+package's own :class:`~verl_async_rm.scoring.scorer.RewardModelScorer` (float32, CPU, every core torch is given) and
+times ``forward_ids`` on right-padded random batches of several sizes and lengths: one warm-up forward per shape, then
 ``reps`` rounds that each time every shape once (interleaved, so a burst of load from other processes hits all shapes
 alike). ``a`` and ``b`` are the least-squares line through (padded tokens, fastest time of the shape), clipped at 0:
-on a shared machine the fastest of several timings is the least disturbed one (the medians are recorded too). The tiny RM knows at most 2048 positions, so longer workload items are costed by extrapolating the line.
+on a shared machine the fastest of several timings is the least disturbed one (the medians are recorded too). The tiny
+RM knows at most 2048 positions, so longer workload items are costed by extrapolating the line.
 
 The overlap benchmark then runs its policies on the simulated RM with the fitted ``a`` and ``b``: the real tiny RM is
 measured, not run inside the policies (on this machine R replicas would share 2 CPU cores, which no real deployment
@@ -56,8 +57,8 @@ def calibrate_tiny_rm(
                          f"shapes={shapes}")
     import torch
 
-    from verl_async_rm.rm.config import RMConfig
-    from verl_async_rm.rm.scorer import RewardModelScorer
+    from verl_async_rm.scoring.rm_config import RMConfig
+    from verl_async_rm.scoring.scorer import RewardModelScorer
     from verl_async_rm.testing.models import build_tiny_models
 
     models = build_tiny_models(cache_dir)

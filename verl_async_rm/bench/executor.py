@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_async_rm.errors import RequestTimeoutError
-from verl_async_rm.executor import BatchPolicy, PendingRequestExecutor
+from verl_async_rm.batching import BatchPolicy, PendingRequestExecutor
 
 __all__ = ["main"]
 

@@ -5,7 +5,7 @@ Every policy gets the same :class:`~verl_async_rm.bench.workload.Workload` (traj
 
 * ``sync``: wait for the last trajectory, then score everything: sorted longest first, cut into ``max_batch_size``
   batches, each batch to the first free replica (the best a score-after-rollout scheduler does; see ``bound``).
-* ``per-request``: the real :class:`~verl_async_rm.executor.PendingRequestExecutor` with ``max_batch_size=1,
+* ``per-request``: the real :class:`~verl_async_rm.batching.PendingRequestExecutor` with ``max_batch_size=1,
   max_wait_ms=0``: every trajectory is its own RM call, as soon as a replica is free.
 * ``drain``: the same executor with ``max_wait_ms=0``: a replica that frees takes whatever is queued (up to the cap),
   never waiting for a batch to fill, and nothing is told about the end of the step.
@@ -16,7 +16,7 @@ Every policy gets the same :class:`~verl_async_rm.bench.workload.Workload` (traj
 Clocks: ``real`` runs on the stock asyncio loop with workload time scaled by ``scale`` real seconds per workload
 second (``max_wait_ms`` is scaled the same way, so the policy sees the same workload-time wait); timer lateness and
 the executor's own overhead are thus measured, magnified by ``1 / scale``. ``virtual`` runs on
-:func:`~verl_async_rm.executor.testing.run_virtual` (time jumps to the next timer; deterministic; scale 1): it measures
+:func:`~verl_async_rm.batching.testing.run_virtual` (time jumps to the next timer; deterministic; scale 1): it measures
 the scheduling decisions alone.
 """
 
@@ -33,7 +33,7 @@ from typing import Any
 from verl_async_rm.bench.bound import sync_batches
 from verl_async_rm.bench.simrm import Clock, Item, SimulatedRM, policy_metrics
 from verl_async_rm.bench.workload import RMCostModel, Workload
-from verl_async_rm.executor import BatchPolicy, PendingRequestExecutor
+from verl_async_rm.batching import BatchPolicy, PendingRequestExecutor
 
 __all__ = ["POLICIES", "executor_policies", "run_policies"]
 
@@ -141,7 +141,7 @@ def run_policies(
     for name in names:
         gc.collect()
         if clock == "virtual":
-            from verl_async_rm.executor.testing import run_virtual
+            from verl_async_rm.batching.testing import run_virtual
 
             metrics = run_virtual(_one(name, workload, cost, 1.0, replicas, policies, timeout_s))
         else:

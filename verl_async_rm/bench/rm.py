@@ -4,8 +4,8 @@ bound measured in the same run.
 A random-weight RM is built on the device from a public config shape (``--shape``) or a ``config.json``
 (``--config``); nothing is downloaded. A seeded RL-like workload (prompts 64-512 tokens, responses log-normal with
 median ~400 up to 4096; ``tiny`` divides lengths by 16 so that a CPU run takes seconds) goes through
-:meth:`verl_async_rm.rm.forward.RMForward.score_all`, the code each RM replica runs once the inputs are tokenized, for
-every ``--packing`` mode:
+:meth:`verl_async_rm.scoring.forward.RMForward.score_all`, the code each RM replica runs once the inputs are tokenized,
+for every ``--packing`` mode:
 
 - ``fresh``: the first pass over this workload's lengths (an RL step brings never-seen lengths every time); a warm-up
   pass over another workload comes before it, so it pays no one-off start-up costs;
@@ -13,7 +13,7 @@ every ``--packing`` mode:
   compiles).
 
 With ``--rollout-n N`` every N inputs share a prompt (GRPO), and each packed mode also runs as ``<mode>+shared``:
-the prompt once per group and micro-batch (:mod:`verl_async_rm.rm.sharing`); compare ``fresh_traj_per_s``.
+the prompt once per group and micro-batch (:mod:`verl_async_rm.scoring.sharing`); compare ``fresh_traj_per_s``.
 
 The dense bound: equal-length rows (``--budget // width`` rows of ``width`` tokens, no padding, no mask) through the
 model with its own attention, best of 5: what a forward of this budget can do at best. Reported: real tokens/s, the
@@ -117,7 +117,7 @@ def run_mode(model: Any, device: Any, mode: str, workload: tuple[list[list[int]]
              warmup: tuple[list[list[int]], list[str]], budget: int) -> tuple[dict[str, Any], list[float]]:
     """One mode (``auto``, ``true``, ``false``, or one of them + ``'+shared'``): a warm-up pass, then the fresh and
     the repeat pass over ``workload`` (inputs and their groups)."""
-    from verl_async_rm.rm.forward import RMForward
+    from verl_async_rm.scoring.forward import RMForward
 
     packing, _, shared = mode.partition("+")
     heads = (getattr(model, name, None) for name in ("score", "v_head", "classifier"))
@@ -168,7 +168,7 @@ def run_rm_bench(args: argparse.Namespace) -> dict[str, Any]:
 
     from verl_async_rm.bench.environment import environment_snapshot
     from verl_async_rm.bench.rm_model import build_random_rm, count_parameters, peak_flops, rl_workload
-    from verl_async_rm.rm.scorer import resolve_dtype
+    from verl_async_rm.scoring.scorer import resolve_dtype
 
     modes = [m.strip() for m in args.packing.split(",") if m.strip()]
     if not modes or any(m not in MODES for m in modes):

@@ -1,6 +1,6 @@
 """``verl-async-rm demo``: the plugin next to verl's synchronous scoring, on verl's v1 trainer, on a CPU machine.
 
-- :mod:`~verl_async_rm.demo.config`: :class:`DemoConfig`;
+- :mod:`~verl_async_rm.demo.options`: :class:`DemoConfig`;
 - :mod:`~verl_async_rm.demo.run`: :func:`run_demo`, the orchestration;
 - :mod:`~verl_async_rm.demo.cluster`: its own local Ray cluster (TransferQueue runs in it), shut down and checked to
   leave no process;
@@ -11,7 +11,7 @@
 - :mod:`~verl_async_rm.demo.summary`, :mod:`~verl_async_rm.demo.plot`: JSON summary, table, PNG timeline.
 """
 
-from verl_async_rm.demo.config import DemoConfig
+from verl_async_rm.demo.options import DemoConfig
 from verl_async_rm.demo.run import DemoResult, run_demo
 
 __all__ = ["DemoConfig", "DemoResult", "run_demo"]

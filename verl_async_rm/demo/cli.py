@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from verl_async_rm.demo.config import DemoConfig
+from verl_async_rm.demo.options import DemoConfig
 
 __all__ = ["add_demo_arguments", "config_from_args", "report"]
 

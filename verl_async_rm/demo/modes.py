@@ -25,7 +25,7 @@ from typing import Any
 import ray
 
 from verl_async_rm.demo.timeline import BatchRecord, StepTimeline
-from verl_async_rm.rm.request import RMRequest
+from verl_async_rm.request import RMRequest
 
 logger = logging.getLogger(__name__)
 
@@ -68,9 +68,9 @@ def _no_refill(num_prompts: int) -> Any:
     )
 
 
-def collect_batches(replicas: Sequence[Any]) -> list[BatchRecord]:
-    """Pop every replica's scoring-call records (``RewardModelWorker.pop_batch_records``)."""
-    per_replica = ray.get([w.pop_batch_records.remote() for w in replicas], timeout=CONTROL_TIMEOUT_S)
+def collect_batches(service: Any) -> list[BatchRecord]:
+    """Pop the RM replicas' scoring-call records (``RMService.pop_batch_records``)."""
+    per_replica = ray.get(service.pop_batch_records.remote(), timeout=CONTROL_TIMEOUT_S)
     return [
         BatchRecord(replica=i, start=r["start"], end=r["end"], size=int(r["size"]))
         for i, records in enumerate(per_replica)
@@ -78,10 +78,10 @@ def collect_batches(replicas: Sequence[Any]) -> list[BatchRecord]:
     ]
 
 
-def _begin(server: Any, replicas: Sequence[Any]) -> None:
+def _begin(server: Any, service: Any) -> None:
     """Same lengths for the same prompts in both modes; forget records left from earlier calls."""
     ray.get(server.reset.remote(), timeout=CONTROL_TIMEOUT_S)
-    collect_batches(replicas)
+    collect_batches(service)
 
 
 def _finishes(server: Any) -> list[float]:
@@ -108,17 +108,17 @@ def sampled_order(keys: Sequence[str], uids: Sequence[str]) -> list[int]:
     return [pos for *_, pos in sorted(parsed)]
 
 
-def _timeline(mode: str, step: int, t0: float, t_end: float, server: Any, replicas: Sequence[Any],
+def _timeline(mode: str, step: int, t0: float, t_end: float, server: Any, service: Any, num_replicas: int,
               **scores: Any) -> StepTimeline:
     """The step's record: its times, the finishes the server saw and the batches the replicas ran."""
     return StepTimeline(mode=mode, step=step, t0=t0, t_end=t_end, finishes=_finishes(server),
-                        batches=collect_batches(replicas), num_replicas=len(replicas), **scores)
+                        batches=collect_batches(service), num_replicas=num_replicas, **scores)
 
 
 def run_async_step(loop: Any, manager: Any, server: Any, prompts: Any, step: int) -> StepTimeline:
     """One step through the plugin's v1 manager; rewards are read from verl's ``rm_scores`` in TransferQueue."""
-    replicas = list(manager.replicas)  # current handles (a lost replica is replaced)
-    _begin(server, replicas)
+    service = manager.rm_service
+    _begin(server, service)
     uids = list(prompts["uid"])
     t0 = time.time()
     batch = loop.train_step(prompts, fields=ASYNC_FIELDS)
@@ -128,7 +128,7 @@ def run_async_step(loop: Any, manager: Any, server: Any, prompts: Any, step: int
     infos = [batch.reward_extra_info(i) for i in order]
     metrics = batch.metrics
     return _timeline(
-        "async", step, t0, sampled_at, server, replicas,
+        "async", step, t0, sampled_at, server, service, manager.async_rm_config.rm.num_replicas,
         rewards=[batch.reward(i) for i in order],
         rm_scores=[float(info["rm_score"]) for info in infos],
         rule_scores=[float(info["rule_score"]) for info in infos],
@@ -157,19 +157,9 @@ def requests_from_batch(data: Any, order: Sequence[int], keys: Sequence[str]) ->
     ]
 
 
-def score_after_rollout(replicas: Sequence[Any], requests: list[RMRequest], timeout_s: float) -> list[float]:
-    """Split ``requests`` in contiguous chunks over the replicas, score them, raise if any item failed."""
-    n = len(replicas)
-    bounds = [round(k * len(requests) / n) for k in range(n + 1)]
-    chunks = [requests[bounds[k]: bounds[k + 1]] for k in range(n)]
-    refs = [(w.score.remote(chunk) if chunk else None) for w, chunk in zip(replicas, chunks, strict=True)]
-    ready = [ref for ref in refs if ref is not None]
-    _, pending = ray.wait(ready, num_returns=len(ready), timeout=timeout_s)
-    if pending:
-        for ref in pending:
-            ray.cancel(ref)
-        raise TimeoutError(f"the RM replicas did not score the batch within {timeout_s:g}s (demo step_timeout_s)")
-    results = [r for ref in refs if ref is not None for r in ray.get(ref)]
+def score_after_rollout(service: Any, requests: list[RMRequest], timeout_s: float) -> list[float]:
+    """Score the whole batch at once on the RM replicas (``RMService.score_batch``); raise if any item failed."""
+    results = ray.get(service.score_batch.remote(requests, timeout_s), timeout=timeout_s + CONTROL_TIMEOUT_S)
     failed = [r for r in results if isinstance(r, Exception)]
     if failed:
         raise RuntimeError(f"{len(failed)} of {len(results)} RM scores failed; first: {failed[0]!r}")
@@ -201,7 +191,8 @@ def _row(data: Any, key: str, i: int) -> Any:
 def run_sync_step(
     loop: Any,
     server: Any,
-    replicas: Sequence[Any],
+    service: Any,
+    num_replicas: int,
     prompts: Any,
     step: int,
     *,
@@ -214,19 +205,20 @@ def run_sync_step(
     ``rule_score(data, i)`` gives trajectory ``i``'s rule score (:func:`rule_scorer`); ``mix`` is the plugin's
     ``RewardMix``.
     """
-    _begin(server, replicas)
+    _begin(server, service)
     uids = list(prompts["uid"])
     t0 = time.time()
     batch = loop.train_step(prompts, fields=SYNC_FIELDS)
     sampled_at = batch.sampled_at
     read = time.time()
     order = sampled_order(batch.keys, uids)
-    rm_scores = score_after_rollout(replicas, requests_from_batch(batch.data, order, batch.keys), timeout_s)
+    rm_scores = score_after_rollout(service, requests_from_batch(batch.data, order, batch.keys), timeout_s)
     rule_scores = [rule_score(batch.data, i) for i in order] if mix.uses_rule else [0.0] * len(order)
     rewards = [mix.combine(rm, rule) for rm, rule in zip(rm_scores, rule_scores, strict=True)]
     t_end = time.time()
     return _timeline(
-        "sync", step, t0, t_end, server, replicas, rewards=rewards, rm_scores=rm_scores, rule_scores=rule_scores,
+        "sync", step, t0, t_end, server, service, num_replicas, rewards=rewards, rm_scores=rm_scores,
+        rule_scores=rule_scores,
         extra={"sample_s": sampled_at - t0, "after_sample_s": read - sampled_at, "executor_reward_tail_s": None,
                "executor_rm_utilization": None, "errors": 0},
     )

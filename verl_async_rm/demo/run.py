@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_async_rm.demo.cluster import local_cluster
-from verl_async_rm.demo.config import DemoConfig
+from verl_async_rm.demo.options import DemoConfig
 from verl_async_rm.demo.timeline import StepTimeline
 
 logger = logging.getLogger(__name__)
@@ -125,7 +125,6 @@ def _run_with_transfer_queue(config: DemoConfig, trainer_config: Any, tiny: Any,
     import ray
     from transformers import AutoTokenizer
 
-    from verl_async_rm.config import AsyncRMConfig
     from verl_async_rm.demo.modes import fit_loop, rule_scorer, run_async_step, run_sync_step
     from verl_async_rm.demo.workload import prompts_batch, server_kwargs
     from verl_async_rm.testing import make_llm_client, start_generation_servers
@@ -139,7 +138,7 @@ def _run_with_transfer_queue(config: DemoConfig, trainer_config: Any, tiny: Any,
         manager, plain = _start_managers(trainer_config, make_llm_client(trainer_config, servers), actors, managers,
                                          config.step_timeout_s)
         async_loop, sync_loop = fit_loop(trainer_config, manager), fit_loop(trainer_config, plain)
-        mix = AsyncRMConfig.from_verl(trainer_config).mix
+        mix = manager.async_rm_config.mix  # parsed once, by the manager
         rule = rule_scorer(AutoTokenizer.from_pretrained(tiny.policy))
         bar.update(1)
 
@@ -147,7 +146,8 @@ def _run_with_transfer_queue(config: DemoConfig, trainer_config: Any, tiny: Any,
             return run_async_step(async_loop, manager, server, prompts_batch(step, size, tag=tag, mode="async"), step)
 
         def sync_step(step: int, size: int, tag: str = "step") -> StepTimeline:
-            return run_sync_step(sync_loop, server, list(manager.replicas),  # the same replicas (a lost one replaced)
+            return run_sync_step(sync_loop, server, manager.rm_service,  # the same replicas
+                                 manager.async_rm_config.rm.num_replicas,
                                  prompts_batch(step, size, tag=tag, mode="sync"), step,
                                  rule_score=rule, mix=mix, timeout_s=config.step_timeout_s)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from verl_async_rm.demo import rule
-from verl_async_rm.demo.config import DemoConfig
+from verl_async_rm.demo.options import DemoConfig
 from verl_async_rm.testing.generation import LengthDistribution
 
 __all__ = ["GROUND_TRUTH", "PROMPT_LENGTH", "prompt_uids", "prompts_batch", "server_kwargs", "verl_overrides"]
@@ -41,7 +41,7 @@ def verl_overrides(config: DemoConfig, rm_path: str) -> list[str]:
         f"+async_rm.max_wait_ms={config.max_wait_ms}",
         "+async_rm.placement_timeout_s=120",
         f"+async_rm.request_timeout_s={config.step_timeout_s}",
-        f"+async_rm.score_timeout_s={config.step_timeout_s}",
+        f"+async_rm.batch_timeout_s={config.step_timeout_s}",
     ]
 
 

@@ -8,7 +8,7 @@ They let tests, the demo and benchmarks run verl's real agent loop on a CPU mach
 - :func:`compose_trainer_config` composes verl's own ``ppo_trainer`` config for those models (v0 or v1 trainer).
 """
 
-from verl_async_rm.testing.config import compose_trainer_config, verl_config_dir
+from verl_async_rm.testing.trainer_config import compose_trainer_config, verl_config_dir
 from verl_async_rm.testing.generation import (
     CPUGenerationServer,
     LengthDistribution,

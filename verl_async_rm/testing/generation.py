@@ -205,8 +205,8 @@ class CPUGenerationServer:
             kwargs["top_k"] = top_k if top_k > 0 else None
         torch.manual_seed(seed)
         with torch.no_grad():
-            out = self._model.generate(torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids),
-                                                                                             dtype=torch.long), **kwargs)
+            out = self._model.generate(torch.tensor([prompt_ids]),
+                                       attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long), **kwargs)
         ids = out.sequences[0, len(prompt_ids):].tolist()
         logps = []
         for step, tok in enumerate(ids):
