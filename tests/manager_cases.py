@@ -66,3 +66,18 @@ def running_manager(ray, tiny_models, trainer: str, *extra: str, rm_path=None):
             ray.kill(worker)
         if trainer == "v1":
             tq.close()
+
+
+def replicas_of(manager, wait_s: float = 180.0) -> list:
+    """The RM replicas the manager's service runs now, found by the actor names its ``describe()`` reports; waits
+    (bounded) for replacements still loading, which cannot answer yet."""
+    import time
+
+    import ray
+
+    deadline = time.monotonic() + wait_s
+    while True:
+        infos = ray.get(manager.rm_service.describe.remote(), timeout=60)
+        if all("actor_name" in info for info in infos) or time.monotonic() > deadline:
+            return [ray.get_actor(info["actor_name"]) for info in infos]
+        time.sleep(0.2)

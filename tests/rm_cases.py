@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from verl_async_rm.rm import RMRequest
+from verl_async_rm.request import RMRequest
 
 QUESTIONS = ["how many apples does the farmer have", "what is the total cost of two books", "how fast is the train"]
 ANSWERS = ["five", "the total cost is 12 dollars", "the train takes 3 hours so the speed is 20 miles per hour"]

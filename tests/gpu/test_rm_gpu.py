@@ -26,8 +26,8 @@ import time
 import pytest
 import torch
 
-from verl_async_rm.rm.config import RMConfig
-from verl_async_rm.rm.request import RMRequest
+from verl_async_rm.scoring.rm_config import RMConfig
+from verl_async_rm.request import RMRequest
 
 pytestmark = pytest.mark.gpu
 
@@ -93,7 +93,7 @@ def hf_model(path, dtype):
 
 @pytest.fixture(scope="module")
 def scorer(big_rm):
-    from verl_async_rm.rm.scorer import RewardModelScorer
+    from verl_async_rm.scoring.scorer import RewardModelScorer
 
     scorer = RewardModelScorer(gpu_config(big_rm))
     assert scorer.dtype == torch.bfloat16 and scorer.device.type == "cuda"
@@ -102,13 +102,13 @@ def scorer(big_rm):
 
 @pytest.fixture(scope="module")
 def padded_scorer(big_rm):
-    from verl_async_rm.rm.scorer import RewardModelScorer
+    from verl_async_rm.scoring.scorer import RewardModelScorer
 
     return RewardModelScorer(gpu_config(big_rm, packing="false"))
 
 
 def test_auto_packs_with_a_varlen_kernel_where_one_exists(scorer):
-    from verl_async_rm.rm.packing import varlen_kernel_name
+    from verl_async_rm.scoring.packing import varlen_kernel_name
 
     kernel = varlen_kernel_name(scorer.device)
     if kernel is None:
@@ -140,7 +140,7 @@ def test_packed_and_padded_scores_agree_on_the_same_batch(scorer, padded_scorer)
 
 def test_shared_prompts_score_like_the_unshared_path(scorer, big_rm):
     """GRPO groups (4 prompts x 8 responses): the prompt runs once per group, scores equal the unshared packed path."""
-    from verl_async_rm.rm.scorer import RewardModelScorer
+    from verl_async_rm.scoring.scorer import RewardModelScorer
 
     if not scorer.describe()["share_prompts"]:
         pytest.skip(f"no shared prompts with {scorer.describe()['packing']}")
@@ -198,7 +198,7 @@ def _best_time(fn, repeats: int = 5) -> float:
 
 
 def test_worker_throughput_against_a_raw_hf_loop(scorer, big_rm):
-    from verl_async_rm.rm.inputs import plan_micro_batches
+    from verl_async_rm.scoring.inputs import plan_micro_batches
 
     requests = random_requests(256, seed=2)
     inputs = [scorer.prepare(r)[0] for r in requests]
@@ -230,8 +230,8 @@ def test_scorer_builds_on_cuda_without_importing_verl(big_rm):
 
     code = (
         "import json, sys\n"
-        "from verl_async_rm.rm.config import RMConfig\n"
-        "from verl_async_rm.rm.scorer import RewardModelScorer\n"
+        "from verl_async_rm.scoring.rm_config import RMConfig\n"
+        "from verl_async_rm.scoring.scorer import RewardModelScorer\n"
         f"scorer = RewardModelScorer(RMConfig(model_path={str(big_rm)!r}, retemplate='never', use_gpu=True))\n"
         "print(json.dumps({'device': str(scorer.device), 'verl': 'verl' in sys.modules}))\n"
     )
@@ -246,7 +246,7 @@ def test_gpu_worker_group_scores_in_bf16(big_rm, scorer):
     ray = pytest.importorskip("ray")
     from conftest import ray_runtime_env
 
-    from verl_async_rm.rm import RMBatchFn, create_rm_worker_group, shutdown_rm_worker_group
+    from verl_async_rm.service import ReplicaCall, create_rm_worker_group, shutdown_rm_worker_group
 
     ray.shutdown()
     ray.init(num_gpus=1, include_dashboard=False, runtime_env=ray_runtime_env(), namespace="verl_async_rm_gpu")
@@ -256,7 +256,7 @@ def test_gpu_worker_group_scores_in_bf16(big_rm, scorer):
     try:
         info = ray.get(wg.workers[0].describe.remote(), timeout=120)
         assert info["device"].startswith("cuda") and info["dtype"] == "torch.bfloat16"
-        scores = asyncio.run(RMBatchFn.from_config(cfg)(requests, wg.workers[0]))
+        scores = asyncio.run(ReplicaCall(late_limit_s=600.0)(requests, wg.workers[0]))
     finally:
         shutdown_rm_worker_group(wg)
         ray.shutdown()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import sys
 import time
 
 import numpy as np
@@ -19,7 +18,7 @@ import torch
 from manager_cases import running_manager
 from test_manager_v0 import prompts_batch
 
-from verl_async_rm.errors import ExecutorLostError, TrajectoryDroppedError
+from verl_async_rm.errors import RMServiceLostError, TrajectoryDroppedError
 
 pytestmark = pytest.mark.integration
 
@@ -64,9 +63,9 @@ def test_more_drops_than_the_budget_fail_the_step(drop_manager):
         manager.generate_sequences(prompts_batch(3, rollout_n=2, agent_names=names))
 
 
-def test_a_dead_executor_is_replaced_at_the_next_step(drop_manager):
+def test_a_dead_rm_service_is_replaced_at_the_next_step(drop_manager):
     manager, _ = drop_manager
-    old = manager.executor
+    old = manager.rm_service
     ray.kill(old)
     for _ in range(600):  # ray.kill returns at once: wait until the actor is really gone
         try:
@@ -75,34 +74,26 @@ def test_a_dead_executor_is_replaced_at_the_next_step(drop_manager):
             break
         time.sleep(0.05)
     output = manager.generate_sequences(prompts_batch(2, rollout_n=2))
-    assert manager.executor is not old
+    assert manager.rm_service is not old
     assert np.asarray(output.non_tensor_batch["rm_dropped"], dtype=float).tolist() == [0.0] * 4
     timing = output.meta_info["timing"]
-    assert timing["async_rm/executor_restarts_total"] == 1.0
+    assert timing["async_rm/service_restarts_total"] == 1.0
     assert timing["async_rm/scored"] == 4.0 and timing["async_rm/replicas_usable"] == 2.0
 
 
-class Never:
-    """A batch function that never answers (an RM stuck for good)."""
-
-    async def __call__(self, items, slot):
-        await asyncio.Event().wait()
-
-
-def test_a_trajectory_waiting_on_an_executor_that_dies_fails_at_once(ray_local, policy_tok):
-    from ray import cloudpickle
+def test_a_trajectory_waiting_on_an_rm_service_that_dies_fails_at_once(ray_local, tiny_models, policy_tok):
     from rm_cases import make_request
     from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
 
-    from verl_async_rm.executor import BatchPolicy, create_executor_actor
-    from verl_async_rm.integration.worker import AsyncRMWorkerMixin
+    from verl_async_rm.batching import BatchPolicy
+    from verl_async_rm.integration.agent_loop_worker import AsyncRMWorkerMixin
+    from verl_async_rm.scoring import RMConfig
+    from verl_async_rm.service import start_rm_service
 
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # workers cannot import this test module
-    try:
-        executor = create_executor_actor(Never(), BatchPolicy(max_wait_ms=0), 1)
-    finally:
-        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
-    ray.get(executor.ping.remote(), timeout=60)
+    rm = RMConfig(model_path=str(tiny_models.rm), policy_tokenizer_path=str(tiny_models.policy), use_gpu=False,
+                  n_gpus_per_node=1, placement_timeout_s=60, init_timeout_s=120)
+    # an hour of max_wait: the request waits in the service until the service dies
+    service = start_rm_service(rm, BatchPolicy(max_batch_size=64, max_wait_ms=3_600_000), name="dies")
     worker = AsyncRMWorkerMixin()
     request = make_request(policy_tok, "how many apples", "five", "x0")
 
@@ -110,15 +101,23 @@ def test_a_trajectory_waiting_on_an_executor_that_dies_fails_at_once(ray_local, 
                             response_mask=[1] * len(request.response_ids), num_turns=2, metrics=AgentLoopMetrics())
 
     async def main():
-        await worker.async_rm_attach(executor, request_timeout_s=600.0)
+        await worker.async_rm_attach(service, request_timeout_s=600.0)
         waiting = asyncio.ensure_future(worker._async_rm_score(final, {"uid": "x", "raw_prompt": None}))
-        await asyncio.sleep(2.0)  # the request is in the executor, its batch running forever
+        for _ in range(600):  # bounded: until the request is in the service's queue
+            if (await service.stats.remote())["queue_len"] == 1:
+                break
+            await asyncio.sleep(0.05)
         assert not waiting.done()
         t0 = time.monotonic()
-        ray.kill(executor)
-        with pytest.raises(ExecutorLostError, match="executor actor died"):
+        ray.kill(service)
+        with pytest.raises(RMServiceLostError, match="RM service died"):
             await asyncio.wait_for(waiting, 60.0)
         return time.monotonic() - t0
 
-    elapsed = asyncio.run(main())
+    from verl_async_rm.service.placement import remove_pool_groups
+
+    try:
+        elapsed = asyncio.run(main())
+    finally:
+        remove_pool_groups("dies_", 1)  # the dead service's placement group lives as long as the job
     assert elapsed < 30.0  # at once, not after request_timeout_s (600 s)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from manager_cases import RM_W, RULE_W, running_manager
+from manager_cases import RM_W, RULE_W, replicas_of, running_manager
 
 pytestmark = pytest.mark.integration
 
@@ -89,15 +89,15 @@ def _cluster_objects(ray):
     return named, groups
 
 
-def test_second_step_reuses_pool_replicas_and_executor(v0_manager):
+def test_second_step_reuses_pool_replicas_and_service(v0_manager):
     import ray
 
     manager, _ = v0_manager
     before = _cluster_objects(ray)
-    replicas, executor = list(manager.rm_worker_group.workers), manager.executor
+    replicas, service = replicas_of(manager), manager.rm_service
     output = manager.generate_sequences(prompts_batch(2, rollout_n=2))
     assert _cluster_objects(ray) == before  # no new named actor, no new placement group
-    assert list(manager.rm_worker_group.workers) == replicas and manager.executor is executor
+    assert replicas_of(manager) == replicas and manager.rm_service is service
     assert output.meta_info["timing"]["async_rm/requests"] == 4
 
 
@@ -121,18 +121,19 @@ def _rm_pool_groups(ray) -> dict[str, str]:
             if "verl_async_rm_pool" in (pg.get("name") or "")}
 
 
-def test_shutdown_releases_the_pool_and_the_executor(v0_manager):
+def test_shutdown_releases_the_pool_and_the_service(v0_manager):
     import ray
 
     manager, _ = v0_manager
     # earlier tests of the session may have left REMOVED groups behind: look at the live ones only
     before = {pg_id: state for pg_id, state in _rm_pool_groups(ray).items() if state != "REMOVED"}
     assert len(before) >= 1 and set(before.values()) == {"CREATED"}
-    executor = manager.executor
+    service, replicas = manager.rm_service, replicas_of(manager)
     manager.shutdown()
-    assert manager.executor is None and manager.rm_worker_group is None
-    with pytest.raises(ray.exceptions.RayActorError):
-        ray.get(executor.ping.remote(), timeout=60)
+    assert manager.rm_service is None
+    for actor in (service, *replicas):
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(actor.ping.remote() if actor is service else actor.describe.remote(), timeout=60)
     after = _rm_pool_groups(ray)
     assert all(after.get(pg_id, "REMOVED") == "REMOVED" for pg_id in before)
     manager.shutdown()  # idempotent

@@ -16,7 +16,7 @@ import time
 import pytest
 import ray
 import torch
-from manager_cases import RM_W, RULE_W, running_manager
+from manager_cases import RM_W, RULE_W, replicas_of, running_manager
 
 pytestmark = pytest.mark.integration
 
@@ -106,12 +106,12 @@ def test_a_request_timeout_fails_the_step_under_raise(v1_loop):
 
     loop, manager = v1_loop
     integration = manager.async_rm_config.integration
-    ray.get([w.async_rm_attach.remote(manager.executor, 1e-4, "raise") for w in manager.agent_loop_workers])
+    ray.get([w.async_rm_attach.remote(manager.rm_service, 1e-4, "raise") for w in manager.agent_loop_workers])
     try:
         with pytest.raises(RMScoreError, match="RequestTimeoutError"):
             loop.train_step(prompt_batch(["slow"]))
     finally:
-        ray.get([w.async_rm_attach.remote(manager.executor, integration.request_timeout_s, "raise")
+        ray.get([w.async_rm_attach.remote(manager.rm_service, integration.request_timeout_s, "raise")
                  for w in manager.agent_loop_workers])
         _clear("train")  # the run would stop here: verl's replay buffer left the failed group in TransferQueue
     assert loop.train_step(prompt_batch(["fast again"])).metrics["async_rm/scored"] == N
@@ -134,17 +134,17 @@ def _wait_gone(actor, method: str = "ping") -> None:
         time.sleep(0.05)
 
 
-def test_a_dead_executor_is_replaced_at_the_next_dispatch(v1_loop):
+def test_a_dead_rm_service_is_replaced_at_the_next_dispatch(v1_loop):
     from verl_async_rm.testing.v1 import prompt_batch
 
     loop, manager = v1_loop
-    old = manager.executor
+    old = manager.rm_service
     ray.kill(old)
     _wait_gone(old)
-    batch = loop.train_step(prompt_batch(["after the executor died", "and another"]))
-    assert manager.executor is not old
+    batch = loop.train_step(prompt_batch(["after the service died", "and another"]))
+    assert manager.rm_service is not old
     assert batch.metrics["async_rm/scored"] == 2 * N and batch.metrics["async_rm/errors"] == 0
-    assert batch.metrics["async_rm/executor_restarts_total"] >= 1
+    assert batch.metrics["async_rm/service_restarts_total"] >= 1
     assert all(batch.reward_extra_info(i)["rm_score"] == batch.reward_extra_info(i)["rm_score"]  # not NaN
                for i in range(len(batch.keys)))
 
@@ -154,11 +154,11 @@ def test_a_replica_killed_mid_step_loses_no_trajectory(v1_loop):
     from verl_async_rm.testing.v1 import prompt_batch
 
     loop, manager = v1_loop
-    victim = manager.replicas[0]
+    victim = replicas_of(manager)[0]
     loop.dispatch(prompt_batch([f"question {i}" for i in range(4)]))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # kill it while it (or its queue) holds this step's work
-        stats = ray.get(manager.executor.stats.remote(), timeout=30)
+        stats = ray.get(manager.rm_service.stats.remote(), timeout=30)
         if stats["submitted"] > 0 and (stats["in_flight_requests"] or stats["queue_len"]):
             break
         time.sleep(0.01)
@@ -176,7 +176,7 @@ def test_replicas_dead_before_a_step_are_replaced_and_their_batches_requeued(v1_
 
     loop, manager = v1_loop
     before = manager.last_metrics.get("async_rm/replicas_replaced_total", 0.0)
-    for replica in list(manager.replicas):
+    for replica in replicas_of(manager):
         ray.kill(replica, no_restart=True)
         _wait_gone(replica, method="describe")
     batch = loop.train_step(prompt_batch(["after both replicas died", "and a second question"]))

@@ -14,7 +14,8 @@ import pytest
 from ray.util.placement_group import placement_group_table
 
 from verl_async_rm.errors import ResourcePoolError, RewardModelError
-from verl_async_rm.rm import RMConfig, RMResourcePool, create_rm_worker_group
+from verl_async_rm.scoring import RMConfig
+from verl_async_rm.service import RMResourcePool, create_rm_worker_group
 
 pytestmark = pytest.mark.integration
 

@@ -11,14 +11,9 @@ from conftest import ray_runtime_env
 from ray.cluster_utils import Cluster
 
 from verl_async_rm.errors import ResourcePoolError
-from verl_async_rm.rm import (
-    RMBatchFn,
-    RMConfig,
-    RMRequest,
-    RMResourcePool,
-    create_rm_worker_group,
-    shutdown_rm_worker_group,
-)
+from verl_async_rm.request import RMRequest
+from verl_async_rm.scoring import RMConfig
+from verl_async_rm.service import ReplicaCall, RMResourcePool, create_rm_worker_group, shutdown_rm_worker_group
 
 pytestmark = pytest.mark.integration
 
@@ -63,7 +58,7 @@ async def test_replicas_land_on_both_nodes_and_score(two_nodes, tiny_models):
     try:
         infos = [await worker.describe.remote() for worker in wg.workers]
         assert {info["node_id"] for info in infos} == node_ids
-        batch_fn = RMBatchFn.from_config(cfg)
+        batch_fn = ReplicaCall(late_limit_s=60.0)
         first, second = [await batch_fn(requests, slot) for slot in wg.workers]
         assert all(isinstance(score, float) for score in first)
         assert second == pytest.approx(first, abs=1e-4, rel=1e-4)

@@ -14,16 +14,10 @@ import ray
 from rm_cases import ANSWERS, direct_score, hf_model, make_batch, make_request
 
 from verl_async_rm.errors import NonFiniteScoreError, ResourcePoolError, RewardModelError
-from verl_async_rm.rm import (
-    RMBatchFn,
-    RMConfig,
-    RMRequest,
-    RMResourcePool,
-    create_rm_worker_group,
-    score_with_group,
-    shutdown_rm_worker_group,
-)
-from verl_async_rm.rm.pool import reserve_placement_groups
+from verl_async_rm.request import RMRequest
+from verl_async_rm.scoring import RMConfig
+from verl_async_rm.service import ReplicaCall, RMResourcePool, create_rm_worker_group, shutdown_rm_worker_group
+from verl_async_rm.service.placement import reserve_placement_groups
 
 pytestmark = pytest.mark.integration
 
@@ -66,7 +60,7 @@ def expected_scores(model, requests) -> list[float]:
 async def test_each_replica_is_a_slot_scoring_like_a_direct_hf_forward(rm_group, batch, reference):
     wg, cfg = rm_group
     assert len(wg.workers) == 2 == cfg.num_replicas
-    batch_fn = RMBatchFn.from_config(cfg)
+    batch_fn = ReplicaCall(late_limit_s=60.0)
     expected = expected_scores(reference, batch)
     for slot in wg.workers:  # per-replica actor handles, called directly
         assert await batch_fn(batch, slot) == pytest.approx(expected, abs=ATOL, rel=RTOL)
@@ -87,7 +81,7 @@ async def test_truncation_keeps_the_response_end(rm_group, policy_tok, reference
     assert long.num_tokens > MAX_LENGTH
     slot = wg.workers[0]
     await slot.pop_step_stats.remote()
-    results = await RMBatchFn.from_config(cfg)([long, batch[0]], slot)
+    results = await ReplicaCall(late_limit_s=60.0)([long, batch[0]], slot)
     kept = (long.prompt_ids + long.response_ids)[-MAX_LENGTH:]
     assert kept[-len(long.response_ids) :] == long.response_ids
     assert results == pytest.approx(expected_scores(reference, [long, batch[0]]), abs=ATOL, rel=RTOL)
@@ -100,15 +94,10 @@ async def test_a_nan_producing_input_fails_only_that_item(rm_group, nan_rm, batc
     wg, cfg = rm_group
     poison = nan_rm[1]
     bad = RMRequest("poisoned", batch[1].prompt_ids, [poison, *batch[1].response_ids], batch[1].raw_prompt)
-    results = await RMBatchFn.from_config(cfg)([batch[0], bad, batch[2]], wg.workers[1])
+    results = await ReplicaCall(late_limit_s=60.0)([batch[0], bad, batch[2]], wg.workers[1])
     assert isinstance(results[1], NonFiniteScoreError) and "poisoned" in str(results[1])
     assert [results[0], results[2]] == pytest.approx(expected_scores(reference, [batch[0], batch[2]]), abs=ATOL)
 
-
-def test_whole_group_call_pads_and_matches_per_replica(rm_group, batch, reference):
-    wg, _ = rm_group
-    assert len(batch) % len(wg.workers) != 0  # exercises verl's _verl_auto_padding
-    assert score_with_group(wg, batch) == pytest.approx(expected_scores(reference, batch), abs=ATOL, rel=RTOL)
 
 
 @pytest.mark.asyncio
@@ -131,7 +120,7 @@ async def test_template_switch_equals_rendering_by_hand(ray_local, tiny_models, 
     wg = create_rm_worker_group(cfg)
     try:
         assert (await wg.workers[0].describe.remote())["retemplate"] is True
-        results = await RMBatchFn.from_config(cfg)(batch, wg.workers[0])
+        results = await ReplicaCall(late_limit_s=60.0)(batch, wg.workers[0])
     finally:
         shutdown_rm_worker_group(wg)
     assert results == pytest.approx(expected, abs=ATOL, rel=RTOL)
@@ -165,53 +154,58 @@ def test_a_replica_that_cannot_load_fails_the_group_and_frees_the_pool(ray_local
 
 
 @ray.remote
-class _Slot:
-    """A stand-in replica for the batch function's failure paths (the batch function is what is under test)."""
+class _Replica:
+    """A stand-in replica whose ``score`` takes one of the failure paths (the replica call is what is under test)."""
 
-    async def wrong_length(self, items):
-        return [1.0] * (len(items) + 1)
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
 
-    async def raises(self, items):
-        raise RewardModelError("the RM worker has no model yet: call init_model() first")
-
-    async def never_answers(self, items):
+    async def score(self, items):
         import asyncio
 
-        await asyncio.Event().wait()
-
-    async def mixed(self, items):
+        if self.mode == "raises":
+            raise RewardModelError("the RM worker has no model yet: call init_model() first")
+        if self.mode == "slow":
+            await asyncio.sleep(1.0)
+            return [0.5] * len(items)
+        if self.mode == "never_answers":
+            await asyncio.Event().wait()
         return [0.5, ValueError("bad item"), "not a float"][: len(items)]
 
 
 @pytest.mark.asyncio
-async def test_batch_fn_failure_paths(ray_local, batch):
-    from verl_async_rm.errors import BatchResultError, ReplicaLostError, ReplicaTimeoutError, SlotError
+async def test_replica_call_failure_paths(ray_local, batch):
+    import asyncio
 
-    slot = _Slot.remote()
-    entries = await RMBatchFn(method="mixed")(batch, slot)
-    assert entries[0] == 0.5 and isinstance(entries[1], ValueError) and isinstance(entries[2], RewardModelError)
-    assert await RMBatchFn()([], slot) == []
-    with pytest.raises(BatchResultError, match="returned 4 results for 3 requests"):
-        await RMBatchFn(method="wrong_length")(batch, slot)
-    # the replica raised: an RM error the executor may bisect (an item may be the cause), not a slot failure
+    from verl_async_rm.errors import ReplicaLostError, SlotLostError
+
+    call = ReplicaCall(late_limit_s=60.0)
+    mixed = _Replica.remote("mixed")
+    entries = await call(batch, mixed)  # the replica's answer as it is (the executor checks its shape)
+    assert entries[0] == 0.5 and isinstance(entries[1], ValueError) and entries[2] == "not a float"
+    assert await call([], mixed) == []
+    # the replica raised: an RM error for the whole batch, not a lost slot
     with pytest.raises(RewardModelError, match="failed on a batch of 3: RewardModelError.'the RM worker has no model"
                        ) as raised:
-        await RMBatchFn(method="raises")(batch, slot)
-    assert not isinstance(raised.value, SlotError)
-    # no answer in time: the batch fails, and the slot stays busy until the late call ends (slot_ready)
-    with pytest.raises(ReplicaTimeoutError, match="within score_timeout_s=0.5s") as timed_out:
-        await RMBatchFn(timeout_s=0.5, method="never_answers")(batch, slot)
-    assert timed_out.value.slot_ready is not None
-    timed_out.value.slot_ready.close()  # a coroutine nobody will await here
-    ray.kill(slot)
+        await call(batch, _Replica.remote("raises"))
+    assert not isinstance(raised.value, SlotLostError)
+    # the executor gives up on a call (its batch_timeout_s) by cancelling it: the call then waits for the late answer,
+    # so the replica gets no new batch meanwhile, and ends cancelled when the answer comes within the late limit ...
+    late = asyncio.ensure_future(ReplicaCall(late_limit_s=60.0)(batch, _Replica.remote("slow")))
+    await asyncio.sleep(0.2)
+    late.cancel()
+    await asyncio.sleep(0.2)
+    assert not late.done()  # still holding the replica
+    with pytest.raises(asyncio.CancelledError):
+        await asyncio.wait_for(late, 30.0)
+    # ... or declares the replica lost when it stays silent past the limit (the executor kills and replaces it)
+    silent = asyncio.ensure_future(ReplicaCall(late_limit_s=0.5)(batch, _Replica.remote("never_answers")))
+    await asyncio.sleep(0.2)
+    silent.cancel()
+    with pytest.raises(ReplicaLostError, match="still had not answered a batch of 3 0.5s after it was given up on"):
+        await asyncio.wait_for(silent, 30.0)
+    ray.kill(mixed)
     with pytest.raises(ReplicaLostError, match="RM replica is gone"):  # re-queued elsewhere by the executor
-        await RMBatchFn(method="mixed")(batch, slot)
-    with pytest.raises(ValueError, match="timeout_s=0"):
-        RMBatchFn(timeout_s=0)
-
-
-def test_batch_fn_pickles():
-    import pickle
-
-    fn = pickle.loads(pickle.dumps(RMBatchFn(timeout_s=7)))
-    assert (fn.timeout_s, fn.method) == (7.0, "score")
+        await call(batch, mixed)
+    with pytest.raises(ValueError, match="late_limit_s=0"):
+        ReplicaCall(late_limit_s=0)

@@ -1,9 +1,9 @@
 """Soak: many small steps in a row through the whole v0 integration, then shutdown.
 
 Measured after ``WARMUP`` steps and again after ``STEPS``: the alive Ray actors and the placement groups not REMOVED
-(cluster-wide counts), and, for the driver and every actor process the manager set-up started (executor, RM replicas,
+(cluster-wide counts), and, for the driver and every actor process the manager set-up started (RM service, RM replicas,
 agent-loop workers, verl's reward-loop workers, the generation server), the open file descriptors (``/proc/<pid>/fd``)
-and the resident memory (``VmRSS``). At the end the executor's own books must be closed: nothing waiting or running,
+and the resident memory (``VmRSS``). At the end the RM service's books must be closed: nothing waiting or running,
 ``completed == submitted``. After the manager's shutdown no actor started here is alive and every placement group
 made here is REMOVED.
 """
@@ -18,13 +18,13 @@ import time
 import pytest
 import ray
 import torch
-from manager_cases import running_manager
+from manager_cases import replicas_of, running_manager
 from test_manager_v0 import prompts_batch
 
 # Imported here, not first inside running_manager: verl modules that fail to import while the integration loads
 # (verl/checkpoint_engine/{nccl,hccl}_checkpoint_engine.py without cupy/vllm) leave tracebacks behind that hold the
 # importing frames; a first import from running_manager's frame would keep that frame, and the manager in it, alive.
-import verl_async_rm.integration.manager  # noqa: F401
+import verl_async_rm.integration.agent_loop_manager  # noqa: F401
 
 pytestmark = pytest.mark.integration
 
@@ -36,7 +36,7 @@ PER_STEP = N_PROMPTS * ROLLOUT_N
 # Bounds on growth from the end of the warm-up to the end of the soak (STEPS - WARMUP steps). Measured here (2 loaded
 # CPU cores): 0 fds in every process, after 45 steps and after 395; RSS at most +1.2 MB after 45 steps and +2.8 MB
 # after 395 (the agent-loop workers; +1.4 MB even in verl's load-balancer actor, which only routes: Ray's own drift).
-# - alive actors and live placement groups: zero; a step creates none (same pool, replicas, executor every step).
+# - alive actors and live placement groups: zero; a step creates none (same pool, replicas, service every step).
 MAX_FD_GROWTH = 4  # per process; a per-step fd leak gives >= 195
 MAX_RSS_GROWTH_MB = 20.0  # per process, ~7x the drift seen over 395 steps; catches a leak of >= ~100 KB a step
 SETTLE_S = 60.0  # ray.kill and placement-group removal return before the cluster has acted
@@ -84,15 +84,15 @@ def _check_step(output) -> None:
     assert all(math.isfinite(float(s)) for s in output.non_tensor_batch["rm_score"])
     assert timing["async_rm/requests"] == PER_STEP and timing["async_rm/scored"] == PER_STEP
     assert timing["async_rm/errors"] == 0 and timing["async_rm/rm_failed_items"] == 0
-    assert timing["async_rm/executor_restarts_total"] == 0
+    assert timing["async_rm/service_restarts_total"] == 0
 
 
 @pytest.mark.timeout(900)
 def test_many_steps_grow_nothing_and_shutdown_leaves_nothing(ray_local, tiny_models):
     actors_before, groups_before = set(_alive_actors()), _live_groups()
     with running_manager(ray_local, tiny_models, "v0") as (manager, _):
-        executor, replicas = manager.executor, list(manager.rm_worker_group.workers)
-        ours = {"executor": executor._actor_id.hex()}
+        service, replicas = manager.rm_service, replicas_of(manager)
+        ours = {"rm_service": service._actor_id.hex()}
         ours.update({f"rm_replica_{i}": h._actor_id.hex() for i, h in enumerate(replicas)})
         ours.update({f"agent_loop_worker_{i}": h._actor_id.hex() for i, h in enumerate(manager.agent_loop_workers)})
         # everything else the set-up started (verl's reward-loop workers, the generation server)
@@ -113,40 +113,41 @@ def test_many_steps_grow_nothing_and_shutdown_leaves_nothing(ray_local, tiny_mod
             if step == WARMUP - 1:
                 warm_actors, warm_groups, warm = len(_alive_actors()), _live_groups(), _snapshot(ours)
         end_actors, end_groups, end = len(_alive_actors()), _live_groups(), _snapshot(ours)
-        stats = ray.get(manager.executor.stats.remote(), timeout=60)
+        stats = ray.get(manager.rm_service.stats.remote(), timeout=60)
 
         mean_s, warm_mean_s = sum(step_s) / STEPS, sum(step_s[WARMUP:]) / (STEPS - WARMUP)
         report = [
             f"soak: {STEPS} steps of {PER_STEP} trajectories, step time mean {mean_s:.2f} s, "
             + f"after warm-up {warm_mean_s:.2f} s, max {max(step_s):.2f} s",
-            f"alive actors {warm_actors} -> {end_actors}, live placement groups {len(warm_groups)} -> {len(end_groups)}",
+            f"alive actors {warm_actors} -> {end_actors}, "
+            + f"live placement groups {len(warm_groups)} -> {len(end_groups)}",
         ]
         for label in warm:
             report.append(f"  {label:32s} fds {warm[label][0]:4d} -> {end[label][0]:4d}   "
                           f"RSS {warm[label][1]:8.1f} -> {end[label][1]:8.1f} MB")
         print("\n".join(report))
 
-        assert manager.executor is executor and list(manager.rm_worker_group.workers) == replicas
+        assert manager.rm_service is service and replicas_of(manager) == replicas
         assert end_actors == warm_actors and end_groups == warm_groups
         for label in warm:
             assert end[label][0] - warm[label][0] <= MAX_FD_GROWTH, (label, warm[label], end[label])
             assert end[label][1] - warm[label][1] <= MAX_RSS_GROWTH_MB, (label, warm[label], end[label])
-        # the executor's per-request books are closed: every request answered, nothing waiting, running or failed
+        # the service's per-request books are closed: every request answered, nothing waiting, running or failed
         assert stats["submitted"] == stats["completed"] == STEPS * PER_STEP
         assert stats["failed"] == stats["timed_out"] == stats["cancelled"] == stats["rejected"] == 0
         assert stats["queue_len"] == stats["blocked"] == 0
         assert stats["in_flight_batches"] == stats["in_flight_requests"] == 0
         assert stats["batches"] >= STEPS  # at least one batch a step
 
-    # after the context manager's shutdown: the executor, the RM replicas and the agent-loop workers are dead, and
+    # after the context manager's shutdown: the RM service, the RM replicas and the agent-loop workers are dead, and
     # every placement group made here is REMOVED
-    plugin = {label: i for label, i in ours.items() if label.startswith(("executor", "rm_replica", "agent_loop"))}
+    plugin = {label: i for label, i in ours.items() if label.startswith(("rm_service", "rm_replica", "agent_loop"))}
     assert _wait_until(lambda: not (set(plugin.values()) & set(_alive_actors()))), \
         {label: i for label, i in plugin.items() if i in _alive_actors()}
     assert _wait_until(lambda: not (our_groups & _live_groups())), our_groups & _live_groups()
     # once the driver drops the manager, nothing started here is left: verl's load-balancer actor goes with the LLM
     # client the manager holds, the rest was killed
-    del manager, executor, replicas, output
+    del manager, service, replicas, output
     gc.collect()
     assert _wait_until(lambda: set(_alive_actors()) <= actors_before), \
         [names.get(i, i) for i in set(_alive_actors()) - actors_before]

@@ -1,10 +1,11 @@
-"""Stress through the real Ray actors: 10^4 requests from many concurrent callers into the executor actor, scored by
-replica actors through the package's RMBatchFn, with random arrivals and sizes, per-item failures, cancellations and
-replica kills (each killed replica is replaced by the executor). Every request must resolve exactly once.
+"""Stress through the real Ray actors: thousands of requests from concurrent callers into an RM service with two
+real CPU replicas of the tiny RM, with random arrivals, per-item failures, cancellations and replica kills (each
+killed replica is replaced by the service). Every request must resolve exactly once, and every score must equal the
+plain-transformers score of its trajectory.
 
-The replicas are light stand-ins (an async actor answering ``score(items)`` with one float or one exception per item,
-after a delay that grows with the batch's tokens): the thing under test is the executor actor, RMBatchFn, the
-replacement path and ``submit_with_timeout``, not the RM's forward (tested elsewhere with the real RM).
+The executor's exactly-once guarantee at 10^4 requests with failures, cancellations and lost slots is fuzzed on the
+virtual clock (tests/unit/test_executor_fuzz.py); this test is the same guarantee across Ray: the service actor, its
+replica calls, the replacement path and ``score_with_timeout``.
 """
 
 from __future__ import annotations
@@ -12,88 +13,53 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import sys
 import time
 from collections import Counter
 
 import pytest
 import ray
+from rm_cases import ANSWERS, QUESTIONS, direct_score, hf_model, make_request
 
-from verl_async_rm.errors import NoSlotsError, RequestTimeoutError, SlotLostError
-from verl_async_rm.executor import BatchPolicy, create_executor_actor, submit_with_timeout
-from verl_async_rm.rm import RMBatchFn
+from verl_async_rm.batching import BatchPolicy
+from verl_async_rm.errors import NoSlotsError, RequestTimeoutError, RewardInputError, SlotLostError
+from verl_async_rm.request import RMRequest
+from verl_async_rm.scoring import RMConfig
+from verl_async_rm.service import score_with_timeout, start_rm_service
 
 pytestmark = pytest.mark.integration
 logger = logging.getLogger(__name__)
 
-N_REQUESTS = 10_000
-N_REPLICAS = 4
-FAIL_EVERY = 23  # items with id % 23 == 0 fail on the replica (about 4%)
+N_REQUESTS = 3000
+FAIL_EVERY = 23  # requests with id % 23 == 0 carry a token id no tokenizer has: the replica fails that item alone
 CANCEL_FRACTION = 0.05
-KILLS = 6
+KILLS = 3
 HANG_S = 300.0
 
 
-class Unscorable(ValueError):
-    """What a stand-in replica returns for an item it cannot score."""
-
-
-class StandInReplica:
-    """``score(items)``: ``2 * id + 0.5`` per item, or Unscorable for every FAIL_EVERY-th id; slower for more tokens."""
-
-    def __init__(self, generation: int) -> None:
-        self.generation = generation
-
-    async def ping(self) -> int:
-        return self.generation
-
-    async def score(self, items: list) -> list:
-        tokens = len(items) * max(size for _, size in items)
-        await asyncio.sleep(0.002 + 2e-6 * tokens)
-        return [Unscorable(f"item {i}") if i % FAIL_EVERY == 0 else 2.0 * i + 0.5 for i, _ in items]
-
-
-class StandInFactory:
-    """The executor's ``replace_slot``: a new stand-in replica for a killed one."""
-
-    def __init__(self) -> None:
-        self.made = 0
-
-    async def __call__(self, old, index: int):
-        self.made += 1
-        replica = ray.remote(StandInReplica).options(num_cpus=0, max_restarts=0).remote(self.made)
-        await asyncio.wait_for(replica.ping.remote(), 60)
-        return replica
-
-
-@pytest.fixture
-def by_value(ray_local):
-    from ray import cloudpickle
-
-    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Ray workers cannot import this test module
-    try:
-        yield ray_local
-    finally:
-        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
-
-
-def test_ten_thousand_requests_resolve_exactly_once_through_the_actors(by_value):
+def test_thousands_of_requests_resolve_exactly_once_through_the_service(ray_local, tiny_models, policy_tok):
     rng = random.Random(1234)
-    replicas = [ray.remote(StandInReplica).options(num_cpus=0, max_restarts=0).remote(0) for _ in range(N_REPLICAS)]
-    executor = create_executor_actor(
-        RMBatchFn(timeout_s=60.0), BatchPolicy(max_batch_size=32, max_batch_tokens=4096, max_wait_ms=5,
-                                               slot_retries=3),
-        replicas, replace_slot=StandInFactory(),
-    )
-    ray.get(executor.ping.remote(), timeout=60)
-    sizes = [rng.choice([rng.randint(1, 64), rng.randint(64, 512), rng.randint(512, 5000)]) for _ in range(N_REQUESTS)]
-    arrivals = [rng.expovariate(1.0 / 0.0015) for _ in range(N_REQUESTS)]  # ~650 requests/s for ~15 s
+    cfg = RMConfig(model_path=str(tiny_models.rm), policy_tokenizer_path=str(tiny_models.policy), use_gpu=False,
+                   n_gpus_per_node=2, nnodes=1, placement_timeout_s=60, init_timeout_s=120)
+    service = start_rm_service(cfg, BatchPolicy(max_batch_size=32, max_batch_tokens=1024, max_wait_ms=5,
+                                                slot_retries=3), name="stress")
+    pairs = [(q, a) for q in QUESTIONS for a in ANSWERS]
+    model = hf_model(tiny_models.rm)
+    cases = [make_request(policy_tok, q, a, uid="case") for q, a in pairs]
+    expected = [direct_score(model, c.prompt_ids + c.response_ids) for c in cases]
+
+    def request(i: int) -> RMRequest:
+        case = cases[i % len(cases)]
+        response = [10**7] if i % FAIL_EVERY == 0 else case.response_ids
+        return RMRequest(uid=f"p{i // 4}/{i % 4}", prompt_ids=case.prompt_ids, response_ids=response,
+                         raw_prompt=case.raw_prompt)
+
+    arrivals = [rng.expovariate(1.0 / 0.0015) for _ in range(N_REQUESTS)]  # ~650 requests/s for ~5 s
     cancel_at = {i: rng.uniform(0.0, 0.05) for i in rng.sample(range(N_REQUESTS), int(CANCEL_FRACTION * N_REQUESTS))}
     outcomes: dict[int, list] = {i: [] for i in range(N_REQUESTS)}
 
     async def one(i: int) -> None:
         try:
-            value = await submit_with_timeout(executor, (i, sizes[i]), timeout_s=120.0, num_tokens=sizes[i])
+            value = await score_with_timeout(service, request(i), timeout_s=120.0)
             outcomes[i].append(("ok", value))
         except asyncio.CancelledError:
             outcomes[i].append(("cancelled", None))
@@ -104,9 +70,11 @@ def test_ten_thousand_requests_resolve_exactly_once_through_the_actors(by_value)
         kills = 0
         while kills < KILLS and not stop.is_set():
             await asyncio.sleep(1.5)
-            slots = await asyncio.wait_for(executor.slots.remote(), 30)
-            ray.kill(rng.choice(slots), no_restart=True)
-            kills += 1
+            infos = await asyncio.wait_for(service.describe.remote(), 30)
+            alive = [info["actor_name"] for info in infos if "actor_name" in info]
+            if alive:
+                ray.kill(ray.get_actor(rng.choice(alive)), no_restart=True)
+                kills += 1
         return kills
 
     async def main():
@@ -123,8 +91,8 @@ def test_ten_thousand_requests_resolve_exactly_once_through_the_actors(by_value)
         stop.set()
         kills = await kill_task
         stats = None
-        for _ in range(100):  # cancelled calls settle in the executor a moment after the callers gave up
-            stats = await asyncio.wait_for(executor.stats.remote(), 30)
+        for _ in range(100):  # cancelled calls settle in the service a moment after the callers gave up
+            stats = await asyncio.wait_for(service.stats.remote(), 30)
             if stats["in_flight_requests"] == 0 and stats["queue_len"] == 0:
                 break
             await asyncio.sleep(0.1)
@@ -134,7 +102,8 @@ def test_ten_thousand_requests_resolve_exactly_once_through_the_actors(by_value)
     try:
         pending, kills, stats = asyncio.run(main())
     finally:
-        ray.kill(executor)
+        ray.get(service.close.remote(), timeout=HANG_S)
+        ray.kill(service)
     elapsed = time.monotonic() - t0
 
     assert pending == 0, "a caller never got an answer"
@@ -142,26 +111,28 @@ def test_ten_thousand_requests_resolve_exactly_once_through_the_actors(by_value)
     kinds: Counter = Counter()
     for i, [(kind, value)] in outcomes.items():
         if kind == "ok":
-            assert i % FAIL_EVERY != 0 and value == 2.0 * i + 0.5, (i, value)
+            assert i % FAIL_EVERY != 0 and value == pytest.approx(expected[i % len(cases)], abs=1e-4), (i, value)
             kinds["scored"] += 1
         elif kind == "cancelled":
             assert i in cancel_at
             kinds["cancelled"] += 1
-        elif isinstance(value, Unscorable):
+        elif isinstance(value, RewardInputError):
             assert i % FAIL_EVERY == 0
             kinds["item_failed"] += 1
         else:  # a replica killed under the same request more than slot_retries times; nothing else is allowed
-            assert isinstance(value, SlotLostError) and not isinstance(value, (NoSlotsError, RequestTimeoutError)), value
+            assert (
+                isinstance(value, SlotLostError) and not isinstance(value, (NoSlotsError, RequestTimeoutError))
+            ), value
             kinds["slot_lost"] += 1
-    # executor side: every request it accepted was settled exactly once (each settle bumps exactly one counter)
+    # service side: every request it accepted was settled exactly once (each settle bumps exactly one counter)
     settled = stats["completed"] + stats["failed"] + stats["timed_out"] + stats["cancelled"]
     assert stats["submitted"] == settled and stats["in_flight_requests"] == 0 and stats["queue_len"] == 0
-    assert stats["submitted"] <= N_REQUESTS  # a caller cancelled before its submit reached the actor never counts
+    assert stats["submitted"] <= N_REQUESTS  # a caller cancelled before its call reached the actor never counts
     assert kills == KILLS and stats["slots_lost_total"] >= 1 and stats["slots_replaced_total"] >= 1
-    assert stats["slots_lost"] == 0  # every killed replica was replaced
     assert kinds["scored"] + kinds["item_failed"] + kinds["cancelled"] + kinds["slot_lost"] == N_REQUESTS
+    assert kinds["scored"] > N_REQUESTS / 2
     logger.warning(
-        "stress: %d requests in %.1f s: %s; executor: submitted %d, completed %d, failed %d, timed_out %d, "
+        "stress: %d requests in %.1f s: %s; service: submitted %d, completed %d, failed %d, timed_out %d, "
         "cancelled %d, requeued %d, batches %d, replicas killed %d, lost %d, replaced %d",
         N_REQUESTS, elapsed, dict(kinds), stats["submitted"], stats["completed"], stats["failed"],
         stats["timed_out"], stats["cancelled"], stats["requeued"], stats["batches"], kills,

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from verl_async_rm.config import AsyncRMConfig, IntegrationConfig
-from verl_async_rm.executor.policy import BatchPolicy
+from verl_async_rm.settings import AsyncRMConfig, IntegrationConfig
+from verl_async_rm.batching.policy import BatchPolicy
 from verl_async_rm.integration.checks import check_verl_config
-from verl_async_rm.reward.combine import RewardMix
-from verl_async_rm.rm.config import RMConfig
+from verl_async_rm.integration.reward_mix import RewardMix
+from verl_async_rm.scoring.rm_config import RMConfig
 from verl_async_rm.testing import compose_trainer_config
 
 pytestmark = pytest.mark.unit
@@ -45,7 +45,7 @@ def test_defaults_with_no_async_rm_group(tiny_models):
     cfg = compose(tiny_models)
     assert "async_rm" not in cfg
     settings = AsyncRMConfig.from_verl(cfg)
-    assert settings.batching == BatchPolicy()
+    assert settings.batching == BatchPolicy(batch_timeout_s=600.0)  # the plugin bounds a batch call by default
     assert settings.mix == RewardMix()
     assert settings.integration == IntegrationConfig()
     assert settings.rm.model_path == str(tiny_models.rm)
@@ -68,15 +68,16 @@ def test_each_section_receives_its_keys_and_only_those(tiny_models):
         "+async_rm.rule_weight=2",
         "+async_rm.combine_fn=pkg.mod:fn",
         "+async_rm.request_timeout_s=30",
-        "+async_rm.executor_max_concurrency=64",
+        "+async_rm.service_max_concurrency=64",
     )
     settings = AsyncRMConfig.from_verl(cfg)
-    assert settings.batching == BatchPolicy(max_batch_size=8, max_wait_ms=5.0, overflow="reject")
+    # the plugin bounds a batch call by default (600 s); the Ray-free executor alone does not
+    assert settings.batching == BatchPolicy(max_batch_size=8, max_wait_ms=5.0, overflow="reject", batch_timeout_s=600)
     assert (settings.rm.dtype, settings.rm.micro_batch_max_tokens, settings.rm.trust_remote_code) == (
         "float32", 1024, True
     )
     assert settings.mix == RewardMix(rm_weight=0.5, rule_weight=2, combine_fn="pkg.mod:fn")
-    assert settings.integration == IntegrationConfig(request_timeout_s=30, executor_max_concurrency=64)
+    assert settings.integration == IntegrationConfig(request_timeout_s=30, service_max_concurrency=64)
 
 
 def test_nested_mappings_work_like_a_dictconfig(tiny_models):
@@ -119,7 +120,7 @@ def test_verl_owned_rm_keys_are_refused_with_the_verl_key(tiny_models, key, valu
         (["+async_rm.max_wait_ms=-1"], "max_wait_ms", ValueError),
         (["+async_rm.overflow=drop"], "overflow", ValueError),
         (["+async_rm.group_by_length=maybe"], "group_by_length", TypeError),
-        (["+async_rm.max_batch_size=6", "+async_rm.pad_multiple=4"], "max_batch_size", ValueError),
+        (["+async_rm.batch_timeout_s=0"], "batch_timeout_s", ValueError),
         # RM worker group -> RMConfig
         (["+async_rm.dtype=fp8"], "dtype", ValueError),
         (["+async_rm.micro_batch_max_tokens=0"], "micro_batch_max_tokens", ValueError),
@@ -132,7 +133,7 @@ def test_verl_owned_rm_keys_are_refused_with_the_verl_key(tiny_models, key, valu
         (["+async_rm.request_timeout_s=0"], "request_timeout_s", ValueError),
         (["+async_rm.on_error=skip"], "on_error", ValueError),
             (["+async_rm.drop_budget=1.5"], "drop_budget", ValueError),
-        (["+async_rm.executor_max_concurrency=8"], "executor_max_concurrency", ValueError),
+        (["+async_rm.service_max_concurrency=8"], "service_max_concurrency", ValueError),
     ],
 )
 def test_bad_values_name_the_async_rm_key(tiny_models, overrides, key, error):
@@ -284,10 +285,10 @@ def test_readme_documents_every_async_rm_key():
     import dataclasses
     from pathlib import Path
 
-    from verl_async_rm.config import _VERL_OWNED_RM_FIELDS, IntegrationConfig
-    from verl_async_rm.executor.policy import BatchPolicy
-    from verl_async_rm.reward.combine import RewardMix
-    from verl_async_rm.rm.config import RMConfig
+    from verl_async_rm.settings import _VERL_OWNED_RM_FIELDS, IntegrationConfig
+    from verl_async_rm.batching.policy import BatchPolicy
+    from verl_async_rm.integration.reward_mix import RewardMix
+    from verl_async_rm.scoring.rm_config import RMConfig
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     keys = {f.name for cls in (BatchPolicy, RMConfig, RewardMix, IntegrationConfig) for f in dataclasses.fields(cls)}
@@ -297,9 +298,38 @@ def test_readme_documents_every_async_rm_key():
 
 def test_on_error_drop_on_the_v1_sync_trainer_needs_refills_before_anything_starts(tiny_models):
     """verl's sync replay buffer stops the run on a group whose every trajectory failed unless it may refill it."""
-    from verl_async_rm.integration.manager import AsyncRMAgentLoopManagerV1
+    from verl_async_rm.integration.agent_loop_manager import AsyncRMAgentLoopManagerV1
 
     config = compose(tiny_models, "+async_rm.on_error=drop", trainer="v1")
     assert AsyncRMConfig.from_verl(config).integration.on_error == "drop"
     with pytest.raises(ValueError, match=r"trainer.v1.sampler.sync_refill_failed_groups=True"):
         AsyncRMAgentLoopManagerV1(config, llm_client=None)  # raises before the RM pool or any worker is started
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "instead"),
+    [
+        ("score_timeout_s", "60", "async_rm.batch_timeout_s"),
+        ("executor_max_concurrency", "64", "async_rm.service_max_concurrency"),
+        ("pad_multiple", "2", "remove the key"),
+        ("bisect_on_error", "true", "each RM replica isolates a failing item itself"),
+    ],
+)
+def test_keys_of_earlier_releases_name_what_to_do_instead(tiny_models, key, value, instead):
+    with pytest.raises(ValueError, match=rf"async_rm\.{key}=.* is no longer read: .*{instead}"):
+        AsyncRMConfig.from_verl(compose(tiny_models, f"+async_rm.{key}={value}"))
+
+
+def test_the_batch_timeout_can_be_turned_off(tiny_models):
+    assert AsyncRMConfig.from_verl(compose(tiny_models)).batching.batch_timeout_s == 600.0
+    settings = AsyncRMConfig.from_verl(compose(tiny_models, "+async_rm.batch_timeout_s=null"))
+    assert settings.batching.batch_timeout_s is None
+
+
+def test_settings_are_frozen(tiny_models):
+    import dataclasses
+
+    settings = AsyncRMConfig.from_verl(compose(tiny_models))
+    for part in (settings, settings.batching, settings.rm, settings.mix, settings.integration):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            object.__getattribute__(part, "__setattr__")(dataclasses.fields(part)[0].name, None)

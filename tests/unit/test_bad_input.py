@@ -23,10 +23,10 @@ from rm_cases import ANSWERS, QUESTIONS, direct_score, hf_model, make_batch, mak
 
 from verl_async_rm.errors import NonFiniteScoreError, RewardInputError
 from verl_async_rm.integration.checks import check_verl_config
-from verl_async_rm.rm.checkpoint import check_rm_checkpoint
-from verl_async_rm.rm.config import RMConfig
-from verl_async_rm.rm.request import RMRequest
-from verl_async_rm.rm.scorer import RewardModelScorer
+from verl_async_rm.scoring.checkpoint import check_rm_checkpoint
+from verl_async_rm.scoring.rm_config import RMConfig
+from verl_async_rm.request import RMRequest
+from verl_async_rm.scoring.scorer import RewardModelScorer
 from verl_async_rm.testing import compose_trainer_config
 
 pytestmark = pytest.mark.unit
@@ -144,7 +144,7 @@ def test_max_length_beyond_the_rm_positions_is_warned(tiny_models, caplog):
     from transformers import AutoConfig
 
     positions = AutoConfig.from_pretrained(tiny_models.rm).max_position_embeddings
-    with caplog.at_level("WARNING", logger="verl_async_rm.rm.scorer"):
+    with caplog.at_level("WARNING", logger="verl_async_rm.scoring.scorer"):
         RewardModelScorer(cpu_config(tiny_models.rm, tiny_models.policy, max_length=positions + 1))
     assert any(f"max_position_embeddings={positions}" in r.getMessage() for r in caplog.records)
 
@@ -388,7 +388,7 @@ def test_config_errors_survive_pickling():
     """An RM replica's ConfigValueError crosses Ray by pickle: it must come back whole, message included."""
     import pickle
 
-    from verl_async_rm.rm.config import ConfigValueError
+    from verl_async_rm.scoring.rm_config import ConfigValueError
 
     err = ConfigValueError("model_path", "/models/x", "not an RM", "set {key} to an RM")
     back = pickle.loads(pickle.dumps(err))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_async_rm.demo.config import DemoConfig
+from verl_async_rm.demo.options import DemoConfig
 from verl_async_rm.demo.summary import SUMMARY_KEYS, build_summary, environment, format_table, write_summary
 from verl_async_rm.demo.timeline import MODE_KEYS, BatchRecord, StepTimeline
 

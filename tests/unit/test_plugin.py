@@ -52,10 +52,12 @@ def hooks():
     return [type(f).__name__ for f in sys.meta_path if type(f).__module__ == "verl_async_rm.plugin"]
 
 import verl
-seen = {"after_import_verl": {"manager_imported": "verl_async_rm.reward.manager" in sys.modules, "hooks": hooks()}}
+seen = {"after_import_verl": {
+    "manager_imported": "verl_async_rm.integration.reward_manager" in sys.modules, "hooks": hooks(),
+}}
 from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls
 cls = get_reward_manager_cls("async_rm")
-from verl_async_rm.reward.manager import AsyncRMRewardManager
+from verl_async_rm.integration.reward_manager import AsyncRMRewardManager
 seen["after_registry"] = {"is_plugin_class": cls is AsyncRMRewardManager, "hooks": hooks()}
 print(json.dumps(seen))
 """

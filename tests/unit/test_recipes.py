@@ -1,8 +1,8 @@
 """Every recipe in ``recipes/`` composes against the installed verl's config and passes verl's and the plugin's checks.
 
-No GPU, no Ray. Each recipe is run with ``VERL_ASYNC_RM_RECIPE_DRY_RUN=1``: bash expands it as it would for a real launch
-and prints the exact command (NUL-separated) instead of running it. The test then composes exactly those overrides
-with Hydra against verl's own ``ppo_trainer`` config (the config ``verl.trainer.main_ppo`` and
+No GPU, no Ray. Each recipe is run with ``VERL_ASYNC_RM_RECIPE_DRY_RUN=1``: bash expands it as it would for a real
+launch and prints the exact command (NUL-separated) instead of running it. The test then composes exactly those
+overrides with Hydra against verl's own ``ppo_trainer`` config (the config ``verl.trainer.main_ppo`` and
 ``verl_async_rm.main_ppo`` load), migrates legacy keys as ``verl_async_rm.main_ppo`` does when the recipe launches
 through it, and validates:
 
@@ -27,10 +27,10 @@ from pathlib import Path
 
 import pytest
 
-from verl_async_rm.config import AsyncRMConfig
+from verl_async_rm.settings import AsyncRMConfig
 from verl_async_rm.integration.checks import ENTRY_MODULE, check_verl_config, legacy_keys_set
 from verl_async_rm.main_ppo import migrate_legacy_keys
-from verl_async_rm.testing.config import verl_config_dir
+from verl_async_rm.testing.trainer_config import verl_config_dir
 
 pytestmark = [
     pytest.mark.unit,

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from verl_async_rm.errors import NonFiniteScoreError, RewardModelError
-from verl_async_rm.reward.combine import RM_SCORE_KEY
+from verl_async_rm.integration.reward_mix import RM_SCORE_KEY
 from verl_async_rm.testing import compose_trainer_config
 
 pytestmark = pytest.mark.unit
@@ -82,7 +82,7 @@ def make_data(tokenizer, response: str = RESPONSE, *, rm_score=0.25, data_source
 def test_verl_resolves_async_rm_to_the_plugin_class(tiny_models):
     from verl.trainer.ppo.reward import resolve_reward_manager_cls
 
-    from verl_async_rm.reward.manager import AsyncRMRewardManager
+    from verl_async_rm.integration.reward_manager import AsyncRMRewardManager
 
     assert resolve_reward_manager_cls(make_config(tiny_models)) is AsyncRMRewardManager
 
@@ -191,7 +191,7 @@ async def test_non_finite_rule_score_raises_instead_of_a_nan_reward(tiny_models,
 
 @pytest.mark.asyncio
 async def test_on_error_drop_flags_the_trajectory_with_the_same_keys_as_a_scored_one(tiny_models, tokenizer):
-    from verl_async_rm.reward.combine import RM_ERROR_KEY
+    from verl_async_rm.integration.reward_mix import RM_ERROR_KEY
 
     manager = load_manager(make_config(tiny_models, "+async_rm.on_error=drop", "+async_rm.rule_weight=0.5",
                                        "+async_rm.rm_weight=2.0", f"reward.custom_reward_function.path={RULES}",
@@ -213,7 +213,7 @@ async def test_on_error_drop_flags_the_trajectory_with_the_same_keys_as_a_scored
 
 @pytest.mark.asyncio
 async def test_an_rm_error_without_on_error_drop_is_refused(tiny_models, tokenizer):
-    from verl_async_rm.reward.combine import RM_ERROR_KEY
+    from verl_async_rm.integration.reward_mix import RM_ERROR_KEY
 
     manager = load_manager(make_config(tiny_models, "+async_rm.rule_weight=0"), tokenizer)
     failed = make_data(tokenizer, rm_score=None)

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from verl_async_rm.errors import RewardInputError
-from verl_async_rm.rm.inputs import (
+from verl_async_rm.scoring.inputs import (
     conversation_for,
     dedup_bos,
     plan_micro_batches,
@@ -18,7 +18,7 @@ from verl_async_rm.rm.inputs import (
     tokenizers_match,
     truncate_left,
 )
-from verl_async_rm.rm.request import RMRequest
+from verl_async_rm.request import RMRequest
 
 pytestmark = pytest.mark.unit
 

@@ -15,13 +15,13 @@ import torch
 from rm_cases import direct_score, hf_model
 
 from verl_async_rm.errors import RewardModelError
-from verl_async_rm.rm import packing
-from verl_async_rm.rm.config import RMConfig
-from verl_async_rm.rm.forward import RMForward
-from verl_async_rm.rm.inputs import plan_micro_batches, plan_packed_micro_batches
-from verl_async_rm.rm.packing import pack_rows
-from verl_async_rm.rm.request import RMRequest
-from verl_async_rm.rm.scorer import RewardModelScorer
+from verl_async_rm.scoring import packing
+from verl_async_rm.scoring.rm_config import RMConfig
+from verl_async_rm.scoring.forward import RMForward
+from verl_async_rm.scoring.inputs import plan_micro_batches, plan_packed_micro_batches
+from verl_async_rm.scoring.packing import pack_rows
+from verl_async_rm.request import RMRequest
+from verl_async_rm.scoring.scorer import RewardModelScorer
 
 pytestmark = pytest.mark.unit
 
@@ -176,7 +176,7 @@ def tiny_encoder():
 
 
 def test_auto_falls_back_to_padded_when_packed_scores_would_be_wrong(tiny_encoder, caplog):
-    with caplog.at_level(logging.WARNING, logger="verl_async_rm.rm.forward"):
+    with caplog.at_level(logging.WARNING, logger="verl_async_rm.scoring.forward"):
         forward = RMForward(tiny_encoder, tiny_encoder.classifier, device=CPU, pad_id=0, packing="auto")
     assert forward.kernel == "padded" and "packing=auto, but" in forward.packing_reason
     assert any("using padded forwards" in r.getMessage() for r in caplog.records)
@@ -222,7 +222,7 @@ def test_scorer_reports_its_forwards_and_scores_alike_packed_or_padded(tiny_mode
 
 def test_verl_command_line_keys_reach_the_rm_config(tiny_models):
     """``+async_rm.packing=false`` and ``+async_rm.share_prompts=true`` (Hydra reads both as booleans)."""
-    from verl_async_rm.config import AsyncRMConfig
+    from verl_async_rm.settings import AsyncRMConfig
     from verl_async_rm.testing import compose_trainer_config
 
     overrides = [

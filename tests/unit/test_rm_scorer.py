@@ -14,9 +14,9 @@ import torch
 from rm_cases import ANSWERS, QUESTIONS, direct_score, hf_model, make_batch, make_request
 
 from verl_async_rm.errors import NonFiniteScoreError, RewardInputError, RewardModelError
-from verl_async_rm.rm.config import RMConfig
-from verl_async_rm.rm.request import RMRequest
-from verl_async_rm.rm.scorer import RewardModelScorer, last_token_logits, reduce_outputs
+from verl_async_rm.scoring.rm_config import RMConfig
+from verl_async_rm.request import RMRequest
+from verl_async_rm.scoring.scorer import RewardModelScorer, last_token_logits, reduce_outputs
 
 pytestmark = pytest.mark.unit
 
@@ -94,7 +94,7 @@ def test_truncation_keeps_the_response_end_and_is_counted(tiny_models, policy_to
     scores = trunc.score([long, short])
     assert scores[0] == pytest.approx(direct_score(model, ids), abs=ATOL, rel=RTOL)
     assert trunc.stats()["truncated"] == 2 - (short.num_tokens <= 16)
-    with caplog.at_level(logging.INFO, logger="verl_async_rm.rm.scorer"):
+    with caplog.at_level(logging.INFO, logger="verl_async_rm.scoring.scorer"):
         step = trunc.pop_step_stats()
     assert step["truncated"] == trunc.stats()["truncated"] and step["requests"] == 2
     assert sum("truncated to max_length=16" in r.getMessage() for r in caplog.records) == 1
@@ -203,9 +203,9 @@ def test_scorer_builds_and_scores_without_importing_verl_ray_or_omegaconf(tiny_m
 
     code = (
         "import json, sys\n"
-        "from verl_async_rm.rm.config import RMConfig\n"
-        "from verl_async_rm.rm.request import RMRequest\n"
-        "from verl_async_rm.rm.scorer import RewardModelScorer\n"
+        "from verl_async_rm.scoring.rm_config import RMConfig\n"
+        "from verl_async_rm.request import RMRequest\n"
+        "from verl_async_rm.scoring.scorer import RewardModelScorer\n"
         f"scorer = RewardModelScorer(RMConfig(model_path={str(tiny_models.rm)!r}, retemplate='never', use_gpu=False))\n"
         "scores = scorer.score([RMRequest('a', [5, 6, 7], [8, 9]), RMRequest('b', [5], [6])])\n"
         "print(json.dumps({'device': str(scorer.device), 'scores': scores,\n"

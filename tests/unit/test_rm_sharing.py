@@ -13,10 +13,10 @@ import torch
 from rm_cases import direct_score, hf_model
 
 from verl_async_rm.errors import RewardModelError
-from verl_async_rm.rm.config import RMConfig
-from verl_async_rm.rm.forward import RMForward
-from verl_async_rm.rm.scorer import RewardModelScorer
-from verl_async_rm.rm.sharing import common_prefix, plan_shared_micro_batches, shared_layout
+from verl_async_rm.scoring.rm_config import RMConfig
+from verl_async_rm.scoring.forward import RMForward
+from verl_async_rm.scoring.scorer import RewardModelScorer
+from verl_async_rm.scoring.sharing import common_prefix, plan_shared_micro_batches, shared_layout
 
 pytestmark = pytest.mark.unit
 

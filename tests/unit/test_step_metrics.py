@@ -1,4 +1,5 @@
-"""``step_metrics``: the per-step ``async_rm/*`` figures from the executor's step stats.
+"""The per-step ``async_rm/*`` figures: the RM service's step figures (``service_step_metrics``, from the executor's
+step stats and the replicas' counters) turned into metrics by ``integration.metrics.step_metrics``.
 
 The executor figures come from a real ``PendingRequestExecutor`` step on the virtual-time loop, so the test follows
 the dict the executor really returns.
@@ -10,11 +11,18 @@ import asyncio
 
 import pytest
 
-from verl_async_rm.executor import BatchPolicy, PendingRequestExecutor
-from verl_async_rm.executor.testing import GatedBatchFn, run_virtual
-from verl_async_rm.integration.metrics import PREFIX, step_metrics
+from verl_async_rm.batching import BatchPolicy, PendingRequestExecutor
+from verl_async_rm.batching.testing import GatedBatchFn, run_virtual
+from verl_async_rm.integration import metrics
+from verl_async_rm.integration.metrics import PREFIX
+from verl_async_rm.service.metrics import service_step_metrics
 
 pytestmark = pytest.mark.unit
+
+
+def step_metrics(executor_step, replicas=(), trajectories=None, prefix=PREFIX):
+    """What a manager logs for one step: the service's figures, then the integration's prefix and trajectory counts."""
+    return metrics.step_metrics(service_step_metrics(executor_step, replicas), trajectories, prefix=prefix)
 
 ALL_KEYS = {
     "requests", "batches", "mean_batch_size", "mean_fill", "queue_wait_ms/mean", "queue_wait_ms/p99",

@@ -14,6 +14,7 @@ from verl_async_rm.errors import RMScoreError, TrajectoryDroppedError
 from verl_async_rm.integration.drops import check_failures
 from verl_async_rm.integration.ledger import Failure, PhaseRecord, TrajectoryLedger
 from verl_async_rm.integration.metrics import step_metrics
+from verl_async_rm.service.metrics import service_step_metrics
 
 pytestmark = pytest.mark.unit
 
@@ -67,10 +68,11 @@ def test_drop_goes_on_within_the_budget_and_stops_past_it(caplog):
 def test_trajectory_counts_come_from_the_phase_record_and_take_the_prefix():
     executor = {"submitted": 9, "completed": 9, "failed": 0, "timed_out": 0, "batches": 3, "tail_s": 0.2}
     record = _ledger_with(5, 1).pop("train")
-    metrics = step_metrics(executor, [], record, prefix="val-async_rm/")
+    service = service_step_metrics(executor)
+    metrics = step_metrics(service, record, prefix="val-async_rm/")
     assert metrics["val-async_rm/requests"] == 6 and metrics["val-async_rm/scored"] == 5
     assert metrics["val-async_rm/errors"] == 1 and metrics["val-async_rm/batches"] == 3
-    assert step_metrics(executor)["async_rm/requests"] == 9  # v0: the executor's own counts
+    assert step_metrics(service)["async_rm/requests"] == 9  # v0: the service's own counts
 
 
 def _v1_config(mode: str, refill: bool = False):
@@ -106,7 +108,7 @@ def test_a_mode_verl_does_not_ship_is_logged(caplog):
 
 
 def test_importing_the_plugin_and_verls_trainer_wraps_nothing():
-    code = ("import verl, verl_async_rm, verl_async_rm.integration.manager\n"
+    code = ("import verl, verl_async_rm, verl_async_rm.integration.agent_loop_manager\n"
             "from verl.trainer.ppo.v1.trainer_base import PPOTrainer\n"
             "from verl_async_rm.integration import v1_hooks\n"
             "assert not v1_hooks.installed() and not hasattr(PPOTrainer.step, '__async_rm_wrapped__')\n")
@@ -192,13 +194,13 @@ def test_an_rm_failure_is_raised_from_verls_own_error(wrapped_trainer):
 def test_a_failure_names_the_remote_error_not_rays_wrapper():
     import ray
 
-    from verl_async_rm.errors import ReplicaTimeoutError
-    from verl_async_rm.integration.worker import _describe
+    from verl_async_rm.errors import RequestTimeoutError
+    from verl_async_rm.integration.agent_loop_worker import _describe
 
     remote = ray.exceptions.RayTaskError("submit", "Traceback (most recent call last): ...",
-                                         ReplicaTimeoutError("RM replica did not score a batch of 2"))
+                                         RequestTimeoutError("RM replica did not score a batch of 2"))
     for err in (remote, remote.as_instanceof_cause()):
-        assert _describe(err) == "ReplicaTimeoutError: RM replica did not score a batch of 2"
+        assert _describe(err) == "RequestTimeoutError: RM replica did not score a batch of 2"
     assert _describe(ValueError("x" * 600)) == ("ValueError: " + "x" * 600)[:500]
 
 
