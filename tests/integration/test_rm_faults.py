@@ -1,26 +1,31 @@
-"""Faults of the RM replicas under the executor actor, on a local Ray cluster with the tiny RM on CPU.
+"""Faults of the RM replicas inside an RM service, on a local Ray cluster with the tiny RM on CPU.
 
 - a replica dies while trajectories wait for it: its batch goes to the other replica, every trajectory is scored
   (equal to a direct HF forward), and a new replica is started in the dead one's bundle and takes batches;
 - every replica dies and none can be replaced: every waiting trajectory fails with NoSlotsError at once;
-- a replica does not answer within score_timeout_s: its trajectories fail with ReplicaTimeoutError on time, and the
-  replica gets no new batch until its call has answered.
+- a replica does not answer within batch_timeout_s: its trajectories fail with RequestTimeoutError on time, and the
+  replica gets no new batch until its call has answered (or is killed and replaced past the late limit).
 
-Each test builds its own 2-replica group (it kills replicas). Waits are bounded (hang detectors, not speed checks).
+Each test starts its own 2-replica service (it kills replicas), found by the actor names ``describe()`` gives. Waits are
+bounded (hang detectors, not speed checks).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
 import time
 
 import pytest
 import ray
 from rm_cases import ANSWERS, QUESTIONS, direct_score, hf_model, make_request
 
-from verl_async_rm.errors import NoSlotsError, ReplicaTimeoutError
-from verl_async_rm.executor import BatchPolicy, create_executor_actor, submit_with_timeout
-from verl_async_rm.rm import ReplicaFactory, RMBatchFn, RMConfig, create_rm_worker_group, shutdown_rm_worker_group
+from verl_async_rm.batching import BatchPolicy
+from verl_async_rm.errors import NoSlotsError, RequestTimeoutError
+from verl_async_rm.scoring import RMConfig
+from verl_async_rm.service import score_with_timeout, start_rm_service
 
 pytestmark = pytest.mark.integration
 
@@ -29,8 +34,8 @@ HANG_S = 180.0  # hang detector for one wait; a replica loads in ~10 s here
 
 
 @pytest.fixture
-def rm_group(ray_local, tiny_models):
-    cfg = RMConfig(
+def rm_config(ray_local, tiny_models):
+    return RMConfig(
         model_path=str(tiny_models.rm),
         policy_tokenizer_path=str(tiny_models.policy),
         use_gpu=False,
@@ -39,9 +44,6 @@ def rm_group(ray_local, tiny_models):
         placement_timeout_s=60,
         init_timeout_s=120,
     )
-    wg = create_rm_worker_group(cfg)
-    yield wg, cfg
-    shutdown_rm_worker_group(wg)
 
 
 def requests(policy_tok, n: int, tag: str):
@@ -49,13 +51,19 @@ def requests(policy_tok, n: int, tag: str):
     return [make_request(policy_tok, *pairs[i % len(pairs)], uid=f"{tag}{i}") for i in range(n)]
 
 
-def executor_for(wg, cfg, policy: BatchPolicy, *, replace: bool, batch_fn=None):
-    executor = create_executor_actor(
-        batch_fn or RMBatchFn.from_config(cfg), policy, list(wg.workers),
-        replace_slot=ReplicaFactory(cfg, wg) if replace else None,
-    )
-    ray.get(executor.ping.remote(), timeout=60)
-    return executor
+def service_for(cfg, policy: BatchPolicy, *, replace: bool, late_limit_s=None):
+    return start_rm_service(cfg, policy, name=f"faults_{time.monotonic_ns()}", replace_replicas=replace,
+                            late_limit_s=late_limit_s)
+
+
+async def replicas(service) -> list:
+    """The service's current replicas, by the actor names it reports."""
+    return [ray.get_actor(info["actor_name"]) for info in await service.describe.remote()]
+
+
+def stop(service) -> None:
+    ray.get(service.close.remote(), timeout=HANG_S)
+    ray.kill(service)
 
 
 async def kill_and_wait(replica) -> None:
@@ -85,30 +93,29 @@ def expected_scores(tiny_models, reqs):
     return [direct_score(model, r.prompt_ids + r.response_ids) for r in reqs]
 
 
-def test_a_replica_dying_under_its_batch_loses_no_trajectory_and_is_replaced(rm_group, tiny_models, policy_tok):
-    wg, cfg = rm_group
+def test_a_replica_dying_under_its_batch_loses_no_trajectory_and_is_replaced(rm_config, tiny_models, policy_tok):
+    cfg = rm_config
     first, second = requests(policy_tok, 16, "a"), requests(policy_tok, 16, "b")
     # 16 per batch and an hour of max_wait: the first 12 wait; the 4 others make the batch, which goes to replica 0
-    executor = executor_for(wg, cfg, BatchPolicy(max_batch_size=16, max_wait_ms=3_600_000), replace=True)
+    service = service_for(cfg, BatchPolicy(max_batch_size=16, max_wait_ms=3_600_000), replace=True)
 
     async def main():
-        waiting = [asyncio.ensure_future(submit_with_timeout(executor, r, timeout_s=HANG_S)) for r in first[:12]]
-        await wait_stats(executor, lambda s: s["queue_len"] == 12, "12 queued")
-        await kill_and_wait(wg.workers[0])  # dies while its trajectories wait for it
-        waiting += [asyncio.ensure_future(submit_with_timeout(executor, r, timeout_s=HANG_S)) for r in first[12:]]
+        waiting = [asyncio.ensure_future(score_with_timeout(service, r, timeout_s=HANG_S)) for r in first[:12]]
+        await wait_stats(service, lambda s: s["queue_len"] == 12, "12 queued")
+        await kill_and_wait((await replicas(service))[0])  # dies while its trajectories wait for it
+        waiting += [asyncio.ensure_future(score_with_timeout(service, r, timeout_s=HANG_S)) for r in first[12:]]
         scores = await asyncio.gather(*waiting)
-        after_loss = await executor.stats.remote()
-        replaced = await wait_stats(executor, lambda s: s["slots_replaced_total"] == 1, "replica 0 replaced")
-        slots = await executor.slots.remote()
-        info = await asyncio.wait_for(slots[0].describe.remote(), 60)
-        again = await asyncio.gather(*(submit_with_timeout(executor, r, timeout_s=HANG_S) for r in second))
-        final = await executor.stats.remote()
+        after_loss = await service.stats.remote()
+        replaced = await wait_stats(service, lambda s: s["slots_replaced_total"] == 1, "replica 0 replaced")
+        info = (await asyncio.wait_for(service.describe.remote(), 60))[0]
+        again = await asyncio.gather(*(score_with_timeout(service, r, timeout_s=HANG_S) for r in second))
+        final = await service.stats.remote()
         return scores, after_loss, replaced, info, again, final
 
     try:
         scores, after_loss, replaced, info, again, final = asyncio.run(main())
     finally:
-        ray.kill(executor)
+        stop(service)
     assert scores == pytest.approx(expected_scores(tiny_models, first), abs=ATOL, rel=RTOL)
     assert after_loss["completed"] == 16 and after_loss["failed"] == 0
     assert after_loss["requeued"] == 16 and after_loss["slots_lost_total"] == 1
@@ -118,27 +125,26 @@ def test_a_replica_dying_under_its_batch_loses_no_trajectory_and_is_replaced(rm_
     assert final["completed"] == 32 and final["failed"] == 0
 
 
-def test_with_every_replica_dead_and_none_replaceable_waiters_fail_at_once(rm_group, policy_tok):
-    wg, cfg = rm_group
-    executor = executor_for(wg, cfg, BatchPolicy(max_batch_size=4, max_wait_ms=3_600_000), replace=False)
+def test_with_every_replica_dead_and_none_replaceable_waiters_fail_at_once(rm_config, policy_tok):
+    service = service_for(rm_config, BatchPolicy(max_batch_size=4, max_wait_ms=3_600_000), replace=False)
     reqs = requests(policy_tok, 6, "c")
 
     async def main():
-        waiting = [asyncio.ensure_future(submit_with_timeout(executor, r, timeout_s=HANG_S)) for r in reqs[:3]]
-        await wait_stats(executor, lambda s: s["queue_len"] == 3, "3 queued")
-        for worker in wg.workers:
+        waiting = [asyncio.ensure_future(score_with_timeout(service, r, timeout_s=HANG_S)) for r in reqs[:3]]
+        await wait_stats(service, lambda s: s["queue_len"] == 3, "3 queued")
+        for worker in await replicas(service):
             await kill_and_wait(worker)
         t0 = time.monotonic()
-        waiting += [asyncio.ensure_future(submit_with_timeout(executor, r, timeout_s=HANG_S)) for r in reqs[3:]]
+        waiting += [asyncio.ensure_future(score_with_timeout(service, r, timeout_s=HANG_S)) for r in reqs[3:]]
         outcomes = await asyncio.gather(*waiting, return_exceptions=True)
         elapsed = time.monotonic() - t0
-        late = await asyncio.gather(submit_with_timeout(executor, reqs[0], timeout_s=HANG_S), return_exceptions=True)
-        return outcomes, elapsed, late[0], await executor.stats.remote()
+        late = await asyncio.gather(score_with_timeout(service, reqs[0], timeout_s=HANG_S), return_exceptions=True)
+        return outcomes, elapsed, late[0], await service.stats.remote()
 
     try:
         outcomes, elapsed, late, stats = asyncio.run(main())
     finally:
-        ray.kill(executor)
+        stop(service)
     assert all(isinstance(o, NoSlotsError) for o in outcomes), outcomes
     assert "all 2 slot(s)" in str(outcomes[0])
     assert elapsed < HANG_S / 4  # long before any deadline: they did not wait for one
@@ -146,51 +152,57 @@ def test_with_every_replica_dead_and_none_replaceable_waiters_fail_at_once(rm_gr
     assert stats["slots_lost"] == 2 and stats["completed"] == 0
 
 
-def test_a_replica_past_score_timeout_fails_its_batch_on_time_and_is_not_reused_until_it_answers(
-    rm_group, tiny_models, policy_tok
+def test_a_replica_past_batch_timeout_fails_its_batch_on_time_and_is_not_reused_until_it_answers(
+    rm_config, policy_tok
 ):
-    wg, cfg = rm_group
     # A timeout no real call can meet: every batch times out, and each replica stays late until its call ends.
-    executor = executor_for(wg, cfg, BatchPolicy(max_batch_size=4, max_wait_ms=0), replace=False,
-                            batch_fn=RMBatchFn(timeout_s=1e-4, late_limit_s=HANG_S))
+    service = service_for(rm_config, BatchPolicy(max_batch_size=4, max_wait_ms=0, batch_timeout_s=1e-4),
+                          replace=False, late_limit_s=HANG_S)
     reqs = requests(policy_tok, 4, "d")
 
     async def main():
         outcomes = await asyncio.gather(
-            *(submit_with_timeout(executor, r, timeout_s=HANG_S) for r in reqs), return_exceptions=True
+            *(score_with_timeout(service, r, timeout_s=HANG_S) for r in reqs), return_exceptions=True
         )
-        return outcomes, await executor.stats.remote()
+        return outcomes, await service.stats.remote()
 
     try:
         outcomes, stats = asyncio.run(main())
-        assert all(isinstance(o, ReplicaTimeoutError) for o in outcomes), outcomes
+        assert all(isinstance(o, RequestTimeoutError) and "batch_timeout_s" in str(o) for o in outcomes), outcomes
         assert stats["timed_out"] == 4 and stats["slots_late_total"] == stats["batches"] >= 1
         # the replicas' calls end (the RM is fast): they take batches again; nothing was lost
-        settled = asyncio.run(wait_stats(executor, lambda s: s["slots_free"] == 2, "late replicas back"))
+        settled = asyncio.run(wait_stats(service, lambda s: s["slots_free"] == 2, "late replicas back"))
     finally:
-        ray.kill(executor)
+        stop(service)
     assert settled["slots_lost"] == 0 and settled["slots_late"] == 0
 
 
-def test_a_replica_silent_past_the_late_limit_is_killed_and_replaced(rm_group, policy_tok):
-    wg, cfg = rm_group
-    # the batch times out at once, and the late call is given no time either: the replica counts as lost
-    executor = executor_for(wg, cfg, BatchPolicy(max_batch_size=4, max_wait_ms=0), replace=True,
-                            batch_fn=RMBatchFn(timeout_s=1e-4, late_limit_s=1e-4))
+def test_a_replica_silent_past_the_late_limit_is_killed_and_replaced(rm_config, policy_tok):
+    # A replica that really stops answering: its process is frozen (SIGSTOP) before the batch reaches it. The batch
+    # fails at batch_timeout_s; the replica stays late for late_limit_s, then counts as lost: killed and replaced.
+    service = service_for(rm_config, BatchPolicy(max_batch_size=4, max_wait_ms=0, batch_timeout_s=1.0),
+                          replace=True, late_limit_s=1.0)
     reqs = requests(policy_tok, 1, "e")
+    frozen: list[int] = []
 
     async def main():
-        outcome = await asyncio.gather(submit_with_timeout(executor, reqs[0], timeout_s=HANG_S), return_exceptions=True)
-        replaced = await wait_stats(executor, lambda s: s["slots_replaced_total"] >= 1, "a replica replaced")
-        return outcome[0], replaced, await executor.slots.remote()
+        before = await replicas(service)
+        pid = (await service.describe.remote())[0]["pid"]  # slot 0 takes the first batch (the oldest free slot)
+        os.kill(pid, signal.SIGSTOP)
+        frozen.append(pid)
+        outcome = await asyncio.gather(score_with_timeout(service, reqs[0], timeout_s=HANG_S), return_exceptions=True)
+        replaced = await wait_stats(service, lambda s: s["slots_replaced_total"] >= 1, "a replica replaced")
+        return outcome[0], replaced, before, await replicas(service)
 
     try:
-        outcome, replaced, slots = asyncio.run(main())
+        outcome, replaced, before, slots = asyncio.run(main())
     finally:
-        ray.kill(executor)
-    assert isinstance(outcome, ReplicaTimeoutError)
-    assert replaced["slots_lost_total"] >= 1
-    old = [w for w in wg.workers if w not in slots]
-    assert old, "the lost replica was swapped for a new one"
+        for pid in frozen:  # let a frozen replica that was not killed go on, so that it can be stopped
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        stop(service)
+    assert isinstance(outcome, RequestTimeoutError) and "batch_timeout_s" in str(outcome), outcome
+    assert replaced["slots_lost_total"] == 1 and replaced["slots_late_total"] == 1
+    assert [w for w in before if w not in slots] == [before[0]], "the frozen replica was swapped for a new one"
     with pytest.raises(ray.exceptions.RayActorError):  # the silent replica was killed, not left running
-        ray.get(old[0].describe.remote(), timeout=60)
+        ray.get(before[0].describe.remote(), timeout=60)
