@@ -175,23 +175,32 @@ class _Replica:
 
 @pytest.mark.asyncio
 async def test_replica_call_failure_paths(ray_local, batch):
+    call = ReplicaCall(late_limit_s=60.0)
+    stand_ins = {mode: _Replica.remote(mode) for mode in ("mixed", "raises", "slow", "never_answers")}
+    try:
+        await _failure_paths(call, batch, stand_ins)
+    finally:  # none may outlive the test (the soak test counts the cluster's actors)
+        for replica in stand_ins.values():
+            ray.kill(replica)
+
+
+async def _failure_paths(call, batch, stand_ins) -> None:
     import asyncio
 
     from verl_async_rm.errors import ReplicaLostError, SlotLostError
 
-    call = ReplicaCall(late_limit_s=60.0)
-    mixed = _Replica.remote("mixed")
+    mixed = stand_ins["mixed"]
     entries = await call(batch, mixed)  # the replica's answer as it is (the executor checks its shape)
     assert entries[0] == 0.5 and isinstance(entries[1], ValueError) and entries[2] == "not a float"
     assert await call([], mixed) == []
     # the replica raised: an RM error for the whole batch, not a lost slot
     with pytest.raises(RewardModelError, match="failed on a batch of 3: RewardModelError.'the RM worker has no model"
                        ) as raised:
-        await call(batch, _Replica.remote("raises"))
+        await call(batch, stand_ins["raises"])
     assert not isinstance(raised.value, SlotLostError)
     # the executor gives up on a call (its batch_timeout_s) by cancelling it: the call then waits for the late answer,
     # so the replica gets no new batch meanwhile, and ends cancelled when the answer comes within the late limit ...
-    late = asyncio.ensure_future(ReplicaCall(late_limit_s=60.0)(batch, _Replica.remote("slow")))
+    late = asyncio.ensure_future(ReplicaCall(late_limit_s=60.0)(batch, stand_ins["slow"]))
     await asyncio.sleep(0.2)
     late.cancel()
     await asyncio.sleep(0.2)
@@ -199,7 +208,7 @@ async def test_replica_call_failure_paths(ray_local, batch):
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(late, 30.0)
     # ... or declares the replica lost when it stays silent past the limit (the executor kills and replaces it)
-    silent = asyncio.ensure_future(ReplicaCall(late_limit_s=0.5)(batch, _Replica.remote("never_answers")))
+    silent = asyncio.ensure_future(ReplicaCall(late_limit_s=0.5)(batch, stand_ins["never_answers"]))
     await asyncio.sleep(0.2)
     silent.cancel()
     with pytest.raises(ReplicaLostError, match="still had not answered a batch of 3 0.5s after it was given up on"):
