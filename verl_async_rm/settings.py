@@ -8,7 +8,9 @@ gets only its own:
   the one bound on a batch call, 600 s by default here);
 - RM loading/feeding/placement knobs -> :class:`verl_async_rm.scoring.RMConfig` (with verl's ``reward.reward_model.*``
   keys and their legacy ``reward_model.*`` spellings, see :func:`verl_async_rm.scoring.rm_config_from_verl`);
-- reward weights -> :class:`verl_async_rm.integration.reward_mix.RewardMix`;
+- reward weights -> :class:`verl_async_rm.integration.reward_mix.RewardMix` (``rule_weight`` defaults to 0.0 with the
+  ``async_rm`` reward manager and to 1.0 with any other, whose reward is then counted as it is);
+- more RMs (``async_rm.models.<name>.*``) -> one :class:`verl_async_rm.model_set.RMEntry` each, after ``main``;
 - the rest (the trajectory's wait, error policy, the service actor) -> :class:`IntegrationConfig`.
 
 Unknown ``async_rm`` keys raise ``ValueError`` listing the known ones, and keys of earlier releases name their
@@ -25,11 +27,14 @@ from typing import Any
 
 from verl_async_rm.batching.policy import BatchPolicy
 from verl_async_rm.integration.reward_mix import RewardMix
+from verl_async_rm.model_set import MAIN, MODELS_KEY, RMEntry, extra_rm_entries
 from verl_async_rm.scoring.rm_config import RMConfig, _select, rm_config_from_verl
 
 __all__ = ["AsyncRMConfig", "IntegrationConfig", "CONFIG_GROUP", "ON_ERROR_MODES"]
 
 CONFIG_GROUP = "async_rm"
+#: The plugin's own reward manager (``integration/reward_manager.py``); any other verl manager may be used instead.
+ASYNC_RM_MANAGER = "async_rm"
 ON_ERROR_MODES = ("raise", "drop")
 
 # The RM worker group's path and placement come from verl's own keys, not from async_rm.*: what to set instead.
@@ -122,6 +127,8 @@ class AsyncRMConfig:
     rm: RMConfig
     mix: RewardMix
     integration: IntegrationConfig
+    #: Every RM of the run, ``main`` (the one above: ``rm``, ``batching``) first, then ``async_rm.models.*``.
+    models: tuple[RMEntry, ...] = ()
 
     @classmethod
     def from_verl(cls, config: Any) -> AsyncRMConfig:
@@ -131,23 +138,41 @@ class AsyncRMConfig:
             ValueError: a key is unknown or a value is bad; the message names the key, the value and the fix.
         """
         group = _group(config)
+        models = group.pop(MODELS_KEY, None)
         sections: dict[type, dict[str, Any]] = {BatchPolicy: {}, RMConfig: {}, RewardMix: {}, IntegrationConfig: {}}
-        owner = {f.name: kind for kind in sections for f in dataclasses.fields(kind)}
+        owner = {f.name: kind for kind in sections for f in dataclasses.fields(kind) if not f.metadata.get("internal")}
         for key, value in group.items():
             if key in _RETIRED_KEYS:
                 raise ValueError(f"{CONFIG_GROUP}.{key}={value!r} is no longer read: {_RETIRED_KEYS[key]}")
             if key in _VERL_OWNED_RM_FIELDS:
                 raise ValueError(f"{CONFIG_GROUP}.{key}={value!r} is not read: {_VERL_OWNED_RM_FIELDS[key]}")
             if key not in owner:
-                known = sorted(k for k in owner if k not in _VERL_OWNED_RM_FIELDS)
+                known = sorted({*(k for k in owner if k not in _VERL_OWNED_RM_FIELDS), MODELS_KEY})
                 raise ValueError(f"unknown key {CONFIG_GROUP}.{key}={value!r}; known keys: {', '.join(known)}")
             sections[owner[key]][key] = value
-        return cls(
-            batching=_build(BatchPolicy, {**_PLUGIN_BATCHING_DEFAULTS, **sections[BatchPolicy]}),
-            rm=rm_config_from_verl(config, sections[RMConfig], overrides_key=CONFIG_GROUP),
-            mix=_build(RewardMix, sections[RewardMix]),
-            integration=_build(IntegrationConfig, sections[IntegrationConfig]),
+        batching_values = {**_PLUGIN_BATCHING_DEFAULTS, **sections[BatchPolicy]}
+        batching = _build(BatchPolicy, batching_values)
+        rm = rm_config_from_verl(config, sections[RMConfig], overrides_key=CONFIG_GROUP)
+        extras = extra_rm_entries(
+            models, base={"policy_tokenizer_path": rm.policy_tokenizer_path, "use_gpu": rm.use_gpu},
+            shared_rm=sections[RMConfig], shared_batching=batching_values, group=CONFIG_GROUP,
         )
+        mix_values = sections[RewardMix]
+        if "rule_weight" not in mix_values and _manager_name(config) != ASYNC_RM_MANAGER:
+            mix_values["rule_weight"] = 1.0  # the user's own reward manager: its reward counts unless told otherwise
+        mix = _build(RewardMix, {**mix_values, "extra_weights": tuple((e.name, e.weight) for e in extras)})
+        main = RMEntry(name=MAIN, weight=mix.rm_weight, rm=rm, batching=batching, key="reward.reward_model")
+        return cls(
+            batching=batching,
+            rm=rm,
+            mix=mix,
+            integration=_build(IntegrationConfig, sections[IntegrationConfig]),
+            models=(main, *extras),
+        )
+
+
+def _manager_name(config: Any) -> Any:
+    return _select(config, "reward.reward_manager.name") or _select(config, "reward_model.reward_manager")
 
 
 def _group(config: Any) -> dict[str, Any]:

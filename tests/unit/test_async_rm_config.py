@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -93,8 +94,8 @@ def test_unknown_key_lists_every_known_key(tiny_models):
         AsyncRMConfig.from_verl(compose(tiny_models, "+async_rm.max_batch=8"))
     listed = set(str(info.value).split("known keys: ")[1].split(", "))
     kinds = (BatchPolicy, RMConfig, RewardMix, IntegrationConfig)
-    fields = {f.name for kind in kinds for f in dataclasses.fields(kind)}
-    assert listed == fields - {"model_path", "n_gpus_per_node", "nnodes", "use_gpu"}
+    fields = {f.name for kind in kinds for f in dataclasses.fields(kind) if not f.metadata.get("internal")}
+    assert listed == fields - {"model_path", "n_gpus_per_node", "nnodes", "use_gpu"} | {"models"}
 
 
 @pytest.mark.parametrize(
@@ -244,20 +245,115 @@ def test_a_valid_config_passes(tiny_models, trainer):
             r"reward\.reward_model\.enable_resource_pool=False: the RM needs its own resource pool.* "
             r"Set reward\.reward_model\.enable_resource_pool=True",
         ),
-        (
-            ["reward.reward_manager.name=naive"],
-            r"reward\.reward_manager\.name='naive': .* Set reward\.reward_manager\.name=async_rm",
-        ),
-        (
-            ["reward.reward_manager.source=importlib"],
-            r"reward\.reward_manager\.source='importlib': .* set reward\.reward_manager\.source=register",
-        ),
     ],
 )
 @pytest.mark.parametrize("trainer", ["v0", "v1"])
 def test_each_verl_key_mistake_is_refused(tiny_models, trainer, overrides, message):
     with pytest.raises(ValueError, match=message):
         check_verl_config(compose(tiny_models, *overrides, trainer=trainer))
+
+
+@pytest.mark.parametrize("trainer", ["v0", "v1"])
+@pytest.mark.parametrize(("manager", "rule_weight"), [("naive", 1.0), ("dapo", 1.0), ("async_rm", 0.0)])
+def test_any_verl_reward_manager_is_accepted_and_its_reward_counts_by_default(tiny_models, trainer, manager,
+                                                                            rule_weight):
+    settings = check_verl_config(compose(tiny_models, f"reward.reward_manager.name={manager}", trainer=trainer))
+    assert settings.mix.rule_weight == rule_weight
+    explicit = compose(tiny_models, f"reward.reward_manager.name={manager}", "+async_rm.rule_weight=0.25")
+    assert check_verl_config(explicit).mix.rule_weight == 0.25
+
+
+def test_a_custom_manager_loaded_by_importlib_is_accepted(tiny_models):
+    config = compose(tiny_models, "reward.reward_manager.source=importlib",
+                     f"reward.reward_manager.module.path={ASSETS / 'custom_manager.py'}",
+                     "reward.reward_manager.name=BonusRewardManager")
+    assert check_verl_config(config).mix.rule_weight == 1.0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["reward.reward_manager.name=dapoo"],
+         r"reward\.reward_manager\.name='dapoo' \(source='register'\) does not resolve to a reward manager: "
+         r"ValueError: Unknown reward manager: dapoo\. Fix: use a registered manager \(.*async_rm.*dapo.*naive"),
+        (["reward.reward_manager.source=importlib", f"reward.reward_manager.module.path={ASSETS / 'rules.py'}",
+          "reward.reward_manager.name=NoSuchManager"],
+         r"reward\.reward_manager\.name='NoSuchManager' \(source='importlib'\) does not resolve.*Fix: "
+         r"reward\.reward_manager\.module\.path must name a Python file that defines"),
+    ],
+)
+def test_a_reward_manager_that_does_not_resolve_is_refused_before_anything_starts(tiny_models, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        check_verl_config(compose(tiny_models, *overrides))
+
+
+# --- several RMs: async_rm.models.<name>.* ---------------------------------------------------------------------------
+
+
+def test_extra_rms_get_their_own_pool_weight_and_options_and_inherit_the_top_level_ones(tiny_models):
+    config = compose(
+        tiny_models, "+async_rm.rm_weight=2", "+async_rm.max_length=512", "+async_rm.max_batch_size=8",
+        f"+async_rm.models.safety.model_path={tiny_models.rm_alt}", "+async_rm.models.safety.weight=0.5",
+        "+async_rm.models.safety.max_length=256", "+async_rm.models.safety.n_gpus_per_node=3",
+        "+async_rm.models.safety.max_wait_ms=7", f"+async_rm.models.helpful.model_path={tiny_models.rm}",
+    )
+    settings = check_verl_config(config)
+    main, safety, helpful = settings.models
+    assert [e.name for e in settings.models] == ["main", "safety", "helpful"]
+    assert (main.rm, main.batching, main.weight, main.key) == (settings.rm, settings.batching, 2.0,
+                                                                "reward.reward_model")
+    assert safety.rm.model_path == str(tiny_models.rm_alt) and safety.key == "async_rm.models.safety"
+    assert (safety.weight, safety.rm.max_length, safety.rm.n_gpus_per_node, safety.rm.nnodes) == (0.5, 256, 3, 1)
+    assert (safety.batching.max_wait_ms, safety.batching.max_batch_size) == (7, 8)
+    assert safety.batching.batch_timeout_s == 600.0  # the plugin's default reaches every RM
+    assert safety.rm.policy_tokenizer_path == str(tiny_models.policy) and safety.rm.use_gpu is False
+    # not set under its name: the top-level value, and the pool is one replica (the top never sizes a pool)
+    assert (helpful.weight, helpful.rm.max_length, helpful.rm.num_replicas) == (1.0, 512, 1)
+    assert settings.mix.weights == {"main": 2.0, "safety": 0.5, "helpful": 1.0}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["+async_rm.models.main.model_path=/m"], r"async_rm\.models\.main: the name 'main' is taken by the RM of "
+                                                  r"reward\.reward_model"),
+        (["+async_rm.models.safety.weight=0.5"], r"async_rm\.models\.safety\.model_path=None: each extra RM needs "
+                                                 r"its path; set \+async_rm\.models\.safety\.model_path="),
+        (["+async_rm.models.safety.model_path=/m", "+async_rm.models.safety.weight=nan"],
+         r"async_rm\.models\.safety\.weight=nan: must be a finite number"),
+        (["+async_rm.models.safety.model_path=/m", "+async_rm.models.safety.weight=high"],
+         r"async_rm\.models\.safety\.weight='high': must be a finite number"),
+        (["+async_rm.models.safety.model_path=/m", "+async_rm.models.safety.max_lenght=5"],
+         r"unknown key async_rm\.models\.safety\.max_lenght=5; known keys: .*max_length"),
+        (["+async_rm.models.safety.model_path=/m", "+async_rm.models.safety.use_gpu=false"],
+         r"async_rm\.models\.safety\.use_gpu=False is not set per RM: .*trainer\.device"),
+        (["+async_rm.models.safety.model_path=/m", "+async_rm.models.safety.nnodes=0"],
+         r"async_rm\.models\.safety\.nnodes=0: the reward pool needs at least one node"),
+        (["+async_rm.models.safety.model_path=/m", "+async_rm.models.safety.max_batch_size=0"],
+         r"async_rm\.models\.safety\.max_batch_size"),
+        (["+async_rm.models.safety.model_path=/m", "+async_rm.dtype=float8"], r"async_rm\.dtype='float8'"),
+        (["+async_rm.models.safety=/m"], r"async_rm\.models\.safety='/m': it must be a group of keys"),
+        (["+async_rm.models=/m"], r"async_rm\.models='/m': it must be a group of RMs by name"),
+    ],
+)
+def test_bad_extra_rms_name_the_key_and_the_fix(tiny_models, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        AsyncRMConfig.from_verl(compose(tiny_models, *overrides))
+
+
+@pytest.mark.parametrize("name", ["2nd", "safety v2", "a/b"])
+def test_an_rm_name_must_make_a_metric_and_reward_key(name):
+    from verl_async_rm.model_set import extra_rm_entries
+
+    with pytest.raises(ValueError, match=rf"async_rm\.models\.{re.escape(name)}: an RM name must start with a letter"):
+        extra_rm_entries({name: {"model_path": "/m"}}, base={"policy_tokenizer_path": "/p"}, shared_rm={},
+                         shared_batching={}, group="async_rm")
+
+
+def test_an_extra_rm_that_is_a_causal_lm_is_refused_under_its_own_key(tiny_models):
+    config = compose(tiny_models, f"+async_rm.models.safety.model_path={tiny_models.policy}")
+    with pytest.raises(ValueError, match=r"async_rm\.models\.safety\.model_path="):
+        check_verl_config(config)
 
 
 @pytest.mark.parametrize(
@@ -291,7 +387,8 @@ def test_readme_documents_every_async_rm_key():
     from verl_async_rm.scoring.rm_config import RMConfig
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    keys = {f.name for cls in (BatchPolicy, RMConfig, RewardMix, IntegrationConfig) for f in dataclasses.fields(cls)}
+    keys = {f.name for cls in (BatchPolicy, RMConfig, RewardMix, IntegrationConfig) for f in dataclasses.fields(cls)
+            if not f.metadata.get("internal")}
     missing = sorted(k for k in keys - set(_VERL_OWNED_RM_FIELDS) if f"| `{k}` |" not in readme)
     assert missing == []
 
