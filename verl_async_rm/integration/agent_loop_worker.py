@@ -2,33 +2,37 @@
 
 verl calls ``AgentLoopWorker._compute_score(outputs, kwargs)`` in the trajectory's own task right after its agent
 loop ends (v0: ``experimental/agent_loop/agent_loop.py:822``; v1: ``trainer/ppo/v1/agent_loop_tq.py:160``). The
-override here builds an :class:`~verl_async_rm.request.RMRequest` from the last output, awaits its RM score from the
-RM service (with a timeout), and hands the score to verl's own ``_compute_score`` in ``kwargs``; verl copies
-``kwargs`` into the ``non_tensor_batch`` it sends to its reward-loop worker, where the ``async_rm`` reward manager
-mixes it with the rule score. An agent loop that already set ``reward_score`` is left alone (no RM call), as verl
-does.
+override here builds an :class:`~verl_async_rm.request.RMRequest` from the last output and sends it to every RM's
+service at once (each with a timeout); when the last score is back it runs verl's own ``_compute_score``, which calls
+the user's reward manager (any verl manager) in verl's reward-loop worker, with the scores added to the ``extra_info``
+the manager's function receives (``rm_score``: main, ``rm_scores``: by name). The manager's reward and the RM scores
+then become the trajectory's reward (:meth:`~verl_async_rm.integration.reward_mix.RewardMix.finish`). An agent loop
+that already set ``reward_score`` is left alone (no RM call), as verl does.
 
-The service handle is attached after verl has built the workers (:meth:`AsyncRMWorkerMixin.async_rm_attach`), so
+The service handles are attached after verl has built the workers (:meth:`AsyncRMWorkerMixin.async_rm_attach`), so
 verl's own worker construction and placement are used unchanged, and attached again when the manager had to start a
 new service.
 
 Each outcome (scored, failed) is recorded per phase in the worker's
 :class:`~verl_async_rm.integration.ledger.TrajectoryLedger`, which the v1 manager collects at the end of each
-training step and validation pass. If the RM fails for a trajectory (a dead service gives
-:class:`RMServiceLostError` at once):
+training step and validation pass. If an RM fails for a trajectory (a dead service gives
+:class:`RMServiceLostError` at once), the trajectory has no reward, whatever the other RMs said:
 
 - v1 trainer: the trajectory's session raises the error whatever ``on_error`` says, so verl gives its group its own
   ``failure`` path (the trajectory never reaches TransferQueue, so nothing trains on it); the manager then applies
   ``on_error`` at the end of the step (``raise`` stops the run, ``drop`` counts it against ``drop_budget``);
-- v0 trainer: ``on_error='raise'`` fails the trajectory (and the step); ``on_error='drop'`` hands the error to the
-  reward manager instead of a score, and the v0 manager excludes the trajectory (``AsyncRMAgentLoopManagerV0``).
+- v0 trainer: ``on_error='raise'`` fails the trajectory (and the step); ``on_error='drop'`` still runs the reward
+  manager (``rm_score`` NaN in its ``extra_info``: verl stacks the same keys for every sample), gives the trajectory a
+  NaN reward flagged ``rm_dropped``, and the v0 manager excludes it (``AsyncRMAgentLoopManagerV0``).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextvars
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import ray
@@ -37,7 +41,7 @@ from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
 
 from verl_async_rm.errors import AsyncRMError, RMServiceLostError
 from verl_async_rm.integration.ledger import Failure, PhaseRecord, TrajectoryLedger
-from verl_async_rm.integration.reward_mix import RM_ERROR_KEY, RM_SCORE_KEY
+from verl_async_rm.integration.reward_mix import RewardMix, with_rm_scores
 from verl_async_rm.request import RMRequest
 from verl_async_rm.service.client import score_with_timeout
 
@@ -53,7 +57,9 @@ __all__ = ["AsyncRMWorkerMixin", "AsyncRMAgentLoopWorker", "AsyncRMAgentLoopWork
 class AsyncRMWorkerMixin:
     """The per-trajectory reward hook; mixed into verl's v0 and v1 agent-loop workers."""
 
-    _async_rm_service: Any = None
+    _async_rm_services: dict[str, Any] = {}
+    _async_rm_mix: RewardMix | None = None
+    _async_rm_combine: Any = None
     _async_rm_timeout_s: float = 0.0
     _async_rm_on_error: str = "raise"
     #: v1: a failed RM score always fails the trajectory's session (verl's own failure path); the manager applies
@@ -61,9 +67,13 @@ class AsyncRMWorkerMixin:
     _async_rm_fail_session: bool = False
     _async_rm_ledger: TrajectoryLedger | None = None
 
-    async def async_rm_attach(self, service: Any, request_timeout_s: float, on_error: str = "raise") -> bool:
-        """Give this worker the RM service it scores with (by the manager after creation, and after a restart)."""
-        self._async_rm_service = service
+    async def async_rm_attach(self, services: Mapping[str, Any], mix: RewardMix, request_timeout_s: float,
+                              on_error: str = "raise") -> bool:
+        """Give this worker the RM services it scores with, by RM name (``main`` first), and how their scores mix
+        with the reward manager's (by the manager after creation, and after a service restart)."""
+        self._async_rm_services = dict(services)
+        self._async_rm_mix = mix
+        self._async_rm_combine = mix.load_combine_fn()
         self._async_rm_timeout_s = float(request_timeout_s)
         self._async_rm_on_error = on_error
         return True
@@ -84,40 +94,62 @@ class AsyncRMWorkerMixin:
             return
         start = time.perf_counter()
         phase, ledger = _PHASE.get(), self._ledger()
-        try:
-            handed = {RM_SCORE_KEY: await self._async_rm_score(final, kwargs)}
-        except (AsyncRMError, ray.exceptions.RayError) as err:
-            error = _describe(err)
-            trajectory = f"{kwargs.get('uid', '?')}/{kwargs.get('session_id', 0)}"
+        trajectory = f"{kwargs.get('uid', '?')}/{kwargs.get('session_id', 0)}"
+        scores, failure = await self._async_rm_scores(final, kwargs, trajectory)
+        error = None
+        if failure is not None:
+            error = _describe(failure)
             ledger.failed(phase, Failure(trajectory, _int_or_none(kwargs.get("global_steps")), error))
             if self._async_rm_fail_session or self._async_rm_on_error != "drop":
-                raise
-            logger.warning("verl_async_rm: no RM score for trajectory %s (dropped): %r", trajectory, err)
-            handed = {RM_SCORE_KEY: None, RM_ERROR_KEY: error}
+                raise failure
+            logger.warning("verl_async_rm: no RM score for trajectory %s (dropped): %s", trajectory, error)
         else:
             ledger.scored(phase)
         rm_s = time.perf_counter() - start
-        await super()._compute_score(outputs, {**kwargs, **handed})  # type: ignore[misc]
+        # the reward manager's function sees the RM scores in extra_info (a copy: the dataset's stays as it was)
+        extra_info = with_rm_scores(kwargs.get("extra_info"), scores)
+        await super()._compute_score(outputs, {**kwargs, "extra_info": extra_info})  # type: ignore[misc]
+        final.reward_score, final.extra_fields["reward_extra_info"] = self._async_rm_mix.finish(
+            {"reward_score": final.reward_score, "reward_extra_info": final.extra_fields.get("reward_extra_info")},
+            scores, data_source=kwargs.get("data_source"), extra_info=extra_info, fn=self._async_rm_combine,
+            error=error, flag_drops=self._async_rm_on_error == "drop",
+        )
         # verl times only its own reward-loop call (agent_loop.py:971-1016): count the RM wait in the same metric
         final.metrics.compute_score = (final.metrics.compute_score or 0.0) + rm_s
 
-    async def _async_rm_score(self, final: Any, kwargs: dict) -> float:
-        if self._async_rm_service is None:
+    async def _async_rm_scores(
+        self, final: Any, kwargs: dict, trajectory: str
+    ) -> tuple[dict[str, float], BaseException | None]:
+        """The trajectory's raw score from every RM at once (ready when the last answers), and the first failure."""
+        if not self._async_rm_services or self._async_rm_mix is None:
             raise AsyncRMError(
                 "this agent-loop worker has no RM service attached: build it through "
                 "verl_async_rm.AsyncRMAgentLoopManager.create(...)"
             )
-        request = RMRequest.from_agent_loop_output(
-            final, uid=f"{kwargs.get('uid', '?')}/{kwargs.get('session_id', 0)}", raw_prompt=kwargs.get("raw_prompt")
+        request = RMRequest.from_agent_loop_output(final, uid=trajectory, raw_prompt=kwargs.get("raw_prompt"))
+        names = list(self._async_rm_services)
+        answers = await asyncio.gather(
+            *(score_with_timeout(service, request, timeout_s=self._async_rm_timeout_s)
+              for service in self._async_rm_services.values()),
+            return_exceptions=True,
         )
-        try:
-            score = await score_with_timeout(self._async_rm_service, request, timeout_s=self._async_rm_timeout_s)
-        except ray.exceptions.RayActorError as err:
-            raise RMServiceLostError(
-                f"the RM service died while trajectory {request.uid} waited for its score ({err}); the agent-loop "
-                "manager starts a new one at the next step"
-            ) from err
-        return float(score)
+        scores: dict[str, float] = {}
+        failure: BaseException | None = None
+        for name, answer in zip(names, answers, strict=True):
+            if not isinstance(answer, BaseException):
+                scores[name] = float(answer)
+                continue
+            if not isinstance(answer, (AsyncRMError, ray.exceptions.RayError)):
+                raise answer  # not an RM failure (a cancellation, a bug): never recorded as a dropped score
+            if isinstance(answer, ray.exceptions.RayActorError):
+                answer = RMServiceLostError(
+                    f"the RM service of RM {name!r} died while trajectory {request.uid} waited for its score "
+                    f"({answer}); the agent-loop manager starts a new one at the next step"
+                )
+            elif len(names) > 1:
+                answer.add_note(f"RM {name!r}")
+            failure = failure or answer
+        return scores, failure
 
 
 class AsyncRMAgentLoopWorker(AsyncRMWorkerMixin, AgentLoopWorker):
@@ -145,10 +177,12 @@ class AsyncRMAgentLoopWorkerTQ(AsyncRMWorkerMixin, AgentLoopWorkerTQ.__ray_actor
 
 
 def _describe(err: BaseException) -> str:
-    """``Type: message`` of the error itself: a Ray task error names the remote exception, not Ray's traceback."""
+    """``Type: message`` of the error itself (a Ray task error names the remote exception, not Ray's traceback),
+    after the RM it came from when there are several (``RM 'safety': ...``)."""
     cause = getattr(err, "cause", None)
     cause = cause if isinstance(cause, BaseException) else err
-    return f"{type(cause).__name__}: {cause}"[:500]
+    where = "".join(f"{note}: " for note in getattr(err, "__notes__", ()))
+    return f"{where}{type(cause).__name__}: {cause}"[:500]
 
 
 def _int_or_none(value: Any) -> int | None:

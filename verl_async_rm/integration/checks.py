@@ -8,7 +8,6 @@ These are the mistakes that would otherwise fail late or silently:
 - verl 0.9.1's ``main_ppo`` ignores the legacy top-level ``reward_model.*``, ``custom_reward_function.*`` and
   ``sandbox_fusion.*`` keys (only ``fully_async_main`` migrates them), so a recipe written with them would silently
   run without its RM pool or its rule function (``python -m verl_async_rm.main_ppo`` migrates them);
-- ``reward.reward_manager.name`` must be ``async_rm`` for the RM score to reach the reward;
 - the ``async_rm.*`` keys and the reward pool's size are read (:meth:`verl_async_rm.settings.AsyncRMConfig.from_verl`),
   and, when the RM path is a directory on this machine, its ``config.json`` is checked
   (:func:`verl_async_rm.scoring.checkpoint.check_rm_checkpoint`: a causal LM given as the RM, custom code without
@@ -23,7 +22,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from verl_async_rm.integration.reward_manager import REWARD_MANAGER_NAME
+from verl_async_rm.model_set import MAIN
 from verl_async_rm.settings import AsyncRMConfig
 
 logger = logging.getLogger(__name__)
@@ -83,21 +82,31 @@ def check_verl_config(config: Any) -> AsyncRMConfig:
             "/nnodes with the trainer's. Set reward.reward_model.enable_resource_pool=True and "
             "reward.reward_model.n_gpus_per_node / nnodes to the RM's GPUs"
         )
-    name = _get(config, "reward.reward_manager.name")
-    if name != REWARD_MANAGER_NAME:
-        raise ValueError(
-            f"reward.reward_manager.name={name!r}: the RM score reaches the reward only through the "
-            f"'{REWARD_MANAGER_NAME}' reward manager. Set reward.reward_manager.name={REWARD_MANAGER_NAME} "
-            "(rule scores still come from custom_reward_function / verl's default_compute_score, weighted by "
-            "async_rm.rule_weight)"
-        )
-    source = _get(config, "reward.reward_manager.source")
-    if source not in (None, "register"):
-        raise ValueError(
-            f"reward.reward_manager.source={source!r}: the '{REWARD_MANAGER_NAME}' manager is registered through the "
-            "package's verl.plugins entry point; set reward.reward_manager.source=register"
-        )
+    _check_reward_manager(config)
     return _check_async_rm_settings(config)
+
+
+def _check_reward_manager(config: Any) -> None:
+    """Any verl reward manager works (the RM scores reach it in ``extra_info``); it must resolve, as verl's reward
+    loop will resolve it (``trainer/ppo/reward.py:resolve_reward_manager_cls``), or the run would fail only there."""
+    from verl.trainer.ppo.reward import resolve_reward_manager_cls
+
+    name, source = _get(config, "reward.reward_manager.name"), _get(config, "reward.reward_manager.source")
+    try:
+        resolve_reward_manager_cls(config)
+    except Exception as exc:  # noqa: BLE001 - verl raises ValueError, AssertionError or an import error here
+        if source == "importlib":
+            fix = ("reward.reward_manager.module.path must name a Python file that defines the class "
+                   "reward.reward_manager.name")
+        else:
+            from verl.experimental.reward_loop.reward_manager.registry import REWARD_MANAGER
+
+            fix = (f"use a registered manager ({', '.join(sorted(REWARD_MANAGER))}), or load your own "
+                   "with reward.reward_manager.source=importlib")
+        raise ValueError(
+            f"reward.reward_manager.name={name!r} (source={source!r}) does not resolve to a reward manager: "
+            f"{type(exc).__name__}: {exc}. Fix: {fix}"
+        ) from exc
 
 
 #: verl 0.9.1's v1 trainer modes (``trainer.v1.trainer_mode``, ``trainer/ppo/v1/__init__.py``); all work with the
@@ -133,11 +142,19 @@ def check_v1_trainer(config: Any, on_error: str) -> str:
 
 def _check_async_rm_settings(config: Any) -> AsyncRMConfig:
     from verl_async_rm.scoring.checkpoint import check_rm_checkpoint
+    from verl_async_rm.scoring.rm_config import ConfigValueError
 
     settings = AsyncRMConfig.from_verl(config)
-    rm = settings.rm
-    if os.path.isdir(rm.model_path):
-        check_rm_checkpoint(rm.model_path, rm.trust_remote_code)
-    else:  # multi-node runs may keep the RM only on the reward nodes: each replica checks it when it loads
-        logger.info("verl_async_rm: RM path %s is not on this machine; the RM replicas will check it", rm.model_path)
+    for entry in settings.models:
+        rm = entry.rm
+        if os.path.isdir(rm.model_path):
+            try:
+                check_rm_checkpoint(rm.model_path, rm.trust_remote_code)
+            except ConfigValueError as err:
+                if entry.name == MAIN:
+                    raise
+                raise err.renamed(f"{entry.key}.{err.key}") from None
+        else:  # multi-node runs may keep the RM only on the reward nodes: each replica checks it when it loads
+            logger.info("verl_async_rm: RM %s's path %s is not on this machine; its replicas will check it",
+                        entry.name, rm.model_path)
     return settings

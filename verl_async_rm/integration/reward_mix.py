@@ -1,38 +1,50 @@
-"""How the RM score and the rule score become one reward: explicit weights, or a user function."""
+"""How the RM scores and the reward manager's own reward become one reward: explicit weights, or a user function."""
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 import numbers
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-__all__ = ["RewardMix", "RM_SCORE_KEY", "RM_ERROR_KEY", "load_callable"]
+from verl_async_rm.errors import NonFiniteScoreError
+from verl_async_rm.model_set import MAIN
 
-#: Key under which the agent-loop worker hands the trajectory's RM score to the reward manager (verl copies the
-#: ``kwargs`` of ``_compute_score`` into ``non_tensor_batch``).
-RM_SCORE_KEY = "__async_rm_score__"
-#: Set instead of a score when the RM failed and ``async_rm.on_error='drop'``: the error, as text.
-RM_ERROR_KEY = "__async_rm_error__"
+__all__ = ["RewardMix", "RM_SCORE_KEY", "RM_SCORES_KEY", "with_rm_scores", "load_callable"]
+
+#: ``extra_info`` keys through which the reward manager's function sees the RM scores: the main RM's raw score, and
+#: every RM's raw score by name.
+RM_SCORE_KEY, RM_SCORES_KEY = "rm_score", "rm_scores"
 
 
 @dataclass(frozen=True)
 class RewardMix:
-    """Final reward = ``rm_weight * rm_score + rule_weight * rule_score``, or ``combine_fn(...)`` when set."""
+    """Final reward = ``rule_weight * rule_score + sum over RMs of weight * score`` (``main`` weighted by
+    ``rm_weight``), or ``combine_fn(...)`` when set.
 
-    rm_weight: float = field(default=1.0, metadata={"help": "weight of the reward-model score"})
+    ``rule_score`` is the reward manager's own reward: verl's rule (``custom_reward_function`` or
+    ``default_compute_score``) with the ``async_rm`` manager, or whatever the user's manager returns, penalties
+    included (``dapo``'s overlong penalty, a custom manager's terms).
+    """
+
+    rm_weight: float = field(default=1.0, metadata={"help": "weight of the main RM's score (reward.reward_model.*)"})
     rule_weight: float = field(
         default=0.0,
-        metadata={"help": "weight of verl's rule-based score (custom_reward_function or default_compute_score); "
-                          "0 skips the rule, so data sources without a rule function work"},
+        metadata={"help": "weight of the reward manager's own reward (with async_rm: verl's rule, custom_reward_"
+                          "function or default_compute_score). Default 0.0 with reward_manager.name=async_rm (0 skips "
+                          "the rule, so data sources without a rule function work), 1.0 with any other manager"},
     )
     combine_fn: Optional[str] = field(
         default=None,
         metadata={"help": "'package.module:function' called as fn(rm_score=, rule_score=, data_source=, "
-                          "extra_info=) -> float; replaces the weighted sum"},
+                          "extra_info=, rm_scores=) -> float; replaces the weighted sum (rm_scores: RM name -> raw "
+                          "score; required in the signature when async_rm.models is set)"},
     )
+    #: Weights of the RMs of ``async_rm.models`` (name, weight), set from them; not a user key.
+    extra_weights: tuple[tuple[str, float], ...] = field(default=(), metadata={"internal": True})
 
     def __post_init__(self) -> None:
         for name in ("rm_weight", "rule_weight"):
@@ -52,29 +64,130 @@ class RewardMix:
         """Whether the rule score is needed at all."""
         return self.combine_fn is not None or self.rule_weight != 0
 
+    @property
+    def weights(self) -> dict[str, float]:
+        """RM name -> weight, ``main`` first."""
+        return {MAIN: float(self.rm_weight), **dict(self.extra_weights)}
+
     def load_combine_fn(self) -> Optional[Callable[..., float]]:
-        """Import ``combine_fn`` (None when unset); a failure raises ``ValueError`` naming ``async_rm.combine_fn``."""
+        """Import ``combine_fn`` (None when unset); a failure raises ``ValueError`` naming ``async_rm.combine_fn``.
+
+        A function without an ``rm_scores`` parameter (or ``**kwargs``) is called without it, and is refused when
+        there are several RMs: their scores would not reach it.
+        """
         if self.combine_fn is None:
             return None
         try:
-            return load_callable(self.combine_fn)
+            fn = load_callable(self.combine_fn)
         except ValueError as exc:
             raise ValueError(
                 f"async_rm.combine_fn={self.combine_fn!r}: {exc}; it must name an importable function "
                 "(its package on PYTHONPATH in every Ray worker), e.g. +async_rm.combine_fn=my_rewards.mix:combine"
             ) from exc
+        if _accepts(fn, "rm_scores"):
+            return fn
+        if self.extra_weights:
+            raise ValueError(
+                f"async_rm.combine_fn={self.combine_fn!r} takes no rm_scores parameter, so the scores of "
+                f"async_rm.models ({', '.join(n for n, _ in self.extra_weights)}) would never reach the reward. Fix: "
+                "add rm_scores=None to its signature (a dict: RM name -> raw score, 'main' included)"
+            )
+        return lambda *, rm_scores=None, **kwargs: fn(**kwargs)
 
-    def combine(self, rm_score: float, rule_score: float, *, data_source: Any = None,
-                extra_info: Optional[Mapping] = None, fn: Optional[Callable[..., float]] = None) -> float:
-        """The final reward of one trajectory (``fn`` is the loaded ``combine_fn``, if any)."""
+    def rm_total(self, rm_scores: Mapping[str, float]) -> float:
+        """The weighted sum of the RM scores (every RM of the run must be there)."""
+        return sum(weight * rm_scores[name] for name, weight in self.weights.items())
+
+    def combine(self, rm_score: float, rule_score: float, *, rm_scores: Optional[Mapping[str, float]] = None,
+                data_source: Any = None, extra_info: Optional[Mapping] = None,
+                fn: Optional[Callable[..., float]] = None) -> float:
+        """The final reward of one trajectory (``fn`` is the loaded ``combine_fn``, if any).
+
+        ``rm_scores`` are every RM's raw scores by name (``main`` is ``rm_score``); default: ``main`` only.
+        """
+        scores = dict(rm_scores) if rm_scores is not None else {MAIN: rm_score}
         if fn is None:
-            return self.rm_weight * rm_score + self.rule_weight * rule_score
-        value = fn(rm_score=rm_score, rule_score=rule_score, data_source=data_source, extra_info=extra_info)
+            return self.rm_total(scores) + self.rule_weight * rule_score
+        value = fn(rm_score=rm_score, rule_score=rule_score, data_source=data_source, extra_info=extra_info,
+                   rm_scores=scores)
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
             raise ValueError(
                 f"async_rm.combine_fn {self.combine_fn!r} returned {value!r}; it must return a finite float"
             )
         return float(value)
+
+
+    def finish(self, manager_result: Mapping[str, Any], rm_scores: Mapping[str, float], *, data_source: Any = None,
+               extra_info: Optional[Mapping] = None, fn: Optional[Callable[..., float]] = None,
+               error: Optional[str] = None, flag_drops: bool = False) -> tuple[float, dict[str, Any]]:
+        """The trajectory's reward and ``reward_extra_info`` from its reward manager's result and its RM scores.
+
+        ``reward_extra_info`` keeps the manager's own keys (one named like a key below becomes ``rule/<key>``) and
+        adds ``rm_score`` (main, raw), ``rm_score_<name>`` for every RM, ``rm_total`` (the weighted RM sum) and
+        ``rule_score`` (the manager's reward). ``error`` (an RM failed, ``on_error='drop'`` on v0): the reward is
+        NaN, never a partial sum, and ``rm_dropped``/``rm_error`` flag it; ``flag_drops`` adds them (0.0, "") to
+        every trajectory, since verl stacks the keys of all samples.
+        """
+        manager_info = dict(manager_result.get("reward_extra_info") or {})
+        raw_rule = manager_result.get("reward_score")
+        scores = {name: float(rm_scores.get(name, math.nan)) for name in self.weights}
+        bad = {name: s for name, s in scores.items() if not math.isfinite(s)}
+        if bad and error is None:
+            raise NonFiniteScoreError(
+                f"RM score not finite: {bad}; every RM of the run must score the trajectory (a NaN or inf score "
+                "never becomes a reward)"
+            )
+        if error is not None:
+            reward, total = math.nan, math.nan
+            rule_score = _as_float(raw_rule)
+        else:
+            rule_score = _finite_rule_score(raw_rule, data_source) if self.uses_rule else _as_float(raw_rule)
+            total = self.rm_total(scores)
+            reward = self.combine(scores[MAIN], rule_score, rm_scores=scores, data_source=data_source,
+                                  extra_info=extra_info, fn=fn)
+        own = {RM_SCORE_KEY: scores[MAIN], **{f"rm_score_{name}": s for name, s in scores.items()},
+               "rm_total": total, "rule_score": rule_score}
+        if flag_drops or error is not None:
+            own.update(rm_dropped=float(error is not None), rm_error=error or "")
+        extra = {(f"rule/{k}" if k in own else k): v for k, v in manager_info.items()}
+        extra.update(own)
+        return reward, extra
+
+
+def with_rm_scores(extra_info: Any, rm_scores: Mapping[str, float]) -> dict[str, Any]:
+    """A copy of the trajectory's ``extra_info`` with ``rm_score`` (main) and ``rm_scores`` (by name) added, for the
+    reward manager's function (verl's managers pass ``extra_info`` to it)."""
+    info = dict(extra_info) if isinstance(extra_info, Mapping) else {}
+    info[RM_SCORE_KEY] = float(rm_scores.get(MAIN, math.nan))
+    info[RM_SCORES_KEY] = {name: float(score) for name, score in rm_scores.items()}
+    return info
+
+
+def _as_float(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def _finite_rule_score(value: Any, data_source: Any) -> float:
+    """The manager's reward as a float; NaN/inf/non-numbers raise instead of turning the reward into NaN."""
+    score = _as_float(value)
+    if not math.isfinite(score):
+        raise ValueError(
+            f"the reward manager's reward for data_source={str(data_source)!r} is {value!r}; the reward function "
+            "(reward.custom_reward_function or verl's default_compute_score) must return a finite number, or set "
+            "async_rm.rule_weight=0 to leave the manager's reward out"
+        )
+    return score
+
+
+def _accepts(fn: Callable[..., Any], name: str) -> bool:
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: pass everything
+        return True
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 def load_callable(spec: str) -> Callable[..., Any]:

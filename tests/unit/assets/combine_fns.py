@@ -23,3 +23,8 @@ def numpy_float(rm_score, rule_score, data_source=None, extra_info=None):
     import numpy as np
 
     return np.float32(rm_score + rule_score)
+
+
+def by_name(rm_score, rule_score, data_source=None, extra_info=None, rm_scores=None):
+    """Every RM's score by name: a user's own mix of several RMs (a safety gate on a helpfulness score)."""
+    return rm_scores["main"] if rm_scores["safety"] > 0 else -1.0

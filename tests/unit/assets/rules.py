@@ -15,3 +15,9 @@ def exact_match(data_source, solution_str, ground_truth, extra_info=None, **kwar
 
 def not_finite(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
     return math.nan
+
+
+def from_rm_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    """A user's reward function that uses the RM score the plugin put in extra_info (and every RM's, by name)."""
+    scores = extra_info["rm_scores"]
+    return 3.0 * extra_info["rm_score"] - 1.0 + 0.5 * sum(v for k, v in scores.items() if k != "main")
