@@ -10,8 +10,9 @@ RM_W, RULE_W = 2.0, 0.5
 
 
 def overrides(tiny_models, *extra, rm_path=None):
-    """The recipe overrides a user adds, plus test settings (2 CPU replicas, a rule, custom agent loops)."""
-    return [
+    """The recipe overrides a user adds, plus test settings (2 CPU replicas, a rule, custom agent loops); an ``extra``
+    override of a key set here replaces it."""
+    base = [
         "+actor_rollout_ref.rollout.agent.agent_loop_manager_class=verl_async_rm.AsyncRMAgentLoopManager",
         "reward.reward_model.enable_resource_pool=True",
         "reward.reward_model.n_gpus_per_node=2",
@@ -24,8 +25,13 @@ def overrides(tiny_models, *extra, rm_path=None):
         "+async_rm.max_wait_ms=50",
         "+async_rm.placement_timeout_s=60",
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={AGENT_LOOPS}",
-        *extra,
     ]
+    replaced = {_key(o) for o in extra}
+    return [o for o in base if _key(o) not in replaced] + list(extra)
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+")
 
 
 @contextlib.contextmanager
@@ -54,10 +60,17 @@ def running_manager(ray, tiny_models, trainer: str, *extra: str, rm_path=None):
                                        lengths=LengthDistribution(median_tokens=8, sigma=1.0),
                                        name_prefix=f"{trainer}gen")
     reward_loop = RewardLoopManager(config=config, rm_resource_pool=None)
-    manager = AsyncRMAgentLoopManager.create(
-        config=config, llm_client=make_llm_client(config, servers), teacher_client=None,
-        reward_loop_worker_handles=reward_loop.reward_loop_worker_handles,
-    )
+    try:
+        manager = AsyncRMAgentLoopManager.create(
+            config=config, llm_client=make_llm_client(config, servers), teacher_client=None,
+            reward_loop_worker_handles=reward_loop.reward_loop_worker_handles,
+        )
+    except BaseException:  # e.g. a start that must fail: leave nothing running
+        for worker in reward_loop.reward_loop_workers + list(servers.values()):
+            ray.kill(worker)
+        if trainer == "v1":
+            tq.close()
+        raise
     try:
         yield manager, config
     finally:
@@ -81,3 +94,24 @@ def replicas_of(manager, wait_s: float = 180.0) -> list:
         if all("actor_name" in info for info in infos) or time.monotonic() > deadline:
             return [ray.get_actor(info["actor_name"]) for info in infos]
         time.sleep(0.2)
+
+
+def prompts_batch(n_prompts: int, rollout_n: int, agent_names=None):
+    """A v0 prompt batch: each question repeated ``rollout_n`` times, as verl's v0 trainer sends it."""
+    import numpy as np
+    from verl import DataProto
+
+    questions = [f"how many apples are left after step {i}?" for i in range(n_prompts)]
+    rows = [q for q in questions for _ in range(rollout_n)]  # v0 repeats each prompt rollout_n times
+    return DataProto(
+        batch=None,
+        non_tensor_batch={
+            "raw_prompt": np.array([[{"role": "user", "content": q}] for q in rows], dtype=object),
+            "data_source": np.array(["tiny"] * len(rows), dtype=object),
+            "reward_model": np.array([{"ground_truth": "42"} for _ in rows], dtype=object),
+            "uid": np.array([f"u{i // rollout_n}" for i in range(len(rows))], dtype=object),
+            "index": np.array([i // rollout_n for i in range(len(rows))]),
+            **({"agent_name": np.array(agent_names, dtype=object)} if agent_names is not None else {}),
+        },
+        meta_info={"global_steps": 1, "validate": False},
+    )

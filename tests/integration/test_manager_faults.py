@@ -16,7 +16,7 @@ import pytest
 import ray
 import torch
 from manager_cases import running_manager
-from test_manager_v0 import prompts_batch
+from manager_cases import prompts_batch
 
 from verl_async_rm.errors import RMServiceLostError, TrajectoryDroppedError
 
@@ -87,6 +87,7 @@ def test_a_trajectory_waiting_on_an_rm_service_that_dies_fails_at_once(ray_local
 
     from verl_async_rm.batching import BatchPolicy
     from verl_async_rm.integration.agent_loop_worker import AsyncRMWorkerMixin
+    from verl_async_rm.integration.reward_mix import RewardMix
     from verl_async_rm.scoring import RMConfig
     from verl_async_rm.service import start_rm_service
 
@@ -101,8 +102,8 @@ def test_a_trajectory_waiting_on_an_rm_service_that_dies_fails_at_once(ray_local
                             response_mask=[1] * len(request.response_ids), num_turns=2, metrics=AgentLoopMetrics())
 
     async def main():
-        await worker.async_rm_attach(service, request_timeout_s=600.0)
-        waiting = asyncio.ensure_future(worker._async_rm_score(final, {"uid": "x", "raw_prompt": None}))
+        await worker.async_rm_attach({"main": service}, RewardMix(), request_timeout_s=600.0)
+        waiting = asyncio.ensure_future(worker._async_rm_scores(final, {"uid": "x", "raw_prompt": None}, "x/0"))
         for _ in range(600):  # bounded: until the request is in the service's queue
             if (await service.stats.remote())["queue_len"] == 1:
                 break
@@ -110,8 +111,9 @@ def test_a_trajectory_waiting_on_an_rm_service_that_dies_fails_at_once(ray_local
         assert not waiting.done()
         t0 = time.monotonic()
         ray.kill(service)
-        with pytest.raises(RMServiceLostError, match="RM service died"):
-            await asyncio.wait_for(waiting, 60.0)
+        scores, failure = await asyncio.wait_for(waiting, 60.0)
+        assert scores == {} and isinstance(failure, RMServiceLostError), failure
+        assert "the RM service of RM 'main' died" in str(failure)
         return time.monotonic() - t0
 
     from verl_async_rm.service.placement import remove_pool_groups

@@ -2,33 +2,13 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
-from manager_cases import RM_W, RULE_W, replicas_of, running_manager
+from manager_cases import RM_W, RULE_W, prompts_batch, replicas_of, running_manager
 
 pytestmark = pytest.mark.integration
 
 PRESET_REWARD = 7.25  # set by tests/integration/assets/async_rm_preset_loop.py (imported by the Ray workers, not here)
-
-
-def prompts_batch(n_prompts: int, rollout_n: int, agent_names=None):
-    from verl import DataProto
-
-    questions = [f"how many apples are left after step {i}?" for i in range(n_prompts)]
-    rows = [q for q in questions for _ in range(rollout_n)]  # v0 repeats each prompt rollout_n times
-    return DataProto(
-        batch=None,
-        non_tensor_batch={
-            "raw_prompt": np.array([[{"role": "user", "content": q}] for q in rows], dtype=object),
-            "data_source": np.array(["tiny"] * len(rows), dtype=object),
-            "reward_model": np.array([{"ground_truth": "42"} for _ in rows], dtype=object),
-            "uid": np.array([f"u{i // rollout_n}" for i in range(len(rows))], dtype=object),
-            "index": np.array([i // rollout_n for i in range(len(rows))]),
-            **({"agent_name": np.array(agent_names, dtype=object)} if agent_names is not None else {}),
-        },
-        meta_info={"global_steps": 1, "validate": False},
-    )
 
 
 @pytest.fixture(scope="module")

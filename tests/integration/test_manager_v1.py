@@ -106,12 +106,13 @@ def test_a_request_timeout_fails_the_step_under_raise(v1_loop):
 
     loop, manager = v1_loop
     integration = manager.async_rm_config.integration
-    ray.get([w.async_rm_attach.remote(manager.rm_service, 1e-4, "raise") for w in manager.agent_loop_workers])
+    mix = manager.async_rm_config.mix
+    ray.get([w.async_rm_attach.remote(manager.rm_services, mix, 1e-4, "raise") for w in manager.agent_loop_workers])
     try:
         with pytest.raises(RMScoreError, match="RequestTimeoutError"):
             loop.train_step(prompt_batch(["slow"]))
     finally:
-        ray.get([w.async_rm_attach.remote(manager.rm_service, integration.request_timeout_s, "raise")
+        ray.get([w.async_rm_attach.remote(manager.rm_services, mix, integration.request_timeout_s, "raise")
                  for w in manager.agent_loop_workers])
         _clear("train")  # the run would stop here: verl's replay buffer left the failed group in TransferQueue
     assert loop.train_step(prompt_batch(["fast again"])).metrics["async_rm/scored"] == N

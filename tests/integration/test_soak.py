@@ -19,7 +19,7 @@ import pytest
 import ray
 import torch
 from manager_cases import replicas_of, running_manager
-from test_manager_v0 import prompts_batch
+from manager_cases import prompts_batch
 
 # Imported here, not first inside running_manager: verl modules that fail to import while the integration loads
 # (verl/checkpoint_engine/{nccl,hccl}_checkpoint_engine.py without cupy/vllm) leave tracebacks behind that hold the

@@ -5,12 +5,14 @@ verl builds the class named by ``actor_rollout_ref.rollout.agent.agent_loop_mana
 :940-965``; v1: ``trainer/main_ppo.py:109-130``) and passes nothing else, so the manager builds, once, what it needs:
 
 1. checks verl's keys and parses ``async_rm.*`` once (:func:`~verl_async_rm.integration.checks.check_verl_config`);
-2. starts the RM service (:func:`verl_async_rm.service.start_rm_service`), which reserves the reward pool, loads the
-   RM on every replica and owns them, their replacement, the batcher and the statistics;
-3. lets verl build its agent-loop workers (our subclasses), then hands each the service's handle.
+2. starts one RM service per RM, all at once (:func:`verl_async_rm.service.fleet.start_rm_services`): ``main``
+   (verl's ``reward.reward_model.*``) and each ``async_rm.models.<name>``; each reserves its own pool, loads its RM on
+   every replica and owns them, their replacement, its batcher and its statistics;
+3. lets verl build its agent-loop workers (our subclasses), then hands each the services' handles and the reward mix.
 
-The manager only marks steps (``begin_step``/``expect``/``end_step``) and closes the service; it holds no replica.
-A service that dies is started again at the next step boundary (the RM loads again) and handed to the workers.
+The manager only marks steps (``begin_step``/``expect``/``end_step``, on every service) and closes the services; it
+holds no replica. A service that dies is started again at the next step boundary (its RM loads again) and handed to
+the workers.
 
 verl's v0 ``AgentLoopManager`` keeps a preset ``agent_loop_workers_class`` (``agent_loop.py:1197``), while v1's
 ``AgentLoopManagerTQ.__init__`` overwrites it (``trainer/ppo/v1/agent_loop_tq.py:232``): the v0 class sets it before
@@ -36,8 +38,10 @@ from verl_async_rm.integration.drops import apply_drops, check_failures
 from verl_async_rm.integration.ledger import PhaseRecord
 from verl_async_rm.integration.metrics import PREFIX, VAL_PREFIX, step_metrics
 from verl_async_rm.integration.agent_loop_worker import remote_worker_class
+from verl_async_rm.model_set import MAIN
+from verl_async_rm.service.fleet import start_rm_services
 from verl_async_rm.service.placement import remove_pool_groups
-from verl_async_rm.service.service import start_rm_service
+from verl_async_rm.service.service import kill_quietly, start_rm_service
 
 logger = logging.getLogger(__name__)
 
@@ -48,26 +52,40 @@ CONTROL_TIMEOUT_S = 60.0
 
 
 class _AsyncRMSide:
-    """What the v0 and v1 managers share: the RM service, its step marks, its restart and its shutdown."""
+    """What the v0 and v1 managers share: the RM services (one per RM), their step marks, their restart and their
+    shutdown."""
+
+    rm_services: dict[str, Any] = {}
 
     def _async_rm_build(self, config: Any) -> None:
         self.async_rm_config = check_verl_config(config)
         self._async_rm_check(config)
-        self.rm_service = None
+        self.rm_services = {}
         self.last_metrics: dict[str, float] = {}
         self.service_restarts = 0
-        self._service_name = f"verl_async_rm_{uuid.uuid4().hex[:8]}"
-        self.rm_service = self._async_rm_start_service()
+        base = f"verl_async_rm_{uuid.uuid4().hex[:8]}"
+        self._service_names = {e.name: base if e.name == MAIN else f"{base}_{e.name}"
+                               for e in self.async_rm_config.models}
+        self._entries = {e.name: e for e in self.async_rm_config.models}
+        integration = self.async_rm_config.integration
+        self.rm_services = start_rm_services(
+            self.async_rm_config.models, self._service_names, replace_replicas=integration.replace_replicas,
+            max_concurrency=integration.service_max_concurrency,
+        )
+
+    @property
+    def rm_service(self) -> Any:
+        """The main RM's service (``reward.reward_model.*``); None once shut down."""
+        return self.rm_services.get(MAIN)
 
     def _async_rm_check(self, config: Any) -> None:
         """Checks of the trainer's settings that need ``async_rm_config``, before anything is started."""
 
-    def _async_rm_start_service(self) -> Any:
-        settings = self.async_rm_config
+    def _async_rm_start_service(self, name: str) -> Any:
+        entry, integration = self._entries[name], self.async_rm_config.integration
         return start_rm_service(
-            settings.rm, settings.batching, name=self._service_name,
-            replace_replicas=settings.integration.replace_replicas,
-            max_concurrency=settings.integration.service_max_concurrency,
+            entry.rm, entry.batching, name=self._service_names[name],
+            replace_replicas=integration.replace_replicas, max_concurrency=integration.service_max_concurrency,
         )
 
     async def _init_agent_loop_workers(self):
@@ -81,56 +99,65 @@ class _AsyncRMSide:
             raise
 
     async def _async_rm_attach(self, timeout_s: float) -> None:
-        integration = self.async_rm_config.integration
+        settings = self.async_rm_config
+        integration = settings.integration
         await asyncio.wait_for(
             asyncio.gather(*(
-                w.async_rm_attach.remote(self.rm_service, integration.request_timeout_s, integration.on_error)
+                w.async_rm_attach.remote(self.rm_services, settings.mix, integration.request_timeout_s,
+                                         integration.on_error)
                 for w in self.agent_loop_workers
             )),
             timeout_s,
         )
 
-    async def _async_rm_restart_service(self, cause: BaseException) -> None:
+    async def _async_rm_restart_service(self, name: str, cause: BaseException) -> None:
         """Replace a dead (or unresponsive) RM service by a new one (the RM loads again); hand it to the workers."""
-        logger.error("verl_async_rm: the RM service is gone (%r); starting a new one", cause)
-        try:
-            ray.kill(self.rm_service)
-        except Exception:  # noqa: BLE001 - already dead
-            logger.debug("dead RM service already gone", exc_info=True)
-        self.rm_service = await asyncio.to_thread(self._async_rm_start_service)
+        logger.error("verl_async_rm: the RM service of RM %r is gone (%r); starting a new one", name, cause)
+        kill_quietly(self.rm_services[name])
+        self.rm_services[name] = await asyncio.to_thread(self._async_rm_start_service, name)
         self.service_restarts += 1
         await self._async_rm_attach(CONTROL_TIMEOUT_S)
 
-    async def _async_rm_control(self, method: str, *args: Any) -> Any:
-        """A call to the RM service at a step boundary; a dead service is replaced and asked again."""
-        try:
-            return await asyncio.wait_for(getattr(self.rm_service, method).remote(*args), CONTROL_TIMEOUT_S)
-        except (ray.exceptions.RayActorError, asyncio.TimeoutError) as err:
-            await self._async_rm_restart_service(err)
-        return await asyncio.wait_for(getattr(self.rm_service, method).remote(*args), CONTROL_TIMEOUT_S)
+    async def _async_rm_control(self, method: str, *args: Any) -> dict[str, Any]:
+        """A call to every RM service at a step boundary, by RM name; a dead service is replaced and asked again."""
+
+        async def call(name: str) -> Any:
+            try:
+                return await asyncio.wait_for(getattr(self.rm_services[name], method).remote(*args), CONTROL_TIMEOUT_S)
+            except (ray.exceptions.RayActorError, asyncio.TimeoutError) as err:
+                await self._async_rm_restart_service(name, err)
+            return await asyncio.wait_for(getattr(self.rm_services[name], method).remote(*args), CONTROL_TIMEOUT_S)
+
+        names = list(self.rm_services)
+        return dict(zip(names, await asyncio.gather(*(call(name) for name in names)), strict=True))
 
     async def _async_rm_end_step(
         self, trajectories: PhaseRecord | None = None, prefix: str = PREFIX
     ) -> dict[str, float]:
-        """End a step: the service flushes what is pending and returns its figures, as ``async_rm/*`` metrics.
+        """End a step: every service flushes what is pending and returns its figures, as ``async_rm/*`` metrics (the
+        main RM's), plus ``async_rm/<name>/*`` for each RM when there are several.
 
         ``trajectories`` (v1: the agent-loop workers' record of the phase) gives the trajectory counts instead of the
         service's, which include every phase.
         """
-        metrics = step_metrics(await self._async_rm_control("end_step"), trajectories, prefix=prefix)
+        figures = await self._async_rm_control("end_step")
+        metrics = step_metrics(figures[MAIN], trajectories, prefix=prefix)
+        if len(figures) > 1:
+            for name, step in figures.items():
+                metrics.update(step_metrics(step, prefix=f"{prefix}{name}/"))
         metrics[prefix + "service_restarts_total"] = float(self.service_restarts)
         return metrics
 
     def shutdown(self) -> None:
-        """Close the RM service (pending requests fail with ExecutorClosedError; replicas and pool released)."""
-        service, self.rm_service = getattr(self, "rm_service", None), None
-        if service is not None:
+        """Close the RM services (pending requests fail with ExecutorClosedError; replicas and pools released)."""
+        services, self.rm_services = dict(getattr(self, "rm_services", None) or {}), {}
+        for name, service in services.items():
             try:
                 ray.get(service.close.remote(), timeout=CONTROL_TIMEOUT_S)
             except Exception as exc:  # noqa: BLE001 - shutting down: log and go on releasing
-                logger.warning("verl_async_rm: RM service did not close cleanly: %r", exc)
+                logger.warning("verl_async_rm: the RM service of RM %r did not close cleanly: %r", name, exc)
                 # its replicas go with it, but its placement groups live as long as the job
-                remove_pool_groups(f"{self._service_name}_", self.async_rm_config.rm.nnodes)
+                remove_pool_groups(f"{self._service_names[name]}_", self._entries[name].rm.nnodes)
             ray.kill(service)  # its replicas are owned by it and go with it
 
 

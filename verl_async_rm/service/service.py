@@ -30,7 +30,8 @@ from verl_async_rm.service.replica_call import ReplicaCall
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RMService", "start_rm_service", "DEFAULT_LATE_LIMIT_S"]
+__all__ = ["RMService", "start_rm_service", "launch_rm_service", "start_timeout_s", "kill_quietly",
+           "DEFAULT_LATE_LIMIT_S"]
 
 #: How long a replica may go on with a call the executor gave up on when ``batch_timeout_s`` is None (closing).
 DEFAULT_LATE_LIMIT_S = 60.0
@@ -202,14 +203,37 @@ def start_rm_service(
 ) -> Any:
     """Start an :class:`RMService` actor, wait until its RM is loaded, and return its handle.
 
-    Waits at most ``rm.placement_timeout_s + rm.init_timeout_s`` (plus a minute for the actor itself); on any failure
-    the actor is killed and the error raised (the service's own error, for example ``ResourcePoolError``).
+    Waits at most :func:`start_timeout_s` ``(rm)``; on any failure the actor is killed and the error raised (the
+    service's own error, for example ``ResourcePoolError``).
 
     Args:
         rm, batching, name, replace_replicas, late_limit_s: see :class:`RMService`.
         max_concurrency: how many calls may wait in the actor at once (each waiting ``score`` holds one).
         actor_name: a Ray actor name, for other processes to find it; default: unnamed.
     """
+    service, started = launch_rm_service(rm, batching, name=name, replace_replicas=replace_replicas,
+                                         max_concurrency=max_concurrency, actor_name=actor_name,
+                                         late_limit_s=late_limit_s)
+    try:
+        ray.get(started, timeout=start_timeout_s(rm))
+    except BaseException:
+        kill_quietly(service)
+        raise
+    return service
+
+
+def launch_rm_service(
+    rm: RMConfig,
+    batching: BatchPolicy,
+    *,
+    name: str,
+    replace_replicas: bool = True,
+    max_concurrency: int = 100_000,
+    actor_name: str | None = None,
+    late_limit_s: float | None = None,
+) -> tuple[Any, Any]:
+    """Create an :class:`RMService` actor and call its ``start``, without waiting: ``(handle, start's ObjectRef)``
+    (see :func:`start_rm_service`; the caller waits at most :func:`start_timeout_s` and kills it on failure)."""
     options: dict[str, Any] = {"max_concurrency": max_concurrency, "num_cpus": 0}
     if actor_name is not None:
         options["name"] = actor_name
@@ -217,15 +241,15 @@ def start_rm_service(
     service = ray.remote(RMService).options(**options).remote(rm, batching, name=name,
                                                               replace_replicas=replace_replicas,
                                                               late_limit_s=late_limit_s)
-    try:
-        ray.get(service.start.remote(), timeout=rm.placement_timeout_s + rm.init_timeout_s + 60.0)
-    except BaseException:
-        _kill_quietly(service)
-        raise
-    return service
+    return service, service.start.remote()
 
 
-def _kill_quietly(actor: Any) -> None:
+def start_timeout_s(rm: RMConfig) -> float:
+    """Longest a service's ``start`` may take: the pool's placement, the RM's load, and a minute for the actor."""
+    return rm.placement_timeout_s + rm.init_timeout_s + 60.0
+
+
+def kill_quietly(actor: Any) -> None:
     try:
         ray.kill(actor, no_restart=True)
     except Exception:  # noqa: BLE001 - already gone

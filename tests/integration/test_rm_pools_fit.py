@@ -1,0 +1,60 @@
+"""Pools that do not fit in the cluster (the main RM's plus those of ``async_rm.models.*``): a ``ValueError`` that
+names each pool's keys and size and what the cluster has, and nothing left behind.
+
+- too large in total: the manager fails before any service starts (nothing reserved, nothing loaded);
+- enough in total but not node by node (an RM asks two nodes of a one-node cluster): the services start together,
+  the one that cannot be placed fails, and every service started with it is stopped and its pool removed.
+
+Run on the tests' local Ray cluster (8 CPUs, one node) while no other manager holds it.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import ray
+from manager_cases import overrides, running_manager
+
+pytestmark = pytest.mark.integration
+
+
+def _pool_groups() -> set:
+    return {pg_id for pg_id, pg in ray.util.placement_group_table().items() if pg["state"] != "REMOVED"}
+
+
+def test_pools_that_do_not_fit_in_total_fail_before_anything_starts(ray_local, tiny_models):
+    before = _pool_groups()
+    big = [f"+async_rm.models.big.model_path={tiny_models.rm_alt}", "+async_rm.models.big.n_gpus_per_node=64"]
+    with pytest.raises(ValueError) as info:
+        with running_manager(ray_local, tiny_models, "v1", *big):
+            pass
+    message = str(info.value)
+    assert message.startswith("the RM pools do not fit in the cluster: ")
+    assert ("RM 'main': reward.reward_model.n_gpus_per_node=2 x reward.reward_model.nnodes=1 (2 CPU bundles); "
+            "RM 'big': async_rm.models.big.n_gpus_per_node=64 x async_rm.models.big.nnodes=1 (64 CPU bundles); "
+            "together they need 66 CPU, and the cluster has ") in message
+    assert "free (8 CPU in all). Fix: make a pool smaller" in message
+    assert _pool_groups() == before
+
+
+def test_pools_that_do_not_fit_node_by_node_fail_at_placement_and_leave_nothing(ray_local, tiny_models):
+    from verl_async_rm.service.fleet import start_rm_services
+    from verl_async_rm.settings import AsyncRMConfig
+    from verl_async_rm.testing import compose_trainer_config
+
+    wide = [f"+async_rm.models.wide.model_path={tiny_models.rm_alt}", "+async_rm.models.wide.nnodes=2"]
+    config = compose_trainer_config(tiny_models.policy, overrides=overrides(tiny_models, *wide))
+    entries = AsyncRMConfig.from_verl(config).models
+    before = _pool_groups()
+    with pytest.raises(ValueError, match=r"the RM pools could not be reserved: RM 'main': .*; RM 'wide': "
+                                         r"async_rm\.models\.wide\.n_gpus_per_node=1 x async_rm\.models\.wide\."
+                                         r"nnodes=2 \(2 CPU bundles\)\. The first failure \(while starting RM 'wide' "
+                                         r"\(async_rm\.models\.wide\)\): the reward pool needs 2 node\(s\)"):
+        start_rm_services(entries, {"main": "fit_main", "wide": "fit_wide"}, replace_replicas=True,
+                          max_concurrency=100)
+    assert _pool_groups() == before
+    deadline = time.monotonic() + 60  # the replicas go with their killed service: wait (bounded) until they are gone
+    while [a for a in ray.util.list_named_actors(all_namespaces=True) if "fit_" in a["name"]]:
+        assert time.monotonic() < deadline, "the replicas of the services that were stopped are still alive"
+        time.sleep(0.2)
