@@ -22,7 +22,7 @@ import os
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -63,6 +63,8 @@ class Layout:
     rm_nnodes: int
     rm_weight: float
     rule_weight: float
+    #: async_rm.models.<name>: (n_gpus_per_node, nnodes, weight)
+    extra_rms: dict = field(default_factory=dict)
 
 
 RECIPES: dict[str, Layout] = {
@@ -70,6 +72,9 @@ RECIPES: dict[str, Layout] = {
     "grpo_gsm8k_2nodes.sh": Layout(VERL_ENTRY, 2, 6, 2, 2, rm_weight=1.0, rule_weight=0.0),
     "grpo_gsm8k_legacy_keys.sh": Layout(ENTRY_MODULE, 1, 6, 2, 1, rm_weight=1.0, rule_weight=0.0),
     "grpo_gsm8k_rm_plus_rule.sh": Layout(VERL_ENTRY, 1, 6, 2, 1, rm_weight=0.1, rule_weight=1.0),
+    # two RMs, 1 GPU each (the second's pool is async_rm.models.second.*), verl's naive manager (rule_weight 1.0)
+    "grpo_gsm8k_two_rms.sh": Layout(VERL_ENTRY, 1, 6, 1, 1, rm_weight=0.1, rule_weight=1.0,
+                                    extra_rms={"second": (1, 1, 0.05)}),
 }
 
 
@@ -77,7 +82,7 @@ def dry_run(recipe: str, *args: str, **env: str) -> list[str]:
     """The command the recipe would exec, as bash expands it (argv list)."""
     bash = shutil.which("bash")
     assert bash is not None, "bash is needed to expand the recipes"
-    base = {k: v for k, v in os.environ.items() if k not in ("POLICY_PATH", "RM_PATH", "DATA_DIR")}
+    base = {k: v for k, v in os.environ.items() if k not in ("POLICY_PATH", "RM_PATH", "RM2_PATH", "DATA_DIR")}
     proc = subprocess.run(
         [bash, str(RECIPES_DIR / recipe), *args],
         check=False,
@@ -209,7 +214,10 @@ def test_recipe_composes_and_passes_verl_and_plugin_checks(recipe, trainer):
     assert (rm.nnodes, rm.n_gpus_per_node) == (layout.rm_nnodes, layout.rm_gpus_per_node)
     assert rm.num_replicas == layout.rm_nnodes * layout.rm_gpus_per_node
     assert rm.nnodes <= config.trainer.nnodes
-    assert config.trainer.n_gpus_per_node + rm.n_gpus_per_node == GPUS_PER_NODE
+    extras = {e.name: (e.rm.n_gpus_per_node, e.rm.nnodes, e.weight) for e in settings.models[1:]}
+    assert extras == layout.extra_rms
+    assert config.trainer.n_gpus_per_node + sum(e.rm.n_gpus_per_node for e in settings.models) == GPUS_PER_NODE
+    assert all(e.rm.use_gpu and os.path.isabs(e.rm.model_path) for e in settings.models)
     assert config.reward.reward_model.enable is False and config.reward.reward_model.enable_resource_pool is True
     assert rm.use_gpu is True
     # the RM replicas load both from local directories on the cluster (not Hub ids)
@@ -301,6 +309,10 @@ MUTATIONS = [
     ("grpo_gsm8k_legacy_keys.sh", "reward_model.n_gpus_per_node=", _misspell, UNKNOWN_KEY),
     ("grpo_gsm8k_legacy_keys.sh", "reward_model.model.path=", _misspell, UNKNOWN_KEY),
     ("grpo_gsm8k_rm_plus_rule.sh", "+async_rm.rule_weight=", _misspell, "unknown key async_rm.rule_weightx"),
+    ("grpo_gsm8k_two_rms.sh", "+async_rm.models.second.weight=", _misspell,
+     "unknown key async_rm.models.second.weightx"),
+    ("grpo_gsm8k_two_rms.sh", "+async_rm.models.second.model_path=", _drop, "each extra RM needs its path"),
+    ("grpo_gsm8k_two_rms.sh", "reward.reward_manager.name=", lambda o: o + "x", "name='naivex' (source='register')"),
 ]
 
 
