@@ -115,3 +115,17 @@ def prompts_batch(n_prompts: int, rollout_n: int, agent_names=None):
         },
         meta_info={"global_steps": 1, "validate": False},
     )
+
+
+def wait_until_busy(service, wait_s: float = 120.0) -> None:
+    """Wait (bounded) until an RM service holds work of the step: a request queued or running on a replica."""
+    import time
+
+    import ray
+
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        stats = ray.get(service.stats.remote(), timeout=30)
+        if stats["submitted"] > 0 and (stats["in_flight_requests"] or stats["queue_len"]):
+            return
+        time.sleep(0.01)

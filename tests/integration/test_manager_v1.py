@@ -16,7 +16,7 @@ import time
 import pytest
 import ray
 import torch
-from manager_cases import RM_W, RULE_W, replicas_of, running_manager
+from manager_cases import RM_W, RULE_W, replicas_of, running_manager, wait_until_busy
 
 pytestmark = pytest.mark.integration
 
@@ -157,12 +157,7 @@ def test_a_replica_killed_mid_step_loses_no_trajectory(v1_loop):
     loop, manager = v1_loop
     victim = replicas_of(manager)[0]
     loop.dispatch(prompt_batch([f"question {i}" for i in range(4)]))
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # kill it while it (or its queue) holds this step's work
-        stats = ray.get(manager.rm_service.stats.remote(), timeout=30)
-        if stats["submitted"] > 0 and (stats["in_flight_requests"] or stats["queue_len"]):
-            break
-        time.sleep(0.01)
+    wait_until_busy(manager.rm_service)  # kill it while it (or its queue) holds this step's work
     ray.kill(victim)
     batch = loop.train_step(None, batch_size=4)
     assert len(batch.keys) == 4 * N

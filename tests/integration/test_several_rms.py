@@ -9,12 +9,11 @@ each RM score computed here with plain transformers; a killed replica of ``alt``
 
 from __future__ import annotations
 
-import time
 
 import pytest
 import ray
 import torch
-from manager_cases import RM_W, RULE_W, running_manager
+from manager_cases import RM_W, RULE_W, running_manager, wait_until_busy
 from rm_cases import direct_score, hf_model
 
 pytestmark = pytest.mark.integration
@@ -88,12 +87,7 @@ def test_a_replica_of_the_second_rm_killed_mid_step_loses_no_trajectory(loop):
     alt = manager.rm_services["alt"]
     victim = ray.get_actor(ray.get(alt.describe.remote(), timeout=60)[0]["actor_name"])
     fit.dispatch(prompt_batch([f"question {i}" for i in range(4)]))
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # kill it while alt holds this step's work
-        stats = ray.get(alt.stats.remote(), timeout=30)
-        if stats["submitted"] > 0 and (stats["in_flight_requests"] or stats["queue_len"]):
-            break
-        time.sleep(0.01)
+    wait_until_busy(alt)  # kill it while it (or its queue) holds this step's work
     ray.kill(victim)
     batch = fit.train_step(None, batch_size=4)
     assert len(batch.keys) == 4 * N

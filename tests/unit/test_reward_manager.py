@@ -287,8 +287,8 @@ async def test_on_error_drop_flags_the_trajectory_with_the_same_keys_as_a_scored
 async def test_a_custom_manager_loaded_by_importlib_keeps_its_own_terms(tiny_models, tokenizer):
     config = make_config(tiny_models, "reward.reward_manager.source=importlib",
                          f"reward.reward_manager.module.path={ASSETS / 'custom_manager.py'}",
-                         f"reward.custom_reward_function.path={RULES}", "reward.custom_reward_function.name=exact_match",
-                         manager="BonusRewardManager")
+                         f"reward.custom_reward_function.path={RULES}",
+                         "reward.custom_reward_function.name=exact_match", manager="BonusRewardManager")
     reward, info = await reward_of(config, tokenizer, make_data(tokenizer), {"main": 0.5})
     assert reward == pytest.approx((1.0 + 0.125) + 0.5)  # rule_weight 1.0 (a user's manager) and rm_weight 1.0
     assert info["bonus"] == 0.125 and info["rule_score"] == pytest.approx(1.125) and info["rm_total"] == 0.5

@@ -191,29 +191,13 @@ async def _bounded(ref: Any) -> Any:
     return await asyncio.wait_for(ref, _REPLICA_STATS_TIMEOUT_S)
 
 
-def start_rm_service(
-    rm: RMConfig,
-    batching: BatchPolicy,
-    *,
-    name: str,
-    replace_replicas: bool = True,
-    max_concurrency: int = 100_000,
-    actor_name: str | None = None,
-    late_limit_s: float | None = None,
-) -> Any:
+def start_rm_service(rm: RMConfig, batching: BatchPolicy, *, name: str, **options: Any) -> Any:
     """Start an :class:`RMService` actor, wait until its RM is loaded, and return its handle.
 
     Waits at most :func:`start_timeout_s` ``(rm)``; on any failure the actor is killed and the error raised (the
-    service's own error, for example ``ResourcePoolError``).
-
-    Args:
-        rm, batching, name, replace_replicas, late_limit_s: see :class:`RMService`.
-        max_concurrency: how many calls may wait in the actor at once (each waiting ``score`` holds one).
-        actor_name: a Ray actor name, for other processes to find it; default: unnamed.
+    service's own error, for example ``ResourcePoolError``). ``options``: those of :func:`launch_rm_service`.
     """
-    service, started = launch_rm_service(rm, batching, name=name, replace_replicas=replace_replicas,
-                                         max_concurrency=max_concurrency, actor_name=actor_name,
-                                         late_limit_s=late_limit_s)
+    service, started = launch_rm_service(rm, batching, name=name, **options)
     try:
         ray.get(started, timeout=start_timeout_s(rm))
     except BaseException:
@@ -233,7 +217,13 @@ def launch_rm_service(
     late_limit_s: float | None = None,
 ) -> tuple[Any, Any]:
     """Create an :class:`RMService` actor and call its ``start``, without waiting: ``(handle, start's ObjectRef)``
-    (see :func:`start_rm_service`; the caller waits at most :func:`start_timeout_s` and kills it on failure)."""
+    (see :func:`start_rm_service`; the caller waits at most :func:`start_timeout_s` and kills it on failure).
+
+    Args:
+        rm, batching, name, replace_replicas, late_limit_s: see :class:`RMService`.
+        max_concurrency: how many calls may wait in the actor at once (each waiting ``score`` holds one).
+        actor_name: a Ray actor name, for other processes to find it; default: unnamed.
+    """
     options: dict[str, Any] = {"max_concurrency": max_concurrency, "num_cpus": 0}
     if actor_name is not None:
         options["name"] = actor_name
