@@ -104,6 +104,7 @@ def test_the_entry_module_migrates_then_checks_before_starting_ray(tiny_models, 
     """The real command line: hydra finds verl's config, the legacy keys are migrated (no legacy error), and a
     remaining mistake is reported before any Ray cluster starts."""
     overrides = [o for o in legacy_overrides(tiny_models) if not o.startswith("reward.reward_manager.name")]
+    overrides.append("reward.reward_manager.name=naiv")  # a misspelt reward manager: the remaining mistake
     env = {**os.environ, "HYDRA_FULL_ERROR": "1"}
     proc = subprocess.run(
         [sys.executable, "-m", "verl_async_rm.main_ppo", f"actor_rollout_ref.model.path={tiny_models.policy}",
@@ -111,6 +112,7 @@ def test_the_entry_module_migrates_then_checks_before_starting_ray(tiny_models, 
         capture_output=True, text=True, env=env, timeout=240, cwd=tmp_path,
     )
     assert proc.returncode != 0
-    assert "ValueError: reward.reward_manager.name='naive'" in proc.stderr, proc.stderr[-3000:]
+    assert "ValueError: reward.reward_manager.name='naiv' (source='register') does not resolve" in proc.stderr, \
+        proc.stderr[-3000:]
     assert "legacy keys" not in proc.stderr
     assert "ray init kwargs" not in proc.stdout  # verl's run_ppo prints this when it starts Ray
