@@ -15,7 +15,6 @@ The class is registered as ``async_rm`` when verl's reward-manager registry is f
 
 from __future__ import annotations
 
-import logging
 
 from verl import DataProto
 from verl.experimental.reward_loop.reward_manager import register
@@ -24,8 +23,6 @@ from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManage
 from verl_async_rm.errors import RewardModelError
 from verl_async_rm.integration.reward_mix import RM_SCORE_KEY
 from verl_async_rm.settings import ASYNC_RM_MANAGER
-
-logger = logging.getLogger(__name__)
 
 __all__ = ["AsyncRMRewardManager", "REWARD_MANAGER_NAME"]
 

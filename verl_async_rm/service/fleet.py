@@ -9,7 +9,6 @@ each pool's keys and size and the GPUs (or CPUs) the cluster has, and nothing st
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -20,8 +19,6 @@ from verl_async_rm.errors import ResourcePoolError
 from verl_async_rm.model_set import RMEntry
 from verl_async_rm.service.placement import remove_pool_groups
 from verl_async_rm.service.service import kill_quietly, launch_rm_service, start_timeout_s
-
-logger = logging.getLogger(__name__)
 
 __all__ = ["start_rm_services", "check_pools_fit", "pools_text"]
 
