@@ -5,11 +5,15 @@ Mistakes caught here would otherwise fail late, cryptically, or not at all:
 - a directory with no ``config.json`` (not a HuggingFace checkpoint);
 - a causal-LM checkpoint given as the RM: ``AutoModelForSequenceClassification`` loads it with a *randomly
   initialised* score head and only logs a warning, so training would run on noise. :func:`check_rm_checkpoint`
-  refuses generation architectures from ``config.json``; :func:`load_sequence_classifier` refuses any checkpoint
+  refuses generation architectures from ``config.json``; :func:`load_reward_model` refuses any checkpoint
   that leaves model parameters uninitialised;
 - a checkpoint with its own Python code (``auto_map``) while ``trust_remote_code`` is False: transformers' error
   names its own argument, not the setting that feeds it;
-- a model type with no sequence-classification class.
+- a model type with no sequence-classification (or, for a process RM, token-classification) class.
+
+Which auto class loads an RM follows its ``config.json`` (:func:`auto_class_name`): sequence classification, or the
+checkpoint's own ``AutoModel`` code for custom reward models (InternLM2-Reward style), token classification for
+process RMs.
 
 :func:`check_rm_checkpoint` reads only ``config.json`` (no torch, no weights), so the driver can run it before any
 GPU is touched; each RM replica runs it again before loading.
@@ -23,7 +27,7 @@ from typing import Any
 
 from verl_async_rm.scoring.rm_config import ConfigValueError
 
-__all__ = ["check_rm_checkpoint", "load_tokenizer", "load_sequence_classifier"]
+__all__ = ["check_rm_checkpoint", "load_tokenizer", "load_reward_model", "auto_class_name"]
 
 #: Architecture name endings of generation models: such a checkpoint has no trained score head.
 _GENERATION_HEADS = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration", "ForMaskedLM")
@@ -82,7 +86,7 @@ def check_rm_checkpoint(model_path: str, trust_remote_code: bool) -> None:
             _TRUST_FIX,
         )
     architectures = [str(a) for a in config.get("architectures") or []]
-    has_cls_code = "AutoModelForSequenceClassification" in auto_map
+    has_cls_code = bool({"AutoModelForSequenceClassification", "AutoModelForTokenClassification"} & set(auto_map))
     if (
         architectures
         and not has_cls_code
@@ -123,22 +127,47 @@ def load_tokenizer(path: str, key: str, trust_remote_code: bool) -> Any:
         ) from err
 
 
-def load_sequence_classifier(path: str, *, trust_remote_code: bool, attn_implementation: str, **kwargs: Any) -> Any:
-    """``AutoModelForSequenceClassification.from_pretrained(path)``, refusing a checkpoint that leaves parameters
-    uninitialised (a causal LM's missing score head, a mismatched architecture).
+def auto_class_name(config: dict[str, Any], reward_kind: str = "outcome") -> str:
+    """The transformers auto class that loads this RM: its ``config.json`` decides.
+
+    - a process RM: ``AutoModelForTokenClassification`` for a ``*ForTokenClassification`` architecture, else the
+      checkpoint's own ``AutoModel`` code (Qwen2.5-Math-PRM style), else ``AutoModelForTokenClassification``;
+    - an outcome RM: ``AutoModelForSequenceClassification`` for a native architecture or custom code registered
+      for it (ArmoRM style), else the checkpoint's own ``AutoModel`` code (InternLM2-Reward style: a value head and
+      ``get_score``), else ``AutoModelForSequenceClassification``.
+    """
+    auto_map = config.get("auto_map") or {}
+    architectures = [str(a) for a in config.get("architectures") or []]
+    wanted = "AutoModelForTokenClassification" if reward_kind == "process" else "AutoModelForSequenceClassification"
+    suffix = "ForTokenClassification" if reward_kind == "process" else "ForSequenceClassification"
+    if wanted in auto_map or any(a.endswith(suffix) for a in architectures):
+        return wanted
+    if "AutoModel" in auto_map:
+        return "AutoModel"
+    return wanted
+
+
+def load_reward_model(
+    path: str, *, trust_remote_code: bool, attn_implementation: str, reward_kind: str = "outcome", **kwargs: Any
+) -> Any:
+    """The RM at ``path`` loaded with the auto class its ``config.json`` calls for (:func:`auto_class_name`),
+    refusing a checkpoint that leaves parameters uninitialised (a causal LM's missing score head, a mismatched
+    architecture).
 
     Raises:
-        ValueError: custom code without ``trust_remote_code``; no sequence-classification class for the model type;
-            parameters missing from the checkpoint.
+        ValueError: custom code without ``trust_remote_code``; no class of that kind for the model type; parameters
+            missing from the checkpoint.
         RewardModelError: any other load failure (for example an unsupported ``attn_implementation``).
     """
-    from transformers import AutoModelForSequenceClassification
+    import transformers
 
     from verl_async_rm.errors import RewardModelError
 
     check_rm_checkpoint(path, trust_remote_code)
+    class_name = auto_class_name(_read_config(path), reward_kind)
+    auto_class = getattr(transformers, class_name)
     try:
-        model, info = AutoModelForSequenceClassification.from_pretrained(
+        model, info = auto_class.from_pretrained(
             path,
             trust_remote_code=trust_remote_code,
             attn_implementation=attn_implementation,
@@ -150,11 +179,12 @@ def load_sequence_classifier(path: str, *, trust_remote_code: bool, attn_impleme
         if remote is not None:
             raise remote from err
         if "Unrecognized configuration class" in str(err):
+            what = "token-classification (process RM)" if reward_kind == "process" else "sequence-classification"
             raise ConfigValueError(
-                "model_path", path, "transformers has no sequence-classification class for its model type", _RM_FIX
+                "model_path", path, f"transformers has no {what} class for its model type ({class_name})", _RM_FIX
             ) from err
         raise RewardModelError(
-            f"cannot load the RM from {path} with attn_implementation={attn_implementation!r}, "
+            f"cannot load the RM from {path} with {class_name}, attn_implementation={attn_implementation!r}, "
             f"trust_remote_code={trust_remote_code}: {err}. Fix: try attn_implementation='eager'; set "
             "trust_remote_code=True only for an RM you trust"
         ) from err

@@ -93,9 +93,17 @@ class RMForward:
         score_index: int = 0,
         share_prompts: str = "auto",
         min_shared_prefix: int = MIN_SHARED_PREFIX,
+        output_field: str | None = None,
+        label_index: int | None = None,
     ) -> None:
         self.model, self.head, self.device, self.pad_id = model, head, device, pad_id
         self.score_reduction, self.score_index = score_reduction, score_index
+        #: Read scores from this field of the model's output (custom outputs); forwards are then padded.
+        self.output_field = output_field
+        #: Process RMs: a read position's value is the softmax probability of this label (else reduce_outputs).
+        self.label_index = label_index
+        #: Rows per forward at most (1 when a custom output's batched scores differ from single rows').
+        self.max_rows: int | None = None
         self.min_shared_prefix = min_shared_prefix
         #: Tokens the packed forwards computed, and those a shared prefix saved on top of them, since load.
         self.computed_tokens = self.saved_tokens = 0
@@ -103,7 +111,11 @@ class RMForward:
         self._hook = head.register_forward_hook(self._capture) if head is not None else None
         self._original_attention = getattr(model.config, "_attn_implementation", None)
         #: 'varlen', 'mask' (packed) or 'padded'.
-        self.kernel, self.packing_reason = choose_kernel(model, device, packing, per_token_head=head is not None)
+        self.kernel, self.packing_reason = choose_kernel(
+            model, device, packing, per_token_head=head is not None and output_field is None
+        )
+        if output_field is not None:
+            self._check_output_field()
         if packing == "true" and self.kernel == "padded":
             raise ConfigValueError(
                 "packing", "true", self.packing_reason.removeprefix("packing=true, but "),
@@ -112,7 +124,10 @@ class RMForward:
         #: Whether siblings' common prefixes run once (needs the ``varlen`` kernel and a passing load-time check).
         self.share_prompts = False
         if self.kernel != "padded":
-            share = share_prompts == "true" or (share_prompts == "auto" and device.type == "cuda")
+            # a process RM reads several positions per row: no shared prefix (its rows would be re-indexed)
+            share = label_index is None and (
+                share_prompts == "true" or (share_prompts == "auto" and device.type == "cuda")
+            )
             self._switch_to_packing(packing, share)
         logger.info(
             "RM forwards: %s (%s); shared prompts %s",
@@ -132,7 +147,11 @@ class RMForward:
             what = f"packed (mask: {self.model.config._attn_implementation})"
         else:
             what = "padded"
-        return {"packing": what, "packing_reason": self.packing_reason, "share_prompts": self.share_prompts}
+        info = {"packing": what, "packing_reason": self.packing_reason, "share_prompts": self.share_prompts}
+        if self.output_field is not None:
+            info["score_output_field"] = self.output_field
+            info["rows_per_forward"] = self.max_rows or "any"
+        return info
 
     def plan(self, lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
         """Micro-batches (lists of indices into ``lengths``) within ``max_tokens``: real tokens when packed,
@@ -144,6 +163,8 @@ class RMForward:
     ) -> list[list[int]]:
         """The micro-batches :meth:`score_all` runs: :meth:`plan`, or with shared prompts (and ``groups``) siblings
         kept together and their common prefix counted once."""
+        if self.max_rows == 1:
+            return [[i] for i in range(len(inputs))]
         if self._sharing(groups):
             assert groups is not None
             return plan_shared_micro_batches(inputs, groups, max_tokens, self.min_shared_prefix)
@@ -160,46 +181,73 @@ class RMForward:
     # ------------------------------------------------------------------------------------------------- forwards
 
     def score_all(
-        self, inputs: Sequence[list[int]], max_tokens: int, groups: Sequence[Hashable | None] | None = None
-    ) -> list[float | RewardModelError]:
+        self,
+        inputs: Sequence[list[int]],
+        max_tokens: int,
+        groups: Sequence[Hashable | None] | None = None,
+        reads: Sequence[Sequence[int]] | None = None,
+    ) -> list[Any]:
         """Scores of prepared inputs, in their order: micro-batches of at most ``max_tokens`` (:meth:`plan`, or with
         shared prompts siblings kept together), each through :meth:`score_batch`, so a failure costs only the rows
-        that cause it. ``groups``: each input's group (siblings share one), or None.
+        that cause it. ``groups``: each input's group (siblings share one), or None. ``reads``: per input, the
+        positions to read (process RMs); each input then gets a list of values, one per position, instead of a float.
 
         Scores stay on the device until every micro-batch has been launched and are copied to the host at once: one
         device sync per call instead of one per micro-batch, so the host builds the next forward's input while the
         device runs the previous one."""
-        results: list[float | RewardModelError | None] = [None] * len(inputs)
-        share = self._sharing(groups)
+        results: list[Any] = [None] * len(inputs)
+        share = self._sharing(groups) and reads is None
         launched: list[tuple[list[int], torch.Tensor]] = []
-        for batch in self.plan_inputs(inputs, max_tokens, groups):
+        for batch in self.plan_inputs(inputs, max_tokens, groups if share else None):
             rows = [inputs[j] for j in batch]
             batch_groups = [groups[j] for j in batch] if share else None  # type: ignore[index]
+            batch_reads = [reads[j] for j in batch] if reads is not None else None
             try:
-                launched.append((batch, self._forward(rows, batch_groups)))
+                launched.append((batch, self._forward(rows, batch_groups, batch_reads)))
             except Exception as err:  # out of memory, or a row that makes the forward raise: bisect this one
-                for j, value in zip(batch, self._recover(rows, batch_groups, err), strict=True):
+                for j, value in zip(batch, self._recover(rows, batch_groups, err, batch_reads), strict=True):
                     results[j] = value
         if launched:
-            scores = torch.cat([values for _, values in launched]).cpu().tolist()
-            for j, value in zip([j for batch, _ in launched for j in batch], scores, strict=True):
-                results[j] = float(value)
+            values = torch.cat([v for _, v in launched]).cpu().tolist()
+            order = [j for batch, _ in launched for j in batch]
+            if reads is None:
+                for j, value in zip(order, values, strict=True):
+                    results[j] = float(value)
+            else:
+                start = 0
+                for j in order:
+                    results[j] = [float(v) for v in values[start : start + len(reads[j])]]
+                    start += len(reads[j])
+                assert start == len(values), "one value per read position"
         assert all(r is not None for r in results), "every input is in exactly one micro-batch"
-        return results  # type: ignore[return-value]
+        return results
 
     def forward_ids(
-        self, batch: Sequence[Sequence[int]], groups: Sequence[Hashable | None] | None = None
+        self,
+        batch: Sequence[Sequence[int]],
+        groups: Sequence[Hashable | None] | None = None,
+        reads: Sequence[Sequence[int]] | None = None,
     ) -> torch.Tensor:
-        """Scores (float32, on the host, one per row) of prepared input ids, in one forward pass; ``groups`` lets
-        siblings share their common prefix (packed forwards with shared prompts only)."""
-        return self._forward(batch, groups).cpu()
+        """Scores (float32, on the host, one per row; with ``reads`` one per read position, row after row) of
+        prepared input ids, in one forward pass; ``groups`` lets siblings share their common prefix (packed forwards
+        with shared prompts only)."""
+        return self._forward(batch, groups, reads).cpu()
 
-    def _forward(self, batch: Sequence[Sequence[int]], groups: Sequence[Hashable | None] | None) -> torch.Tensor:
+    def _forward(
+        self,
+        batch: Sequence[Sequence[int]],
+        groups: Sequence[Hashable | None] | None,
+        reads: Sequence[Sequence[int]] | None = None,
+    ) -> torch.Tensor:
         """:meth:`forward_ids` with the scores left on the device (no sync)."""
-        return self.forward_packed(batch, groups, to_host=False) if self.packed else self.forward_padded(batch, False)
+        if self.packed:
+            return self.forward_packed(batch, groups, to_host=False, reads=reads)
+        return self.forward_padded(batch, False, reads=reads)
 
-    def forward_padded(self, batch: Sequence[Sequence[int]], to_host: bool = True) -> torch.Tensor:
-        """One right-padded forward; the score is read at each row's last unmasked token."""
+    def forward_padded(
+        self, batch: Sequence[Sequence[int]], to_host: bool = True, reads: Sequence[Sequence[int]] | None = None
+    ) -> torch.Tensor:
+        """One right-padded forward; the score is read at each row's last unmasked token (or at ``reads``)."""
         lengths = np.fromiter((len(ids) for ids in batch), dtype=np.int64, count=len(batch))
         width = int(lengths.max())
         mask = np.arange(width) < lengths[:, None]
@@ -210,25 +258,37 @@ class RMForward:
         with torch.inference_mode(), self._no_shape_plans():
             output = self.model(input_ids=input_ids, attention_mask=attention_mask)
             per_token, self._captured = self._captured, None
-            if per_token is not None and per_token.dim() == 3 and per_token.shape[:2] == input_ids.shape:
+            if self.output_field is not None:
+                return self._field_scores(output, len(batch), to_host)
+            if per_token is None or per_token.dim() != 3 or per_token.shape[:2] != input_ids.shape:
+                per_token = _per_token_logits(output, input_ids.shape) if reads is not None else None
+            if reads is not None:
+                rows, positions = _read_index(reads)
+                logits = per_token[to_device(rows, per_token.device), to_device(positions, per_token.device)]
+            elif per_token is not None:
                 logits = last_token_logits(per_token, attention_mask)
             else:
                 logits = getattr(output, "logits", None)
                 if logits is None or logits.dim() != 2 or logits.shape[0] != len(batch):
                     raise RewardModelError(
                         f"the RM's output has no (batch, num_labels) logits (got {type(output).__name__}); "
-                        "set score_head to the module that produces the scores"
+                        "set score_head to the module that produces the scores, or score_output_field to the "
+                        "output field that holds them"
                     )
-            scores = reduce_outputs(logits, self.score_reduction, self.score_index)
+            scores = self._values(logits)
         return scores.cpu() if to_host else scores
 
     def forward_packed(
-        self, batch: Sequence[Sequence[int]], groups: Sequence[Hashable | None] | None = None, to_host: bool = True
+        self,
+        batch: Sequence[Sequence[int]],
+        groups: Sequence[Hashable | None] | None = None,
+        to_host: bool = True,
+        reads: Sequence[Sequence[int]] | None = None,
     ) -> torch.Tensor:
-        """One packed forward: rows concatenated, positions restarting per row, scores at each row's last token.
-        With shared prompts and ``groups``, siblings' common prefix runs once (:func:`shared_layout`)."""
+        """One packed forward: rows concatenated, positions restarting per row, scores at each row's last token (or
+        at ``reads``). With shared prompts and ``groups``, siblings' common prefix runs once (:func:`shared_layout`)."""
         layout = None
-        if self.share_prompts and groups is not None:
+        if self.share_prompts and groups is not None and reads is None:
             layout = shared_layout(batch, groups, self.device, self.min_shared_prefix)
             if layout.saved == 0:
                 layout = None  # nothing shared: the plain layout needs no key gather
@@ -247,22 +307,35 @@ class RMForward:
                     "packed forward: the score head gave no per-token output to read each row's last token from; "
                     "set packing='false' (verl: +async_rm.packing=false)"
                 )
-            logits = per_token[0].index_select(0, rows.last)
-            scores = reduce_outputs(logits, self.score_reduction, self.score_index)
+            if reads is None:
+                index = rows.last
+            else:
+                row_of, positions = _read_index(reads)
+                starts = np.cumsum([0, *(len(ids) for ids in batch)])[:-1]
+                index = to_device(starts[row_of] + positions, self.device)
+            logits = per_token[0].index_select(0, index)
+            scores = self._values(logits)
         computed = int(rows.input_ids.shape[1])
         self.computed_tokens += computed
         self.saved_tokens += sum(len(ids) for ids in batch) - computed
         return scores.cpu() if to_host else scores
 
     def score_batch(
-        self, batch: list[list[int]], groups: Sequence[Hashable | None] | None = None
-    ) -> list[float | RewardModelError]:
+        self,
+        batch: list[list[int]],
+        groups: Sequence[Hashable | None] | None = None,
+        reads: Sequence[Sequence[int]] | None = None,
+    ) -> list[Any]:
         """Scores of one micro-batch. A failure (out of memory, or a row that makes the forward raise) halves the
         micro-batch until the failing row is alone: only that row gets the error."""
         try:
-            return [float(v) for v in self.forward_ids(batch, groups).tolist()]
+            values = self.forward_ids(batch, groups, reads).tolist()
         except Exception as err:
-            return self._recover(batch, groups, err)
+            return self._recover(batch, groups, err, reads)
+        if reads is None:
+            return [float(v) for v in values]
+        counts = np.cumsum([0, *(len(r) for r in reads)])
+        return [[float(v) for v in values[counts[i] : counts[i + 1]]] for i in range(len(batch))]
 
     # -------------------------------------------------------------------------------------------------- helpers
 
@@ -270,9 +343,69 @@ class RMForward:
         """Whether :meth:`score_all` shares prompts for these groups."""
         return self.share_prompts and groups is not None and any(g is not None for g in groups)
 
+    def _values(self, logits: torch.Tensor) -> torch.Tensor:
+        """One value per read row of ``(M, L)`` head outputs: the label's probability (process RMs) or
+        :func:`reduce_outputs`."""
+        if self.label_index is not None:
+            return torch.softmax(logits.float(), dim=-1)[:, self.label_index]
+        return reduce_outputs(logits, self.score_reduction, self.score_index)
+
+    def _field_scores(self, output: Any, rows: int, to_host: bool) -> torch.Tensor:
+        """Scores from ``output.<output_field>``: ``(B,)`` as they are, ``(B, L)`` through :func:`reduce_outputs`."""
+        value = _output_field(output, self.output_field)
+        if not isinstance(value, torch.Tensor) or value.dim() not in (1, 2) or value.shape[0] != rows:
+            shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+            raise RewardModelError(
+                f"score_output_field={self.output_field!r}: expected one value (or one row of values) per input, "
+                f"got {shape} for {rows} row(s)"
+            )
+        scores = value.float() if value.dim() == 1 else reduce_outputs(value, self.score_reduction, self.score_index)
+        return scores.cpu() if to_host else scores
+
+    def _check_output_field(self) -> None:
+        """Load-time check of ``output_field`` on one-row dry forwards: the field exists and holds one finite value
+        (or one row of them) per row; and a padded two-row batch scores as its rows do alone, else one row per
+        forward (the model's own code may pick its last token by ``pad_token_id`` or ignore the mask)."""
+        from verl_async_rm.scoring.rm_config import ConfigValueError
+
+        rows = _check_rows(self.model, (7, 4))
+        with torch.inference_mode():
+            output = self.model(input_ids=torch.tensor([rows[0]], device=self.device))
+        value = _output_field(output, self.output_field)
+        fields = _field_names(output)
+        problem = None
+        if value is None:
+            problem = f"the output ({type(output).__name__}) has no field {self.output_field!r}"
+        elif not isinstance(value, torch.Tensor) or value.dim() not in (1, 2) or value.shape[0] != 1:
+            shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+            problem = f"output.{self.output_field} is {shape}, not one scalar (or one row of outputs) per row"
+        elif not bool(torch.isfinite(value.float()).all()):
+            problem = f"output.{self.output_field} is not finite on a dry forward ({value.tolist()})"
+        if problem is not None:
+            raise ConfigValueError(
+                "score_output_field", self.output_field, f"{problem}; the output has the fields {fields}",
+                "set score_output_field to the field that holds the reward (one value per row)",
+            )
+        if value.dim() == 2 and self.score_reduction == "index" and not -value.shape[1] <= self.score_index < value.shape[1]:
+            raise ConfigValueError(
+                "score_index", self.score_index, f"output.{self.output_field} has {value.shape[1]} value(s) per row",
+                f"use an index in [{-value.shape[1]}, {value.shape[1] - 1}] or a score_reduction",
+            )
+        single = torch.cat([self.forward_padded([ids]) for ids in rows])
+        if self._check(self.forward_padded(rows), single, "batched") is not None:
+            logger.warning(
+                "score_output_field=%s: %s scores a padded batch differently from single rows; scoring one row "
+                "per forward", self.output_field, type(self.model).__name__,
+            )
+            self.max_rows = 1
+
     def _recover(
-        self, batch: list[list[int]], groups: Sequence[Hashable | None] | None, err: Exception
-    ) -> list[float | RewardModelError]:
+        self,
+        batch: list[list[int]],
+        groups: Sequence[Hashable | None] | None,
+        err: Exception,
+        reads: Sequence[Sequence[int]] | None = None,
+    ) -> list[Any]:
         """Per-row results after the forward of ``batch`` raised ``err``: halves until the failing row is alone."""
         if isinstance(err, OOM_ERRORS):
             if self.device.type == "cuda":
@@ -280,22 +413,29 @@ class RMForward:
             if len(batch) == 1:
                 return [RewardModelError(f"out of memory on a {len(batch[0])}-token input: {err}")]
             logger.warning("RM out of memory on %d rows; retrying in halves", len(batch))
-            return self._halves(batch, groups)
+            return self._halves(batch, groups, reads)
         if isinstance(err, RewardModelError):
             return [err] * len(batch)
         if len(batch) > 1:  # isolate the row(s) that make the forward raise; the others still get scores
             logger.warning("RM forward failed on %d rows (%r); retrying in halves", len(batch), err)
-            return self._halves(batch, groups)
+            return self._halves(batch, groups, reads)
         logger.error("RM forward failed on a %d-token input", len(batch[0]), exc_info=err)
         return [RewardModelError(f"RM forward failed: {err!r}")]
 
     def _halves(
-        self, batch: list[list[int]], groups: Sequence[Hashable | None] | None
-    ) -> list[float | RewardModelError]:
+        self,
+        batch: list[list[int]],
+        groups: Sequence[Hashable | None] | None,
+        reads: Sequence[Sequence[int]] | None = None,
+    ) -> list[Any]:
         half = len(batch) // 2
-        if groups is None:
-            return self.score_batch(batch[:half]) + self.score_batch(batch[half:])
-        return self.score_batch(batch[:half], groups[:half]) + self.score_batch(batch[half:], groups[half:])
+
+        def part(side: Sequence[Any] | None, first: bool) -> Any:
+            return None if side is None else (side[:half] if first else side[half:])
+
+        return self.score_batch(batch[:half], part(groups, True), part(reads, True)) + self.score_batch(
+            batch[half:], part(groups, False), part(reads, False)
+        )
 
     def _capture(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         self._captured = output if isinstance(output, torch.Tensor) else None
@@ -316,9 +456,7 @@ class RMForward:
         or an error means this model's attention does not honour the packing (custom modelling code, a
         bidirectional encoder, ...): ``auto`` falls back to padded forwards with a warning, ``true`` raises.
         """
-        vocab = int(self.model.get_input_embeddings().num_embeddings)
-        gen = torch.Generator().manual_seed(0)
-        rows = [torch.randint(0, min(vocab, 1000), (n,), generator=gen).tolist() for n in _CHECK_ROWS]
+        rows = _check_rows(self.model, _CHECK_ROWS)
         rows[1][:6] = rows[0][:6]
         original = self._original_attention
         problem = None
@@ -362,3 +500,44 @@ class RMForward:
         if bool(((got - reference).abs() <= tolerance).all()):
             return None
         return f"{what} scores {got.tolist()} differ from single-row scores {reference.tolist()}"
+
+
+def _read_index(reads: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """(row, position) of every read position, row after row."""
+    rows = np.repeat(np.arange(len(reads), dtype=np.int64), [len(r) for r in reads])
+    positions = np.fromiter((p for r in reads for p in r), dtype=np.int64, count=len(rows))
+    return rows, positions
+
+
+def _per_token_logits(output: Any, shape: torch.Size) -> torch.Tensor:
+    """The model's own ``(B, T, L)`` logits (token classification), for reading positions without a head hook."""
+    logits = getattr(output, "logits", None)
+    if logits is None and isinstance(output, tuple) and output:
+        logits = output[0]
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or tuple(logits.shape[:2]) != tuple(shape):
+        raise RewardModelError(
+            f"a process RM must give per-token logits (batch, tokens, labels); got {type(output).__name__} "
+            "without them"
+        )
+    return logits
+
+
+def _output_field(output: Any, name: str | None) -> Any:
+    if name is None:
+        return None
+    if isinstance(output, dict) and name in output:  # ModelOutput is a dict too
+        return output[name]
+    return getattr(output, name, None)
+
+
+def _field_names(output: Any) -> list[str]:
+    if isinstance(output, dict):
+        return [str(k) for k in output.keys()]
+    return sorted(k for k in vars(output) if not k.startswith("_")) if hasattr(output, "__dict__") else []
+
+
+def _check_rows(model: torch.nn.Module, lengths: Sequence[int]) -> list[list[int]]:
+    """Rows of random token ids of ``lengths`` (seeded) for load-time checks."""
+    vocab = int(model.get_input_embeddings().num_embeddings)
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randint(0, min(vocab, 1000), (n,), generator=gen).tolist() for n in lengths]

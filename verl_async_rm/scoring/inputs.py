@@ -7,8 +7,9 @@ The steps, in the order :func:`prepare_input_ids` runs them:
 1. Same tokenizer and chat template as the policy (:func:`tokenizers_match`): reuse ``prompt_ids + response_ids``.
    Otherwise re-template: strip the trailing end-of-sequence/pad ids of the response, decode it with the policy
    tokenizer, append it as the assistant turn to ``raw_prompt`` (or take the full ``messages``), render with the RM's
-   chat template, tokenize with the RM tokenizer and drop a duplicated leading BOS (:func:`dedup_bos`: a template
-   that renders BOS, tokenized by a tokenizer that adds BOS too, would start with two).
+   chat template, tokenize with the RM tokenizer without adding special tokens (as ``apply_chat_template(...,
+   tokenize=True)`` does: the template writes the BOS it wants) and drop a duplicated leading BOS
+   (:func:`dedup_bos`).
 2. Truncate to ``max_length`` from the left (:func:`truncate_left`): the end of the response, which is where the
    score is read, is kept; the prompt loses its start; a leading BOS survives.
 
@@ -122,6 +123,7 @@ def prepare_input_ids(
     response_stop_ids: Iterable[int] | None = None,
     max_length: int | None = None,
     id_limit: int | None = None,
+    suffix_ids: Sequence[int] = (),
 ) -> tuple[list[int], bool]:
     """The RM's input ids for one trajectory, and whether they were truncated.
 
@@ -135,6 +137,8 @@ def prepare_input_ids(
         max_length: longest input; longer inputs are cut from the left.
         id_limit: token ids read from the request must lie in ``[0, id_limit)``: the policy tokenizer's size when
             the response is decoded, the RM's embedding rows when the ids are reused (see :func:`check_token_ids`).
+        suffix_ids: ids appended after truncation, within ``max_length`` (the reward token of InternLM2-style RMs,
+            whose score is read there).
 
     Raises:
         RewardInputError: the trajectory cannot be turned into RM input.
@@ -156,10 +160,15 @@ def prepare_input_ids(
             response = strip_trailing(request.response_ids, response_stop_ids)
             response_text = policy_tokenizer.decode(response, skip_special_tokens=False)
         text = render_conversation(conversation_for(request, response_text), rm_tokenizer)
-        ids = dedup_bos(list(rm_tokenizer(text, add_special_tokens=True)["input_ids"]), bos_id)
+        # as apply_chat_template(tokenize=True) does: the template writes the special tokens it wants
+        ids = dedup_bos(list(rm_tokenizer(text, add_special_tokens=False)["input_ids"]), bos_id)
     if not ids:
         raise RewardInputError(f"trajectory {request.uid}: empty RM input (no prompt and no response tokens)")
-    return truncate_left(ids, max_length, bos_id)
+    if not suffix_ids:
+        return truncate_left(ids, max_length, bos_id)
+    room = None if max_length is None else max(max_length - len(suffix_ids), 1)
+    ids, cut = truncate_left(ids, room, bos_id)
+    return [*ids, *suffix_ids], cut
 
 
 def check_token_ids(request: RMRequest, name: str, limit: int, vocabulary: str) -> None:

@@ -30,6 +30,8 @@ _DTYPES = ("auto", "bfloat16", "float16", "float32")
 _RETEMPLATE = ("auto", "always", "never")
 _REDUCTIONS = ("index", "mean", "sum", "max", "min")
 _PACKING = ("auto", "true", "false")
+_REWARD_KINDS = ("outcome", "process")
+_PROCESS_REDUCTIONS = ("min", "mean", "last", "product", "none")
 
 
 class ConfigValueError(ValueError):
@@ -115,6 +117,50 @@ class RMConfig:
             "logits (which decoder RMs pick by pad_token_id)."
         },
     )
+    score_output_field: str | None = field(
+        default=None,
+        metadata={
+            "help": "Read the reward from this field of the model's output (e.g. 'score' for ArmoRM-style "
+            "multi-objective RMs whose forward returns a custom output), one value per row or one row of outputs "
+            "(then score_index / score_reduction pick one). Checked on a one-row forward at load. None: the score "
+            "head's per-token output (see score_head)."
+        },
+    )
+    reward_kind: str = field(
+        default="outcome",
+        metadata={
+            "help": "'outcome': one score per trajectory; 'process': a process RM (PRM) that scores every reasoning "
+            "step at a separator token (token classification, e.g. Qwen2.5-Math-PRM); see the step_* and process_* "
+            "keys."
+        },
+    )
+    step_delimiter: str = field(
+        default="\n\n",
+        metadata={
+            "help": "reward_kind='process': how the response text splits into steps (empty steps are skipped); "
+            "'\\n' and '\\t' written on the command line mean newline and tab."
+        },
+    )
+    step_separator: str | None = field(
+        default=None,
+        metadata={
+            "help": "reward_kind='process': the token the PRM expects after each step (e.g. '<extra_0>' for "
+            "Qwen2.5-Math-PRM); it must be one token of the RM's vocabulary. Required for process RMs."
+        },
+    )
+    process_label_index: int = field(
+        default=1,
+        metadata={"help": "reward_kind='process': the label whose probability (softmax over the labels at each "
+                          "separator) is the step's score (1: 'correct' for Qwen2.5-Math-PRM)."},
+    )
+    process_reduction: str = field(
+        default="min",
+        metadata={
+            "help": "reward_kind='process': 'min', 'mean', 'last' or 'product' of the step scores give one outcome "
+            "score per trajectory; 'none' gives token-level rewards: each step's score on the response token where "
+            "that step ends (verl's rm_scores), their sum as the trajectory's score."
+        },
+    )
     micro_batch_max_tokens: int = field(
         default=16384,
         metadata={
@@ -193,6 +239,7 @@ class RMConfig:
             object.__setattr__(self, "share_prompts", "true" if self.share_prompts else "false")
         if self.share_prompts not in _PACKING:
             raise ConfigValueError("share_prompts", self.share_prompts, "unknown mode", f"use one of {_PACKING}")
+        self._check_reward_kind()
         if _not_int(self.micro_batch_max_tokens) or self.micro_batch_max_tokens <= 0:
             raise ConfigValueError(
                 "micro_batch_max_tokens",
@@ -214,6 +261,57 @@ class RMConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
                 raise ConfigValueError(name, value, "must be a positive number of seconds", "set {key}=300")
+
+    @property
+    def token_level(self) -> bool:
+        """True when each step's score becomes a token-level reward (``reward_kind='process'``, no reduction)."""
+        return self.reward_kind == "process" and self.process_reduction == "none"
+
+    def _check_reward_kind(self) -> None:
+        if self.score_output_field is not None and (
+            not isinstance(self.score_output_field, str) or not self.score_output_field.isidentifier()
+        ):
+            raise ConfigValueError(
+                "score_output_field", self.score_output_field, "must be the name of a field of the model's output",
+                "use e.g. 'score' (ArmoRM-style RMs), or leave it unset to read the score head",
+            )
+        if self.reward_kind not in _REWARD_KINDS:
+            raise ConfigValueError("reward_kind", self.reward_kind, "unknown kind", f"use one of {_REWARD_KINDS}")
+        if self.process_reduction not in _PROCESS_REDUCTIONS:
+            raise ConfigValueError(
+                "process_reduction", self.process_reduction, "unknown reduction", f"use one of {_PROCESS_REDUCTIONS}"
+            )
+        if _not_int(self.process_label_index) or self.process_label_index < 0:
+            raise ConfigValueError(
+                "process_label_index", self.process_label_index, "must be a label index >= 0",
+                "use 1 (the 'correct' label of Qwen2.5-Math-PRM)",
+            )
+        if isinstance(self.step_delimiter, str) and "\\" in self.step_delimiter:
+            # a command line cannot carry a newline: '\\n' and '\\t' written there mean newline and tab
+            unescaped = self.step_delimiter.replace("\\n", "\n").replace("\\t", "\t")
+            object.__setattr__(self, "step_delimiter", unescaped)
+        if not isinstance(self.step_delimiter, str) or not self.step_delimiter:
+            raise ConfigValueError(
+                "step_delimiter", self.step_delimiter, "must be a non-empty string", "use the default '\\n\\n'"
+            )
+        if self.reward_kind != "process":
+            return
+        if not isinstance(self.step_separator, str) or not self.step_separator:
+            raise ConfigValueError(
+                "step_separator", self.step_separator, "a process RM needs the token it reads each step's score at",
+                "set it to the PRM's step token, e.g. +async_rm.step_separator='<extra_0>' for Qwen2.5-Math-PRM",
+            )
+        if self.retemplate == "never":
+            raise ConfigValueError(
+                "retemplate", "never", "a process RM's input is always re-rendered, with a separator after each step",
+                "use retemplate='auto' (the default)",
+            )
+        if self.score_output_field is not None:
+            raise ConfigValueError(
+                "score_output_field", self.score_output_field,
+                "a process RM is read from its per-token logits at each step separator, not from an output field",
+                "remove score_output_field, or set reward_kind='outcome'",
+            )
 
     @property
     def num_replicas(self) -> int:

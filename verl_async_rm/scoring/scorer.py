@@ -27,10 +27,11 @@ from typing import Any
 import torch
 
 from verl_async_rm.errors import NonFiniteScoreError, RewardInputError, RewardModelError
-from verl_async_rm.scoring.checkpoint import check_rm_checkpoint, load_sequence_classifier, load_tokenizer
+from verl_async_rm.scoring.checkpoint import check_rm_checkpoint, load_reward_model, load_tokenizer
 from verl_async_rm.scoring.rm_config import ConfigValueError, RMConfig
 from verl_async_rm.scoring.forward import RMForward, last_token_logits, reduce_outputs
 from verl_async_rm.scoring.inputs import prepare_input_ids, tokenizers_match
+from verl_async_rm.scoring.process import ProcessInput, StepRewards, prepare_process_input, reduce_steps
 from verl_async_rm.request import RMRequest
 
 logger = logging.getLogger(__name__)
@@ -67,10 +68,11 @@ class RewardModelScorer:
 
         check_rm_checkpoint(config.model_path, config.trust_remote_code)
         self.rm_tokenizer = load_tokenizer(config.model_path, "model_path", config.trust_remote_code)
-        model = load_sequence_classifier(
+        model = load_reward_model(
             config.model_path,
             trust_remote_code=config.trust_remote_code,
             attn_implementation=config.attn_implementation,
+            reward_kind=config.reward_kind,
             **_dtype_kwarg(self.dtype),
         )
         model.config.use_cache = False
@@ -92,7 +94,16 @@ class RewardModelScorer:
         self.pad_id = next(
             (i for i in (self.rm_tokenizer.pad_token_id, self.rm_tokenizer.eos_token_id) if i is not None), 0
         )
-        self.head_name, self.head = self._find_head(config.score_head)
+        self.process = config.reward_kind == "process"
+        if config.score_output_field is not None:
+            self.head_name, self.head = f"output.{config.score_output_field}", None
+        else:
+            self.head_name, self.head = self._find_head(config.score_head)
+        #: Ids appended to every outcome input: the reward token of InternLM2-style RMs (``config.reward_token_id``),
+        #: whose score is read there.
+        self.suffix_ids = _reward_token(model.config) if not self.process and self.head is not None else []
+        #: Process RMs: the step separator's id (checked to be one token of the RM's vocabulary).
+        self.separator_id = self._separator_id() if self.process else None
         if self.head is not None and getattr(text_config, "pad_token_id", None) is None:
             # HF refuses batches > 1 without a pad id; the scorer reads scores by the mask, so any id will do.
             text_config.pad_token_id = self.pad_id
@@ -106,6 +117,8 @@ class RewardModelScorer:
             score_reduction=config.score_reduction,
             score_index=config.score_index,
             share_prompts=config.share_prompts,
+            output_field=config.score_output_field,
+            label_index=config.process_label_index if self.process else None,
         )
 
         self.policy_tokenizer = None
@@ -124,7 +137,7 @@ class RewardModelScorer:
             self._check_ids_can_be_reused()
         else:
             self.retemplate = not tokenizers_match(self.policy_tokenizer, self.rm_tokenizer)
-        if self.retemplate and not getattr(self.rm_tokenizer, "chat_template", None):
+        if (self.retemplate or self.process) and not getattr(self.rm_tokenizer, "chat_template", None):
             raise ConfigValueError(
                 "model_path",
                 config.model_path,
@@ -138,8 +151,11 @@ class RewardModelScorer:
         self._step = _zero_stats()
         self._warned_truncation = False
         logger.info(
-            "RM %s loaded on %s (%s, %s attention, %d output(s), head=%s, max_length=%s, retemplate=%s, forwards %s)",
+            "RM %s (%s, %s) loaded on %s (%s, %s attention, %d output(s), head=%s, max_length=%s, retemplate=%s, "
+            "forwards %s%s)",
             config.model_path,
+            type(model).__name__,
+            config.reward_kind,
             self.device,
             self.dtype,
             config.attn_implementation,
@@ -148,6 +164,7 @@ class RewardModelScorer:
             self.max_length,
             self.retemplate,
             self.forward.describe()["packing"],
+            f", reward token {self.suffix_ids} appended" if self.suffix_ids else "",
         )
 
     # ----------------------------------------------------------------------------------------------------- scoring
@@ -162,22 +179,46 @@ class RewardModelScorer:
             response_stop_ids=self.response_stop_ids,
             max_length=self.max_length,
             id_limit=self.policy_id_limit if self.retemplate else self.rm_vocab_size,
+            suffix_ids=self.suffix_ids,
         )
 
-    def score(self, requests: Sequence[RMRequest]) -> list[float | RewardModelError]:
-        """One entry per request: its score, or the error that kept that request from being scored.
+    def prepare_process(self, request: RMRequest) -> ProcessInput:
+        """A process RM's input for ``request``: ids, the separator positions to read, the policy token where each
+        step ends (raises :class:`RewardInputError`)."""
+        assert self.separator_id is not None and self.config.step_separator is not None, "a process RM"
+        return prepare_process_input(
+            request,
+            rm_tokenizer=self.rm_tokenizer,
+            policy_tokenizer=self.policy_tokenizer,
+            delimiter=self.config.step_delimiter,
+            separator=self.config.step_separator,
+            separator_id=self.separator_id,
+            response_stop_ids=self.response_stop_ids,
+            max_length=self.max_length,
+            id_limit=self.policy_id_limit,
+        )
+
+    def score(self, requests: Sequence[RMRequest]) -> list[float | StepRewards | RewardModelError]:
+        """One entry per request: its score, or the error that kept that request from being scored. A process RM
+        with ``process_reduction='none'`` gives :class:`StepRewards` (a score per step and where it goes).
 
         A bad request (unusable input, NaN/inf score, a forward that failed for its micro-batch) fails only its own
         entry; the call itself does not raise.
         """
         start = time.perf_counter()
-        results: list[float | RewardModelError | None] = [None] * len(requests)
+        results: list[Any] = [None] * len(requests)
         inputs: list[list[int]] = []
         owners: list[int] = []
+        steps: list[ProcessInput] = []
         truncated = 0
         for i, request in enumerate(requests):
             try:
-                ids, cut = self.prepare(request)
+                if self.process:
+                    prepared = self.prepare_process(request)
+                    ids, cut = prepared.ids, prepared.truncated
+                    steps.append(prepared)
+                else:
+                    ids, cut = self.prepare(request)
             except RewardInputError as err:
                 results[i] = err
                 continue
@@ -190,19 +231,36 @@ class RewardModelScorer:
 
         lengths = [len(ids) for ids in inputs]
         groups = [requests[i].group for i in owners]  # GRPO siblings: their common prompt can run once
-        scores = self.forward.score_all(inputs, self.config.micro_batch_max_tokens, groups)
-        for i, value in zip(owners, scores, strict=True):
-            if isinstance(value, RewardModelError) or math.isfinite(value):
-                results[i] = value
-            else:
-                results[i] = NonFiniteScoreError(f"trajectory {requests[i].uid}: the RM returned {value}")
+        reads = [p.positions for p in steps] if self.process else None
+        scores = self.forward.score_all(inputs, self.config.micro_batch_max_tokens, groups, reads)
+        for k, (i, value) in enumerate(zip(owners, scores, strict=True)):
+            results[i] = value if isinstance(value, RewardModelError) else self._result(
+                requests[i], value, steps[k] if self.process else None
+            )
 
         failed = sum(isinstance(r, Exception) for r in results)
-        self._count(len(requests), failed, truncated, sum(lengths), time.perf_counter() - start)
+        dropped = sum(p.dropped for p in steps)
+        if dropped:
+            logger.warning(
+                "process RM: %d leading step(s) of %d trajectories left unscored: their input exceeded "
+                "max_length=%s even without the prompt", dropped, sum(p.dropped > 0 for p in steps), self.max_length,
+            )
+        self._count(len(requests), failed, truncated, sum(lengths), time.perf_counter() - start, dropped)
         if truncated:
             logger.debug("%d of %d RM inputs truncated to max_length=%s", truncated, len(requests), self.max_length)
         assert all(r is not None for r in results), "every request gets a score or an error"
         return results  # type: ignore[return-value]
+
+    def _result(self, request: RMRequest, value: Any, steps: ProcessInput | None) -> Any:
+        """A forward's value as the request's result: a finite score, :class:`StepRewards`, or the error."""
+        values = value if steps is not None else [value]
+        if not all(math.isfinite(v) for v in values):
+            return NonFiniteScoreError(f"trajectory {request.uid}: the RM returned {value}")
+        if steps is None:
+            return value
+        if self.config.process_reduction == "none":
+            return StepRewards(tuple(values), tuple(steps.token_index), steps.dropped)
+        return reduce_steps(values, self.config.process_reduction)
 
     def forward_ids(self, batch: Sequence[Sequence[int]]) -> torch.Tensor:
         """Scores (float32, one per row) of already prepared input ids, in one forward pass (packed or padded)."""
@@ -284,6 +342,26 @@ class RewardModelScorer:
                 "policy's: the RM reads the policy's ids in a format it was not trained on"
             )
 
+    def _separator_id(self) -> int:
+        """The step separator's token id; ``ValueError`` unless it is exactly one token of the RM's vocabulary."""
+        separator = self.config.step_separator
+        ids = self.rm_tokenizer(separator, add_special_tokens=False)["input_ids"]
+        if len(ids) != 1 or ids[0] >= self.rm_vocab_size:
+            raise ConfigValueError(
+                "step_separator", separator,
+                f"the RM's tokenizer ({self.config.model_path}) reads it as {len(ids)} token(s) {ids}, so the PRM has "
+                "no single position to score each step at",
+                "set it to the PRM's own step token (one special token of its vocabulary, e.g. '<extra_0>' for "
+                "Qwen2.5-Math-PRM)",
+            )
+        if not 0 <= self.config.process_label_index < self.num_labels:
+            raise ConfigValueError(
+                "process_label_index", self.config.process_label_index,
+                f"the process RM has {self.num_labels} label(s)",
+                f"use an index in [0, {self.num_labels - 1}] (1 is 'correct' for two-label PRMs)",
+            )
+        return int(ids[0])
+
     def _check_score_index(self) -> None:
         cfg = self.config
         if cfg.score_reduction == "index" and not -self.num_labels <= cfg.score_index < self.num_labels:
@@ -292,8 +370,12 @@ class RewardModelScorer:
                 f"Fix: use an index in [{-self.num_labels}, {self.num_labels - 1}] or a score_reduction"
             )
 
-    def _count(self, requests: int, failed: int, truncated: int, tokens: int, seconds: float) -> None:
+    def _count(
+        self, requests: int, failed: int, truncated: int, tokens: int, seconds: float, steps_dropped: int = 0
+    ) -> None:
         for counters in (self._stats, self._step):
+            if self.process:
+                counters["steps_dropped"] = counters.get("steps_dropped", 0) + steps_dropped
             counters["requests"] += requests
             counters["failed"] += failed
             counters["truncated"] += truncated
@@ -310,6 +392,13 @@ class RewardModelScorer:
 
 def _zero_stats() -> dict[str, float]:
     return {"requests": 0, "failed": 0, "truncated": 0, "tokens": 0, "busy_s": 0.0}
+
+
+def _reward_token(config: Any) -> list[int]:
+    """``[config.reward_token_id]`` when the model names a reward token (InternLM2-Reward's ``get_score`` appends it
+    and reads the score there), else ``[]``."""
+    token = getattr(config, "reward_token_id", None)
+    return [token] if isinstance(token, int) and not isinstance(token, bool) else []
 
 
 def _uid(request: Any) -> str:

@@ -37,6 +37,9 @@ def service_step_metrics(
         "replicas_replaced_total": executor_step.get("slots_replaced_total"),
         "truncated": sum(r.get("truncated", 0) for r in replica_steps) if replica_steps else None,
         "rm_failed_items": sum(r.get("failed", 0) for r in replica_steps) if replica_steps else None,
+        # process RMs only: leading steps left unscored because the input exceeded max_length
+        "steps_dropped": sum(r.get("steps_dropped", 0) for r in replica_steps)
+        if any("steps_dropped" in r for r in replica_steps) else None,
     }
     return {name: float(value) for name, value in values.items() if value is not None}
 
