@@ -160,7 +160,9 @@ class AsyncRMConfig:
         mix_values = sections[RewardMix]
         if "rule_weight" not in mix_values and _manager_name(config) != ASYNC_RM_MANAGER:
             mix_values["rule_weight"] = 1.0  # the user's own reward manager: its reward counts unless told otherwise
-        mix = _build(RewardMix, {**mix_values, "extra_weights": tuple((e.name, e.weight) for e in extras)})
+        token_level = tuple(name for name, entry in ((MAIN, rm), *((e.name, e.rm) for e in extras)) if entry.token_level)
+        mix = _build(RewardMix, {**mix_values, "extra_weights": tuple((e.name, e.weight) for e in extras),
+                                 "token_level_rms": token_level})
         main = RMEntry(name=MAIN, weight=mix.rm_weight, rm=rm, batching=batching, key="reward.reward_model")
         return cls(
             batching=batching,

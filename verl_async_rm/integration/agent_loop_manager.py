@@ -38,6 +38,7 @@ from verl_async_rm.integration.drops import apply_drops, check_failures
 from verl_async_rm.integration.ledger import PhaseRecord
 from verl_async_rm.integration.metrics import PREFIX, VAL_PREFIX, step_metrics
 from verl_async_rm.integration.agent_loop_worker import remote_worker_class
+from verl_async_rm.integration.token_rewards import place_token_rewards
 from verl_async_rm.model_set import MAIN
 from verl_async_rm.service.fleet import start_rm_services
 from verl_async_rm.service.placement import remove_pool_groups
@@ -187,6 +188,7 @@ class AsyncRMAgentLoopManagerV0(_AsyncRMSide, AgentLoopManager):
                 logger.exception("verl_async_rm: could not close the failed step")
             raise
         metrics = self.last_metrics = await self._async_rm_end_step()
+        place_token_rewards(output)  # process RMs with process_reduction=none: step rewards on their tokens
         integration = self.async_rm_config.integration
         if integration.on_error == "drop":
             uids = prompts.non_tensor_batch.get("uid")

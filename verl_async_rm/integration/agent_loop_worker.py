@@ -42,7 +42,9 @@ from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
 from verl_async_rm.errors import AsyncRMError, RMServiceLostError
 from verl_async_rm.integration.ledger import Failure, PhaseRecord, TrajectoryLedger
 from verl_async_rm.integration.reward_mix import RewardMix, with_rm_scores
+from verl_async_rm.integration.token_rewards import TOKEN_REWARDS_KEY, token_placement, with_token_rewards
 from verl_async_rm.request import RMRequest
+from verl_async_rm.scoring.process import StepRewards
 from verl_async_rm.service.client import score_with_timeout
 
 logger = logging.getLogger(__name__)
@@ -66,6 +68,9 @@ class AsyncRMWorkerMixin:
     #: ``on_error`` at the step's end. v0: ``on_error='drop'`` hands the error on to the reward manager instead.
     _async_rm_fail_session: bool = False
     _async_rm_ledger: TrajectoryLedger | None = None
+    #: v1: a token-level reward replaces the trajectory's output (verl builds ``rm_scores`` from it); v0: it travels
+    #: in ``extra_fields`` to the manager, which rewrites ``rm_scores``.
+    _async_rm_replace_output: bool = False
 
     async def async_rm_attach(self, services: Mapping[str, Any], mix: RewardMix, request_timeout_s: float,
                               on_error: str = "raise") -> bool:
@@ -96,6 +101,8 @@ class AsyncRMWorkerMixin:
         phase, ledger = _PHASE.get(), self._ledger()
         trajectory = f"{kwargs.get('uid', '?')}/{kwargs.get('session_id', 0)}"
         scores, failure = await self._async_rm_scores(final, kwargs, trajectory)
+        steps = {name: s for name, s in scores.items() if isinstance(s, StepRewards)}
+        scores = {name: float(s) for name, s in scores.items()}
         error = None
         if failure is not None:
             error = _describe(failure)
@@ -116,11 +123,22 @@ class AsyncRMWorkerMixin:
         )
         # verl times only its own reward-loop call (agent_loop.py:971-1016): count the RM wait in the same metric
         final.metrics.compute_score = (final.metrics.compute_score or 0.0) + rm_s
+        if steps and error is None:
+            placement = token_placement(
+                final.reward_score, steps, self._async_rm_mix.weights, len(final.response_ids)
+            )
+            if self._async_rm_replace_output:
+                outputs[-1] = with_token_rewards(final, placement)
+            else:
+                final.extra_fields[TOKEN_REWARDS_KEY] = placement
+        elif self._async_rm_mix.token_level and not self._async_rm_replace_output:
+            final.extra_fields[TOKEN_REWARDS_KEY] = None  # verl stacks the same extra_fields for every sample
 
     async def _async_rm_scores(
         self, final: Any, kwargs: dict, trajectory: str
-    ) -> tuple[dict[str, float], BaseException | None]:
-        """The trajectory's raw score from every RM at once (ready when the last answers), and the first failure."""
+    ) -> tuple[dict[str, float | StepRewards], BaseException | None]:
+        """The trajectory's raw score from every RM at once (ready when the last answers), and the first failure.
+        A token-level process RM's score is its :class:`StepRewards`."""
         if not self._async_rm_services or self._async_rm_mix is None:
             raise AsyncRMError(
                 "this agent-loop worker has no RM service attached: build it through "
@@ -133,11 +151,11 @@ class AsyncRMWorkerMixin:
               for service in self._async_rm_services.values()),
             return_exceptions=True,
         )
-        scores: dict[str, float] = {}
+        scores: dict[str, float | StepRewards] = {}
         failure: BaseException | None = None
         for name, answer in zip(names, answers, strict=True):
             if not isinstance(answer, BaseException):
-                scores[name] = float(answer)
+                scores[name] = answer if isinstance(answer, StepRewards) else float(answer)
                 continue
             if not isinstance(answer, (AsyncRMError, ray.exceptions.RayError)):
                 raise answer  # not an RM failure (a cancellation, a bug): never recorded as a dropped score
@@ -161,6 +179,7 @@ class AsyncRMAgentLoopWorkerTQ(AsyncRMWorkerMixin, AgentLoopWorkerTQ.__ray_actor
     """verl's v1 (TransferQueue) ``AgentLoopWorkerTQ`` with the per-trajectory RM hook."""
 
     _async_rm_fail_session = True
+    _async_rm_replace_output = True
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # Must stay: without an __init__ of its own, Ray ships the inherited one by value, and cloudpickle copies

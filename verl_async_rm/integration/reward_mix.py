@@ -45,12 +45,21 @@ class RewardMix:
     )
     #: Weights of the RMs of ``async_rm.models`` (name, weight), set from them; not a user key.
     extra_weights: tuple[tuple[str, float], ...] = field(default=(), metadata={"internal": True})
+    #: Names of the RMs whose scores are token-level (process RMs with ``process_reduction='none'``); not a user key.
+    token_level_rms: tuple[str, ...] = field(default=(), metadata={"internal": True})
 
     def __post_init__(self) -> None:
         for name in ("rm_weight", "rule_weight"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
                 raise ValueError(f"async_rm.{name} must be a finite number, got {value!r}; e.g. async_rm.{name}=1.0")
+        if self.combine_fn is not None and self.token_level_rms:
+            raise ValueError(
+                f"async_rm.combine_fn={self.combine_fn!r} cannot be used with token-level rewards (RM(s) "
+                f"{', '.join(self.token_level_rms)} with process_reduction=none): combine_fn returns one number, "
+                "while step rewards are placed on their tokens by weight. Fix: remove async_rm.combine_fn, or set "
+                "process_reduction to min, mean, last or product"
+            )
         if self.combine_fn is not None:
             module, _, attr = self.combine_fn.partition(":") if isinstance(self.combine_fn, str) else ("", "", "")
             if not module or not attr:
@@ -63,6 +72,11 @@ class RewardMix:
     def uses_rule(self) -> bool:
         """Whether the rule score is needed at all."""
         return self.combine_fn is not None or self.rule_weight != 0
+
+    @property
+    def token_level(self) -> bool:
+        """Whether some RM's scores are token-level (its step rewards are placed on their tokens)."""
+        return bool(self.token_level_rms)
 
     @property
     def weights(self) -> dict[str, float]:
