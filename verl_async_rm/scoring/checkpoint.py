@@ -165,6 +165,13 @@ def load_reward_model(
 
     check_rm_checkpoint(path, trust_remote_code)
     class_name = auto_class_name(_read_config(path), reward_kind)
+    if class_name == "AutoModel" and not trust_remote_code:
+        # transformers would load the bare backbone of a known model type and drop the checkpoint's reward head
+        raise ConfigValueError(
+            "trust_remote_code", False,
+            f"the RM at {path} is a reward model defined by its own code (auto_map.AutoModel in config.json)",
+            _TRUST_FIX,
+        )
     auto_class = getattr(transformers, class_name)
     try:
         model, info = auto_class.from_pretrained(

@@ -1,15 +1,12 @@
 """The RM's forward passes: prepared token ids in, one float32 score per row out (no tokenizers, no Ray, no verl).
 
 :class:`RMForward` runs micro-batches either padded (rows right-padded to the longest, an attention mask) or packed
-(rows concatenated into one sequence, see :mod:`verl_async_rm.scoring.packing`), reads each row's score at its last
-token from the score head's per-token output (a forward hook on the head module), and isolates failures: a micro-batch
+(rows concatenated into one sequence, see :mod:`verl_async_rm.scoring.packing`), reads scores from the score head's
+per-token output (a forward hook; where: :mod:`verl_async_rm.scoring.readout`), and isolates failures: a micro-batch
 that runs out of memory or raises is halved until the failing row is alone (:meth:`RMForward.score_batch`).
-:class:`verl_async_rm.scoring.scorer.RewardModelScorer` holds one; ``verl-async-rm bench rm`` drives one directly.
 
-No per-shape stall on the padded path: on CUDA its forwards run with torch's cuDNN attention backend disabled
-(``sdpa_kernel`` without ``CUDNN_ATTENTION``), because cuDNN builds a plan for every new (rows, width) shape
-(0.3-1.9 s each on an H100, and RL lengths change every step); flash/memory-efficient attention need no plan. The
-packed ``varlen`` kernels need none either.
+No per-shape stall on the padded path: on CUDA its forwards run without torch's cuDNN attention backend, which builds
+a plan for every new (rows, width) shape (0.3-1.9 s each on an H100; RL lengths change every step).
 """
 
 from __future__ import annotations
@@ -25,6 +22,15 @@ import torch
 from verl_async_rm.errors import RewardModelError
 from verl_async_rm.scoring.rm_config import ConfigValueError
 from verl_async_rm.scoring.inputs import plan_micro_batches, plan_packed_micro_batches
+from verl_async_rm.scoring.readout import (
+    check_output_field,
+    last_token_logits,
+    check_rows,
+    field_scores,
+    per_token_logits,
+    read_index,
+    reduce_outputs,
+)
 from verl_async_rm.scoring.packing import (
     VARLEN_ATTENTION,
     choose_kernel,
@@ -47,21 +53,6 @@ OOM_ERRORS: tuple[type[BaseException], ...] = tuple(
 #: second row is the first one's sibling: its first 6 tokens, then 3 of its own.
 _CHECK_ROWS = (9, 9, 4, 6)
 _CHECK_GROUPS = ("g", "g", None, None)
-
-
-def last_token_logits(per_token: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-    """``per_token[b, t]`` at each row's last position where ``attention_mask`` is 1: ``(B, T, L) -> (B, L)``."""
-    positions = torch.arange(attention_mask.shape[-1], device=attention_mask.device)
-    last = (positions * attention_mask.to(positions.dtype)).argmax(dim=-1).to(per_token.device)
-    return per_token[torch.arange(per_token.shape[0], device=per_token.device), last]
-
-
-def reduce_outputs(logits: torch.Tensor, reduction: str, index: int) -> torch.Tensor:
-    """One score per row from ``(B, L)`` head outputs: ``logits[:, index]`` or a reduction over ``L`` (float32)."""
-    logits = logits.float()
-    if reduction == "index":
-        return logits[:, index]
-    return {"mean": torch.mean, "sum": torch.sum, "max": torch.amax, "min": torch.amin}[reduction](logits, dim=-1)
 
 
 class RMForward:
@@ -259,11 +250,12 @@ class RMForward:
             output = self.model(input_ids=input_ids, attention_mask=attention_mask)
             per_token, self._captured = self._captured, None
             if self.output_field is not None:
-                return self._field_scores(output, len(batch), to_host)
+                scores = field_scores(output, self.output_field, len(batch), self.score_reduction, self.score_index)
+                return scores.cpu() if to_host else scores
             if per_token is None or per_token.dim() != 3 or per_token.shape[:2] != input_ids.shape:
-                per_token = _per_token_logits(output, input_ids.shape) if reads is not None else None
+                per_token = per_token_logits(output, input_ids.shape) if reads is not None else None
             if reads is not None:
-                rows, positions = _read_index(reads)
+                rows, positions = read_index(reads)
                 logits = per_token[to_device(rows, per_token.device), to_device(positions, per_token.device)]
             elif per_token is not None:
                 logits = last_token_logits(per_token, attention_mask)
@@ -310,7 +302,7 @@ class RMForward:
             if reads is None:
                 index = rows.last
             else:
-                row_of, positions = _read_index(reads)
+                row_of, positions = read_index(reads)
                 starts = np.cumsum([0, *(len(ids) for ids in batch)])[:-1]
                 index = to_device(starts[row_of] + positions, self.device)
             logits = per_token[0].index_select(0, index)
@@ -350,47 +342,12 @@ class RMForward:
             return torch.softmax(logits.float(), dim=-1)[:, self.label_index]
         return reduce_outputs(logits, self.score_reduction, self.score_index)
 
-    def _field_scores(self, output: Any, rows: int, to_host: bool) -> torch.Tensor:
-        """Scores from ``output.<output_field>``: ``(B,)`` as they are, ``(B, L)`` through :func:`reduce_outputs`."""
-        value = _output_field(output, self.output_field)
-        if not isinstance(value, torch.Tensor) or value.dim() not in (1, 2) or value.shape[0] != rows:
-            shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-            raise RewardModelError(
-                f"score_output_field={self.output_field!r}: expected one value (or one row of values) per input, "
-                f"got {shape} for {rows} row(s)"
-            )
-        scores = value.float() if value.dim() == 1 else reduce_outputs(value, self.score_reduction, self.score_index)
-        return scores.cpu() if to_host else scores
-
     def _check_output_field(self) -> None:
-        """Load-time check of ``output_field`` on one-row dry forwards: the field exists and holds one finite value
-        (or one row of them) per row; and a padded two-row batch scores as its rows do alone, else one row per
-        forward (the model's own code may pick its last token by ``pad_token_id`` or ignore the mask)."""
-        from verl_async_rm.scoring.rm_config import ConfigValueError
-
-        rows = _check_rows(self.model, (7, 4))
-        with torch.inference_mode():
-            output = self.model(input_ids=torch.tensor([rows[0]], device=self.device))
-        value = _output_field(output, self.output_field)
-        fields = _field_names(output)
-        problem = None
-        if value is None:
-            problem = f"the output ({type(output).__name__}) has no field {self.output_field!r}"
-        elif not isinstance(value, torch.Tensor) or value.dim() not in (1, 2) or value.shape[0] != 1:
-            shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
-            problem = f"output.{self.output_field} is {shape}, not one scalar (or one row of outputs) per row"
-        elif not bool(torch.isfinite(value.float()).all()):
-            problem = f"output.{self.output_field} is not finite on a dry forward ({value.tolist()})"
-        if problem is not None:
-            raise ConfigValueError(
-                "score_output_field", self.output_field, f"{problem}; the output has the fields {fields}",
-                "set score_output_field to the field that holds the reward (one value per row)",
-            )
-        if value.dim() == 2 and self.score_reduction == "index" and not -value.shape[1] <= self.score_index < value.shape[1]:
-            raise ConfigValueError(
-                "score_index", self.score_index, f"output.{self.output_field} has {value.shape[1]} value(s) per row",
-                f"use an index in [{-value.shape[1]}, {value.shape[1] - 1}] or a score_reduction",
-            )
+        """Load-time check of ``output_field`` (:func:`~verl_async_rm.scoring.readout.check_output_field`), then: a
+        padded two-row batch must score as its rows do alone, else one row per forward (the model's own code may
+        pick its last token by ``pad_token_id`` or ignore the mask)."""
+        rows = check_rows(self.model, (7, 4))
+        check_output_field(self.model, rows[0], self.output_field, self.score_reduction, self.score_index, self.device)
         single = torch.cat([self.forward_padded([ids]) for ids in rows])
         if self._check(self.forward_padded(rows), single, "batched") is not None:
             logger.warning(
@@ -423,19 +380,12 @@ class RMForward:
         return [RewardModelError(f"RM forward failed: {err!r}")]
 
     def _halves(
-        self,
-        batch: list[list[int]],
-        groups: Sequence[Hashable | None] | None,
-        reads: Sequence[Sequence[int]] | None = None,
+        self, batch: list[list[int]], groups: Sequence[Hashable | None] | None, reads: Sequence[Sequence[int]] | None
     ) -> list[Any]:
         half = len(batch) // 2
-
-        def part(side: Sequence[Any] | None, first: bool) -> Any:
-            return None if side is None else (side[:half] if first else side[half:])
-
-        return self.score_batch(batch[:half], part(groups, True), part(reads, True)) + self.score_batch(
-            batch[half:], part(groups, False), part(reads, False)
-        )
+        parts = [(0, half), (half, len(batch))]
+        return [value for lo, hi in parts for value in self.score_batch(
+            batch[lo:hi], None if groups is None else groups[lo:hi], None if reads is None else reads[lo:hi])]
 
     def _capture(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         self._captured = output if isinstance(output, torch.Tensor) else None
@@ -456,7 +406,7 @@ class RMForward:
         or an error means this model's attention does not honour the packing (custom modelling code, a
         bidirectional encoder, ...): ``auto`` falls back to padded forwards with a warning, ``true`` raises.
         """
-        rows = _check_rows(self.model, _CHECK_ROWS)
+        rows = check_rows(self.model, _CHECK_ROWS)
         rows[1][:6] = rows[0][:6]
         original = self._original_attention
         problem = None
@@ -501,43 +451,3 @@ class RMForward:
             return None
         return f"{what} scores {got.tolist()} differ from single-row scores {reference.tolist()}"
 
-
-def _read_index(reads: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """(row, position) of every read position, row after row."""
-    rows = np.repeat(np.arange(len(reads), dtype=np.int64), [len(r) for r in reads])
-    positions = np.fromiter((p for r in reads for p in r), dtype=np.int64, count=len(rows))
-    return rows, positions
-
-
-def _per_token_logits(output: Any, shape: torch.Size) -> torch.Tensor:
-    """The model's own ``(B, T, L)`` logits (token classification), for reading positions without a head hook."""
-    logits = getattr(output, "logits", None)
-    if logits is None and isinstance(output, tuple) and output:
-        logits = output[0]
-    if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or tuple(logits.shape[:2]) != tuple(shape):
-        raise RewardModelError(
-            f"a process RM must give per-token logits (batch, tokens, labels); got {type(output).__name__} "
-            "without them"
-        )
-    return logits
-
-
-def _output_field(output: Any, name: str | None) -> Any:
-    if name is None:
-        return None
-    if isinstance(output, dict) and name in output:  # ModelOutput is a dict too
-        return output[name]
-    return getattr(output, name, None)
-
-
-def _field_names(output: Any) -> list[str]:
-    if isinstance(output, dict):
-        return [str(k) for k in output.keys()]
-    return sorted(k for k in vars(output) if not k.startswith("_")) if hasattr(output, "__dict__") else []
-
-
-def _check_rows(model: torch.nn.Module, lengths: Sequence[int]) -> list[list[int]]:
-    """Rows of random token ids of ``lengths`` (seeded) for load-time checks."""
-    vocab = int(model.get_input_embeddings().num_embeddings)
-    gen = torch.Generator().manual_seed(0)
-    return [torch.randint(0, min(vocab, 1000), (n,), generator=gen).tolist() for n in lengths]

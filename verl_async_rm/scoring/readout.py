@@ -1,0 +1,125 @@
+"""Where an RM's score is read: which positions, which output, and how outputs become one value.
+
+- outcome RMs: the score head's per-token output at each row's last real token (:mod:`verl_async_rm.scoring.forward`),
+  reduced over the head's outputs by :func:`reduce_outputs`;
+- custom outputs (ArmoRM style): a named field of the model's output (:func:`field_scores`), checked at load on a
+  one-row dry forward (:func:`check_output_field`);
+- process RMs: several positions per row (:func:`read_index`), from the head's output or the model's own per-token
+  logits (:func:`per_token_logits`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+from verl_async_rm.errors import RewardModelError
+from verl_async_rm.scoring.rm_config import ConfigValueError
+
+__all__ = [
+    "last_token_logits",
+    "reduce_outputs",
+    "read_index",
+    "per_token_logits",
+    "field_scores",
+    "check_output_field",
+    "check_rows",
+]
+
+
+def last_token_logits(per_token: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """``per_token[b, t]`` at each row's last position where ``attention_mask`` is 1: ``(B, T, L) -> (B, L)``."""
+    positions = torch.arange(attention_mask.shape[-1], device=attention_mask.device)
+    last = (positions * attention_mask.to(positions.dtype)).argmax(dim=-1).to(per_token.device)
+    return per_token[torch.arange(per_token.shape[0], device=per_token.device), last]
+
+
+def reduce_outputs(logits: torch.Tensor, reduction: str, index: int) -> torch.Tensor:
+    """One score per row from ``(B, L)`` head outputs: ``logits[:, index]`` or a reduction over ``L`` (float32)."""
+    logits = logits.float()
+    if reduction == "index":
+        return logits[:, index]
+    return {"mean": torch.mean, "sum": torch.sum, "max": torch.amax, "min": torch.amin}[reduction](logits, dim=-1)
+
+
+def read_index(reads: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
+    """(row, position) of every read position, row after row."""
+    rows = np.repeat(np.arange(len(reads), dtype=np.int64), [len(r) for r in reads])
+    positions = np.fromiter((p for r in reads for p in r), dtype=np.int64, count=len(rows))
+    return rows, positions
+
+
+def per_token_logits(output: Any, shape: torch.Size) -> torch.Tensor:
+    """The model's own ``(B, T, L)`` logits (token classification), for reading positions without a head hook."""
+    logits = getattr(output, "logits", None)
+    if logits is None and isinstance(output, tuple) and output:
+        logits = output[0]
+    if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or tuple(logits.shape[:2]) != tuple(shape):
+        raise RewardModelError(
+            f"a process RM must give per-token logits (batch, tokens, labels); got {type(output).__name__} "
+            "without them"
+        )
+    return logits
+
+
+def field_scores(output: Any, name: str, rows: int, reduction: str, index: int) -> torch.Tensor:
+    """Scores from ``output.<name>``: ``(B,)`` as they are, ``(B, L)`` through :func:`reduce_outputs` (float32)."""
+    value = _field(output, name)
+    if not isinstance(value, torch.Tensor) or value.dim() not in (1, 2) or value.shape[0] != rows:
+        shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+        raise RewardModelError(
+            f"score_output_field={name!r}: expected one value (or one row of values) per input, got {shape} for "
+            f"{rows} row(s)"
+        )
+    return value.float() if value.dim() == 1 else reduce_outputs(value, reduction, index)
+
+
+def check_output_field(
+    model: torch.nn.Module, ids: list[int], name: str, reduction: str, index: int, device: torch.device
+) -> None:
+    """Raise ``ValueError`` naming ``score_output_field`` (and the fields the output has) unless a one-row dry
+    forward of ``ids`` gives one finite value, or one row of values that ``score_index`` can index, in that field."""
+    with torch.inference_mode():
+        output = model(input_ids=torch.tensor([ids], device=device))
+    value = _field(output, name)
+    problem = None
+    if value is None:
+        problem = f"the output ({type(output).__name__}) has no field {name!r}"
+    elif not isinstance(value, torch.Tensor) or value.dim() not in (1, 2) or value.shape[0] != 1:
+        shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
+        problem = f"output.{name} is {shape}, not one scalar (or one row of outputs) per row"
+    elif not bool(torch.isfinite(value.float()).all()):
+        problem = f"output.{name} is not finite on a dry forward ({value.tolist()})"
+    if problem is not None:
+        raise ConfigValueError(
+            "score_output_field", name, f"{problem}; the output has the fields {_field_names(output)}",
+            "set score_output_field to the field that holds the reward (one value per row)",
+        )
+    width = value.shape[1] if value.dim() == 2 else 0
+    if width and reduction == "index" and not -width <= index < width:
+        raise ConfigValueError(
+            "score_index", index, f"output.{name} has {width} value(s) per row",
+            f"use an index in [{-width}, {width - 1}] or a score_reduction",
+        )
+
+
+def check_rows(model: torch.nn.Module, lengths: Sequence[int]) -> list[list[int]]:
+    """Rows of random token ids of ``lengths`` (seeded) for load-time checks."""
+    vocab = int(model.get_input_embeddings().num_embeddings)
+    gen = torch.Generator().manual_seed(0)
+    return [torch.randint(0, min(vocab, 1000), (n,), generator=gen).tolist() for n in lengths]
+
+
+def _field(output: Any, name: str) -> Any:
+    if isinstance(output, dict) and name in output:  # ModelOutput is a dict too
+        return output[name]
+    return getattr(output, name, None)
+
+
+def _field_names(output: Any) -> list[str]:
+    if isinstance(output, dict):
+        return [str(k) for k in output.keys()]
+    return sorted(k for k in vars(output) if not k.startswith("_")) if hasattr(output, "__dict__") else []
