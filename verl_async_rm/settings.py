@@ -160,7 +160,8 @@ class AsyncRMConfig:
         mix_values = sections[RewardMix]
         if "rule_weight" not in mix_values and _manager_name(config) != ASYNC_RM_MANAGER:
             mix_values["rule_weight"] = 1.0  # the user's own reward manager: its reward counts unless told otherwise
-        token_level = tuple(name for name, entry in ((MAIN, rm), *((e.name, e.rm) for e in extras)) if entry.token_level)
+        token_level = tuple(e.name for e in extras if e.rm.token_level)
+        token_level = (MAIN, *token_level) if rm.token_level else token_level
         mix = _build(RewardMix, {**mix_values, "extra_weights": tuple((e.name, e.weight) for e in extras),
                                  "token_level_rms": token_level})
         main = RMEntry(name=MAIN, weight=mix.rm_weight, rm=rm, batching=batching, key="reward.reward_model")

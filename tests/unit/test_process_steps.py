@@ -27,7 +27,9 @@ def test_a_response_without_the_delimiter_is_one_step_and_an_empty_one_is_kept_w
     assert split_steps("\n\n \n\n", "\n\n") == [("\n\n \n\n", 5)]
 
 
-@pytest.mark.parametrize("text", ["the total cost is 12\n\nso the answer is 12", "a\n\nb\n\nc\n\n", "no steps here at all"])
+@pytest.mark.parametrize(
+    "text", ["the total cost is 12\n\nso the answer is 12", "a\n\nb\n\nc\n\n", "no steps here at all"]
+)
 def test_step_token_ends_are_the_tokens_where_each_step_text_ends(policy_tok, text):
     ids = policy_tok(text, add_special_tokens=False)["input_ids"]
     steps = split_steps(text, "\n\n")

@@ -80,7 +80,8 @@ class RewardModelScorer:
         text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
 
         self.num_labels = int(model.config.num_labels)
-        self._check_score_index()
+        if config.score_output_field is None:  # else checked on the output field itself (readout.check_output_field)
+            self._check_score_index()
         max_positions = getattr(text_config, "max_position_embeddings", None)
         self.max_length = config.max_length or max_positions
         if config.max_length and max_positions and config.max_length > max_positions:

@@ -21,6 +21,7 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,13 +92,21 @@ def build_tiny_models(cache_dir: str | os.PathLike | None = None, *, seed: int =
     base = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     root = base / f"tiny-models-v{_RECIPE_VERSION}-seed{seed}"
     models = TinyModels(root=root, policy=root / "policy", rm=root / "rm", rm_alt=root / "rm_alt")
+    build_atomically(root, lambda tmp: _build_into(tmp, seed), {"recipe": _RECIPE_VERSION, "seed": seed}, force)
+    return models
+
+
+def build_atomically(root: Path, build: Callable[[Path], None], marker: dict, force: bool = False) -> None:
+    """Run ``build(tmp)`` into a temporary folder next to ``root`` and rename it into place, unless ``root`` holds a
+    complete build (its marker file) and not ``force``. Several processes may race: the first rename wins and the
+    others keep its identical build."""
     if (root / _MARKER).is_file() and not force:
-        return models
-    base.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=base))
+        return
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}.", dir=root.parent))
     try:
-        _build_into(tmp, seed)
-        (tmp / _MARKER).write_text(json.dumps({"recipe": _RECIPE_VERSION, "seed": seed}))
+        build(tmp)
+        (tmp / _MARKER).write_text(json.dumps(marker))
         if force and root.exists():
             shutil.rmtree(root)
         try:
@@ -108,8 +117,7 @@ def build_tiny_models(cache_dir: str | os.PathLike | None = None, *, seed: int =
                 raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    logger.info("built tiny models in %s", root)
-    return models
+    logger.info("built %s", root)
 
 
 def _corpus(seed: int, n_lines: int = 3000) -> list[str]:
