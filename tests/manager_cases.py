@@ -35,10 +35,11 @@ def _key(override: str) -> str:
 
 
 @contextlib.contextmanager
-def running_manager(ray, tiny_models, trainer: str, *extra: str, rm_path=None):
+def running_manager(ray, tiny_models, trainer: str, *extra: str, rm_path=None, server_kwargs=None):
     """Build the manager as verl's trainer does (after verl's RewardLoopManager); yield (manager, config); tear down.
 
-    ``extra`` overrides are added to :func:`overrides`; ``rm_path`` replaces the tiny RM.
+    ``extra`` overrides are added to :func:`overrides`; ``rm_path`` replaces the tiny RM; ``server_kwargs`` go to the
+    synthetic generation server (for example ``steps=3``).
     """
     from verl.experimental.reward_loop import RewardLoopManager
 
@@ -58,7 +59,7 @@ def running_manager(ray, tiny_models, trainer: str, *extra: str, rm_path=None):
         tq.init(config.transfer_queue)
     servers = start_generation_servers(1, mode="synthetic", model_path=str(tiny_models.policy), response_length=24,
                                        lengths=LengthDistribution(median_tokens=8, sigma=1.0),
-                                       name_prefix=f"{trainer}gen")
+                                       name_prefix=f"{trainer}gen", **(server_kwargs or {}))
     reward_loop = RewardLoopManager(config=config, rm_resource_pool=None)
     try:
         manager = AsyncRMAgentLoopManager.create(

@@ -72,6 +72,8 @@ class CPUGenerationServer:
         lengths: synthetic response-length distribution.
         decode_s_per_token, prefill_s: simulated time of a synthetic request: ``prefill_s + n * decode_s_per_token``.
         vocab_size: synthetic vocabulary when no ``model_path`` is given.
+        steps, step_text: synthetic responses of ``steps`` parts joined by ``step_text`` (tokenized with the
+            model's tokenizer; parts then use only tokens with visible, newline-free text), for process RMs.
     """
 
     def __init__(
@@ -86,6 +88,8 @@ class CPUGenerationServer:
         decode_s_per_token: float = 0.0,
         prefill_s: float = 0.0,
         vocab_size: int = 256,
+        steps: int = 1,
+        step_text: str = "\n\n",
     ) -> None:
         if mode not in ("hf", "synthetic"):
             raise ValueError(f"CPUGenerationServer mode must be 'hf' or 'synthetic', got {mode!r}")
@@ -111,15 +115,22 @@ class CPUGenerationServer:
         self._eos: list[int] = []
         self._pad: Optional[int] = None
         self._ordinary = list(range(vocab_size))
+        self.steps = steps
+        self._step_ids: list[int] = []
+        if steps > 1 and not model_path:
+            raise ValueError("CPUGenerationServer(steps > 1) needs model_path: its tokenizer writes step_text")
         if model_path:
-            self._load(model_path)
+            self._load(model_path, step_text if steps > 1 else None)
 
-    def _load(self, model_path: str) -> None:
+    def _load(self, model_path: str, step_text: Optional[str] = None) -> None:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(model_path)
         specials = set(tok.all_special_ids)
         self._ordinary = [i for i in range(len(tok)) if i not in specials]
+        if step_text is not None:
+            self._step_ids = tok(step_text, add_special_tokens=False)["input_ids"]
+            self._ordinary = [i for i in self._ordinary if (t := tok.decode([i])).strip() and "\n" not in t]
         self._eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
         self._pad = tok.pad_token_id
         if self.mode == "hf":
@@ -175,6 +186,13 @@ class CPUGenerationServer:
                 await asyncio.sleep(delay)
             ids = [rng.choice(self._ordinary) for _ in range(n - 1)] + [self._eos[0] if self._eos else 0]
             ids = ids[:n]
+            if self.steps > 1:  # the same budget, as `steps` parts of about equal length joined by step_text
+                k, eos = self.steps, ids[-1]
+                body = [rng.choice(self._ordinary) for _ in range(max(k, n - 1 - (k - 1) * len(self._step_ids)))]
+                size = len(body) // k
+                parts = [body[j * size : (j + 1) * size] for j in range(k - 1)] + [body[(k - 1) * size :]]
+                ids = [t for j, part in enumerate(parts) for t in (self._step_ids if j else []) + part] + [eos]
+                n = len(ids)
             logps = [-1.0] * n
         else:
             async with self._lock:
