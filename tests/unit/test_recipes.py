@@ -75,6 +75,9 @@ RECIPES: dict[str, Layout] = {
     # two RMs, 1 GPU each (the second's pool is async_rm.models.second.*), verl's naive manager (rule_weight 1.0)
     "grpo_gsm8k_two_rms.sh": Layout(VERL_ENTRY, 1, 6, 1, 1, rm_weight=0.1, rule_weight=1.0,
                                     extra_rms={"second": (1, 1, 0.05)}),
+    # an outcome RM and a process RM with token-level step rewards (async_rm.models.prm.*), verl's naive manager
+    "grpo_gsm8k_prm_steps.sh": Layout(VERL_ENTRY, 1, 6, 1, 1, rm_weight=0.1, rule_weight=1.0,
+                                      extra_rms={"prm": (1, 1, 0.5)}),
 }
 
 
@@ -82,7 +85,8 @@ def dry_run(recipe: str, *args: str, **env: str) -> list[str]:
     """The command the recipe would exec, as bash expands it (argv list)."""
     bash = shutil.which("bash")
     assert bash is not None, "bash is needed to expand the recipes"
-    base = {k: v for k, v in os.environ.items() if k not in ("POLICY_PATH", "RM_PATH", "RM2_PATH", "DATA_DIR")}
+    base = {k: v for k, v in os.environ.items()
+            if k not in ("POLICY_PATH", "RM_PATH", "RM2_PATH", "PRM_PATH", "DATA_DIR")}
     proc = subprocess.run(
         [bash, str(RECIPES_DIR / recipe), *args],
         check=False,
