@@ -191,3 +191,20 @@ def test_gemma_has_no_system_role_and_calls_the_assistant_model(families):
 def test_custom_code_rms_need_trust_remote_code(families, tiny_models, name):
     with pytest.raises(ValueError, match=r"^trust_remote_code=False.*Fix: set trust_remote_code=True"):
         scorer_for(families, tiny_models, name, trust_remote_code=False)
+
+
+def test_an_automodel_coded_rm_of_a_known_model_type_needs_trust_remote_code_before_anything_loads(families, tmp_path):
+    """Like Qwen2.5-Math-PRM (model_type qwen2, its own AutoModel code): without trust_remote_code transformers would
+    load the bare Qwen2 backbone and drop the reward head; the config.json check refuses it, on the driver too."""
+    import json
+    import shutil
+
+    from verl_async_rm.scoring.checkpoint import check_rm_checkpoint
+
+    rm = tmp_path / "rm"
+    shutil.copytree(families["internlm2"], rm)
+    config = json.loads((rm / "config.json").read_text())
+    (rm / "config.json").write_text(json.dumps({**config, "model_type": "llama"}))
+    with pytest.raises(ValueError, match=r"^trust_remote_code=False.*auto_map.*Fix: "):
+        check_rm_checkpoint(str(rm), trust_remote_code=False)
+    check_rm_checkpoint(str(rm), trust_remote_code=True)

@@ -149,7 +149,7 @@ def _check_async_rm_settings(config: Any) -> AsyncRMConfig:
         rm = entry.rm
         if os.path.isdir(rm.model_path):
             try:
-                check_rm_checkpoint(rm.model_path, rm.trust_remote_code)
+                check_rm_checkpoint(rm.model_path, rm.trust_remote_code, rm.reward_kind)
             except ConfigValueError as err:
                 if entry.name == MAIN:
                     raise

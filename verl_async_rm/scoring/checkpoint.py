@@ -66,18 +66,20 @@ def _native_model_type(model_type: Any) -> bool:
     return isinstance(model_type, str) and model_type in CONFIG_MAPPING_NAMES
 
 
-def check_rm_checkpoint(model_path: str, trust_remote_code: bool) -> None:
+def check_rm_checkpoint(model_path: str, trust_remote_code: bool, reward_kind: str = "outcome") -> None:
     """Raise ``ValueError`` if ``model_path`` cannot be a sequence-classification RM (reads ``config.json`` only).
 
     Raises:
         ValueError: no ``config.json``; a generation architecture (causal LM) with no sequence-classification
             head; custom code (``auto_map``) for a model type transformers does not know, while
-            ``trust_remote_code`` is False.
+            ``trust_remote_code`` is False; an RM loaded by its own ``AutoModel`` code without it (transformers would
+            load the bare backbone of a known model type and drop the reward head).
     """
     config = _read_config(model_path)
     auto_map = config.get("auto_map") or {}
     model_type = config.get("model_type")
-    if auto_map and not trust_remote_code and not _native_model_type(model_type):
+    own_model = auto_class_name(config, reward_kind) == "AutoModel"
+    if auto_map and not trust_remote_code and (own_model or not _native_model_type(model_type)):
         raise ConfigValueError(
             "trust_remote_code",
             False,
@@ -163,15 +165,8 @@ def load_reward_model(
 
     from verl_async_rm.errors import RewardModelError
 
-    check_rm_checkpoint(path, trust_remote_code)
+    check_rm_checkpoint(path, trust_remote_code, reward_kind)
     class_name = auto_class_name(_read_config(path), reward_kind)
-    if class_name == "AutoModel" and not trust_remote_code:
-        # transformers would load the bare backbone of a known model type and drop the checkpoint's reward head
-        raise ConfigValueError(
-            "trust_remote_code", False,
-            f"the RM at {path} is a reward model defined by its own code (auto_map.AutoModel in config.json)",
-            _TRUST_FIX,
-        )
     auto_class = getattr(transformers, class_name)
     try:
         model, info = auto_class.from_pretrained(

@@ -66,7 +66,7 @@ class RewardModelScorer:
         if config.retemplate != "never":
             _check_dir(config.policy_tokenizer_path, "policy_tokenizer_path")
 
-        check_rm_checkpoint(config.model_path, config.trust_remote_code)
+        check_rm_checkpoint(config.model_path, config.trust_remote_code, config.reward_kind)
         self.rm_tokenizer = load_tokenizer(config.model_path, "model_path", config.trust_remote_code)
         model = load_reward_model(
             config.model_path,
