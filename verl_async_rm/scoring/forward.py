@@ -246,7 +246,7 @@ class RMForward:
         ids[mask] = flat_ids(batch, int(lengths.sum()))  # row-major: each row's tokens, then the next row's
         input_ids, attention_mask = to_device(ids, self.device), to_device(mask.astype(np.int64), self.device)
         self._captured = None
-        with torch.inference_mode(), self._no_shape_plans():
+        with torch.no_grad(), self._no_shape_plans():
             output = self.model(input_ids=input_ids, attention_mask=attention_mask)
             per_token, self._captured = self._captured, None
             if self.output_field is not None:
@@ -291,7 +291,7 @@ class RMForward:
         elif self.kernel == "varlen":
             kwargs.update(rows.varlen_kwargs())
         self._captured = None
-        with torch.inference_mode():
+        with torch.no_grad():
             self.model(**kwargs)
             per_token, self._captured = self._captured, None
             if per_token is None or per_token.dim() != 3 or tuple(per_token.shape[:2]) != tuple(rows.input_ids.shape):

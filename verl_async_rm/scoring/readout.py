@@ -82,7 +82,7 @@ def check_output_field(
 ) -> None:
     """Raise ``ValueError`` naming ``score_output_field`` (and the fields the output has) unless a one-row dry
     forward of ``ids`` gives one finite value, or one row of values that ``score_index`` can index, in that field."""
-    with torch.inference_mode():
+    with torch.no_grad():
         output = model(input_ids=torch.tensor([ids], device=device))
     value = _field(output, name)
     problem = None

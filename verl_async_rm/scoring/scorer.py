@@ -16,6 +16,7 @@ counts.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -31,6 +32,7 @@ from verl_async_rm.scoring.checkpoint import check_rm_checkpoint, load_reward_mo
 from verl_async_rm.scoring.rm_config import ConfigValueError, RMConfig
 from verl_async_rm.scoring.forward import RMForward, last_token_logits, reduce_outputs
 from verl_async_rm.scoring.inputs import prepare_input_ids, tokenizers_match
+from verl_async_rm.scoring.sharding import ShardGroup, join_group, load_sharded
 from verl_async_rm.scoring.process import ProcessInput, StepRewards, prepare_process_input, reduce_steps
 from verl_async_rm.request import RMRequest
 
@@ -54,9 +56,12 @@ class RewardModelScorer:
     Args:
         config: the RM settings.
         device: where to run; default: the current CUDA device when ``config.use_gpu``, else CPU (no verl import).
+        shard: this process's rank in a sharded replica (:mod:`~verl_async_rm.scoring.sharding`); ``store``: the
+            ``TCPStore`` rank 0 hosts (rank 0 only).
     """
 
-    def __init__(self, config: RMConfig, device: str | torch.device | None = None) -> None:
+    def __init__(self, config: RMConfig, device: str | torch.device | None = None, shard: ShardGroup | None = None,
+                 store: Any = None) -> None:
         self.config = config
         if device is None:
             device = _default_device(config.use_gpu)
@@ -68,15 +73,20 @@ class RewardModelScorer:
 
         check_rm_checkpoint(config.model_path, config.trust_remote_code, config.reward_kind)
         self.rm_tokenizer = load_tokenizer(config.model_path, "model_path", config.trust_remote_code)
-        model = load_reward_model(
-            config.model_path,
-            trust_remote_code=config.trust_remote_code,
-            attn_implementation=config.attn_implementation,
-            reward_kind=config.reward_kind,
-            **_dtype_kwarg(self.dtype),
+        load = functools.partial(
+            load_reward_model, config.model_path, trust_remote_code=config.trust_remote_code,
+            attn_implementation=config.attn_implementation, reward_kind=config.reward_kind, **_dtype_kwarg(self.dtype),
         )
+        #: How the weights are split over a sharded replica's ranks (``sharding``: none, tensor_parallel, fsdp2).
+        self.sharding = {"sharding": "none"}
+        if shard is None:
+            model = load().to(self.device)
+        else:  # every rank of the replica runs this same code, in step (collectives inside load and forwards)
+            join_group(shard, self.device, store)
+            model, self.sharding = load_sharded(load, config.model_path, config.trust_remote_code, self.device,
+                                                shard.world_size)
         model.config.use_cache = False
-        self.model = model.to(self.device).eval().requires_grad_(False)
+        self.model = model.eval().requires_grad_(False)
         text_config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
 
         self.num_labels = int(model.config.num_labels)
@@ -275,6 +285,7 @@ class RewardModelScorer:
             "retemplate": self.retemplate,
             "max_length": self.max_length,
             "num_labels": self.num_labels,
+            **self.sharding,
             **self.forward.describe(),
         }
 

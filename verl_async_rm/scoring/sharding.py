@@ -1,0 +1,205 @@
+"""An RM replica larger than one GPU: its processes ("ranks"), their group, and the RM sharded over them.
+
+A sharded replica (``gpus_per_replica=k``) is ``k`` processes, one per GPU of its bundle. They form their own
+``torch.distributed`` group (rank 0 hosts the ``TCPStore``; NCCL on GPUs, gloo on CPU), load the RM sharded over the
+group, and all run the same :meth:`~verl_async_rm.scoring.scorer.RewardModelScorer.score` on the same requests: the
+collectives inside each forward keep them in step, and every rank ends with the same scores (rank 0's are returned).
+
+How the RM is sharded (:func:`sharding_method`, said in the replica's log and ``describe()``):
+
+- ``tensor_parallel``: transformers' tensor-parallel plan (``tp_plan="auto"``, PyTorch DTensor) where the
+  architecture has one and its heads and MLP width divide by ``k`` (Llama, Gemma 2, Qwen2/2.5/3, Mistral, and custom
+  RMs built on their configs): attention heads and MLP columns split over the ranks, activations all-reduced;
+- ``fsdp2``: otherwise, each decoder layer ``fully_shard``-ed (FSDP2): each rank holds ``1/k`` of the weights and
+  gathers one layer's at a time; every rank computes the same forward.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+from pathlib import Path
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+
+__all__ = ["ShardGroup", "host_store", "join_group", "sharding_method", "load_sharded", "leave_group",
+           "check_replica_memory", "weights_bytes", "WEIGHTS_SHARE"]
+
+#: Most of one GPU's memory a replica's share of the weights may take (the rest: activations, the CUDA context).
+WEIGHTS_SHARE = 0.9
+_GIB = 1024**3
+_ELEMENT_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float64": 8}
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ShardGroup:
+    """This process's place in a sharded replica: ``rank`` of ``world_size``, the store rank 0 hosts, and how long a
+    collective (the rendezvous included) may wait for the other ranks."""
+
+    rank: int
+    world_size: int
+    host: str
+    port: int
+    timeout_s: float
+
+
+def host_store(world_size: int, timeout_s: float, port: int = 0) -> tuple[str, int, Any]:
+    """Rank 0's ``TCPStore`` on ``port`` (0: a free one) of this node: ``(host, port, store)``; keep ``store``."""
+    host = _node_ip()
+    store = torch.distributed.TCPStore(
+        host, port, world_size, is_master=True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
+    )
+    return host, store.port, store
+
+
+def join_group(group: ShardGroup, device: torch.device, store: Any = None) -> None:
+    """Initialise this process's default ``torch.distributed`` group: the replica's ``world_size`` ranks.
+
+    Each rank sees one accelerator (Ray gives it one), so the device mesh uses local index 0.
+    """
+    if torch.distributed.is_initialized():
+        raise RuntimeError("this process is already in a torch.distributed group: one sharded replica per process")
+    timeout = timedelta(seconds=group.timeout_s)
+    if store is None:
+        store = torch.distributed.TCPStore(group.host, group.port, group.world_size, is_master=False, timeout=timeout)
+    os.environ["LOCAL_RANK"] = "0"  # transformers' tensor-parallel loader places shards on <device>:LOCAL_RANK
+    backend = "gloo" if device.type == "cpu" else "nccl"
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    torch.distributed.init_process_group(
+        backend, store=store, rank=group.rank, world_size=group.world_size, timeout=timeout
+    )
+
+
+def leave_group() -> None:
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+def sharding_method(model_config: Any, world_size: int) -> tuple[str, str]:
+    """``("tensor_parallel" | "fsdp2", why)`` for a model of ``model_config`` sharded over ``world_size`` ranks."""
+    text = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+    plan = getattr(text, "base_model_tp_plan", None) or getattr(model_config, "base_model_tp_plan", None)
+    if not plan:
+        return "fsdp2", f"{type(model_config).__name__} has no tensor-parallel plan"
+    sizes = {name: getattr(text, name, None) for name in ("num_attention_heads", "num_key_value_heads",
+                                                          "intermediate_size")}
+    uneven = {name: size for name, size in sizes.items() if isinstance(size, int) and size % world_size}
+    if uneven:
+        return "fsdp2", f"{uneven} do not divide by gpus_per_replica={world_size}"
+    return "tensor_parallel", f"transformers' tensor-parallel plan of {type(model_config).__name__}"
+
+
+def load_sharded(load: Any, path: str, trust_remote_code: bool, device: torch.device, world_size: int,
+                 method: str | None = None) -> tuple[Any, dict[str, str]]:
+    """Load the RM at ``path`` sharded over the (initialised) group: ``(model, {"sharding", "sharding_reason"})``.
+
+    Args:
+        load: ``load(**extra_from_pretrained_kwargs) -> model`` (the scorer's checkpoint loader).
+        device: this rank's device.
+        method: ``tensor_parallel`` or ``fsdp2`` regardless of the model (benchmarks); default: :func:`sharding_method`.
+    """
+    from torch.distributed.device_mesh import init_device_mesh
+    from transformers import AutoConfig
+
+    if method is None:
+        model_config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        method, why = sharding_method(model_config, world_size)
+    else:
+        why = "asked for"
+    mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("tp",))
+    if method == "tensor_parallel":
+        model = load(tp_plan="auto", device_mesh=mesh)
+    else:
+        from torch.distributed.fsdp import fully_shard
+
+        model = load()
+        for layer in _decoder_layers(model):
+            fully_shard(layer, mesh=mesh, reshard_after_forward=True)
+        fully_shard(model, mesh=mesh, reshard_after_forward=True)
+        model = model.to(device)
+    logger.info("RM sharded over %d ranks by %s (%s)", world_size, method, why)
+    return model, {"sharding": method, "sharding_reason": why}
+
+
+def weights_bytes(path: str) -> tuple[int, str | None] | None:
+    """The checkpoint's weights as stored: ``(bytes, dtype)`` from its safetensors index (``metadata.total_size``),
+    else the sizes of its weight files; the dtype from ``config.json``. None when there are no weight files."""
+    root = Path(path)
+    try:
+        config = json.loads((root / "config.json").read_text())
+    except (OSError, ValueError):
+        config = {}
+    dtype = config.get("torch_dtype") or config.get("dtype")
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        try:
+            total = json.loads((root / index).read_text())["metadata"]["total_size"]
+            return int(total), dtype
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    files = list(root.glob("*.safetensors")) or list(root.glob("*.bin"))
+    total = sum(f.stat().st_size for f in files if not f.name.startswith("training_args"))
+    return (total, dtype) if total else None
+
+
+def check_replica_memory(config: Any, device_bytes: int | None = None) -> None:
+    """Refuse, before loading, an RM whose weights cannot fit its replica's ``gpus_per_replica`` GPUs.
+
+    Args:
+        config: the ``RMConfig`` (``model_path``, ``dtype``, ``gpus_per_replica``, ``n_gpus_per_node``).
+        device_bytes: one GPU's memory; default: this process's CUDA device (no check on CPU).
+
+    Raises:
+        ConfigValueError: on ``gpus_per_replica``, with the weights' size and the ``gpus_per_replica`` that fits.
+    """
+    from verl_async_rm.scoring.rm_config import ConfigValueError
+
+    if device_bytes is None:
+        if not config.use_gpu or not torch.cuda.is_available():
+            return
+        device_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    stored = weights_bytes(config.model_path)
+    if stored is None:
+        return
+    size, stored_dtype = stored
+    dtype = "bfloat16" if config.dtype == "auto" else config.dtype
+    weights = size * _ELEMENT_BYTES[dtype] // _ELEMENT_BYTES.get(str(stored_dtype), _ELEMENT_BYTES[dtype])
+    k, per_node = config.gpus_per_replica, config.n_gpus_per_node
+    need = -(-weights // int(WEIGHTS_SHARE * device_bytes))
+    if need <= k:
+        return
+    fits = [d for d in range(need, per_node + 1) if per_node % d == 0]
+    fix = (f"set {{key}}={fits[0]}" if fits else
+           f"the RM needs {need} GPUs of this kind per replica, all on one node, and the pool's nodes have "
+           f"n_gpus_per_node={per_node}: give the pool nodes of at least {need} GPUs (n_gpus_per_node a multiple of "
+           f"{need}), or GPUs with more memory")
+    raise ConfigValueError(
+        "gpus_per_replica", k,
+        f"the RM's weights take {weights / _GIB:.1f} GiB in {dtype}, {weights / k / _GIB:.1f} GiB on each of the "
+        f"replica's {k} GPU(s): more than {WEIGHTS_SHARE:.0%} of a {device_bytes / _GIB:.1f} GiB GPU of this pool",
+        fix,
+    )
+
+
+def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's repeated blocks (the children of its largest ``ModuleList``), FSDP2's units."""
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 0]
+    return list(max(lists, key=len)) if lists else []
+
+
+def _node_ip() -> str:
+    try:
+        import ray
+
+        if ray.is_initialized():
+            return ray.util.get_node_ip_address()
+    except ImportError:  # the scorer runs without Ray (benchmarks, tests)
+        pass
+    return socket.gethostbyname(socket.gethostname())
