@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from pathlib import Path
 
 from verl_async_rm.request import RMRequest
@@ -53,3 +55,14 @@ def save_nan_rm(rm_path, out_dir: Path) -> tuple[Path, int]:
     model.save_pretrained(out_dir)
     tok.save_pretrained(out_dir)
     return out_dir, poison
+
+
+async def wait_stats(service, predicate, what: str, timeout_s: float = 180.0) -> dict:
+    """Poll an RM service's (or executor actor's) ``stats()`` until ``predicate(stats)``; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        stats = await service.stats.remote()
+        if predicate(stats):
+            return stats
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"executor never reached: {what}; last stats {stats}")

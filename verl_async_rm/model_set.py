@@ -6,11 +6,13 @@ with flat keys under its name::
     +async_rm.models.safety.model_path=/models/safety-rm
     +async_rm.models.safety.n_gpus_per_node=1     # default 1
     +async_rm.models.safety.nnodes=1              # default 1
+    +async_rm.models.safety.gpus_per_replica=1    # default 1: GPUs per replica (an RM too big for one GPU)
     +async_rm.models.safety.weight=0.5            # default 1.0
     +async_rm.models.safety.max_length=4096       # any RM or batching option of async_rm.*
 
 An option not set under the RM's name takes the value set at the top (``async_rm.<option>``), else its default; the
-RM path, the pool's size and the weight are the RM's own. ``main`` is weighted by ``async_rm.rm_weight``.
+RM path, the pool's size and shape (``gpus_per_replica``) and the weight are the RM's own. ``main`` is weighted by
+``async_rm.rm_weight``.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ MAIN = "main"
 MODELS_KEY = "models"
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 #: Per-RM keys that are the RM's own (never taken from the top of ``async_rm``).
-_OWN_KEYS = ("model_path", "n_gpus_per_node", "nnodes", "weight")
+_OWN_KEYS = ("model_path", "n_gpus_per_node", "nnodes", "gpus_per_replica", "weight")
 #: RM options that are not set per model.
 _NOT_PER_MODEL = {"use_gpu": "RM replicas use GPUs unless trainer.device=cpu, for every RM; set trainer.device"}
 
@@ -91,7 +93,8 @@ def extra_rm_entries(
             raise ValueError(
                 f"{key}={options!r}: it must be a group of keys; set them one by one, e.g. +{key}.model_path=/path"
             )
-        rm_values, batching_values = dict(shared_rm), dict(shared_batching)
+        rm_values = {k: v for k, v in shared_rm.items() if k not in _OWN_KEYS}
+        batching_values = dict(shared_batching)
         weight = 1.0
         for option, value in options.items():
             if option == "weight":

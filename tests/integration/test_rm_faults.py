@@ -20,7 +20,7 @@ import time
 
 import pytest
 import ray
-from rm_cases import ANSWERS, QUESTIONS, direct_score, hf_model, make_request
+from rm_cases import ANSWERS, QUESTIONS, direct_score, hf_model, make_request, wait_stats
 
 from verl_async_rm.batching import BatchPolicy
 from verl_async_rm.errors import NoSlotsError, RequestTimeoutError
@@ -76,16 +76,6 @@ async def kill_and_wait(replica) -> None:
             return
         await asyncio.sleep(0.05)
     raise AssertionError("the killed replica still answers")
-
-
-async def wait_stats(executor, predicate, what: str) -> dict:
-    deadline = time.monotonic() + HANG_S
-    while time.monotonic() < deadline:
-        stats = await executor.stats.remote()
-        if predicate(stats):
-            return stats
-        await asyncio.sleep(0.2)
-    raise AssertionError(f"executor never reached: {what}; last stats {stats}")
 
 
 def expected_scores(tiny_models, reqs):

@@ -190,9 +190,18 @@ class RMConfig:
     use_gpu: bool = field(default=True, metadata={"help": "False: CPU replicas (tests, demo)."})
     n_gpus_per_node: int = field(
         default=1,
-        metadata={"help": "RM replicas per node; each holds a full copy of the RM on one GPU (or one CPU bundle)."},
+        metadata={"help": "GPUs per node of the reward pool (CPU bundles with use_gpu=False); each replica holds "
+                          "gpus_per_replica of them (default: a full copy of the RM on each GPU)."},
     )
-    nnodes: int = field(default=1, metadata={"help": "Nodes of the reward pool; each gets n_gpus_per_node replicas."})
+    nnodes: int = field(default=1, metadata={"help": "Nodes of the reward pool; each gets n_gpus_per_node GPUs."})
+    gpus_per_replica: int = field(
+        default=1,
+        metadata={
+            "help": "GPUs of one RM replica, all on one node (it must divide n_gpus_per_node): an RM too large for "
+            "one GPU is sharded over them (tensor parallel where the architecture has a plan, else FSDP2); the "
+            "pool holds n_gpus_per_node * nnodes / gpus_per_replica replicas."
+        },
+    )
     placement_timeout_s: float = field(
         default=300.0, metadata={"help": "How long to wait for the reward pool's placement groups."}
     )
@@ -257,6 +266,7 @@ class RMConfig:
                     f"the reward pool needs at least {what}",
                     "set {key} to a positive integer (one RM replica on one GPU: n_gpus_per_node=1, nnodes=1)",
                 )
+        self._check_gpus_per_replica()
         for name in ("placement_timeout_s", "init_timeout_s"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
@@ -313,10 +323,35 @@ class RMConfig:
                 "remove score_output_field, or set reward_kind='outcome'",
             )
 
+    def _check_gpus_per_replica(self) -> None:
+        k, per_node = self.gpus_per_replica, self.n_gpus_per_node
+        if _not_int(k) or k <= 0:
+            raise ConfigValueError(
+                "gpus_per_replica", k, "a replica needs at least one GPU",
+                "set {key}=1 (a full copy of the RM per GPU), or the GPUs one copy needs, e.g. 2 for a 70B RM on "
+                "80 GB GPUs",
+            )
+        if per_node % k:
+            node = "a node of the reward pool" if k < per_node else "a node"
+            fits = [d for d in range(1, per_node + 1) if per_node % d == 0]
+            raise ConfigValueError(
+                "gpus_per_replica", k,
+                f"a replica's GPUs are all on one node, and {node} has n_gpus_per_node={per_node} "
+                f"(reward.reward_model.n_gpus_per_node, or async_rm.models.<name>.n_gpus_per_node), which is "
+                f"{'smaller than' if k > per_node else 'not a multiple of'} gpus_per_replica",
+                f"set n_gpus_per_node to a multiple of {k} (e.g. {k * max(1, -(-per_node // k))}), or {{key}} to "
+                f"one of {fits}",
+            )
+
+    @property
+    def replicas_per_node(self) -> int:
+        """RM replicas on each node of the pool."""
+        return self.n_gpus_per_node // self.gpus_per_replica
+
     @property
     def num_replicas(self) -> int:
-        """Data-parallel RM replicas in the pool (one executor slot each)."""
-        return self.n_gpus_per_node * self.nnodes
+        """RM replicas in the pool (one executor slot each), of ``gpus_per_replica`` GPUs each."""
+        return self.replicas_per_node * self.nnodes
 
 
 def _not_int(value: Any) -> bool:

@@ -17,7 +17,7 @@ import ray
 
 from verl_async_rm.errors import ResourcePoolError
 from verl_async_rm.model_set import RMEntry
-from verl_async_rm.service.placement import remove_pool_groups
+from verl_async_rm.service.placement import remove_pool_groups, replica_bundle
 from verl_async_rm.service.service import kill_quietly, launch_rm_service, start_timeout_s
 
 __all__ = ["start_rm_services", "check_pools_fit", "pools_text"]
@@ -85,8 +85,12 @@ def pools_text(entries: Sequence[RMEntry]) -> str:
     parts = []
     for e in entries:
         unit = "GPU" if e.rm.use_gpu else "CPU"
+        n, k = e.rm.num_replicas, e.rm.gpus_per_replica
+        shape = (f"{n} {unit} bundle{'s' if n > 1 else ''}" if k == 1 else
+                 f"{n * k} {unit}s: {n} replica{'s' if n > 1 else ''} of "
+                 f"{e.key if e.key.startswith('async_rm') else 'async_rm'}.gpus_per_replica={k}")
         parts.append(f"RM {e.name!r}: {e.key}.n_gpus_per_node={e.rm.n_gpus_per_node} x {e.key}.nnodes="
-                     f"{e.rm.nnodes} ({e.rm.num_replicas} {unit} bundle{'s' if e.rm.num_replicas > 1 else ''})")
+                     f"{e.rm.nnodes} ({shape})")
     return "; ".join(parts)
 
 
@@ -95,12 +99,8 @@ _FIX = ("make a pool smaller (its n_gpus_per_node / nnodes), score with fewer RM
 
 
 def _bundle(entry: RMEntry) -> dict[str, float]:
-    """What one replica's bundle asks (as :meth:`RMResourcePool.bundle`: one CPU, plus one accelerator)."""
-    if not entry.rm.use_gpu:
-        return {"CPU": 1.0}
-    from verl.plugin.platform import get_platform
-
-    return {"CPU": 1.0, get_platform().ray_resource_name(): 1.0}
+    """What one replica's bundle asks (as :meth:`RMResourcePool.bundle`)."""
+    return replica_bundle(entry.rm.gpus_per_replica, entry.rm.use_gpu)
 
 
 def _amounts(resources: Mapping[str, float]) -> str:

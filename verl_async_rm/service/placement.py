@@ -1,20 +1,22 @@
 """The reward pool: the RM's own Ray resources, and the RM worker group ("rm_wg") built on them.
 
-:class:`RMResourcePool` is a verl ``RayResourcePool`` (``process_on_nodes=[n_gpus_per_node] * nnodes``,
-``max_colocate_count=1``) that reserves its placement groups differently from verl's:
+:class:`RMResourcePool` is a verl ``RayResourcePool`` with one bundle per replica
+(``process_on_nodes=[n_gpus_per_node // gpus_per_replica] * nnodes``, ``max_colocate_count=1``): a bundle holds the
+replica's ``gpus_per_replica`` GPUs (and as many CPUs), so they are always on one node. It reserves its placement
+groups differently from verl's:
 
 - each node's placement group is pinned to a distinct node chosen from the resources free right now, so replicas
   spread over ``nnodes`` nodes (two ``STRICT_PACK`` groups could otherwise share one big node);
 - the reservation waits at most ``placement_timeout_s``; verl's ``get_placement_groups`` waits on ``pg.ready()``
   forever, which hangs when the cluster is too small. Missing resources raise :class:`ResourcePoolError` saying what
   was asked and what each node has;
-- a bundle asks 1 CPU (plus 1 GPU unless ``use_gpu=False``), not verl's default 10 CPUs (``max_colocate_count=10``).
+- a bundle asks ``gpus_per_replica`` CPUs (plus as many GPUs unless ``use_gpu=False``), not verl's default 10 CPUs
+  per GPU (``max_colocate_count=10``).
 
 :func:`create_rm_worker_group` builds a verl ``RayWorkerGroup`` of :class:`RewardModelWorker` on the pool, loads
 the RM on every replica (with ``init_timeout_s``) and returns it; ``wg.workers`` are the per-replica actor handles,
-one executor slot each. :func:`shutdown_rm_worker_group` kills the replicas and frees the placement groups.
-
-Data-parallel replicas only: each worker holds a full copy of the RM on one GPU (or one CPU bundle).
+one executor slot each (rank 0 of a sharded replica, which starts its other ranks in its bundle).
+:func:`shutdown_rm_worker_group` kills the replicas and frees the placement groups.
 """
 
 from __future__ import annotations
@@ -30,10 +32,15 @@ from ray.util.placement_group import (
     placement_group,
     remove_placement_group,
 )
-from verl.single_controller.ray.base import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+from verl.single_controller.ray.base import (
+    RayClassWithInitArgs,
+    RayResourcePool,
+    RayWorkerGroup,
+    sort_placement_group_by_node_ip,
+)
 
 from verl_async_rm.errors import ResourcePoolError, RewardModelError
-from verl_async_rm.scoring.rm_config import RMConfig
+from verl_async_rm.scoring.rm_config import ConfigValueError, RMConfig
 from verl_async_rm.service.replica import RewardModelWorker
 
 logger = logging.getLogger(__name__)
@@ -44,6 +51,7 @@ __all__ = [
     "create_rm_worker_group",
     "shutdown_rm_worker_group",
     "remove_pool_groups",
+    "replica_bundle",
 ]
 
 _NODE_ID_LABEL = "ray.io/node-id"
@@ -53,9 +61,10 @@ class RMResourcePool(RayResourcePool):
     """verl ``RayResourcePool`` for the RM: node-pinned placement groups reserved with a timeout.
 
     Args:
-        n_gpus_per_node: replicas (bundles) per node.
+        n_gpus_per_node: GPUs (CPU bundles with ``use_gpu=False``) per node.
         nnodes: nodes.
-        use_gpu: bundles ask one accelerator each; False gives CPU-only bundles (tests, demo).
+        gpus_per_replica: GPUs of one replica (one bundle); divides ``n_gpus_per_node``.
+        use_gpu: bundles ask gpus_per_replica accelerators each; False gives CPU-only bundles (tests, demo).
         placement_timeout_s: how long to wait for the placement groups.
         name_prefix: placement group name prefix.
     """
@@ -65,21 +74,28 @@ class RMResourcePool(RayResourcePool):
         n_gpus_per_node: int,
         nnodes: int,
         *,
+        gpus_per_replica: int = 1,
         use_gpu: bool = True,
         placement_timeout_s: float = 300.0,
         name_prefix: str | None = None,
     ) -> None:
-        for key, value in (("n_gpus_per_node", n_gpus_per_node), ("nnodes", nnodes)):
+        for key, value in (("n_gpus_per_node", n_gpus_per_node), ("nnodes", nnodes),
+                           ("gpus_per_replica", gpus_per_replica)):
             if value <= 0:
                 raise ValueError(f"{key}={value!r}: the reward pool needs at least one. Fix: pass a positive {key}")
+        if n_gpus_per_node % gpus_per_replica:
+            raise ValueError(f"gpus_per_replica={gpus_per_replica} does not divide n_gpus_per_node={n_gpus_per_node}"
+                             ": a replica's GPUs are on one node. Fix: make n_gpus_per_node a multiple of it")
         super().__init__(
-            process_on_nodes=[n_gpus_per_node] * nnodes,
+            process_on_nodes=[n_gpus_per_node // gpus_per_replica] * nnodes,
             use_gpu=use_gpu,
             name_prefix=name_prefix,
             max_colocate_count=1,
         )
         self.n_gpus_per_node = n_gpus_per_node
         self.nnodes = nnodes
+        self.gpus_per_replica = gpus_per_replica
+        self.replicas_per_node = n_gpus_per_node // gpus_per_replica
         self.placement_timeout_s = placement_timeout_s
 
     @classmethod
@@ -88,6 +104,7 @@ class RMResourcePool(RayResourcePool):
         return cls(
             config.n_gpus_per_node,
             config.nnodes,
+            gpus_per_replica=config.gpus_per_replica,
             use_gpu=config.use_gpu,
             placement_timeout_s=config.placement_timeout_s,
             name_prefix=name_prefix,
@@ -95,10 +112,14 @@ class RMResourcePool(RayResourcePool):
 
     def bundle(self) -> dict[str, float]:
         """Resources of one replica's bundle."""
-        bundle = {"CPU": float(self.max_colocate_count)}
-        if self.use_gpu:
-            bundle[_accelerator_resource()] = 1.0
-        return bundle
+        return replica_bundle(self.gpus_per_replica, self.use_gpu)
+
+    def replica_bundles(self) -> list[tuple[PlacementGroup, int]]:
+        """``(placement group, bundle index)`` of each replica, in the rank order of verl's ``RayWorkerGroup``
+        (groups sorted by node IP, then bundle by bundle)."""
+        if not self.pgs:
+            raise ValueError("the reward pool has no placement groups yet: reserve them first")
+        return [(pg, i) for pg in sort_placement_group_by_node_ip(self.pgs) for i in range(self.replicas_per_node)]
 
     def get_placement_groups(
         self, strategy: str = "STRICT_PACK", name: str | None = None, device_name: str | None = None
@@ -107,10 +128,10 @@ class RMResourcePool(RayResourcePool):
         if self.pgs is not None:
             return self.pgs
         bundle = self.bundle()
-        nodes = _pick_nodes(bundle, self.n_gpus_per_node, self.nnodes)
+        nodes = _pick_nodes(bundle, self.replicas_per_node, self.nnodes)
         prefix = name or f"{self.name_prefix}verl_async_rm_pool:"
         self.pgs = reserve_placement_groups(
-            [[dict(bundle) for _ in range(self.n_gpus_per_node)] for _ in range(self.nnodes)],
+            [[dict(bundle) for _ in range(self.replicas_per_node)] for _ in range(self.nnodes)],
             node_ids=nodes,
             strategy=strategy,
             name_prefix=prefix,
@@ -126,6 +147,14 @@ class RMResourcePool(RayResourcePool):
             except Exception:  # already removed, or the cluster is shutting down
                 logger.debug("placement group %s already removed", pg.id, exc_info=True)
         self.pgs = None
+
+
+def replica_bundle(gpus_per_replica: int, use_gpu: bool) -> dict[str, float]:
+    """What one replica's bundle asks: ``gpus_per_replica`` CPUs, and as many accelerators unless CPU-only."""
+    bundle = {"CPU": float(gpus_per_replica)}
+    if use_gpu:
+        bundle[_accelerator_resource()] = float(gpus_per_replica)
+    return bundle
 
 
 def reserve_placement_groups(
@@ -188,6 +217,8 @@ def create_rm_worker_group(
 
     Raises:
         ResourcePoolError: the pool cannot be reserved.
+        ValueError: the RM's weights cannot fit a replica's ``gpus_per_replica`` GPUs (a replica checks before it
+            loads); the group is shut down first.
         RewardModelError: a replica failed to load the RM, or took longer than ``init_timeout_s``; the group is
             shut down first.
     """
@@ -204,7 +235,8 @@ def create_rm_worker_group(
     except BaseException:
         pool.release()
         raise
-    refs = [worker.init_model.remote() for worker in wg.workers]
+    refs = [worker.init_model.remote(placement)
+            for worker, placement in zip(wg.workers, pool.replica_bundles(), strict=True)]
     ready, pending = ray.wait(refs, num_returns=len(refs), timeout=config.init_timeout_s)
     if pending:
         shutdown_rm_worker_group(wg)
@@ -219,6 +251,8 @@ def create_rm_worker_group(
         except Exception as err:
             shutdown_rm_worker_group(wg)
             cause = getattr(err, "cause", None) or err  # RayTaskError carries the replica's own exception
+            if isinstance(cause, ConfigValueError) and cause.key == "gpus_per_replica":  # too large for its GPUs
+                raise cause from err
             raise RewardModelError(f"RM replica {rank} failed to load {config.model_path}: {cause}") from err
     logger.info(
         "RM worker group ready: %d replica(s) of %s on nodes %s",

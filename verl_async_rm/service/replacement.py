@@ -1,5 +1,8 @@
 """``ReplicaFactory``: a stand-in RM replica for a lost one, started in the lost replica's own bundle.
 
+A sharded replica (``gpus_per_replica > 1``) is replaced whole: the stand-in is a new rank 0, which starts new other
+ranks in the bundle (the lost ranks were owned by the lost rank 0, so Ray ended them with it).
+
 The executor calls it (as its ``replace_slot``) when a replica died under a batch. The new
 :class:`~verl_async_rm.service.replica.RewardModelWorker` gets the placement-group bundle the dead one held (so it never
 competes with the policy for resources; it starts "when resources allow": as soon as Ray has freed the dead actor's
@@ -43,7 +46,7 @@ class ReplicaFactory:
         if not pool.pgs:
             raise ValueError("the worker group's resource pool has no placement groups: create the group first")
         self.config = config
-        self.bundles = [(pg, local) for pg in pool.pgs for local in range(len(pg.bundle_specs))]
+        self.bundles = pool.replica_bundles()  # replica i's bundle, in the worker group's rank order
         self.use_gpu = bool(pool.use_gpu)
         self.env = {
             "WORLD_SIZE": str(len(self.bundles)),
@@ -78,7 +81,8 @@ class ReplicaFactory:
             options.update(get_platform().ray_resource_options(1))
         replica = ray.remote(RewardModelWorker).options(**options).remote(self.config)
         try:
-            info = await asyncio.wait_for(_await(replica.init_model.remote()), self.config.init_timeout_s)
+            info = await asyncio.wait_for(_await(replica.init_model.remote((pg, bundle))),
+                                          self.config.init_timeout_s)
         except BaseException as err:
             ray.kill(replica, no_restart=True)
             if isinstance(err, asyncio.TimeoutError):

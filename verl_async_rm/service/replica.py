@@ -1,4 +1,5 @@
-"""One RM replica: a verl ``Worker`` holding one full copy of the reward model (one data-parallel replica).
+"""One RM replica: a verl ``Worker`` holding one full copy of the reward model (one data-parallel replica), or rank 0
+of a replica sharded over ``gpus_per_replica`` GPUs (:mod:`verl_async_rm.service.ranks`).
 
 The RM service calls each replica by its own actor handle, ``replica.score.remote(requests)``: every public method of
 a verl ``Worker`` is an ordinary Ray actor method (``@register`` only adds the group-level dispatch of a
@@ -21,6 +22,8 @@ from verl_async_rm.errors import RewardModelError
 from verl_async_rm.scoring.rm_config import RMConfig
 from verl_async_rm.request import RMRequest
 from verl_async_rm.scoring.scorer import RewardModelScorer
+from verl_async_rm.scoring.sharding import check_replica_memory
+from verl_async_rm.service.ranks import Ranks
 
 logger = logging.getLogger(__name__)
 
@@ -42,13 +45,31 @@ class RewardModelWorker(Worker):
         super().__init__()
         self.config = config
         self._scorer: RewardModelScorer | None = None
+        #: The other ranks of a sharded replica (``gpus_per_replica > 1``); this worker is rank 0.
+        self._ranks: Ranks | None = None
         self._batch_records: deque[dict[str, float]] = deque(maxlen=BATCH_RECORDS_KEPT)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def init_model(self) -> dict[str, Any]:
-        """Load the RM on this replica's device; returns :meth:`describe`."""
-        if self._scorer is None:
+    def init_model(self, placement: tuple[Any, int] | None = None) -> dict[str, Any]:
+        """Load the RM on this replica's device, or (``gpus_per_replica > 1``) sharded over the ``k`` GPUs of its
+        bundle ``placement`` (``(placement group, bundle index)``), this worker being rank 0; returns :meth:`describe`.
+
+        Raises:
+            ValueError: the RM's weights cannot fit the replica's GPUs (the message gives the ``gpus_per_replica``
+                that fits).
+        """
+        if self._scorer is not None:
+            return self.describe()
+        check_replica_memory(self.config)
+        if self.config.gpus_per_replica == 1:
             self._scorer = RewardModelScorer(self.config)
+            return self.describe()
+        if placement is None:
+            raise RewardModelError("a sharded RM replica needs its bundle: init_model(placement=(pg, bundle_index))")
+        self._ranks = Ranks(self.config, placement, ray.get_runtime_context().get_actor_name())
+        self._scorer = self._ranks.start(
+            lambda group, store: RewardModelScorer(self.config, shard=group, store=store)
+        )
         return self.describe()
 
     def score(self, requests: list[RMRequest]) -> list[float | RewardModelError]:
@@ -59,7 +80,9 @@ class RewardModelWorker(Worker):
         scorer = self._require_scorer()
         start = time.time()
         try:
-            return scorer.score(requests)
+            if self._ranks is None:
+                return scorer.score(requests)
+            return self._ranks.run(requests, lambda: scorer.score(requests))
         finally:
             self._batch_records.append({"start": start, "end": time.time(), "size": len(requests)})
 
@@ -90,6 +113,9 @@ class RewardModelWorker(Worker):
         }
         if self._scorer is not None:
             info.update(self._scorer.describe())  # device, dtype, retemplate, max_length, num_labels, packing
+        info["gpus_per_replica"] = self.config.gpus_per_replica
+        if self._ranks is not None:
+            info["ranks"] = self._ranks.infos  # ranks 1..k-1: pid, actor_name, node_ip, device
         return info
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)

@@ -1,0 +1,125 @@
+"""RM replicas larger than one GPU (``+async_rm.gpus_per_replica=2``), on a CPU pool of 4 "GPUs" (CPU bundles).
+
+The pool holds 2 replicas of 2 ranks each: every replica is 2 Ray processes that load the tiny RM sharded over a gloo
+group (tensor parallel: its heads and MLP width divide by 2) and score each batch together. Scores equal the
+unsharded model's (fp32, 1e-4) through the agent-loop manager on verl's v1 trainer, and a rank killed in the middle
+of a batch costs no trajectory: the batch is re-queued, and the replica is replaced with all its ranks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import pytest
+import ray
+import torch
+from manager_cases import running_manager
+from rm_cases import ANSWERS, QUESTIONS, direct_score, hf_model, make_request, wait_stats
+
+from verl_async_rm.batching import BatchPolicy
+from verl_async_rm.scoring.rm_config import RMConfig
+from verl_async_rm.service import score_with_timeout, start_rm_service
+
+pytestmark = pytest.mark.integration
+
+HANG_S = 180.0  # hang detector for one wait; a sharded replica loads in ~15 s here
+SHARDED = ("reward.reward_model.n_gpus_per_node=4", "+async_rm.gpus_per_replica=2")
+
+
+def test_sharded_replicas_score_as_the_unsharded_rm_through_the_v1_manager(ray_local, tiny_models, policy_tok):
+    from verl_async_rm.testing.v1 import V1FitLoop, prompt_batch
+
+    questions = ["how many apples does the farmer have", "what is the total cost of two books",
+                 "how far does the train go"]
+    with running_manager(ray_local, tiny_models, "v1", *SHARDED) as (manager, config):
+        replicas = ray.get(manager.rm_services["main"].describe.remote(), timeout=60)
+        batch = V1FitLoop(config, manager).train_step(prompt_batch(questions))
+    assert len(replicas) == 2
+    for info in replicas:
+        assert info["gpus_per_replica"] == 2 and info["sharding"] == "tensor_parallel"
+        assert [rank["rank"] for rank in info["ranks"]] == [1]
+        assert info["ranks"][0]["pid"] != info["pid"]
+    model = hf_model(tiny_models.rm)
+    assert len(batch.keys) == len(questions) * 2
+    for i in range(len(batch.keys)):
+        expected = direct_score(model, torch.cat([batch.data["prompts"][i], batch.data["responses"][i]]).tolist())
+        assert batch.reward_extra_info(i)["rm_score"] == pytest.approx(expected, abs=1e-4)
+    assert batch.metrics["async_rm/scored"] == len(questions) * 2 and batch.metrics["async_rm/errors"] == 0
+    assert batch.metrics["async_rm/replicas_usable"] == 2
+
+
+def requests(policy_tok, n: int, tag: str):
+    pairs = [(q, a) for q in QUESTIONS for a in ANSWERS]
+    return [make_request(policy_tok, *pairs[i % len(pairs)], uid=f"{tag}{i}") for i in range(n)]
+
+
+def test_a_rank_killed_mid_batch_costs_no_trajectory_and_its_replica_is_replaced_whole(
+    ray_local, tiny_models, policy_tok
+):
+    config = RMConfig(model_path=str(tiny_models.rm), policy_tokenizer_path=str(tiny_models.policy), use_gpu=False,
+                      n_gpus_per_node=4, gpus_per_replica=2, placement_timeout_s=60, init_timeout_s=120)
+    first, second = requests(policy_tok, 16, "a"), requests(policy_tok, 16, "b")
+    # 16 per batch and an hour of max_wait: nothing flushes until the 16th request arrives
+    service = start_rm_service(config, BatchPolicy(max_batch_size=16, max_wait_ms=3_600_000),
+                               name=f"sharded_{time.monotonic_ns()}")
+
+    async def main():
+        before = await service.describe.remote()
+        ranks = {info["ranks"][0]["pid"]: ray.get_actor(info["ranks"][0]["actor_name"]) for info in before}
+        for pid in ranks:  # both replicas' rank 1 frozen: whichever rank 0 takes the batch waits for its rank 1
+            os.kill(pid, signal.SIGSTOP)
+        waiting = [asyncio.ensure_future(score_with_timeout(service, r, timeout_s=HANG_S)) for r in first]
+        await wait_stats(service, lambda s: s["in_flight_requests"] == 16, "the batch sent to a replica")
+        lost_slot = await busy_slot(before)  # its rank 0 is inside the batch, in a collective with its frozen rank 1
+        lost_pid = before[lost_slot]["ranks"][0]["pid"]
+        ray.kill(ranks[lost_pid], no_restart=True)  # the frozen rank 1 of the busy replica dies mid-batch
+        os.kill(next(pid for pid in ranks if pid != lost_pid), signal.SIGCONT)
+        scores = await asyncio.gather(*waiting)
+        after_loss = await service.stats.remote()
+        await wait_stats(service, lambda s: s["slots_replaced_total"] == 1, "the replica replaced")
+        after = await asyncio.wait_for(service.describe.remote(), 60)
+        again = await asyncio.gather(*(score_with_timeout(service, r, timeout_s=HANG_S) for r in second))
+        return before, lost_slot, scores, after_loss, after, again
+
+    try:
+        before, lost_slot, scores, after_loss, after, again = asyncio.run(main())
+    finally:
+        ray.get(service.close.remote(), timeout=HANG_S)
+        ray.kill(service)
+    model = hf_model(tiny_models.rm)
+    assert scores == pytest.approx([direct_score(model, r.prompt_ids + r.response_ids) for r in first], abs=1e-4)
+    assert after_loss["completed"] == 16 and after_loss["failed"] == 0
+    assert after_loss["requeued"] == 16 and after_loss["slots_lost_total"] == 1
+    replaced = after[lost_slot]
+    assert replaced["actor_name"] != before[lost_slot]["actor_name"]
+    assert replaced["ranks"][0]["pid"] != before[lost_slot]["ranks"][0]["pid"]
+    assert replaced["sharding"] == "tensor_parallel"
+    old_rank0 = before[lost_slot]["pid"]
+    assert not os.path.exists(f"/proc/{old_rank0}") or _zombie(old_rank0)  # rank 0 ended with its rank
+    assert again == pytest.approx([direct_score(model, r.prompt_ids + r.response_ids) for r in second], abs=1e-4)
+
+
+async def busy_slot(replicas: list[dict]) -> int:
+    """The replica whose rank 0 is busy with a batch: the one that does not answer ``describe`` (a one-call actor)."""
+    deadline = time.monotonic() + HANG_S
+    while time.monotonic() < deadline:
+        silent = []
+        for i, info in enumerate(replicas):
+            try:
+                await asyncio.wait_for(ray.get_actor(info["actor_name"]).describe.remote(), 3.0)
+            except asyncio.TimeoutError:
+                silent.append(i)
+        if len(silent) == 1:
+            return silent[0]
+    raise AssertionError("no single replica was busy with the batch")
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split()[2] in ("Z", "X")
+    except OSError:
+        return True

@@ -1,0 +1,162 @@
+"""The other ranks of a sharded RM replica (``gpus_per_replica=k > 1``), as its rank 0 runs them.
+
+Rank 0 is the :class:`~verl_async_rm.service.replica.RewardModelWorker` verl placed: the executor's slot, the only
+rank the service calls. It starts ranks ``1..k-1`` (:class:`RankWorker`) in its own placement-group bundle (which
+holds the replica's ``k`` GPUs, all on one node), as actors it owns: when rank 0 dies, Ray kills them with it, so a
+replica is always replaced as a whole.
+
+Every batch goes to every rank (:meth:`Ranks.run`): all ``k`` run the same deterministic ``score`` on the same
+requests, kept in step by the collectives inside each forward. Rank 0 answers only when every rank has finished the
+batch. A rank that dies or fails (its collectives would then fail or hang rank 0's forward) makes rank 0 exit at once:
+the service sees a lost replica, re-queues its batch on the other replicas and replaces all ``k`` ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+import ray
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from verl_async_rm.request import RMRequest
+from verl_async_rm.scoring.rm_config import RMConfig
+from verl_async_rm.scoring.sharding import ShardGroup, host_store
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["RankWorker", "Ranks", "RANK_FINISH_S"]
+
+#: Longest rank 0 waits, after its own share of a batch, for the other ranks to finish theirs (they run the same
+#: forwards in step with it, so they finish within moments).
+RANK_FINISH_S = 120.0
+_T = TypeVar("_T")
+
+
+class RankWorker:
+    """Rank ``r >= 1`` of a sharded replica (a Ray actor owned by rank 0): its share of the RM, and the same calls."""
+
+    def __init__(self, config: RMConfig) -> None:
+        self.config = config
+        self._scorer: Any = None
+
+    def join(self, group: ShardGroup) -> dict[str, Any]:
+        """Join rank 0's group and load this rank's share of the RM; returns where this rank runs."""
+        from verl_async_rm.scoring.scorer import RewardModelScorer
+
+        self._scorer = RewardModelScorer(self.config, shard=group)
+        context = ray.get_runtime_context()
+        return {"rank": group.rank, "pid": os.getpid(), "actor_name": context.get_actor_name(),
+                "node_ip": ray.util.get_node_ip_address(), "device": str(self._scorer.device)}
+
+    def follow(self, requests: list[RMRequest]) -> int:
+        """Run this rank's part of rank 0's batch (the results are rank 0's); returns the number of requests."""
+        self._scorer.score(requests)
+        return len(requests)
+
+
+class Ranks:
+    """Rank 0's handle on ranks ``1..k-1`` of its replica.
+
+    Args:
+        config: the RM settings (``gpus_per_replica`` ranks).
+        placement: ``(placement group, bundle index)`` of rank 0's bundle; the other ranks take its other GPUs.
+        name: rank 0's actor name; rank ``r`` is named ``<name>:rank<r>`` (None: unnamed).
+    """
+
+    def __init__(self, config: RMConfig, placement: tuple[Any, int], name: str | None) -> None:
+        pg, bundle = placement
+        self.config = config
+        self.world_size = config.gpus_per_replica
+        options: dict[str, Any] = {
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=pg, placement_group_bundle_index=bundle
+            ),
+            "max_restarts": 0,
+        }
+        if config.use_gpu:
+            from verl.plugin.platform import get_platform
+
+            options.update(get_platform().ray_resource_options(1))
+        else:
+            options["num_cpus"] = 1
+        self.workers = [
+            ray.remote(RankWorker).options(**options, **({"name": f"{name}:rank{r}"} if name else {})).remote(config)
+            for r in range(1, self.world_size)
+        ]
+        self.infos: list[dict[str, Any]] = []
+
+    def start(self, load: Callable[[ShardGroup, Any], _T]) -> _T:
+        """Form the group and load the RM on every rank: ``load(group, store)`` is rank 0's own load (its scorer).
+
+        Raises what rank 0's own load raised (the other ranks are killed first). Another rank that fails, or is not
+        loaded ``init_timeout_s`` after rank 0, ends this process (its error logged): the replica fails to start.
+        """
+        timeout_s = self.config.init_timeout_s
+        host, port, store = host_store(self.world_size, timeout_s)
+        self._store = store  # rank 0 hosts the group's store for the group's whole life
+        refs = [w.join.remote(ShardGroup(r, self.world_size, host, port, timeout_s))
+                for r, w in enumerate(self.workers, 1)]
+        own = self.run_with(refs, lambda: load(ShardGroup(0, self.world_size, host, port, timeout_s), store),
+                            timeout_s=timeout_s, what="loading the RM")
+        self.infos = ray.get(refs)
+        return own
+
+    def run(self, requests: Sequence[RMRequest], own: Callable[[], _T]) -> _T:
+        """Give every other rank ``requests``, run rank 0's ``own()`` (the same scoring), wait for them; rank 0's
+        result. Exits this process if a rank dies, fails or does not finish (see the module's docstring)."""
+        refs = [w.follow.remote(list(requests)) for w in self.workers]
+        return self.run_with(refs, own, timeout_s=RANK_FINISH_S, what=f"a batch of {len(requests)}")
+
+    def run_with(self, refs: list[Any], own: Callable[[], _T], *, timeout_s: float, what: str) -> _T:
+        """``own()`` while the other ranks run ``refs``; exits this process the moment one of them fails."""
+        done = threading.Event()
+        watcher = threading.Thread(target=self._watch, args=(refs, done, what), daemon=True,
+                                   name="verl_async_rm-ranks")
+        watcher.start()
+        try:
+            result = own()
+        except BaseException:  # rank 0 failed on its own: the other ranks are no longer in step with it
+            done.set()
+            self.kill()
+            raise
+        done.set()
+        ready, late = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        if late:
+            _lost(f"{len(late)} of the replica's other ranks had not finished {what} {timeout_s:g}s after rank 0")
+        for ref in ready:
+            _check(ref, what)
+        watcher.join(timeout=5.0)
+        return result
+
+    def kill(self) -> None:
+        for worker in self.workers:
+            try:
+                ray.kill(worker, no_restart=True)
+            except Exception:  # noqa: BLE001 - already gone
+                logger.debug("rank already gone", exc_info=True)
+
+    def _watch(self, refs: list[Any], done: threading.Event, what: str) -> None:
+        pending = list(refs)
+        while pending and not done.is_set():
+            ready, pending = ray.wait(pending, num_returns=1, timeout=0.5)
+            for ref in ready:
+                _check(ref, what)
+
+
+def _check(ref: Any, what: str) -> None:
+    try:
+        ray.get(ref, timeout=0)
+    except Exception as err:  # noqa: BLE001 - any failure of another rank breaks the replica
+        _lost(f"another rank of this sharded replica failed during {what}: {err!r}")
+
+
+def _lost(why: str) -> None:
+    """End rank 0 (and so the ranks it owns): the service then counts the replica as lost and replaces it whole."""
+    logger.error("%s; ending the replica so that it is replaced as a whole", why)
+    logging.shutdown()
+    os._exit(1)
+
