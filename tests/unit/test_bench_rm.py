@@ -105,3 +105,16 @@ def test_runs_where_verl_ray_and_omegaconf_are_not_installed(tmp_path):
     )
     subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, check=True)
     assert json.loads((tmp_path / "bench_rm.json").read_text())["modes"]["auto"]["failed"] == 0
+
+
+@pytest.mark.parametrize("sharding", ["tensor_parallel", "fsdp2"])
+def test_the_sharded_load_path_on_one_rank_scores_as_the_plain_model(tmp_path, sharding):
+    reports = {}
+    for name in ("none", sharding):
+        status, _ = main(["--shape", "tiny", "--device", "cpu", "--requests", "16", "--packing", "false",
+                          "--sharding", name, "--out", str(tmp_path / name)])
+        assert status == 0
+        reports[name] = json.loads((tmp_path / name / "bench_rm.json").read_text())
+    assert reports[sharding]["sharding"] == sharding and reports["none"]["sharding"] == "none"
+    assert reports[sharding]["scores"]["first"] == pytest.approx(reports["none"]["scores"]["first"], abs=1e-5)
+    assert reports[sharding]["modes"]["false"]["failed"] == 0

@@ -25,6 +25,7 @@ memory, and how far the modes' scores are apart. JSON (``--out``) and a table.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 from pathlib import Path
@@ -52,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rollout-n", type=int, default=1,
                         help="responses per prompt (GRPO's rollout.n); > 1 also runs packed modes with the prompt "
                              "shared once per group, as '<mode>+shared' (default: 1)")
+    parser.add_argument("--sharding", default="none", choices=("none", "tensor_parallel", "fsdp2"),
+                        help="run the model through a sharded replica's load path on one rank (a group of one), to "
+                             "compare its cost with the unsharded model's (default: none)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="directory for bench_rm.json")
     return parser
@@ -99,7 +103,7 @@ def dense_bound(model: Any, device: Any, budget: int, width: int, vocab: int) ->
     rows = max(1, budget // width)
     ids = torch.randint(3, min(vocab, 32000), (rows, width), generator=torch.Generator().manual_seed(1)).to(device)
     best = float("inf")
-    with torch.inference_mode():
+    with torch.no_grad():
         model(input_ids=ids)
         for _ in range(5):
             seconds, _ = _timed(lambda: model(input_ids=ids).logits.float().cpu(), device)
@@ -162,6 +166,26 @@ def run_mode(model: Any, device: Any, mode: str, workload: tuple[list[list[int]]
     return result, [s if isinstance(s, float) else float("nan") for s in scores]
 
 
+def shard_on_one_rank(model: Any, method: str, device: Any, dtype: Any) -> Any:
+    """``model`` saved and loaded again the way a sharded replica loads its RM (``scoring.sharding``), by ``method``,
+    over a group of one rank: the sharded code path's own cost (DTensor or FSDP2 wrapping), with nothing to split."""
+    import tempfile
+
+    from transformers import AutoModelForSequenceClassification
+
+    from verl_async_rm.scoring import sharding
+
+    path = tempfile.mkdtemp(prefix="bench_rm_sharded_")
+    model.save_pretrained(path)
+    del model
+    host, port, store = sharding.host_store(1, 300.0)
+    sharding.join_group(sharding.ShardGroup(0, 1, host, port, 300.0), device, store)
+    load = functools.partial(AutoModelForSequenceClassification.from_pretrained, path, dtype=dtype,
+                             attn_implementation="sdpa")
+    sharded, _ = sharding.load_sharded(load, path, False, device, 1, method=method)
+    return sharded.eval().requires_grad_(False)
+
+
 def run_rm_bench(args: argparse.Namespace) -> dict[str, Any]:
     """The benchmark for parsed ``args`` (see :func:`build_parser`); returns the JSON-serialisable report."""
     import torch
@@ -188,6 +212,8 @@ def run_rm_bench(args: argparse.Namespace) -> dict[str, Any]:
     budget = args.budget or (16384 // 16 if tiny else 16384)
 
     model, name = build_random_rm(None if args.config else args.shape, args.config, device, dtype)
+    if args.sharding != "none":
+        model = shard_on_one_rank(model, args.sharding, device, dtype)
     vocab = int(model.get_input_embeddings().num_embeddings)
     n_params = count_parameters(model)
     workload = rl_workload(args.requests, args.seed, vocab, scale, args.rollout_n)
@@ -201,8 +227,15 @@ def run_rm_bench(args: argparse.Namespace) -> dict[str, Any]:
     bound["mfu"] = mfu(bound["tok_per_s"])
     results: dict[str, Any] = {}
     scores: dict[str, list[float]] = {}
+    try:
+        for mode in modes:
+            results[mode], scores[mode] = run_mode(model, device, mode, workload, warmup, budget)
+    finally:
+        if args.sharding != "none":
+            from verl_async_rm.scoring.sharding import leave_group
+
+            leave_group()
     for mode in modes:
-        results[mode], scores[mode] = run_mode(model, device, mode, workload, warmup, budget)
         for key in ("fresh", "repeat"):
             tps = results[mode][f"{key}_tok_per_s"]
             results[mode][f"{key}_of_dense_bound"] = tps / bound["tok_per_s"]
@@ -222,6 +255,7 @@ def run_rm_bench(args: argparse.Namespace) -> dict[str, Any]:
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "dtype": str(dtype).removeprefix("torch."),
+        "sharding": args.sharding,
         "n_params": n_params,
         "peak_flops": peak,
         "budget": budget,
@@ -230,7 +264,8 @@ def run_rm_bench(args: argparse.Namespace) -> dict[str, Any]:
                      "longest": max(lengths)},
         "dense_bound": bound,
         "modes": results,
-        "scores": {"max_abs_diff": diffs, "std": (sum((s - mean) ** 2 for s in first) / len(first)) ** 0.5},
+        "scores": {"max_abs_diff": diffs, "std": (sum((s - mean) ** 2 for s in first) / len(first)) ** 0.5,
+                   "first": first[:8]},
     }
 
 
