@@ -130,3 +130,17 @@ def test_the_sharded_load_path_scores_as_the_unsharded_scorer(tiny_models, polic
     finally:
         sharding.leave_group()
     assert scores == pytest.approx(RewardModelScorer(config).score(requests), abs=1e-5)
+
+
+def test_the_pools_text_of_a_start_failure_gives_the_replica_shape(tiny_models):
+    from verl_async_rm.service.fleet import pools_text
+
+    config = AsyncRMConfig.from_verl(compose(
+        tiny_models, "+async_rm.gpus_per_replica=2", f"+async_rm.models.big.model_path={tiny_models.rm_alt}",
+        "+async_rm.models.big.n_gpus_per_node=8", "+async_rm.models.big.gpus_per_replica=4",
+    ))
+    assert pools_text(config.models) == (
+        "RM 'main': reward.reward_model.n_gpus_per_node=4 x reward.reward_model.nnodes=1 (4 CPUs: 2 replicas of "
+        "async_rm.gpus_per_replica=2); RM 'big': async_rm.models.big.n_gpus_per_node=8 x "
+        "async_rm.models.big.nnodes=1 (8 CPUs: 2 replicas of async_rm.models.big.gpus_per_replica=4)"
+    )
