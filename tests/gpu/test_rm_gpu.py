@@ -13,6 +13,8 @@ by up to 0.078 (2,928 tokens, score std 1.28), a packed varlen row and the row a
   a float32 forward;
 - throughput: the scorer's ``score()`` (what each RM worker runs) against a raw HF forward loop over padded
   micro-batches of the same budget; target >= 0.9x tokens/s;
+- the sharded replica's code path (``gpus_per_replica``) with one rank on this GPU, tensor parallel and FSDP2, scores
+  as the plain scorer (bf16 tolerance);
 - the Ray worker group with ``use_gpu=True`` loads the RM in bf16 on ``cuda`` and scores like the scorer (skipped
   where verl or Ray is not installed).
 """
@@ -154,6 +156,26 @@ def test_shared_prompts_score_like_the_unshared_path(scorer, big_rm):
     before = scorer.forward.saved_tokens
     assert scorer.score(requests) == pytest.approx(unshared.score(requests), abs=BF16_TOL, rel=BF16_TOL)
     assert scorer.forward.saved_tokens - before >= 4 * 7 * 64
+
+
+@pytest.mark.parametrize("layout", ["tensor_parallel", "fsdp2"])
+def test_the_sharded_replica_path_on_one_gpu_scores_as_the_plain_scorer(big_rm, scorer, monkeypatch, layout):
+    """``gpus_per_replica``'s code path with one rank on this GPU (NCCL group of one, device mesh, sharded load)."""
+    import verl_async_rm.scoring.sharding as sharding
+    from verl_async_rm.scoring.scorer import RewardModelScorer
+
+    if layout == "fsdp2":
+        monkeypatch.setattr(sharding, "sharding_method", lambda config, k: ("fsdp2", "forced by the test"))
+    requests = random_requests(32, seed=6)
+    host, port, store = sharding.host_store(1, 120.0)
+    try:
+        group = sharding.ShardGroup(0, 1, host, port, 120.0)
+        sharded = RewardModelScorer(gpu_config(big_rm), device="cuda", shard=group, store=store)
+        assert sharded.describe()["sharding"] == layout
+        scores = sharded.score(requests)
+    finally:
+        sharding.leave_group()
+    assert scores == pytest.approx(scorer.score(requests), abs=BF16_TOL, rel=BF16_TOL)
 
 
 def test_bf16_scores_match_a_per_sample_hf_forward(scorer, big_rm):

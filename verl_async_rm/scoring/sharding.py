@@ -72,7 +72,7 @@ def join_group(group: ShardGroup, device: torch.device, store: Any = None) -> No
     os.environ["LOCAL_RANK"] = "0"  # transformers' tensor-parallel loader places shards on <device>:LOCAL_RANK
     backend = "gloo" if device.type == "cpu" else "nccl"
     if device.type == "cuda":
-        torch.cuda.set_device(device)
+        torch.cuda.set_device(device.index or 0)
     torch.distributed.init_process_group(
         backend, store=store, rank=group.rank, world_size=group.world_size, timeout=timeout
     )
