@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 from pathlib import Path
 from dataclasses import dataclass
 from datetime import timedelta
@@ -51,8 +50,10 @@ class ShardGroup:
 
 
 def host_store(world_size: int, timeout_s: float, port: int = 0) -> tuple[str, int, Any]:
-    """Rank 0's ``TCPStore`` on ``port`` (0: a free one) of this node: ``(host, port, store)``; keep ``store``."""
-    host = _node_ip()
+    """Rank 0's ``TCPStore`` on ``port`` (0: a free one) of this node: ``(host, port, store)``; keep ``store``.
+
+    All ranks of a replica are on one node (one bundle), so the store listens on the loopback address."""
+    host = "127.0.0.1"
     store = torch.distributed.TCPStore(
         host, port, world_size, is_master=True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
     )
@@ -193,13 +194,3 @@ def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 0]
     return list(max(lists, key=len)) if lists else []
 
-
-def _node_ip() -> str:
-    try:
-        import ray
-
-        if ray.is_initialized():
-            return ray.util.get_node_ip_address()
-    except ImportError:  # the scorer runs without Ray (benchmarks, tests)
-        pass
-    return socket.gethostbyname(socket.gethostname())

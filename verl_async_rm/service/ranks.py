@@ -88,6 +88,7 @@ class Ranks:
             for r in range(1, self.world_size)
         ]
         self.infos: list[dict[str, Any]] = []
+        self._store: Any = None  # the group's TCPStore, which rank 0 hosts for the group's whole life
 
     def start(self, load: Callable[[ShardGroup, Any], _T]) -> _T:
         """Form the group and load the RM on every rank: ``load(group, store)`` is rank 0's own load (its scorer).
@@ -97,7 +98,7 @@ class Ranks:
         """
         timeout_s = self.config.init_timeout_s
         host, port, store = host_store(self.world_size, timeout_s)
-        self._store = store  # rank 0 hosts the group's store for the group's whole life
+        self._store = store
         refs = [w.join.remote(ShardGroup(r, self.world_size, host, port, timeout_s))
                 for r, w in enumerate(self.workers, 1)]
         own = self.run_with(refs, lambda: load(ShardGroup(0, self.world_size, host, port, timeout_s), store),
