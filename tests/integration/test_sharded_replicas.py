@@ -3,7 +3,8 @@
 The pool holds 2 replicas of 2 ranks each: every replica is 2 Ray processes that load the tiny RM sharded over a gloo
 group (tensor parallel: its heads and MLP width divide by 2) and score each batch together. Scores equal the
 unsharded model's (fp32, 1e-4) through the agent-loop manager on verl's v1 trainer, and a rank killed in the middle
-of a batch costs no trajectory: the batch is re-queued, and the replica is replaced with all its ranks.
+of a batch costs no trajectory: the batch is re-queued, and the replica is replaced with all its ranks. Without Ray,
+two spawned ranks score as the unsharded model by either layout (tensor parallel, FSDP2), and alike.
 """
 
 from __future__ import annotations
@@ -123,3 +124,51 @@ def _zombie(pid: int) -> bool:
             return f.read().split()[2] in ("Z", "X")
     except OSError:
         return True
+
+
+def _rank(rank: int, world: int, port: int, config: RMConfig, requests: list, layout: str, out) -> None:
+    """One rank of a sharded replica without Ray (a spawned process): its scores, or its error."""
+    import verl_async_rm.scoring.sharding as sharding
+    from verl_async_rm.scoring.scorer import RewardModelScorer
+
+    try:
+        sharding.sharding_method = lambda model_config, k: (layout, "forced by the test")
+        store = sharding.host_store(world, 60.0, port)[2] if rank == 0 else None
+        group = sharding.ShardGroup(rank, world, "127.0.0.1", port, 60.0)
+        scorer = RewardModelScorer(config, shard=group, store=store)
+        out.put((rank, scorer.describe()["sharding"], scorer.score(requests)))
+        sharding.leave_group()
+    except BaseException as err:  # noqa: BLE001 - reported to the test
+        out.put((rank, "error", repr(err)))
+
+
+@pytest.mark.parametrize("layout", ["tensor_parallel", "fsdp2"])
+def test_two_ranks_score_as_the_unsharded_model_by_either_layout(tiny_models, policy_tok, layout):
+    """The sharding itself, with two real ranks (gloo) and no Ray: tensor parallel, and FSDP2's per-layer gathers."""
+    import multiprocessing
+    import socket
+
+    from verl_async_rm.scoring.scorer import RewardModelScorer
+
+    config = RMConfig(model_path=str(tiny_models.rm), policy_tokenizer_path=str(tiny_models.policy), use_gpu=False)
+    reqs = requests(policy_tok, 6, "t")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    ranks = [context.Process(target=_rank, args=(r, 2, port, config, reqs, layout, out)) for r in range(2)]
+    for process in ranks:
+        process.start()
+    try:
+        answers = sorted(out.get(timeout=HANG_S) for _ in ranks)
+    finally:
+        for process in ranks:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+    expected = RewardModelScorer(config).score(reqs)
+    for rank, sharding, scores in answers:
+        assert sharding == layout, scores
+        assert scores == pytest.approx(expected, abs=1e-4)
+    assert answers[0][2] == answers[1][2]  # every rank ends with the same scores
