@@ -65,6 +65,8 @@ class Layout:
     rule_weight: float
     #: async_rm.models.<name>: (n_gpus_per_node, nnodes, weight)
     extra_rms: dict = field(default_factory=dict)
+    #: RMs whose replicas take more than one GPU: name -> gpus_per_replica
+    sharded_rms: dict = field(default_factory=dict)
 
 
 RECIPES: dict[str, Layout] = {
@@ -78,6 +80,9 @@ RECIPES: dict[str, Layout] = {
     # an outcome RM and a process RM with token-level step rewards (async_rm.models.prm.*), verl's naive manager
     "grpo_gsm8k_prm_steps.sh": Layout(VERL_ENTRY, 1, 6, 1, 1, rm_weight=0.1, rule_weight=1.0,
                                       extra_rms={"prm": (1, 1, 0.5)}),
+    # the same with a 72B process RM: one replica of 4 GPUs (gpus_per_replica=4), the policy on 3
+    "grpo_gsm8k_prm72b_sharded.sh": Layout(VERL_ENTRY, 1, 3, 1, 1, rm_weight=0.1, rule_weight=1.0,
+                                           extra_rms={"prm": (4, 1, 0.5)}, sharded_rms={"prm": 4}),
 }
 
 
@@ -220,6 +225,7 @@ def test_recipe_composes_and_passes_verl_and_plugin_checks(recipe, trainer):
     assert rm.nnodes <= config.trainer.nnodes
     extras = {e.name: (e.rm.n_gpus_per_node, e.rm.nnodes, e.weight) for e in settings.models[1:]}
     assert extras == layout.extra_rms
+    assert {e.name: e.rm.gpus_per_replica for e in settings.models if e.rm.gpus_per_replica > 1} == layout.sharded_rms
     assert config.trainer.n_gpus_per_node + sum(e.rm.n_gpus_per_node for e in settings.models) == GPUS_PER_NODE
     assert all(e.rm.use_gpu and os.path.isabs(e.rm.model_path) for e in settings.models)
     assert config.reward.reward_model.enable is False and config.reward.reward_model.enable_resource_pool is True
