@@ -18,6 +18,7 @@ __all__ = [
     "NoSlotsError",
     "RewardModelError",
     "ReplicaLostError",
+    "ShardDesyncError",
     "RMServiceLostError",
     "TrajectoryDroppedError",
     "RMScoreError",
@@ -82,6 +83,12 @@ class RewardModelError(AsyncRMError):
 class ReplicaLostError(SlotLostError, RewardModelError):
     """Raised when an RM replica died (its actor is gone), or stayed silent past the late limit after its call was
     given up on; its batch is re-queued on the other replicas and the replica replaced."""
+
+
+class ShardDesyncError(RewardModelError):
+    """Raised on a rank of a sharded RM replica (``gpus_per_replica > 1``) when a forward failed on some of its ranks
+    but not on all (an out-of-memory error on one GPU, a failed collective): the ranks are no longer in step, so no
+    rank may retry the rows alone. The replica ends; its batch is re-queued and the replica replaced whole."""
 
 
 class RMServiceLostError(AsyncRMError):

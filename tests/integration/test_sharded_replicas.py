@@ -103,6 +103,76 @@ def test_a_rank_killed_mid_batch_costs_no_trajectory_and_its_replica_is_replaced
     assert again == pytest.approx([direct_score(model, r.prompt_ids + r.response_ids) for r in second], abs=1e-4)
 
 
+FLAKY_RM_CODE = '''
+import os
+
+import torch
+from transformers import Qwen2ForSequenceClassification
+
+
+class FlakyQwen2RM(Qwen2ForSequenceClassification):
+    """Rank 0 of a sharded replica fails one scoring forward (the first, once per model directory), before the
+    forward's first collective: a failure on that rank alone, as an out-of-memory error on one GPU would be."""
+
+    def forward(self, input_ids=None, **kwargs):
+        scoring = input_ids is not None and input_ids.numel() > 64  # not the load-time checks' tiny forwards
+        if scoring and torch.distributed.is_initialized() and torch.distributed.get_rank() == 0:
+            try:
+                open(os.path.join(self.config._name_or_path, "failed_once"), "x").close()
+            except FileExistsError:
+                pass
+            else:
+                raise RuntimeError("injected: rank 0 alone ran out of memory")
+        return super().forward(input_ids=input_ids, **kwargs)
+'''
+
+
+def flaky_rm(rm_path, out_dir):
+    """The tiny RM with :data:`FLAKY_RM_CODE` as its own code (``trust_remote_code``)."""
+    import json
+    import shutil
+
+    shutil.copytree(rm_path, out_dir)
+    (out_dir / "flaky_rm.py").write_text(FLAKY_RM_CODE)
+    config = json.loads((out_dir / "config.json").read_text())
+    config["auto_map"] = {"AutoModelForSequenceClassification": "flaky_rm.FlakyQwen2RM"}
+    (out_dir / "config.json").write_text(json.dumps(config))
+    return out_dir
+
+
+def test_a_forward_failing_on_rank_0_alone_ends_the_replica_and_costs_no_trajectory(
+    ray_local, tiny_models, policy_tok, tmp_path
+):
+    """Rank 0's forward fails while its other rank waits in the forward's first collective: through the RM service,
+    the replica ends, its batch is re-queued on the other replica (every trajectory scored, none failed) and it is
+    replaced whole. (That rank 0 does not retry out of step is the spawned-rank tests' part: on gloo a retry out of
+    step would crash the process and end the replica too.)"""
+    path = flaky_rm(tiny_models.rm, tmp_path / "flaky_rm")
+    config = RMConfig(model_path=str(path), policy_tokenizer_path=str(tiny_models.policy), use_gpu=False,
+                      trust_remote_code=True, n_gpus_per_node=4, gpus_per_replica=2, placement_timeout_s=60,
+                      init_timeout_s=120)
+    reqs = requests(policy_tok, 16, "f")
+    service = start_rm_service(config, BatchPolicy(max_batch_size=16, max_wait_ms=3_600_000),
+                               name=f"sharded_flaky_{time.monotonic_ns()}")
+
+    async def main():
+        scores = await asyncio.gather(*(score_with_timeout(service, r, timeout_s=HANG_S) for r in reqs))
+        stats = await wait_stats(service, lambda s: s["slots_replaced_total"] == 1, "the replica replaced")
+        return scores, stats, await asyncio.wait_for(service.describe.remote(), 60)
+
+    try:
+        scores, stats, after = asyncio.run(main())
+    finally:
+        ray.get(service.close.remote(), timeout=HANG_S)
+        ray.kill(service)
+    assert (path / "failed_once").exists()  # the injected failure did happen
+    model = hf_model(tiny_models.rm)
+    assert scores == pytest.approx([direct_score(model, r.prompt_ids + r.response_ids) for r in reqs], abs=1e-4)
+    assert stats["completed"] == 16 and stats["failed"] == 0
+    assert stats["requeued"] == 16 and stats["slots_lost_total"] == 1
+    assert len(after) == 2 and all(info["sharding"] == "tensor_parallel" for info in after)
+
+
 async def busy_slot(replicas: list[dict]) -> int:
     """The replica whose rank 0 is busy with a batch: the one that does not answer ``describe`` (a one-call actor)."""
     deadline = time.monotonic() + HANG_S
@@ -126,49 +196,137 @@ def _zombie(pid: int) -> bool:
         return True
 
 
-def _rank(rank: int, world: int, port: int, config: RMConfig, requests: list, layout: str, out) -> None:
-    """One rank of a sharded replica without Ray (a spawned process): its scores, or its error."""
+def _rank(rank: int, world: int, port: int, config: RMConfig, work, layout: str, out) -> None:
+    """One rank of a sharded replica without Ray (a spawned process): ``work(scorer, rank)``, or its error."""
     import verl_async_rm.scoring.sharding as sharding
     from verl_async_rm.scoring.scorer import RewardModelScorer
 
     try:
         sharding.sharding_method = lambda model_config, k: (layout, "forced by the test")
+        sharding.AGREE_S = 3.0  # a rank whose forward failed alone gives up on the others after 3 s
         store = sharding.host_store(world, 60.0, port)[2] if rank == 0 else None
         group = sharding.ShardGroup(rank, world, "127.0.0.1", port, 60.0)
         scorer = RewardModelScorer(config, shard=group, store=store)
-        out.put((rank, scorer.describe()["sharding"], scorer.score(requests)))
+        out.put((rank, scorer.describe()["sharding"], work(scorer, rank)))
         sharding.leave_group()
     except BaseException as err:  # noqa: BLE001 - reported to the test
-        out.put((rank, "error", repr(err)))
+        out.put((rank, "error", err))
 
 
-@pytest.mark.parametrize("layout", ["tensor_parallel", "fsdp2"])
-def test_two_ranks_score_as_the_unsharded_model_by_either_layout(tiny_models, policy_tok, layout):
-    """The sharding itself, with two real ranks (gloo) and no Ray: tensor parallel, and FSDP2's per-layer gathers."""
+def run_ranks(config: RMConfig, work, layout: str = "tensor_parallel", world: int = 2) -> list[tuple]:
+    """``work(scorer, rank)`` on ``world`` spawned ranks of one sharded replica (gloo, no Ray): each rank's
+    ``(rank, sharding, result)``, sorted by rank."""
     import multiprocessing
     import socket
 
-    from verl_async_rm.scoring.scorer import RewardModelScorer
-
-    config = RMConfig(model_path=str(tiny_models.rm), policy_tokenizer_path=str(tiny_models.policy), use_gpu=False)
-    reqs = requests(policy_tok, 6, "t")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
-    ranks = [context.Process(target=_rank, args=(r, 2, port, config, reqs, layout, out)) for r in range(2)]
+    ranks = [context.Process(target=_rank, args=(r, world, port, config, work, layout, out)) for r in range(world)]
     for process in ranks:
         process.start()
     try:
-        answers = sorted(out.get(timeout=HANG_S) for _ in ranks)
+        return sorted((out.get(timeout=HANG_S) for _ in ranks), key=lambda answer: answer[0])
     finally:
         for process in ranks:
             process.join(timeout=30)
             if process.is_alive():
                 process.kill()
+
+
+def rank_config(tiny_models) -> RMConfig:
+    return RMConfig(model_path=str(tiny_models.rm), policy_tokenizer_path=str(tiny_models.policy), use_gpu=False)
+
+
+class Score:
+    """``scorer.score(requests)`` on a rank (picklable for spawned ranks)."""
+
+    def __init__(self, requests: list) -> None:
+        self.requests = requests
+
+    def __call__(self, scorer, rank: int) -> list:
+        return scorer.score(self.requests)
+
+
+@pytest.mark.parametrize("layout", ["tensor_parallel", "fsdp2"])
+def test_two_ranks_score_as_the_unsharded_model_by_either_layout(tiny_models, policy_tok, layout):
+    """The sharding itself, with two real ranks (gloo) and no Ray: tensor parallel, and FSDP2's per-layer gathers."""
+    from verl_async_rm.scoring.scorer import RewardModelScorer
+
+    config = rank_config(tiny_models)
+    reqs = requests(policy_tok, 6, "t")
+    answers = run_ranks(config, Score(reqs), layout)
     expected = RewardModelScorer(config).score(reqs)
     for rank, sharding, scores in answers:
         assert sharding == layout, scores
         assert scores == pytest.approx(expected, abs=1e-4)
     assert answers[0][2] == answers[1][2]  # every rank ends with the same scores
+
+
+class PoisonedRows:
+    """A micro-batch of token rows whose third row holds an id outside the vocabulary (the embedding raises on every
+    rank, before the forward's first collective), scored as the scorer's forwards score a batch."""
+
+    def __init__(self, rows: list[list[int]]) -> None:
+        self.rows = rows
+
+    def __call__(self, scorer, rank: int) -> tuple[list, int]:
+        vocab = scorer.model.get_input_embeddings().num_embeddings
+        rows = [*self.rows[:2], [*self.rows[2][:-1], vocab + 7], *self.rows[3:]]
+        values = scorer.forward.score_all(rows, 1 << 20)
+        return [v if isinstance(v, float) else type(v).__name__ for v in values], scorer.forward.on_failure.failures
+
+
+@pytest.mark.parametrize("layout", ["tensor_parallel", "fsdp2"])
+def test_a_row_that_fails_on_every_rank_fails_alone_and_the_ranks_stay_in_step(tiny_models, policy_tok, layout):
+    """A failure every rank meets (a row the model refuses): the ranks agree on it and retry the same halves in step,
+    so only that row gets an error and every other row its unsharded score."""
+    from verl_async_rm.scoring.scorer import RewardModelScorer
+
+    config = rank_config(tiny_models)
+    rows = [r.prompt_ids + r.response_ids for r in requests(policy_tok, 5, "p")]
+    answers = run_ranks(config, PoisonedRows(rows), layout)
+    plain = RewardModelScorer(config).forward
+    expected = [plain.score_batch([row])[0] for row in rows]
+    for rank, _, result in answers:
+        assert result != "error" and not isinstance(result, BaseException), (rank, result)
+        values, failures = result
+        assert values[2] == "RewardModelError" and failures >= 2  # the whole batch, then each half that held it
+        kept = [i for i in range(len(rows)) if i != 2]
+        assert [values[i] for i in kept] == pytest.approx([expected[i] for i in kept], abs=1e-4)
+    assert answers[0][2] == answers[1][2]
+
+
+class FailAlone:
+    """The first forward of rank ``failing`` raises at the second decoder layer, after the first layer's collectives:
+    the other rank's forward of the same batch is left waiting in a collective of that layer."""
+
+    def __init__(self, requests: list, failing: int) -> None:
+        self.requests, self.failing = requests, failing
+
+    def __call__(self, scorer, rank: int) -> list:
+        if rank == self.failing:
+            def fail_once(module, args):
+                handle.remove()
+                raise RuntimeError("injected: this rank alone ran out of memory")
+
+            handle = scorer.model.model.layers[1].register_forward_pre_hook(fail_once)
+        return scorer.score(self.requests)
+
+
+@pytest.mark.parametrize("failing", [0, 1], ids=["rank0", "rank1"])
+def test_a_forward_that_fails_on_one_rank_only_ends_the_replica_instead_of_retrying_out_of_step(
+    tiny_models, policy_tok, failing
+):
+    """One rank alone fails (as an out-of-memory error on one GPU would): it must not retry the rows in halves while
+    the other rank waits inside the forward (their collectives would pair up wrongly: without the agreement, this
+    test hangs). Both ranks raise ShardDesyncError, which ends the replica (its batch re-queued), and neither returns
+    a score. Rank 0 hosts the group's store, so either rank failing alone is a case of its own."""
+    from verl_async_rm.errors import ShardDesyncError
+
+    answers = run_ranks(rank_config(tiny_models), FailAlone(requests(policy_tok, 6, "d"), failing))
+    for rank, kind, error in answers:
+        assert kind == "error" and isinstance(error, ShardDesyncError), (rank, error)
+    assert "failed here" in str(answers[failing][2]) and "injected" in str(answers[failing][2])

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -70,6 +70,8 @@ class RMForward:
             micro-batch once (:mod:`verl_async_rm.scoring.sharing`); needs the ``varlen`` kernel, and ``auto`` only uses
             it on CUDA (the CPU kernel pads attention to the longest segment, which makes sharing slower there).
         min_shared_prefix: the shortest common prefix worth sharing.
+        on_failure: called with the error of every failed forward before its rows are retried (a sharded replica's
+            :class:`~verl_async_rm.scoring.sharding.FailureAgreement`, which raises when the ranks may not retry).
     """
 
     def __init__(
@@ -86,8 +88,10 @@ class RMForward:
         min_shared_prefix: int = MIN_SHARED_PREFIX,
         output_field: str | None = None,
         label_index: int | None = None,
+        on_failure: Callable[[BaseException], None] | None = None,
     ) -> None:
         self.model, self.head, self.device, self.pad_id = model, head, device, pad_id
+        self.on_failure = on_failure
         self.score_reduction, self.score_index = score_reduction, score_index
         #: Read scores from this field of the model's output (custom outputs); forwards are then padded.
         self.output_field = output_field
@@ -364,6 +368,8 @@ class RMForward:
         reads: Sequence[Sequence[int]] | None = None,
     ) -> list[Any]:
         """Per-row results after the forward of ``batch`` raised ``err``: halves until the failing row is alone."""
+        if self.on_failure is not None:
+            self.on_failure(err)
         if isinstance(err, OOM_ERRORS):
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()

@@ -32,7 +32,13 @@ from verl_async_rm.scoring.checkpoint import check_rm_checkpoint, load_reward_mo
 from verl_async_rm.scoring.rm_config import ConfigValueError, RMConfig
 from verl_async_rm.scoring.forward import RMForward, last_token_logits, reduce_outputs
 from verl_async_rm.scoring.inputs import prepare_input_ids, tokenizers_match
-from verl_async_rm.scoring.sharding import ShardGroup, join_group, load_sharded
+from verl_async_rm.scoring.sharding import (
+    FailureAgreement,
+    ShardGroup,
+    check_same_forward,
+    join_group,
+    load_sharded,
+)
 from verl_async_rm.scoring.process import ProcessInput, StepRewards, prepare_process_input, reduce_steps
 from verl_async_rm.request import RMRequest
 
@@ -79,10 +85,12 @@ class RewardModelScorer:
         )
         #: How the weights are split over a sharded replica's ranks (``sharding``: none, tensor_parallel, fsdp2).
         self.sharding = {"sharding": "none"}
+        agreement = None
         if shard is None:
             model = load().to(self.device)
         else:  # every rank of the replica runs this same code, in step (collectives inside load and forwards)
-            join_group(shard, self.device, store)
+            store = join_group(shard, self.device, store)
+            agreement = FailureAgreement(store, shard.rank, shard.world_size)
             model, self.sharding = load_sharded(load, config.model_path, config.trust_remote_code, self.device,
                                                 shard.world_size)
         model.config.use_cache = False
@@ -130,7 +138,10 @@ class RewardModelScorer:
             share_prompts=config.share_prompts,
             output_field=config.score_output_field,
             label_index=config.process_label_index if self.process else None,
+            on_failure=agreement,
         )
+        if shard is not None:
+            check_same_forward(self.forward.describe())
 
         self.policy_tokenizer = None
         self.response_stop_ids: set[int] = set()

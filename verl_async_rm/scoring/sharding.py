@@ -12,10 +12,18 @@ How the RM is sharded (:func:`sharding_method`, said in the replica's log and ``
   RMs built on their configs): attention heads and MLP columns split over the ranks, activations all-reduced;
 - ``fsdp2``: otherwise, each decoder layer ``fully_shard``-ed (FSDP2): each rank holds ``1/k`` of the weights and
   gathers one layer's at a time; every rank computes the same forward.
+
+The ranks must stay in step: a forward is a sequence of collectives that every rank issues in the same order.
+:class:`FailureAgreement` keeps the scorer's failure isolation (a micro-batch that fails is halved until the failing
+row is alone) safe: a rank whose forward failed retries only when every rank's forward failed too (then all of them
+stopped between the same two collectives, and all retry the same halves); otherwise it raises
+:class:`~verl_async_rm.errors.ShardDesyncError` and the replica ends. :func:`check_same_forward` refuses, at load, ranks
+that chose different forward paths (packing, shared prompts, rows per forward).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -27,10 +35,14 @@ from typing import Any
 import torch
 
 __all__ = ["ShardGroup", "host_store", "join_group", "sharding_method", "load_sharded", "leave_group",
-           "check_replica_memory", "weights_bytes", "WEIGHTS_SHARE"]
+           "check_replica_memory", "weights_bytes", "WEIGHTS_SHARE", "FailureAgreement", "check_same_forward",
+           "AGREE_S"]
 
 #: Most of one GPU's memory a replica's share of the weights may take (the rest: activations, the CUDA context).
 WEIGHTS_SHARE = 0.9
+#: Longest a rank whose forward failed waits for every other rank's forward of the same micro-batch to fail too. The
+#: ranks of a failure shared by all stop between the same two collectives, so they report within moments.
+AGREE_S = 30.0
 _GIB = 1024**3
 _ELEMENT_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float64": 8}
 
@@ -60,28 +72,83 @@ def host_store(world_size: int, timeout_s: float, port: int = 0) -> tuple[str, i
     return host, store.port, store
 
 
-def join_group(group: ShardGroup, device: torch.device, store: Any = None) -> None:
-    """Initialise this process's default ``torch.distributed`` group: the replica's ``world_size`` ranks.
-
-    Each rank sees one accelerator (Ray gives it one), so the device mesh uses local index 0.
+def join_group(group: ShardGroup, device: torch.device, store: Any = None) -> Any:
+    """Initialise this process's default ``torch.distributed`` group: the replica's ``world_size`` ranks, each on its
+    own ``device``. Returns the group's store (rank 0's, or this rank's client of it): :class:`FailureAgreement` uses it.
     """
     if torch.distributed.is_initialized():
         raise RuntimeError("this process is already in a torch.distributed group: one sharded replica per process")
     timeout = timedelta(seconds=group.timeout_s)
     if store is None:
         store = torch.distributed.TCPStore(group.host, group.port, group.world_size, is_master=False, timeout=timeout)
-    os.environ["LOCAL_RANK"] = "0"  # transformers' tensor-parallel loader places shards on <device>:LOCAL_RANK
+    # transformers' tensor-parallel loader places this rank's shards on <device type>:LOCAL_RANK
+    os.environ["LOCAL_RANK"] = str(device.index or 0)
     backend = "gloo" if device.type == "cpu" else "nccl"
     if device.type == "cuda":
         torch.cuda.set_device(device.index or 0)
     torch.distributed.init_process_group(
         backend, store=store, rank=group.rank, world_size=group.world_size, timeout=timeout
     )
+    return store
 
 
 def leave_group() -> None:
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+class FailureAgreement:
+    """Lets a rank of a sharded replica retry a failed forward only when it failed on every rank.
+
+    Called (as the scorer's ``RMForward`` failure hook) with the error of each failed forward, in the order the rank
+    met them: the ranks of a failure shared by all call it the same number of times, so the ``n``-th call of every
+    rank is about the same forward. Each call marks this rank's failure in rank 0's store and waits up to ``timeout_s``
+    for every rank's mark. Out-of-band on purpose: a rank whose forward succeeded may be waiting in the next
+    collective, where a collective of this rank's retry would pair with the wrong one.
+
+    Raises:
+        ShardDesyncError: a distributed error, or not every rank failed within ``timeout_s``.
+    """
+
+    def __init__(self, store: Any, rank: int, world_size: int, timeout_s: float | None = None) -> None:
+        self.store, self.rank, self.world_size = store, rank, world_size
+        self.timeout_s = AGREE_S if timeout_s is None else timeout_s
+        self.failures = 0
+
+    def __call__(self, err: BaseException) -> None:
+        from verl_async_rm.errors import ShardDesyncError
+
+        if isinstance(err, torch.distributed.DistError):
+            raise ShardDesyncError(f"rank {self.rank}: a collective of the sharded replica failed: {err!r}") from err
+        self.failures += 1
+        key = f"verl_async_rm/failed/{self.failures}/"
+        try:
+            self.store.set(key + str(self.rank), type(err).__name__)
+            self.store.wait([key + str(r) for r in range(self.world_size)], timedelta(seconds=self.timeout_s))
+            apart = self.store.check([key + "apart"])
+        except Exception:  # noqa: BLE001 - the store's timeout, or the store gone with rank 0
+            apart = True
+        if apart:
+            with contextlib.suppress(Exception):  # a rank that arrives late does not retry either
+                self.store.set(key + "apart", str(self.rank))
+            raise ShardDesyncError(
+                f"rank {self.rank} of {self.world_size}: a forward failed here ({err!r}) but not on every rank of the "
+                f"sharded replica within {self.timeout_s:g}s: the ranks are out of step"
+            ) from err
+
+
+def check_same_forward(describe: dict[str, Any]) -> None:
+    """Refuse ranks that chose different forward paths at load (``describe``: this rank's ``RMForward.describe()``):
+    they would issue different collectives. Every rank calls it; every rank raises alike."""
+    from verl_async_rm.errors import RewardModelError
+
+    views: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(views, {k: v for k, v in describe.items() if not k.endswith("_reason")})
+    if any(view != views[0] for view in views):
+        raise RewardModelError(
+            f"the ranks of the sharded replica chose different forward paths at load: {views}; set async_rm.packing "
+            "and async_rm.share_prompts explicitly (not 'auto') so that every rank runs the same forwards"
+        )
 
 
 def sharding_method(model_config: Any, world_size: int) -> tuple[str, str]:

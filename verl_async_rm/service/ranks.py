@@ -7,7 +7,8 @@ replica is always replaced as a whole.
 
 Every batch goes to every rank (:meth:`Ranks.run`): all ``k`` run the same deterministic ``score`` on the same
 requests, kept in step by the collectives inside each forward. Rank 0 answers only when every rank has finished the
-batch. A rank that dies or fails (its collectives would then fail or hang rank 0's forward) makes rank 0 exit at once:
+batch. A rank that dies or fails (its collectives would then fail or hang rank 0's forward), rank 0 included (a
+forward that failed on some ranks only, :class:`~verl_async_rm.errors.ShardDesyncError`), makes rank 0 exit at once:
 the service sees a lost replica, re-queues its batch on the other replicas and replaces all ``k`` ranks.
 """
 
@@ -47,7 +48,7 @@ class RankWorker:
         """Join rank 0's group and load this rank's share of the RM; returns where this rank runs."""
         from verl_async_rm.scoring.scorer import RewardModelScorer
 
-        self._scorer = RewardModelScorer(self.config, shard=group)
+        self._scorer = RewardModelScorer(self.config, device=_own_device(self.config.use_gpu), shard=group)
         context = ray.get_runtime_context()
         return {"rank": group.rank, "pid": os.getpid(), "actor_name": context.get_actor_name(),
                 "node_ip": ray.util.get_node_ip_address(), "device": str(self._scorer.device)}
@@ -110,7 +111,12 @@ class Ranks:
         """Give every other rank ``requests``, run rank 0's ``own()`` (the same scoring), wait for them; rank 0's
         result. Exits this process if a rank dies, fails or does not finish (see the module's docstring)."""
         refs = [w.follow.remote(list(requests)) for w in self.workers]
-        return self.run_with(refs, own, timeout_s=RANK_FINISH_S, what=f"a batch of {len(requests)}")
+        what = f"a batch of {len(requests)}"
+        try:
+            return self.run_with(refs, own, timeout_s=RANK_FINISH_S, what=what)
+        except Exception as err:  # noqa: BLE001 - the scorer isolates bad rows; anything else breaks the replica
+            _lost(f"rank 0 of this sharded replica failed during {what}: {err!r}")
+            raise  # not reached
 
     def run_with(self, refs: list[Any], own: Callable[[], _T], *, timeout_s: float, what: str) -> _T:
         """``own()`` while the other ranks run ``refs``; exits this process the moment one of them fails."""
@@ -146,6 +152,22 @@ class Ranks:
             ready, pending = ray.wait(pending, num_returns=1, timeout=0.5)
             for ref in ready:
                 _check(ref, what)
+
+
+def _own_device(use_gpu: bool) -> Any:
+    """This rank's device: None (the scorer's default: the one GPU Ray made visible, or the CPU), unless Ray was told
+    not to set ``CUDA_VISIBLE_DEVICES`` (``RAY_EXPERIMENTAL_NOSET_*``): then the GPU Ray assigned, by its index, as
+    verl's ``Worker`` does for rank 0."""
+    if not use_gpu:
+        return None
+    from verl.utils.device import get_device_name, get_resource_name, get_torch_device
+    from verl.utils.ray_utils import ray_noset_visible_devices
+
+    if not ray_noset_visible_devices():
+        return None
+    index = int(ray.get_runtime_context().get_accelerator_ids()[get_resource_name()][0])
+    get_torch_device().set_device(index)
+    return f"{get_device_name()}:{index}"
 
 
 def _check(ref: Any, what: str) -> None:
