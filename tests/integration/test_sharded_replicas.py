@@ -330,3 +330,23 @@ def test_a_forward_that_fails_on_one_rank_only_ends_the_replica_instead_of_retry
     for rank, kind, error in answers:
         assert kind == "error" and isinstance(error, ShardDesyncError), (rank, error)
     assert "failed here" in str(answers[failing][2]) and "injected" in str(answers[failing][2])
+
+
+class DifferentForwards:
+    """Each rank reports a forward path of its own (as ranks whose load-time checks came out differently would)."""
+
+    def __call__(self, scorer, rank: int) -> None:
+        from verl_async_rm.scoring.sharding import check_same_forward
+
+        check_same_forward({**scorer.forward.describe(), "packing": f"packed on rank {rank}",
+                            "packing_reason": f"reasons may differ in wording ({rank})"})
+
+
+def test_ranks_that_chose_different_forward_paths_are_refused_on_every_rank(tiny_models):
+    from verl_async_rm.errors import RewardModelError
+
+    answers = run_ranks(rank_config(tiny_models), DifferentForwards())
+    for rank, kind, error in answers:
+        assert kind == "error" and isinstance(error, RewardModelError), (rank, error)
+        assert "chose different forward paths at load" in str(error) and "packed on rank 1" in str(error)
+        assert "reasons may differ" not in str(error)  # only the choices are compared

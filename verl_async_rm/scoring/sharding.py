@@ -102,17 +102,17 @@ class FailureAgreement:
 
     Called (as the scorer's ``RMForward`` failure hook) with the error of each failed forward, in the order the rank
     met them: the ranks of a failure shared by all call it the same number of times, so the ``n``-th call of every
-    rank is about the same forward. Each call marks this rank's failure in rank 0's store and waits up to ``timeout_s``
+    rank is about the same forward. Each call marks this rank's failure in rank 0's store and waits up to ``AGREE_S``
     for every rank's mark. Out-of-band on purpose: a rank whose forward succeeded may be waiting in the next
     collective, where a collective of this rank's retry would pair with the wrong one.
 
     Raises:
-        ShardDesyncError: a distributed error, or not every rank failed within ``timeout_s``.
+        ShardDesyncError: a distributed error, or not every rank failed within ``AGREE_S``.
     """
 
-    def __init__(self, store: Any, rank: int, world_size: int, timeout_s: float | None = None) -> None:
+    def __init__(self, store: Any, rank: int, world_size: int) -> None:
         self.store, self.rank, self.world_size = store, rank, world_size
-        self.timeout_s = AGREE_S if timeout_s is None else timeout_s
+        self.timeout_s = AGREE_S
         self.failures = 0
 
     def __call__(self, err: BaseException) -> None:

@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import ray
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -116,7 +116,6 @@ class Ranks:
             return self.run_with(refs, own, timeout_s=RANK_FINISH_S, what=what)
         except Exception as err:  # noqa: BLE001 - the scorer isolates bad rows; anything else breaks the replica
             _lost(f"rank 0 of this sharded replica failed during {what}: {err!r}")
-            raise  # not reached
 
     def run_with(self, refs: list[Any], own: Callable[[], _T], *, timeout_s: float, what: str) -> _T:
         """``own()`` while the other ranks run ``refs``; exits this process the moment one of them fails."""
@@ -177,7 +176,7 @@ def _check(ref: Any, what: str) -> None:
         _lost(f"another rank of this sharded replica failed during {what}: {err!r}")
 
 
-def _lost(why: str) -> None:
+def _lost(why: str) -> NoReturn:
     """End rank 0 (and so the ranks it owns): the service then counts the replica as lost and replaces it whole."""
     logger.error("%s; ending the replica so that it is replaced as a whole", why)
     logging.shutdown()
