@@ -42,7 +42,7 @@ __all__ = ["ShardGroup", "host_store", "join_group", "sharding_method", "load_sh
 WEIGHTS_SHARE = 0.9
 #: Longest a rank whose forward failed waits for every other rank's forward of the same micro-batch to fail too. The
 #: ranks of a failure shared by all stop between the same two collectives, so they report within moments.
-AGREE_S = 30.0
+AGREE_S = 10.0
 _GIB = 1024**3
 _ELEMENT_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float64": 8}
 
