@@ -1,9 +1,10 @@
 """A CPU stand-in for verl's vLLM server, usable behind verl's real ``LLMServerClient``.
 
-vLLM does not run on CPU, so tests and the demo replace only the server: :class:`CPUGenerationServer` is a Ray actor
-whose ``generate`` has the signature of ``vLLMHttpServer.generate`` (verl 0.9.1,
-``workers/rollout/vllm_rollout/vllm_async_server.py:558``) and returns verl's ``TokenOutput``. Everything in front of
-it — the router (``verl.workers.rollout.router.get_router_handle``), ``LLMServerClient`` and the agent loops — is
+The demo and the real-vLLM tests use verl's own ``vLLMReplica`` (:mod:`verl_async_rm.testing.vllm_rollout`); this
+stand-in serves the tests that must control time exactly (a response's length and decode time, a trajectory held
+back), and the demo where vLLM is not installed. It replaces only the server: :class:`CPUGenerationServer` is a
+Ray actor whose ``generate`` has the signature of verl 0.9.1's ``vLLMHttpServer.generate`` and returns verl's
+``TokenOutput``. Everything in front of it — the router (``verl.workers.rollout.router.get_router_handle``), ``LLMServerClient`` and the agent loops — is
 verl's own code.
 
 Two modes:
@@ -180,7 +181,8 @@ class CPUGenerationServer:
         rng = self._rng(prompt_ids)
         self.num_requests += 1
         if self.mode == "synthetic":
-            n = self.lengths.sample(rng, max_tokens)
+            # ignore_eos: exactly max_tokens, as vLLM does (the demo's agent loop draws each length itself)
+            n = max_tokens if sampling_params.get("ignore_eos") else self.lengths.sample(rng, max_tokens)
             delay = self.prefill_s + n * self.decode_s_per_token
             if delay > 0:
                 await asyncio.sleep(delay)

@@ -30,7 +30,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["TinyModels", "build_tiny_models", "default_cache_dir", "CHATML_TEMPLATE", "LLAMA3_TEMPLATE"]
 
 #: Bump when the recipe below changes, so caches built by older versions are not reused.
-_RECIPE_VERSION = "1"
+_RECIPE_VERSION = "2"
 _MARKER = "tiny_models.json"
 
 CHATML_TEMPLATE = (
@@ -212,7 +212,8 @@ def _build_into(root: Path, seed: int) -> None:
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
-        num_attention_heads=4,
+        # head dimension 32: the smallest vLLM's CPU attention accepts, so the policy and RM also run on vLLM
+        num_attention_heads=2,
         num_key_value_heads=2,
         max_position_embeddings=2048,
         tie_word_embeddings=True,
