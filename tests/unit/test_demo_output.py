@@ -79,7 +79,7 @@ def test_plot_writes_a_png_with_both_modes(tmp_path):
     [
         ({"steps": 0}, "steps=0"),
         ({"batch_size": 1.5}, "batch_size=1.5"),
-        ({"rm_hidden_size": 100}, "multiple of 8"),
+        ({"rm_hidden_size": 100}, "multiple of 64"),
         ({"decode_s_per_token": -1.0}, "decode_s_per_token"),
         ({"median_tokens": math.inf}, "median_tokens"),
         ({"rm_weight": 0.0, "rule_weight": 0.0}, "both 0"),
@@ -116,7 +116,7 @@ def test_summary_config_names_the_v1_trainer_and_its_polling_period():
                             ray_info={"left_behind": []})
     result = DemoResult(out_dir=Path("o"), summary_path=Path("o/s.json"), timeline_path=Path("o/t.png"),
                         summary=summary)
-    assert f"verl v1 trainer, replay buffer polling TransferQueue every {POLL_INTERVAL_S:g} s in both modes" in (
+    assert f"verl v1 trainer, replay buffer polling TransferQueue every {POLL_INTERVAL_S:g} s in every mode" in (
         report(result).splitlines())
 
 

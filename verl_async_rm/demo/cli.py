@@ -36,12 +36,10 @@ def report(result) -> str:
     lines = [result.table(), ""]
     if summary["config"].get("trainer"):
         lines.append(_trainer_line(summary["config"]))
-    for name in ("async", "sync"):
-        mode = summary["modes"].get(name)
-        if mode:
-            rewards = [r for s in mode["per_step"] for r in s["rewards"]]
-            lines.append(f"{name:>5}: {len(rewards)} trajectories scored, mean reward "
-                         f"{sum(rewards) / max(1, len(rewards)):.3f}")
+    for name, mode in summary["modes"].items():
+        rewards = [r for s in mode["per_step"] for r in s["rewards"]]
+        lines.append(f"{name:>11}: {len(rewards)} trajectories scored, mean reward "
+                     f"{sum(rewards) / max(1, len(rewards)):.3f}")
     env = summary["environment"]
     load = env.get("load_average")
     lines.append(f"wall time {summary['wall_s']:.0f} s on {env['cpu_count']} CPU(s)"
@@ -54,7 +52,12 @@ def report(result) -> str:
 
 
 def _trainer_line(config) -> str:
-    """Which verl trainer ran both modes, and how often its replay buffer polled TransferQueue."""
+    """Which verl trainer and rollout ran the modes, and how often the replay buffer polled TransferQueue."""
     poll = config.get("replay_buffer_poll_interval_s")
     line = f"verl {config['trainer']} trainer"
-    return line if poll is None else f"{line}, replay buffer polling TransferQueue every {poll:g} s in both modes"
+    line = line if poll is None else f"{line}, replay buffer polling TransferQueue every {poll:g} s in every mode"
+    rollout = {"vllm": "verl's own vLLM rollout (vLLMReplica, vLLM's CPU build)",
+               "standin": "the CPU stand-in rollout server (simulated decode time)"}.get(config.get("rollout"))
+    if rollout:
+        line += f"\nrollout: {rollout}"
+    return line + (f"\nnote: {config['rollout_note']}" if config.get("rollout_note") else "")

@@ -62,8 +62,12 @@ def alive(pid: int, create_time: float) -> bool:
 
 
 @contextlib.contextmanager
-def local_cluster(num_cpus: int = 8, shutdown_timeout_s: float = 30.0) -> Iterator[LocalCluster]:
-    """Start a fresh local Ray cluster (refuses if Ray is already initialised in this process); always shut it down."""
+def local_cluster(num_cpus: int = 8, num_gpus: int = 0, shutdown_timeout_s: float = 30.0) -> Iterator[LocalCluster]:
+    """Start a fresh local Ray cluster (refuses if Ray is already initialised in this process); always shut it down.
+
+    ``num_gpus`` logical GPUs for verl's vLLM pools on a CPU machine (verl has no CPU platform: its pools ask Ray for
+    GPUs); each such pool's bundle also asks for a few CPUs, so ``num_cpus`` grows by 3 per GPU (logical resources).
+    """
     import psutil
     import ray
 
@@ -72,7 +76,7 @@ def local_cluster(num_cpus: int = 8, shutdown_timeout_s: float = 30.0) -> Iterat
     for key, value in _ENV_DEFAULTS.items():
         os.environ.setdefault(key, value)
     cluster = LocalCluster(namespace=f"verl_async_rm_demo_{uuid.uuid4().hex[:8]}")
-    ray.init(num_cpus=num_cpus, num_gpus=0, include_dashboard=False, log_to_driver=False,
+    ray.init(num_cpus=num_cpus + 3 * num_gpus, num_gpus=num_gpus, include_dashboard=False, log_to_driver=False,
              namespace=cluster.namespace, configure_logging=False)
     try:
         with contextlib.suppress(Exception):

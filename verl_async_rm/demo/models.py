@@ -19,11 +19,14 @@ from verl_async_rm.testing.models import TinyModels
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["build_demo_rm"]
+__all__ = ["HEAD_DIM", "build_demo_rm"]
+
+#: The demo RM's head dimension (vLLM's CPU attention accepts 32, 64, 80, ...).
+HEAD_DIM = 64
 
 _MARKER = "demo_rm.json"
 #: Bump when the recipe below changes, so caches built by older versions are not reused.
-_RECIPE_VERSION = "1"
+_RECIPE_VERSION = "2"
 
 
 def build_demo_rm(tiny: TinyModels, *, hidden_size: int, num_layers: int, seed: int = 0) -> Path:
@@ -49,6 +52,11 @@ def build_demo_rm(tiny: TinyModels, *, hidden_size: int, num_layers: int, seed: 
     return root
 
 
+def _kv_heads(heads: int) -> int:
+    """Grouped-query attention as in Qwen2: the largest divisor of ``heads`` that is at most half of it (or 1)."""
+    return max((d for d in range(1, heads // 2 + 1) if heads % d == 0), default=1)
+
+
 def _build_into(folder: Path, tokenizer_dir: Path, hidden_size: int, num_layers: int, seed: int) -> None:
     import torch
     from transformers import AutoTokenizer, Qwen2Config, Qwen2ForSequenceClassification
@@ -60,8 +68,9 @@ def _build_into(folder: Path, tokenizer_dir: Path, hidden_size: int, num_layers:
         hidden_size=hidden_size,
         intermediate_size=4 * hidden_size,
         num_hidden_layers=num_layers,
-        num_attention_heads=8,
-        num_key_value_heads=4,
+        # head dimension 64, which vLLM's CPU attention accepts: verl's served RM runs this RM on vLLM
+        num_attention_heads=hidden_size // HEAD_DIM,
+        num_key_value_heads=_kv_heads(hidden_size // HEAD_DIM),
         max_position_embeddings=2048,
         tie_word_embeddings=True,
         num_labels=1,

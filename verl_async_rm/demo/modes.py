@@ -1,6 +1,6 @@
-"""The two ways the demo runs a step on verl's v1 trainer, on the same prompts, generation server, RM replicas and mix.
+"""The three ways the demo runs a step on verl's v1 trainer, on the same prompts, rollout, RM and mix.
 
-Both modes go through :class:`~verl_async_rm.testing.V1FitLoop`, verl's own v1 fit loop without the policy's GPU
+Every mode goes through :class:`~verl_async_rm.testing.V1FitLoop`, verl's own v1 fit loop without the policy's GPU
 work: the prompts are tagged in TransferQueue and dispatched (``PPOTrainer._submit_batch_to_rollout``), verl's replay
 buffer waits for every group (both loops poll TransferQueue every :data:`POLL_INTERVAL_S`), the sampled trajectories
 are read from TransferQueue and cleared, and the step is closed.
@@ -13,10 +13,18 @@ are read from TransferQueue and cleared, and the step is closed.
   read from TransferQueue, split across the same RM replicas (contiguous chunks, as verl's ``DP_COMPUTE_PROTO``
   dispatch does for a colocated RM) and scored, then the rule score and the same mix are applied; the step ends when
   the last reward is known.
+- ``verl_served``: verl's plain ``AgentLoopManagerTQ`` given the reward-loop workers of verl's own vLLM-served RM on
+  a pool of its own (``reward.reward_model.enable=True``, ``enable_resource_pool=True``;
+  :mod:`verl_async_rm.demo.served_rm`): each trajectory is scored by one ``/classify`` request as its agent loop ends.
+  verl's served path gives the raw RM score (a rule needs a custom reward function that calls the RM itself), so the
+  demo applies the same rule and mix to it afterwards, as in ``sync``.
+
+Trajectory finish times come from the demo's agent loop (``extra_fields["demo_finished_at"]``), in every mode.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -24,6 +32,7 @@ from typing import Any
 
 import ray
 
+from verl_async_rm.demo.agent_loop import FINISHED_AT
 from verl_async_rm.demo.timeline import BatchRecord, StepTimeline
 from verl_async_rm.request import RMRequest
 
@@ -32,25 +41,28 @@ logger = logging.getLogger(__name__)
 __all__ = [
     "ASYNC_FIELDS",
     "POLL_INTERVAL_S",
+    "SERVED_FIELDS",
     "SYNC_FIELDS",
     "collect_batches",
     "fit_loop",
     "requests_from_batch",
     "rule_scorer",
     "run_async_step",
+    "run_served_step",
     "run_sync_step",
     "sampled_order",
     "score_after_rollout",
 ]
 
-#: Longest a control call (records, reset) to a replica or the generation server may take.
+#: Longest a control call (records, reset) to a replica, a reward-loop worker or the generation server may take.
 CONTROL_TIMEOUT_S = 60.0
 #: The replay buffer's TransferQueue polling period, the same in both modes (verl's default is 2 s; a CPU step of a
 #: few seconds needs a shorter one). A step's end is seen up to one period late, in either mode.
 POLL_INTERVAL_S = 0.05
 #: What each mode reads from TransferQueue for the sampled trajectories.
-ASYNC_FIELDS = ("rm_scores", "extra_fields")
-SYNC_FIELDS = ("prompts", "responses", "raw_prompt", "data_source", "reward_model")
+ASYNC_FIELDS = ("rm_scores", "extra_fields", "responses")
+SYNC_FIELDS = ("prompts", "responses", "raw_prompt", "data_source", "reward_model", "extra_fields")
+SERVED_FIELDS = ("rm_scores", "extra_fields", "responses", "data_source", "reward_model")
 
 
 def fit_loop(config: Any, manager: Any) -> Any:
@@ -64,7 +76,7 @@ def _no_refill(num_prompts: int) -> Any:
     """verl's replay buffer refills failed groups with new prompts; the demo's steps must be the same in both modes."""
     raise RuntimeError(
         f"{num_prompts} prompt group(s) of the demo step failed in the agent loop (see the Ray worker logs); the demo "
-        "compares the same prompts in both modes, so it does not refill them"
+        "compares the same prompts in every mode, so it does not refill them"
     )
 
 
@@ -78,14 +90,30 @@ def collect_batches(service: Any) -> list[BatchRecord]:
     ]
 
 
-def _begin(server: Any, service: Any) -> None:
-    """Same lengths for the same prompts in both modes; forget records left from earlier calls."""
-    ray.get(server.reset.remote(), timeout=CONTROL_TIMEOUT_S)
-    collect_batches(service)
+def collect_rm_calls(workers: Sequence[Any]) -> list[tuple[float, float]]:
+    """Pop the served-RM requests verl's reward-loop workers recorded (``TimedRewardLoopWorker.pop_calls``)."""
+    per_worker = ray.get([w.pop_calls.remote() for w in workers], timeout=CONTROL_TIMEOUT_S)
+    return [tuple(call) for calls in per_worker for call in calls]
 
 
-def _finishes(server: Any) -> list[float]:
-    return [r["end"] for r in ray.get(server.pop_finished.remote(), timeout=CONTROL_TIMEOUT_S)]
+def _begin(reset: Callable[[], None] | None, service: Any = None, workers: Sequence[Any] = ()) -> None:
+    """Reset the rollout (the stand-in server's repeat counts) and forget records left from earlier calls."""
+    if reset is not None:
+        reset()
+    if service is not None:
+        collect_batches(service)
+    if workers:
+        collect_rm_calls(workers)
+
+
+def _finishes(data: Any, order: Sequence[int]) -> list[float]:
+    """When each trajectory's generation ended, as the demo's agent loop recorded it."""
+    return [float(_row(data, "extra_fields", i)[FINISHED_AT]) for i in order]
+
+
+def _digests(data: Any, order: Sequence[int]) -> list[str]:
+    """A short digest of each trajectory's response token ids (the modes' scores compare where they are equal)."""
+    return [hashlib.sha1(repr(data["responses"][i].tolist()).encode()).hexdigest()[:12] for i in order]
 
 
 def sampled_order(keys: Sequence[str], uids: Sequence[str]) -> list[int]:
@@ -108,17 +136,11 @@ def sampled_order(keys: Sequence[str], uids: Sequence[str]) -> list[int]:
     return [pos for *_, pos in sorted(parsed)]
 
 
-def _timeline(mode: str, step: int, t0: float, t_end: float, server: Any, service: Any, num_replicas: int,
-              **scores: Any) -> StepTimeline:
-    """The step's record: its times, the finishes the server saw and the batches the replicas ran."""
-    return StepTimeline(mode=mode, step=step, t0=t0, t_end=t_end, finishes=_finishes(server),
-                        batches=collect_batches(service), num_replicas=num_replicas, **scores)
-
-
-def run_async_step(loop: Any, manager: Any, server: Any, prompts: Any, step: int) -> StepTimeline:
+def run_async_step(loop: Any, manager: Any, prompts: Any, step: int,
+                   reset: Callable[[], None] | None = None) -> StepTimeline:
     """One step through the plugin's v1 manager; rewards are read from verl's ``rm_scores`` in TransferQueue."""
     service = manager.rm_service
-    _begin(server, service)
+    _begin(reset, service)
     uids = list(prompts["uid"])
     t0 = time.time()
     batch = loop.train_step(prompts, fields=ASYNC_FIELDS)
@@ -127,8 +149,10 @@ def run_async_step(loop: Any, manager: Any, server: Any, prompts: Any, step: int
     order = sampled_order(batch.keys, uids)
     infos = [batch.reward_extra_info(i) for i in order]
     metrics = batch.metrics
-    return _timeline(
-        "async", step, t0, sampled_at, server, service, manager.async_rm_config.rm.num_replicas,
+    return StepTimeline(
+        mode="async", step=step, t0=t0, t_end=sampled_at, finishes=_finishes(batch.data, order),
+        batches=collect_batches(service), num_replicas=manager.async_rm_config.rm.num_replicas,
+        responses=_digests(batch.data, order),
         rewards=[batch.reward(i) for i in order],
         rm_scores=[float(info["rm_score"]) for info in infos],
         rule_scores=[float(info["rule_score"]) for info in infos],
@@ -190,7 +214,6 @@ def _row(data: Any, key: str, i: int) -> Any:
 
 def run_sync_step(
     loop: Any,
-    server: Any,
     service: Any,
     num_replicas: int,
     prompts: Any,
@@ -199,13 +222,14 @@ def run_sync_step(
     rule_score: Callable[[Any, int], float],
     mix: Any,
     timeout_s: float,
+    reset: Callable[[], None] | None = None,
 ) -> StepTimeline:
     """One step the synchronous way: rollout with no scoring, then the whole batch on the RM replicas, then the mix.
 
     ``rule_score(data, i)`` gives trajectory ``i``'s rule score (:func:`rule_scorer`); ``mix`` is the plugin's
     ``RewardMix``.
     """
-    _begin(server, service)
+    _begin(reset, service)
     uids = list(prompts["uid"])
     t0 = time.time()
     batch = loop.train_step(prompts, fields=SYNC_FIELDS)
@@ -216,9 +240,45 @@ def run_sync_step(
     rule_scores = [rule_score(batch.data, i) for i in order] if mix.uses_rule else [0.0] * len(order)
     rewards = [mix.combine(rm, rule) for rm, rule in zip(rm_scores, rule_scores, strict=True)]
     t_end = time.time()
-    return _timeline(
-        "sync", step, t0, t_end, server, service, num_replicas, rewards=rewards, rm_scores=rm_scores,
-        rule_scores=rule_scores,
+    return StepTimeline(
+        mode="sync", step=step, t0=t0, t_end=t_end, finishes=_finishes(batch.data, order),
+        batches=collect_batches(service), num_replicas=num_replicas, responses=_digests(batch.data, order),
+        rewards=rewards, rm_scores=rm_scores, rule_scores=rule_scores,
         extra={"sample_s": sampled_at - t0, "after_sample_s": read - sampled_at, "executor_reward_tail_s": None,
                "executor_rm_utilization": None, "errors": 0},
+    )
+
+
+def run_served_step(
+    loop: Any,
+    workers: Sequence[Any],
+    num_replicas: int,
+    prompts: Any,
+    step: int,
+    *,
+    rule_score: Callable[[Any, int], float],
+    mix: Any,
+    reset: Callable[[], None] | None = None,
+) -> StepTimeline:
+    """One step through verl's plain manager with verl's own vLLM-served RM (see module doc).
+
+    ``workers`` are the served RM's reward-loop workers (``TimedRewardLoopWorker``): their request records give the
+    RM's busy time and the step's last score. The step ends when verl's replay buffer returns the sample, as in
+    ``async``; the rule and the mix are applied to the raw RM scores afterwards (not timed: a rule is cheap).
+    """
+    _begin(reset, None, workers)
+    uids = list(prompts["uid"])
+    t0 = time.time()
+    batch = loop.train_step(prompts, fields=SERVED_FIELDS)
+    sampled_at = batch.sampled_at
+    order = sampled_order(batch.keys, uids)
+    rm_scores = [batch.reward(i) for i in order]  # verl's served RM: the reward is the raw RM score
+    rule_scores = [rule_score(batch.data, i) for i in order] if mix.uses_rule else [0.0] * len(order)
+    return StepTimeline(
+        mode="verl_served", step=step, t0=t0, t_end=sampled_at, finishes=_finishes(batch.data, order), batches=[],
+        num_replicas=num_replicas, responses=_digests(batch.data, order), rm_calls=collect_rm_calls(workers),
+        rewards=[mix.combine(rm, rule) for rm, rule in zip(rm_scores, rule_scores, strict=True)],
+        rm_scores=rm_scores, rule_scores=rule_scores,
+        extra={"sample_s": sampled_at - t0, "after_sample_s": time.time() - sampled_at,
+               "executor_reward_tail_s": None, "executor_rm_utilization": None, "errors": 0},
     )

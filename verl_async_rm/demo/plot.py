@@ -1,4 +1,5 @@
-"""The demo's PNG timeline: per mode, one row per RM replica with its batches, and the rollout completion curve.
+"""The demo's PNG timeline: per mode, one row per RM replica with its batches (verl's served RM: its requests, one
+row per request in flight at once), and the rollout completion curve.
 
 Each mode's steps are laid end to end on one time axis (seconds since that mode's first step began, each step's own
 idle gaps removed), so the two panels share the x axis and the longer synchronous steps show as a longer panel.
@@ -17,7 +18,9 @@ __all__ = ["plot_timeline"]
 _MODE_TITLES = {
     "async": "async RM: each trajectory scored as its agent loop ends",
     "sync": "sync: whole batch scored after the rollout",
+    "verl_served": "verl's served RM (vLLM): one request per trajectory as its agent loop ends",
 }
+_ORDER = ("async", "sync", "verl_served")
 
 
 def plot_timeline(modes: Mapping[str, Sequence[StepTimeline]], path: str | os.PathLike) -> str:
@@ -27,10 +30,12 @@ def plot_timeline(modes: Mapping[str, Sequence[StepTimeline]], path: str | os.Pa
     matplotlib.use("Agg", force=False)
     import matplotlib.pyplot as plt
 
-    names = [m for m in ("async", "sync") if m in modes] + [m for m in modes if m not in ("async", "sync")]
+    names = [m for m in _ORDER if m in modes] + [m for m in modes if m not in _ORDER]
     if not names:
         raise ValueError("plot_timeline needs at least one mode with steps")
-    replicas = max((s.num_replicas for m in names for s in modes[m]), default=1)
+    lanes = {id(s): _lanes(s.rm_calls) for m in names for s in modes[m]}
+    replicas = max([s.num_replicas for m in names for s in modes[m]]
+                   + [max(lanes[id(s)], default=-1) + 1 for m in names for s in modes[m]] + [1])
     fig, axes = plt.subplots(len(names), 1, figsize=(11, 1.6 + 1.1 * (replicas + 1) * len(names)), sharex=True,
                              squeeze=False)
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
@@ -45,6 +50,9 @@ def plot_timeline(modes: Mapping[str, Sequence[StepTimeline]], path: str | os.Pa
                 if b.duration > 0.04 * max(step.step_time_s, 1e-9):
                     ax.text(offset + (b.start + b.end) / 2 - step.t0, b.replica, str(b.size), ha="center",
                             va="center", fontsize=7)
+            for (start, end), lane in zip(sorted(step.rm_calls), lanes[id(step)], strict=True):
+                ax.broken_barh([(offset + start - step.t0, max(end - start, 1e-3))], (lane - 0.35, 0.7),
+                               facecolors=colors[lane % len(colors)], edgecolors="black", linewidth=0.3)
             finishes = sorted(t - step.t0 for t in step.finishes)
             if finishes:
                 xs = [offset] + [offset + t for t in finishes]
@@ -53,7 +61,9 @@ def plot_timeline(modes: Mapping[str, Sequence[StepTimeline]], path: str | os.Pa
             ax.axvline(offset + step.step_time_s, color="black", linestyle="--", linewidth=0.8)
             offset += step.step_time_s
             total += step.step_time_s
-        ax.set_yticks(range(replicas), [f"RM replica {r}" for r in range(replicas)])
+        served = any(step.rm_calls for step in modes[name])
+        ax.set_yticks(range(replicas), [f"RM request lane {r}" if served else f"RM replica {r}"
+                                        for r in range(replicas)])
         ax.set_ylim(-0.6, replicas - 0.4)
         curve.set_ylim(0, 1.05)
         curve.set_ylabel("rollout done", color="tab:gray")
@@ -66,4 +76,22 @@ def plot_timeline(modes: Mapping[str, Sequence[StepTimeline]], path: str | os.Pa
     out = os.fspath(path)
     fig.savefig(out, dpi=110)
     plt.close(fig)
+    return out
+
+
+_MAX_LANES = 8
+
+
+def _lanes(calls) -> list[int]:
+    """A row for each ``(start, end)`` call (in sorted order): the lowest row free at its start (at most 8 rows: later
+    ones share the last)."""
+    ends: list[float] = []
+    out = []
+    for start, end in sorted(calls):
+        lane = next((k for k, e in enumerate(ends) if e <= start), len(ends))
+        if lane == len(ends):
+            ends.append(end)
+        else:
+            ends[lane] = end
+        out.append(min(lane, _MAX_LANES - 1))
     return out

@@ -1,13 +1,22 @@
-"""``verl-async-rm demo``: the same rollout steps with the RM scored as each trajectory ends, then after the rollout.
+"""``verl-async-rm demo``: the same rollout steps scored three ways: the plugin, after the rollout, verl's served RM.
 
-On a CPU machine with nothing but this package: builds the tiny models (and the demo RM) if missing, starts its own
-local Ray cluster and verl's TransferQueue, builds the plugin's :class:`~verl_async_rm.AsyncRMAgentLoopManager` as
-verl's v1 trainer (the default, ``trainer.use_v1=True``) does (after verl's ``RewardLoopManager``), plus verl's plain
-``AgentLoopManagerTQ`` for the synchronous mode, gives each its own v1 fit loop
-(:class:`~verl_async_rm.testing.V1FitLoop`, same replay-buffer polling period), and runs each step once per mode on
-the same prompts (the synthetic CPU generation server gives them the same heavy-tailed lengths in both modes). One
-warm-up step per mode is run first and not counted. It writes ``timeline.png`` and ``summary.json`` to the output
-folder, closes TransferQueue and shuts the cluster down.
+On a CPU machine with nothing but this package (and vLLM's CPU build, which ``scripts/env.sh`` installs): builds the
+tiny models (and the demo RM) if missing, starts its own local Ray cluster (with logical GPUs for verl's vLLM pools)
+and verl's TransferQueue, starts verl's own ``vLLMReplica`` for the tiny policy behind verl's router, builds
+
+- the plugin's :class:`~verl_async_rm.AsyncRMAgentLoopManager` as verl's v1 trainer (the default,
+  ``trainer.use_v1=True``) does (after verl's ``RewardLoopManager``): mode ``async``;
+- verl's plain ``AgentLoopManagerTQ`` with no reward-loop workers, scored on the same RM replicas after the rollout:
+  mode ``sync``;
+- verl's plain ``AgentLoopManagerTQ`` with verl's own vLLM-served RM on a pool of its own, one engine per plugin
+  replica (:mod:`verl_async_rm.demo.served_rm`): mode ``verl_served``;
+
+gives each its own v1 fit loop (:class:`~verl_async_rm.testing.V1FitLoop`, same replay-buffer polling period), and
+runs each step once per mode on the same prompts. The demo's agent loop (:mod:`verl_async_rm.demo.agent_loop`) gives
+every trajectory a heavy-tailed length of its own and decodes greedily, so every mode scores the same responses.
+One warm-up step per mode is run first and not counted. It writes ``timeline.png`` and ``summary.json`` to the output
+folder, closes TransferQueue and shuts the cluster down. Without vLLM (``--rollout-backend standin``, or ``auto`` where vLLM
+is missing) the CPU stand-in server generates and ``verl_served`` is skipped, with the reason printed.
 """
 
 from __future__ import annotations
@@ -71,7 +80,7 @@ def run_demo(config: DemoConfig | None = None) -> DemoResult:
     start = time.perf_counter()
     out_dir = Path(config.out_dir) if config.out_dir else default_out_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
-    total = 4 + 2 * config.steps
+    total = 4 + 3 * config.steps
     _fit_transfer_queue_threads()
     with warnings.catch_warnings(), _progress(total, config.progress) as bar:
         # verl warns about every optional training engine it cannot import: noise next to the progress bar
@@ -85,73 +94,135 @@ def run_demo(config: DemoConfig | None = None) -> DemoResult:
                 "VERL_USE_EXTERNAL_PLUGINS unset or 'auto'?"
             )
         from verl_async_rm.demo.models import build_demo_rm
-        from verl_async_rm.demo.workload import PROMPT_LENGTH, verl_overrides
-        from verl_async_rm.testing import build_tiny_models, compose_trainer_config
 
+        rollout, why = choose_rollout(config.rollout_backend)
+        if why:
+            logger.warning("%s", why)
         bar.set_description("build models")
-        tiny = build_tiny_models(config.cache_dir, seed=config.seed)
+        tiny = build_tiny_models_for(config)
         rm_path = build_demo_rm(tiny, hidden_size=config.rm_hidden_size, num_layers=config.rm_layers,
                                 seed=config.seed)
-        trainer_config = compose_trainer_config(
-            tiny.policy, trainer=TRAINER, prompt_length=PROMPT_LENGTH, response_length=config.response_length,
-            num_workers=1, overrides=verl_overrides(config, str(rm_path)),
-        )
+        configs = _trainer_configs(config, tiny, str(rm_path), out_dir, vllm=rollout == "vllm")
         bar.update(1)
         bar.set_description("start Ray")
-        with local_cluster() as cluster:
+        if rollout == "vllm":
+            from verl_async_rm.testing.vllm_rollout import set_vllm_env
+
+            set_vllm_env()
+        with local_cluster(num_gpus=1 + config.rm_replicas if rollout == "vllm" else 0) as cluster:
             bar.update(1)
-            modes = _run_modes(config, trainer_config, tiny, bar)
+            modes = _run_modes(config, configs, tiny, bar)
             cluster.track()
         wall_s = time.perf_counter() - start
         bar.set_description("write files")
-        result = _write(config, out_dir, modes, wall_s, cluster.to_dict())
+        result = _write(config, out_dir, modes, wall_s, cluster.to_dict(), rollout=rollout, rollout_note=why)
         bar.update(1)
         bar.set_description("done")
     return result
 
 
-def _run_modes(config: DemoConfig, trainer_config: Any, tiny: Any, bar: Any) -> dict[str, list[StepTimeline]]:
+def choose_rollout(asked: str) -> tuple[str, str | None]:
+    """``(rollout, note)``: ``vllm`` or ``standin`` for ``DemoConfig.rollout_backend``, and why vLLM is not used (or
+    None).
+
+    Raises ``RuntimeError`` for ``vllm`` where vLLM cannot run, naming the reason and the fix.
+    """
+    from verl_async_rm.vllm_cpu import vllm_unavailable_reason
+
+    if asked == "standin":
+        return "standin", ("--rollout-backend standin: the CPU stand-in server generates; verl's served RM (vLLM) is "
+                           "skipped")
+    reason = vllm_unavailable_reason()
+    if reason is None:
+        return "vllm", None
+    if asked == "vllm":
+        raise RuntimeError(f"demo --rollout-backend vllm: {reason}")
+    return "standin", (f"vLLM cannot run here ({reason}): the CPU stand-in server generates and the verl_served mode "
+                       "is skipped")
+
+
+def build_tiny_models_for(config: DemoConfig) -> Any:
+    from verl_async_rm.testing import build_tiny_models
+
+    return build_tiny_models(config.cache_dir, seed=config.seed)
+
+
+def _trainer_configs(config: DemoConfig, tiny: Any, rm_path: str, out_dir: Path, *, vllm: bool) -> dict[str, Any]:
+    """verl's trainer config of the plugin's modes (``plugin``) and, on vLLM, of verl's served RM (``served``)."""
+    from verl_async_rm.demo.agent_loop import write_agent_loop_config
+    from verl_async_rm.demo.workload import PROMPT_LENGTH, rollout_overrides, served_overrides, verl_overrides
+    from verl_async_rm.testing import compose_trainer_config
+
+    loops = write_agent_loop_config(out_dir / "agent_loops.yaml", median_tokens=config.median_tokens,
+                                    sigma=config.sigma, seed=config.seed)
+    rollout = rollout_overrides(config, str(loops), vllm=vllm)
+
+    def compose(overrides: list[str]) -> Any:
+        return compose_trainer_config(tiny.policy, trainer=TRAINER, prompt_length=PROMPT_LENGTH,
+                                      response_length=config.response_length, num_workers=1, overrides=overrides)
+
+    configs = {"plugin": compose(verl_overrides(config, rm_path) + rollout)}
+    if vllm:
+        served = served_overrides(config, rm_path)
+        replaced = {_key(o) for o in served}
+        plugin_only = [o for o in verl_overrides(config, rm_path)
+                       if _key(o) not in replaced and not _key(o).startswith("async_rm.")
+                       and "agent_loop_manager_class" not in o]
+        configs["served"] = compose(plugin_only + served + rollout)
+    return configs
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+")
+
+
+def _run_modes(config: DemoConfig, configs: dict[str, Any], tiny: Any, bar: Any) -> dict[str, list[StepTimeline]]:
     import transfer_queue as tq
 
-    tq.init(trainer_config.transfer_queue)
+    tq.init(configs["plugin"].transfer_queue)
     try:
-        return _run_with_transfer_queue(config, trainer_config, tiny, bar)
+        return _run_with_transfer_queue(config, configs, tiny, bar)
     finally:
         tq.close()
 
 
-def _run_with_transfer_queue(config: DemoConfig, trainer_config: Any, tiny: Any,
+def _run_with_transfer_queue(config: DemoConfig, configs: dict[str, Any], tiny: Any,
                              bar: Any) -> dict[str, list[StepTimeline]]:
     import ray
     from transformers import AutoTokenizer
 
-    from verl_async_rm.demo.modes import fit_loop, rule_scorer, run_async_step, run_sync_step
-    from verl_async_rm.demo.workload import prompts_batch, server_kwargs
-    from verl_async_rm.testing import make_llm_client, start_generation_servers
+    from verl_async_rm.demo.modes import fit_loop, rule_scorer, run_async_step, run_served_step, run_sync_step
+    from verl_async_rm.demo.workload import prompts_batch
 
-    bar.set_description("start RM replicas, agent loops")
-    servers = start_generation_servers(1, name_prefix="demo_gen", **server_kwargs(config, str(tiny.policy)))
-    server = next(iter(servers.values()))
-    actors: list[Any] = list(servers.values())
+    trainer_config = configs["plugin"]
+    actors: list[Any] = []
     managers: list[Any] = []
     try:
-        manager, plain = _start_managers(trainer_config, make_llm_client(trainer_config, servers), actors, managers,
-                                         config.step_timeout_s)
+        bar.set_description("start the rollout (vLLM)" if "served" in configs else "start the rollout (stand-in)")
+        client, reset = _start_rollout(config, trainer_config, tiny, actors, vllm="served" in configs)
+        bar.set_description("start RM replicas, agent loops")
+        manager, plain = _start_managers(trainer_config, client, actors, managers, config.step_timeout_s)
         async_loop, sync_loop = fit_loop(trainer_config, manager), fit_loop(trainer_config, plain)
         mix = manager.async_rm_config.mix  # parsed once, by the manager
         rule = rule_scorer(AutoTokenizer.from_pretrained(tiny.policy))
+        replicas = manager.async_rm_config.rm.num_replicas
+        steps: dict[str, Any] = {
+            "async": lambda step, size, tag: run_async_step(
+                async_loop, manager, prompts_batch(step, size, tag=tag, mode="async"), step, reset=reset),
+            "sync": lambda step, size, tag: run_sync_step(
+                sync_loop, manager.rm_service, replicas,  # the same replicas
+                prompts_batch(step, size, tag=tag, mode="sync"), step,
+                rule_score=rule, mix=mix, timeout_s=config.step_timeout_s, reset=reset),
+        }
+        if "served" in configs:
+            bar.set_description("start verl's served RM (vLLM)")
+            served_rm, served = _start_served(configs["served"], client, actors, config.step_timeout_s)
+            served_loop = fit_loop(configs["served"], served)
+            steps["verl_served"] = lambda step, size, tag: run_served_step(
+                served_loop, served_rm.reward_loop_workers, replicas,
+                prompts_batch(step, size, tag=tag, mode="served"), step, rule_score=rule, mix=mix, reset=reset)
         bar.update(1)
-
-        def async_step(step: int, size: int, tag: str = "step") -> StepTimeline:
-            return run_async_step(async_loop, manager, server, prompts_batch(step, size, tag=tag, mode="async"), step)
-
-        def sync_step(step: int, size: int, tag: str = "step") -> StepTimeline:
-            return run_sync_step(sync_loop, server, manager.rm_service,  # the same replicas
-                                 manager.async_rm_config.rm.num_replicas,
-                                 prompts_batch(step, size, tag=tag, mode="sync"), step,
-                                 rule_score=rule, mix=mix, timeout_s=config.step_timeout_s)
-
-        return _run_steps(config, async_step, sync_step, bar)
+        return _run_steps(config, steps, bar)
     finally:
         for started in managers:
             started.shutdown()
@@ -186,31 +257,68 @@ def _start_managers(trainer_config: Any, client: Any, actors: list[Any], manager
     return manager, plain
 
 
-def _run_steps(config: DemoConfig, async_step: Any, sync_step: Any, bar: Any) -> dict[str, list[StepTimeline]]:
-    """One untimed warm-up step per mode, then each step once per mode (async first), on the same prompts."""
+def _start_rollout(config: DemoConfig, trainer_config: Any, tiny: Any, actors: list[Any], *,
+                   vllm: bool) -> tuple[Any, Any]:
+    """``(llm_client, reset)``: verl's ``vLLMReplica`` on vLLM, else the stand-in server (``reset`` forgets its
+    repeat counts, so every mode gets the same tokens)."""
+    import ray
+
+    if vllm:
+        from verl_async_rm.testing.vllm_rollout import rollout_actors, start_vllm_rollout
+
+        replica, client = start_vllm_rollout(trainer_config)
+        actors += rollout_actors(replica)
+        return client, None
+    from verl_async_rm.demo.workload import server_kwargs
+    from verl_async_rm.testing import make_llm_client, start_generation_servers
+
+    servers = start_generation_servers(1, name_prefix="demo_gen", **server_kwargs(config, str(tiny.policy)))
+    actors += servers.values()
+    server = next(iter(servers.values()))
+    return make_llm_client(trainer_config, servers), lambda: ray.get(server.reset.remote(), timeout=60)
+
+
+def _start_served(served_config: Any, client: Any, actors: list[Any], timeout_s: float) -> tuple[Any, Any]:
+    """verl's served RM (its pool, vLLM engines, timed reward-loop workers) and verl's plain manager in front."""
+    import ray
+    from verl.trainer.ppo.v1 import AgentLoopManagerTQ
+
+    from verl_async_rm.demo.served_rm import start_served_rm
+
+    served_rm = start_served_rm(served_config)
+    actors += served_rm.reward_loop_workers
+    manager = AgentLoopManagerTQ.create(config=served_config, llm_client=client, teacher_client=None,
+                                        reward_loop_worker_handles=served_rm.reward_loop_worker_handles)
+    actors += manager.agent_loop_workers
+    ray.get([w.__ray_ready__.remote() for w in manager.agent_loop_workers], timeout=timeout_s)
+    return served_rm, manager
+
+
+def _run_steps(config: DemoConfig, steps: dict[str, Any], bar: Any) -> dict[str, list[StepTimeline]]:
+    """One untimed warm-up step per mode, then each step once per mode (in ``steps``' order), on the same prompts."""
     bar.set_description("warm-up")
-    async_step(0, _WARMUP_SIZE, tag="warmup")
-    sync_step(0, _WARMUP_SIZE, tag="warmup")
-    modes: dict[str, list[StepTimeline]] = {"async": [], "sync": []}
+    for run in steps.values():
+        run(0, _WARMUP_SIZE, "warmup")
+    modes: dict[str, list[StepTimeline]] = {name: [] for name in steps}
     for step in range(1, config.steps + 1):
-        bar.set_description(f"step {step}/{config.steps} async")
-        modes["async"].append(async_step(step, config.batch_size))
-        bar.update(1)
-        bar.set_description(f"step {step}/{config.steps} sync")
-        modes["sync"].append(sync_step(step, config.batch_size))
-        bar.update(1)
+        for name, run in steps.items():
+            bar.set_description(f"step {step}/{config.steps} {name}")
+            modes[name].append(run(step, config.batch_size, "step"))
+            bar.update(1)
     return modes
 
 
-def summary_config(config: DemoConfig) -> dict[str, Any]:
-    """The ``config`` section of ``summary.json``: the demo's settings, the verl trainer and the polling period."""
+def summary_config(config: DemoConfig, *, rollout: str = "standin", rollout_note: str | None = None) -> dict[str, Any]:
+    """The ``config`` section of ``summary.json``: the demo's settings, the verl trainer, who generated (``vllm``:
+    verl's vLLM replicas; ``standin``: the CPU stand-in server, with the reason) and the polling period."""
     from verl_async_rm.demo.modes import POLL_INTERVAL_S
 
-    return {**config.to_dict(), "trainer": TRAINER, "replay_buffer_poll_interval_s": POLL_INTERVAL_S}
+    return {**config.to_dict(), "trainer": TRAINER, "rollout": rollout, "rollout_note": rollout_note,
+            "replay_buffer_poll_interval_s": POLL_INTERVAL_S}
 
 
 def _write(config: DemoConfig, out_dir: Path, modes: dict[str, list[StepTimeline]], wall_s: float,
-           ray_info: dict[str, Any]) -> DemoResult:
+           ray_info: dict[str, Any], *, rollout: str, rollout_note: str | None) -> DemoResult:
     from verl_async_rm.demo.plot import plot_timeline
     from verl_async_rm.demo.summary import build_summary, environment, write_summary
 
@@ -218,7 +326,8 @@ def _write(config: DemoConfig, out_dir: Path, modes: dict[str, list[StepTimeline
     summary_path = out_dir / "summary.json"
     plot_timeline(modes, timeline_path)
     summary = build_summary(
-        modes, config=summary_config(config), env=environment(), wall_s=wall_s,
+        modes, config=summary_config(config, rollout=rollout, rollout_note=rollout_note), env=environment(),
+        wall_s=wall_s,
         files={"timeline_png": str(timeline_path), "summary_json": str(summary_path)}, ray_info=ray_info,
     )
     write_summary(summary, summary_path)

@@ -12,11 +12,12 @@ from typing import Any
 
 from verl_async_rm.demo.timeline import MODE_KEYS, StepTimeline, mode_summary, speedup
 
-__all__ = ["SCHEMA_VERSION", "SUMMARY_KEYS", "build_summary", "environment", "format_table", "write_summary"]
+__all__ = ["SCHEMA_VERSION", "SUMMARY_KEYS", "build_summary", "environment", "format_table", "score_agreement",
+           "write_summary"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 #: Top-level keys of ``summary.json``.
-SUMMARY_KEYS = ("schema", "config", "environment", "modes", "speedup", "wall_s", "files", "ray")
+SUMMARY_KEYS = ("schema", "config", "environment", "modes", "speedup", "agreement", "wall_s", "files", "ray")
 
 
 def environment() -> dict[str, Any]:
@@ -38,6 +39,7 @@ def environment() -> dict[str, Any]:
         "verl": version("verl"),
         "ray": version("ray"),
         "torch": version("torch"),
+        "vllm": version("vllm"),
         "transformers": version("transformers"),
         "python": platform.python_version(),
         "platform": platform.platform(),
@@ -65,10 +67,26 @@ def build_summary(
         "environment": dict(env),
         "modes": mode_figures,
         "speedup": speedup(mode_figures),
+        "agreement": {f"{a}_vs_{b}": score_agreement(modes[a], modes[b])
+                      for a, b in (("async", "sync"), ("async", "verl_served")) if a in modes and b in modes},
         "wall_s": wall_s,
         "files": dict(files),
         "ray": dict(ray_info),
     }
+
+
+def score_agreement(a: Sequence[StepTimeline], b: Sequence[StepTimeline]) -> dict[str, Any]:
+    """RM scores of two modes, trajectory by trajectory (same step, same place), where both scored the same response.
+
+    ``compared`` of ``trajectories`` had equal response digests; ``max_abs_diff`` is over those (None if none).
+    """
+    diffs, total = [], 0
+    for sa, sb in zip(a, b, strict=True):
+        total += len(sa.rm_scores)
+        if len(sa.responses) == len(sa.rm_scores) == len(sb.responses) == len(sb.rm_scores):
+            diffs += [abs(x - y) for ra, rb, x, y in zip(sa.responses, sb.responses, sa.rm_scores, sb.rm_scores)
+                      if ra == rb]
+    return {"trajectories": total, "compared": len(diffs), "max_abs_diff": max(diffs) if diffs else None}
 
 
 def write_summary(summary: Mapping[str, Any], path: str | os.PathLike) -> str:
@@ -96,6 +114,7 @@ _COLUMNS = (
     ("step_time_s", "step time (s)", "{:.2f}"),
     ("reward_tail_s", "reward tail (s)", "{:.2f}"),
     ("rm_utilization", "RM util", "{:.0%}"),
+    ("rm_busy_per_trajectory_ms", "RM busy/traj (ms)", "{:.1f}"),
     ("batches", "batches", "{}"),
     ("mean_batch_size", "mean batch", "{:.1f}"),
 )
@@ -115,6 +134,14 @@ def format_table(summary: Mapping[str, Any]) -> str:
     widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
     lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
     lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    for name, agree in (summary.get("agreement") or {}).items():
+        if name == "async_vs_verl_served":
+            diff = agree["max_abs_diff"]
+            lines.append(f"RM scores, the plugin vs verl's served RM: {agree['compared']}/{agree['trajectories']} "
+                         f"same responses, max |diff| {'-' if diff is None else f'{diff:.1e}'}")
+    served, asy = (summary["modes"].get(m, {}).get("step_time_s") for m in ("verl_served", "async"))
+    if served and asy:
+        lines.append(f"verl's served RM step time / the plugin's: {served / asy:.2f}x")
     s = summary.get("speedup")
     lines.append(f"speed-up (sync step time / async step time): {'-' if s is None else f'{s:.2f}x'}")
     return "\n".join(lines)

@@ -21,6 +21,8 @@ STEP_KEYS = (
     "rollout_s",
     "reward_tail_s",
     "rm_utilization",
+    "rm_busy_s",
+    "rm_busy_per_trajectory_ms",
     "batches",
     "mean_batch_size",
     "trajectories",
@@ -30,7 +32,8 @@ STEP_KEYS = (
     "rule_score_mean",
 )
 #: Keys of a mode's summary over its steps (means, except ``batches``: the total).
-MODE_KEYS = ("steps", "step_time_s", "reward_tail_s", "rm_utilization", "batches", "mean_batch_size")
+MODE_KEYS = ("steps", "step_time_s", "reward_tail_s", "rm_utilization", "rm_busy_per_trajectory_ms", "batches",
+             "mean_batch_size")
 
 
 @dataclass(frozen=True)
@@ -58,13 +61,17 @@ class StepTimeline:
     """One step of one mode, on one wall clock.
 
     Attributes:
-        mode: ``"async"`` (score as each trajectory ends) or ``"sync"`` (score the batch after the rollout).
+        mode: ``"async"`` (the plugin: score as each trajectory ends), ``"sync"`` (score the batch after the
+            rollout) or ``"verl_served"`` (verl's own vLLM-served RM, one request per trajectory as it ends).
         step: step number (1-based).
         t0, t_end: when the step started (prompts handed to the agent loop) and ended (every reward known).
         finishes: when each trajectory's generation ended.
-        batches: the RM calls of the step, every replica.
+        batches: the RM calls of the step, every replica (the plugin's replicas, async and sync).
+        rm_calls: ``(start, end)`` of each RM request of verl's served RM, seen by verl's reward-loop worker (vLLM
+            batches them inside its engine, out of sight): ``verl_served`` only.
         num_replicas: RM replicas available during the step.
         rewards, rm_scores, rule_scores: per trajectory, in batch order.
+        responses: per trajectory, a digest of its response token ids (the modes' scores compare where equal).
         extra: mode-specific figures kept in the JSON (e.g. the executor's own reward tail).
     """
 
@@ -78,6 +85,8 @@ class StepTimeline:
     rewards: list[float] = field(default_factory=list)
     rm_scores: list[float] = field(default_factory=list)
     rule_scores: list[float] = field(default_factory=list)
+    responses: list[str] = field(default_factory=list)
+    rm_calls: list[tuple[float, float]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -96,13 +105,21 @@ class StepTimeline:
 
     @property
     def last_score(self) -> float | None:
-        return max(b.end for b in self.batches) if self.batches else None
+        ends = [b.end for b in self.batches] + [end for _, end in self.rm_calls]
+        return max(ends) if ends else None
+
+    @property
+    def rm_busy_s(self) -> float:
+        """Wall time with at least one RM call in flight (the union of the batches' or requests' intervals)."""
+        return _union_length([(b.start, b.end) for b in self.batches] + list(self.rm_calls))
 
     def metrics(self) -> dict[str, Any]:
         """The step's figures (keys :data:`STEP_KEYS`); None where the step has nothing to measure.
 
         ``reward_tail_s``: last RM batch end minus last trajectory finish (how long rewards lag the rollout).
-        ``rm_utilization``: time the replicas spent scoring / (replicas x step time).
+        ``rm_utilization``: time the replicas spent scoring / (replicas x step time) (the plugin's replicas only).
+        ``rm_busy_s``: wall time with at least one RM call in flight, every mode measured alike
+        (:attr:`rm_busy_s`); ``rm_busy_per_trajectory_ms`` divides it by the trajectories.
         """
         last_finish, last_score = self.last_finish, self.last_score
         busy = sum(b.duration for b in self.batches)
@@ -111,11 +128,14 @@ class StepTimeline:
             "step_time_s": self.step_time_s,
             "rollout_s": None if last_finish is None else last_finish - self.t0,
             "reward_tail_s": None if last_finish is None or last_score is None else last_score - last_finish,
-            "rm_utilization": busy / (self.num_replicas * self.step_time_s) if self.step_time_s > 0 else None,
-            "batches": len(self.batches),
+            "rm_utilization": (busy / (self.num_replicas * self.step_time_s)
+                               if self.step_time_s > 0 and not self.rm_calls else None),
+            "rm_busy_s": self.rm_busy_s,
+            "rm_busy_per_trajectory_ms": 1e3 * self.rm_busy_s / len(self.finishes) if self.finishes else None,
+            "batches": len(self.batches) if not self.rm_calls else None,
             "mean_batch_size": sum(sizes) / len(sizes) if sizes else None,
             "trajectories": len(self.finishes),
-            "scored": sum(sizes),
+            "scored": sum(sizes) + len(self.rm_calls),
             "reward_mean": _mean(self.rewards),
             "rm_score_mean": _mean(self.rm_scores),
             "rule_score_mean": _mean(self.rule_scores),
@@ -136,8 +156,12 @@ class StepTimeline:
                     {"replica": b.replica, "start_s": b.start - self.t0, "end_s": b.end - self.t0, "size": b.size}
                     for b in sorted(self.batches, key=lambda b: (b.start, b.replica))
                 ],
+                "rm_calls": [{"start_s": a - self.t0, "end_s": b - self.t0} for a, b in sorted(self.rm_calls)],
             },
             "rewards": list(self.rewards),
+            "rm_scores": list(self.rm_scores),
+            "rule_scores": list(self.rule_scores),
+            "responses": list(self.responses),
         }
 
 
@@ -153,7 +177,8 @@ def mode_summary(steps: Sequence[StepTimeline]) -> dict[str, Any]:
         "step_time_s": mean_of("step_time_s"),
         "reward_tail_s": mean_of("reward_tail_s"),
         "rm_utilization": mean_of("rm_utilization"),
-        "batches": sum(r["batches"] for r in rows),
+        "rm_busy_per_trajectory_ms": mean_of("rm_busy_per_trajectory_ms"),
+        "batches": None if any(r["batches"] is None for r in rows) else sum(r["batches"] for r in rows),
         "mean_batch_size": _weighted_batch_size(steps),
     }
 
@@ -169,6 +194,16 @@ def speedup(modes: Mapping[str, Mapping[str, Any]]) -> float | None:
 def _weighted_batch_size(steps: Sequence[StepTimeline]) -> float | None:
     sizes = [b.size for s in steps for b in s.batches]
     return sum(sizes) / len(sizes) if sizes else None
+
+
+def _union_length(intervals: Sequence[tuple[float, float]]) -> float:
+    """Total length covered by ``intervals`` (overlaps counted once)."""
+    total, end = 0.0, -math.inf
+    for a, b in sorted(intervals):
+        if b > end:
+            total += b - max(a, end)
+            end = b
+    return total
 
 
 def _mean(values: Sequence[float]) -> float | None:

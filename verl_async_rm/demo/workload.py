@@ -1,4 +1,5 @@
-"""The demo's workload: verl overrides for the plugin, the prompts of each step, the generation server's settings."""
+"""The demo's workload: verl overrides for the plugin and for verl's served RM, the prompts of each step, the rollout's
+settings."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from verl_async_rm.demo import rule
 from verl_async_rm.demo.options import DemoConfig
 from verl_async_rm.testing.generation import LengthDistribution
 
-__all__ = ["GROUND_TRUTH", "PROMPT_LENGTH", "prompt_uids", "prompts_batch", "server_kwargs", "verl_overrides"]
+__all__ = ["GROUND_TRUTH", "PROMPT_LENGTH", "prompt_uids", "prompts_batch", "rollout_overrides", "served_overrides",
+           "server_kwargs", "verl_overrides"]
 
 PROMPT_LENGTH = 64
 GROUND_TRUTH = "42"
@@ -39,9 +41,35 @@ def verl_overrides(config: DemoConfig, rm_path: str) -> list[str]:
         f"+async_rm.max_batch_size={config.max_batch_size}",
         f"+async_rm.micro_batch_max_tokens={config.rm_micro_batch_tokens}",
         f"+async_rm.max_wait_ms={config.max_wait_ms}",
+        # verl's served RM always re-renders the conversation with the RM's chat template; so does the plugin here,
+        # so both read the same text and their scores compare (the default reuses the policy's token ids)
+        "+async_rm.retemplate=always",
         "+async_rm.placement_timeout_s=120",
         f"+async_rm.request_timeout_s={config.step_timeout_s}",
         f"+async_rm.batch_timeout_s={config.step_timeout_s}",
+    ]
+
+
+def rollout_overrides(config: DemoConfig, agent_loops_yaml: str, *, vllm: bool) -> list[str]:
+    """The rollout's overrides, the same in every mode: the demo's agent loop by default, and on ``vllm`` the settings
+    verl's vLLM replica needs on CPU."""
+    from verl_async_rm.demo.agent_loop import AGENT_NAME
+    from verl_async_rm.testing.vllm_rollout import cpu_rollout_overrides
+
+    loop = [f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agent_loops_yaml}",
+            f"actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_NAME}"]
+    return loop + (cpu_rollout_overrides(PROMPT_LENGTH + config.response_length) if vllm else [])
+
+
+def served_overrides(config: DemoConfig, rm_path: str) -> list[str]:
+    """verl's own served RM in place of the plugin: verl's reward manager, no custom reward function (verl's served
+    path then scores with the RM alone), one vLLM engine per plugin replica on a pool of its own."""
+    from verl_async_rm.testing.vllm_rollout import served_rm_overrides
+
+    return [
+        "reward.reward_manager.name=naive",
+        "reward.custom_reward_function.path=null",
+        *served_rm_overrides(rm_path, config.rm_replicas, max_model_len=2 * (PROMPT_LENGTH + config.response_length)),
     ]
 
 
@@ -77,7 +105,8 @@ def prompt_uids(step: int, size: int, *, tag: str = "step", mode: str = "demo") 
 
 
 def server_kwargs(config: DemoConfig, policy_path: str) -> dict[str, Any]:
-    """Settings of the synthetic CPU generation server: heavy-tailed lengths, a simulated decode time per token."""
+    """Settings of the stand-in CPU generation server (no vLLM): a simulated decode time per token; the lengths come
+    from the demo's agent loop (``ignore_eos``)."""
     return {
         "mode": "synthetic",
         "model_path": policy_path,

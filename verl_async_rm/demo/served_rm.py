@@ -1,0 +1,75 @@
+"""verl's own vLLM-served RM for the demo's third mode, built as verl's v1 trainer builds it, with request timings.
+
+verl's v1 trainer, with ``reward.reward_model.enable=True`` and ``enable_resource_pool=True``, creates a
+``reward_pool`` of ``n_gpus_per_node x nnodes`` devices (``PPOTrainer`` in ``verl.trainer.ppo.v1.trainer_base``),
+builds ``RewardLoopManager(config, rm_resource_pool=pool)`` (one vLLM pooling engine per device behind verl's router)
+and hands its reward-loop workers to the agent-loop manager, whose workers score each trajectory as its agent loop
+ends (``RewardLoopWorker.compute_score`` -> ``compute_score_disrm``: one ``/classify`` request).
+
+The only addition here is a clock: :class:`TimedRewardLoopWorker` is verl's ``RewardLoopWorker`` recording when each
+``compute_score_disrm`` call started and ended, so the demo can measure the served RM's busy time and reward tail
+the way it measures the plugin's (vLLM batches the requests inside its engine, out of the client's sight).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from verl.experimental.reward_loop import RewardLoopManager
+from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
+
+__all__ = ["TimedRewardLoopManager", "TimedRewardLoopWorker", "start_served_rm"]
+
+
+class TimedRewardLoopWorker(RewardLoopWorker):
+    """verl's ``RewardLoopWorker``, recording ``(start, end)`` (``time.time()``) of each served-RM request."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._calls: list[tuple[float, float]] = []
+
+    async def compute_score_disrm(self, data: Any) -> dict:
+        start = time.time()
+        try:
+            return await super().compute_score_disrm(data)
+        finally:
+            self._calls.append((start, time.time()))
+
+    def pop_calls(self) -> list[tuple[float, float]]:
+        """The requests recorded since the previous call."""
+        calls, self._calls = self._calls, []
+        return calls
+
+
+class TimedRewardLoopManager(RewardLoopManager):
+    """verl's ``RewardLoopManager`` whose reward-loop workers are :class:`TimedRewardLoopWorker`.
+
+    verl names its workers ``reward_loop_worker_{i}`` (``RewardLoopManager._init_reward_loop_workers``); the demo's
+    plugin modes already run a ``RewardLoopManager`` under those names in the same Ray namespace, so these are named
+    ``served_reward_loop_worker_{i}``, placed as verl places them (round-robin over the nodes, soft affinity).
+    """
+
+    def _init_reward_loop_workers(self) -> None:
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        worker_cls = ray.remote(TimedRewardLoopWorker)
+        nodes = [node["NodeID"] for node in ray.nodes() if node["Alive"] and node["Resources"].get("CPU", 0) > 0]
+        self.reward_loop_workers = [
+            worker_cls.options(
+                name=f"served_reward_loop_worker_{i}",
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=nodes[i % len(nodes)], soft=True),
+            ).remote(self.config, self.reward_router_address)
+            for i in range(self.config.reward.num_workers)
+        ]
+
+
+def start_served_rm(config: Any) -> TimedRewardLoopManager:
+    """verl's served RM on a ``reward_pool`` of its own, as verl's v1 trainer creates both (see module doc)."""
+    from verl.single_controller.ray.base import ResourcePoolManager
+
+    rm = config.reward.reward_model
+    pools = ResourcePoolManager(resource_pool_spec={"reward_pool": [rm.n_gpus_per_node] * rm.nnodes}, mapping={})
+    pools.create_resource_pool()
+    return TimedRewardLoopManager(config=config, rm_resource_pool=pools.resource_pool_dict["reward_pool"])
