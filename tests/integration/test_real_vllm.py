@@ -1,0 +1,164 @@
+"""The plugin on verl's real vLLM rollout, and verl's own vLLM-served RM on the same trajectories (vLLM's CPU build).
+
+One module-scoped Ray cluster with logical GPUs (verl's vLLM pools ask for them) holds one verl ``vLLMReplica`` of the
+tiny policy (started once: about 30 s) and, for the comparison, one engine of verl's served RM. The rollout uses the
+demo's agent loop (a log-normal length per trajectory, ``ignore_eos``, greedy, ordinary tokens), so every response
+length is known in advance.
+
+These tests skip with the reason where vLLM cannot run; ``VERL_ASYNC_RM_REQUIRE_VLLM=1`` (set by ``.ci/run``) turns
+that skip into a failure, so CI never passes without them.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+from conftest import ray_runtime_env
+from manager_cases import RM_W, RULE_W, overrides
+
+pytestmark = pytest.mark.integration
+
+MEDIAN, SIGMA, SEED, RESPONSE_LENGTH = 12.0, 0.8, 3, 32
+QUESTIONS = ["how many apples are left?", "what is the total cost?", "what is its speed?", "how many eggs?"]
+N = 2  # rollout.n
+
+
+@pytest.fixture(scope="module")
+def vllm_ray():
+    """A Ray cluster of its own with 2 logical GPUs (the rollout replica, one served-RM engine)."""
+    from verl_async_rm.vllm_cpu import vllm_unavailable_reason
+
+    reason = vllm_unavailable_reason()
+    if reason:
+        if os.environ.get("VERL_ASYNC_RM_REQUIRE_VLLM") == "1":
+            pytest.fail(f"VERL_ASYNC_RM_REQUIRE_VLLM=1 but {reason}")
+        pytest.skip(reason)
+    import ray
+
+    from verl_async_rm.testing.vllm_rollout import set_vllm_env
+
+    if ray.is_initialized():  # the session's CPU-only cluster: this module needs logical GPUs
+        ray.shutdown()
+    set_vllm_env()
+    ray.init(num_cpus=16, num_gpus=2, include_dashboard=False, runtime_env=ray_runtime_env(),
+             namespace="verl_async_rm_vllm_tests")
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def plugin_step(vllm_ray, tiny_models, tmp_path_factory):
+    """One v1 step of the plugin's manager on verl's real vLLM rollout: (batch in prompt order, config, prompts)."""
+    import transfer_queue as tq
+    from verl.experimental.reward_loop import RewardLoopManager
+
+    from verl_async_rm import AsyncRMAgentLoopManager
+    from verl_async_rm.demo.agent_loop import AGENT_NAME, write_agent_loop_config
+    from verl_async_rm.testing import compose_trainer_config
+    from verl_async_rm.testing.v1 import V1FitLoop, prompt_batch
+    from verl_async_rm.testing.vllm_rollout import cpu_rollout_overrides, rollout_actors, start_vllm_rollout
+
+    loops = write_agent_loop_config(tmp_path_factory.mktemp("loops") / "agent_loops.yaml", median_tokens=MEDIAN,
+                                    sigma=SIGMA, seed=SEED)
+    extra = [f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}",
+             f"actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_NAME}",
+             "+async_rm.retemplate=always", *cpu_rollout_overrides(256)]
+    config = compose_trainer_config(tiny_models.policy, trainer="v1", rollout_n=N, response_length=RESPONSE_LENGTH,
+                                    overrides=overrides(tiny_models, *extra))
+    tq.init(config.transfer_queue)
+    replica, client = start_vllm_rollout(config)
+    reward_loop = RewardLoopManager(config=config, rm_resource_pool=None)
+    manager = AsyncRMAgentLoopManager.create(config=config, llm_client=client, teacher_client=None,
+                                             reward_loop_worker_handles=reward_loop.reward_loop_worker_handles)
+    try:
+        loop = V1FitLoop(config, manager)
+        fields = ("uid", "rm_scores", "extra_fields", "prompts", "responses")
+        prompts = prompt_batch(QUESTIONS)
+        batch = loop.train_step(prompts, fields=fields)
+        batch.questions = dict(zip(list(prompts["uid"]), QUESTIONS, strict=True))  # uid -> question
+        yield batch, config, manager
+    finally:
+        manager.shutdown()
+        for actor in [*reward_loop.reward_loop_workers, *manager.agent_loop_workers, *rollout_actors(replica)]:
+            vllm_ray.kill(actor)
+        tq.close()
+
+
+def _raw_prompt(batch, i):
+    """The trajectory's prompt messages (its key is ``{uid}_{session}_{index}``)."""
+    return [{"role": "user", "content": batch.questions[str(batch.keys[i]).split("_")[0]]}]
+
+
+def _rm_reference(rm_path, policy_path, raw_prompt, response_ids):
+    """Plain transformers: the RM's forward on its own chat template of the prompt and the decoded response (fp32)."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    policy_tok, rm_tok = AutoTokenizer.from_pretrained(policy_path), AutoTokenizer.from_pretrained(rm_path)
+    rm = AutoModelForSequenceClassification.from_pretrained(rm_path, dtype=torch.float32).eval()
+    text = rm_tok.apply_chat_template(
+        [*raw_prompt, {"role": "assistant", "content": policy_tok.decode(response_ids)}], tokenize=False)
+    ids = rm_tok(text, add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        return float(rm(input_ids=torch.tensor([ids])).logits[0, 0])
+
+
+def test_the_plugin_scores_every_trajectory_of_verls_vllm_rollout_exactly(plugin_step, tiny_models):
+    from transformers import AutoTokenizer
+
+    from verl_async_rm.demo.agent_loop import response_tokens
+
+    batch, _, manager = plugin_step
+    tok = AutoTokenizer.from_pretrained(tiny_models.policy)
+    assert len(batch.keys) == N * len(QUESTIONS)
+    specials = set(tok.all_special_ids)
+    for i in range(len(batch.keys)):
+        raw = _raw_prompt(batch, i)
+        response = batch.data["responses"][i].tolist()
+        # verl's vLLM generated it: the demo agent loop's length exactly (ignore_eos), ordinary tokens only
+        assert len(response) == response_tokens(raw, median_tokens=MEDIAN, sigma=SIGMA, seed=SEED,
+                                                budget=RESPONSE_LENGTH)
+        assert not specials & set(response)
+        info = batch.reward_extra_info(i)
+        expected_rm = _rm_reference(tiny_models.rm, tiny_models.policy, raw, response)
+        expected_rule = (len(tok.decode(response, skip_special_tokens=True)) % 7) / 7.0
+        assert float(info["rm_score"]) == pytest.approx(expected_rm, abs=1e-4)
+        assert float(info["rule_score"]) == pytest.approx(expected_rule, abs=1e-6)
+        assert batch.reward(i) == pytest.approx(RM_W * expected_rm + RULE_W * expected_rule, abs=1e-4)
+    assert batch.metrics["async_rm/errors"] == 0
+    assert len({len(batch.data["responses"][i]) for i in range(len(batch.keys))}) > 1  # lengths spread out
+
+
+def test_verls_served_rm_scores_the_same_trajectories_as_the_plugin(plugin_step, tiny_models):
+    """verl's own served RM (vLLM pooling, ``compute_score_disrm``) on each trajectory the plugin scored."""
+    import ray
+    from verl.protocol import DataProto
+
+    from verl_async_rm.demo.served_rm import start_served_rm
+    from verl_async_rm.testing import compose_trainer_config
+    from verl_async_rm.testing.vllm_rollout import served_rm_overrides
+
+    batch, _, _ = plugin_step
+    config = compose_trainer_config(tiny_models.policy, trainer="v1", num_workers=1,
+                                    overrides=[*served_rm_overrides(str(tiny_models.rm), 1, max_model_len=512)])
+    served = start_served_rm(config)
+    try:
+        worker = served.reward_loop_workers[0]
+        for i in range(len(batch.keys)):
+            prompt, response = batch.data["prompts"][i], batch.data["responses"][i]
+            raw = np.empty(1, dtype=object)
+            raw[0] = _raw_prompt(batch, i)
+            data = DataProto.from_dict(
+                tensors={"prompts": prompt[None], "responses": response[None],
+                         "input_ids": torch.cat([prompt, response])[None],
+                         "attention_mask": torch.ones(1, len(prompt) + len(response), dtype=torch.long)},
+                non_tensors={"raw_prompt": raw, "data_source": np.array(["tiny"], dtype=object),
+                             "reward_model": np.array([{"ground_truth": "42"}], dtype=object)})
+            served_score = ray.get(worker.compute_score.remote(data), timeout=120)["reward_score"]
+            assert float(batch.reward_extra_info(i)["rm_score"]) == pytest.approx(served_score, abs=1e-4), i
+        assert len(ray.get(worker.pop_calls.remote(), timeout=60)) == len(batch.keys)
+    finally:
+        for actor in served.reward_loop_workers:
+            ray.kill(actor)
