@@ -138,7 +138,8 @@ def render() -> str:
         "## Extra RMs",
         "",
         f"Each extra RM is a group of keys under its name, `+{MODEL_KEY.format(field='<key>')}=...` (a name starts "
-        "with a letter and holds letters, digits and `_`; `main` is taken). Its own keys, never taken from the main RM's keys or the top of `async_rm`:",
+        "with a letter and holds letters, digits and `_`; `main` is taken). Its own keys, never taken from the main "
+        "RM's keys or the top of `async_rm`:",
         "",
         "| key | default | help |",
         "|---|---|---|",
