@@ -1,6 +1,7 @@
 """AsyncRMAgentLoopManager on verl's v1 trainer (the default): trajectories scored in TransferQueue, the step's
 ``async_rm/*`` metrics logged by a real verl ``Tracking`` at the step's number, validation apart, and the faults of
-the README's table (replica killed, executor killed, poisoned trajectory, request timeout) under ``on_error=raise``.
+docs/faults.md's table (replica killed, executor killed, poisoned trajectory, request timeout) under
+``on_error=raise``.
 
 The loop is :class:`verl_async_rm.testing.V1FitLoop`: verl's own dispatch (``_submit_batch_to_rollout``), replay
 buffer and the plugin's hook of ``PPOTrainer.step``, without the policy's GPU work. The RM is the

@@ -2,7 +2,7 @@
 ``RequestTimeoutError`` on time, and under ``on_error=raise`` the run stops at the step's end naming that cause.
 
 Its own manager: ``batch_timeout_s`` is far below the tiny RM's time per batch, so every batch times out (the late
-replica is then killed and replaced, as the README's Faults table says)."""
+replica is then killed and replaced, as the faults table of docs/faults.md says)."""
 
 from __future__ import annotations
 

@@ -376,9 +376,10 @@ def test_legacy_keys_are_refused_naming_the_entry_module_and_the_new_key(tiny_mo
     assert message.endswith(f"write them as {new}")
 
 
-def test_readme_documents_every_async_rm_key():
-    """The README's option table cannot silently fall behind the dataclasses."""
+def test_options_reference_documents_every_async_rm_key():
+    """The docs' options reference (generated from the dataclasses) cannot silently fall behind them."""
     import dataclasses
+    import importlib.util
     from pathlib import Path
 
     from verl_async_rm.settings import _VERL_OWNED_RM_FIELDS, IntegrationConfig
@@ -386,10 +387,14 @@ def test_readme_documents_every_async_rm_key():
     from verl_async_rm.integration.reward_mix import RewardMix
     from verl_async_rm.scoring.rm_config import RMConfig
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    spec = importlib.util.spec_from_file_location(
+        "gen_options", Path(__file__).resolve().parents[2] / "docs" / "hooks" / "gen_options.py")
+    generator = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(generator)
+    reference = generator.render()
     keys = {f.name for cls in (BatchPolicy, RMConfig, RewardMix, IntegrationConfig) for f in dataclasses.fields(cls)
             if not f.metadata.get("internal")}
-    missing = sorted(k for k in keys - set(_VERL_OWNED_RM_FIELDS) if f"| `{k}` |" not in readme)
+    missing = sorted(k for k in keys - set(_VERL_OWNED_RM_FIELDS) if f"| `async_rm.{k}` |" not in reference)
     assert missing == []
 
 

@@ -2,7 +2,7 @@
 error that names the key or the trajectory, the value and the fix. Never a silent 0.0, never an index error deep in
 torch.
 
-The README's "Troubleshooting" section documents each case. Cases already covered elsewhere are not repeated here:
+docs/faults.md ("Faults and troubleshooting") lists each case. Cases already covered elsewhere are not repeated here:
 NaN score (test_rm_scorer.py::test_nan_score_fails_only_its_item, tests/integration/test_rm_worker_group.py), RM dir
 missing (test_rm_scorer.py::test_missing_model_dir_is_a_clear_error), ``enable=True`` and legacy keys
 (test_async_rm_config.py), batching knobs (test_executor_policy.py, test_async_rm_config.py), more resources than the

@@ -1,0 +1,172 @@
+"""The options reference (``reference/options.md``), written from the config dataclasses' help metadata.
+
+mkdocs runs it as a hook (``hooks:`` in ``mkdocs.yml``) and adds the page to the site at build time, so the page is
+never a file in the repository and cannot drift from the code. Alone, ``python docs/hooks/gen_options.py`` prints the
+page. Each row is one dataclass field: the key the user writes, its type, its default and its ``help`` metadata;
+fields with ``metadata={"internal": True}`` are not user keys and are left out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import importlib
+import re
+from typing import Any, NamedTuple
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Where each user key lives in the code. This is the only part to change when the config moves or is refactored.
+
+
+class Group(NamedTuple):
+    title: str
+    cls: str  # "module:Class", a dataclass whose fields carry metadata={"help": ...}
+    key: str  # the user key of a field; {field} is the field's name
+    intro: str
+
+
+GROUPS = [
+    Group("Batching", "verl_async_rm.batching.policy:BatchPolicy", "async_rm.{field}",
+          "How each RM's requests are batched (the RM service's executor)."),
+    Group("Reward model", "verl_async_rm.scoring.rm_config:RMConfig", "async_rm.{field}",
+          "How the RM is loaded, fed and placed. The path and the pool's size are verl's own keys."),
+    Group("Reward mix", "verl_async_rm.integration.reward_mix:RewardMix", "async_rm.{field}",
+          "How the RM scores and the reward manager's reward make one reward."),
+    Group("Integration", "verl_async_rm.settings:IntegrationConfig", "async_rm.{field}",
+          "The agent-loop integration: the trajectory's wait, what a failed score does, the service actor."),
+]
+#: Fields whose user key is not the group's: verl's own keys ("Class.field" -> key).
+KEY_OVERRIDES = {
+    "RMConfig.model_path": "reward.reward_model.model_path",
+    "RMConfig.n_gpus_per_node": "reward.reward_model.n_gpus_per_node",
+    "RMConfig.nnodes": "reward.reward_model.nnodes",
+    "RMConfig.use_gpu": "trainer.device",
+}
+#: Defaults shown instead of the dataclass's, where the value comes from elsewhere ("Class.field" -> Markdown).
+DEFAULT_OVERRIDES = {
+    "RMConfig.model_path": "required (verl's default: `null`)",
+    "RMConfig.n_gpus_per_node": "verl's: `8`",
+    "RMConfig.nnodes": "verl's: `0`, so set it",
+    "RMConfig.use_gpu": "GPU replicas (`use_gpu=True`) unless `trainer.device=cpu`",
+    "RMConfig.policy_tokenizer_path": "`actor_rollout_ref.model.tokenizer_path`, else `actor_rollout_ref.model.path`",
+    "RewardMix.rule_weight": "`0.0` with `reward.reward_manager.name=async_rm`, `1.0` with any other manager",
+}
+#: Defaults the plugin sets over the dataclass's own: "module:NAME" of a {field: default} dict, and its class.
+PLUGIN_DEFAULTS = [("verl_async_rm.settings:_PLUGIN_BATCHING_DEFAULTS", "BatchPolicy")]
+#: Extra RMs (``async_rm.models.<name>.<key>``): the key, the RM's own keys (never taken from the top of
+#: ``async_rm``) with their defaults, the RM options not set per RM, and the classes whose fields an extra RM may set.
+MODEL_KEY = "async_rm.models.<name>.{field}"
+MODEL_OWN = {"model_path": "required", "n_gpus_per_node": "`1`", "nnodes": "`1`", "gpus_per_replica": "`1`"}
+MODEL_WEIGHT_HELP = "Its weight in the reward (`main`, the RM of `reward.reward_model.*`, is weighted by " \
+                    "`async_rm.rm_weight`)."
+MODEL_NOT_PER_RM = ("use_gpu",)
+MODEL_CLASSES = ("RMConfig", "BatchPolicy")
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def _load(path: str) -> Any:
+    module, name = path.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _options(group: Group) -> list[dataclasses.Field]:
+    return [f for f in dataclasses.fields(_load(group.cls)) if not f.metadata.get("internal")]
+
+
+def user_keys() -> dict[tuple[str, str], str]:
+    """``{(class name, field name): user key}`` for every documented field, in page order."""
+    keys = {}
+    for group in GROUPS:
+        name = group.cls.split(":")[1]
+        for f in _options(group):
+            keys[(name, f.name)] = KEY_OVERRIDES.get(f"{name}.{f.name}", group.key.format(field=f.name))
+    return keys
+
+
+def _text(value: str) -> str:
+    """Help text as Markdown table-cell text: no HTML, no emphasis, no cell breaks."""
+    value = " ".join(value.split())
+    value = re.sub(r"([\\*_|\[\]])", r"\\\1", value)
+    return html.escape(value, quote=False)
+
+
+def _type(f: dataclasses.Field) -> str:
+    """``int | None`` as "`int` or `None`": a pipe would end the table cell."""
+    kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
+    kind = re.sub(r"^Optional\[(.*)\]$", r"\1 | None", kind)
+    return " or ".join(f"`{part.strip()}`" for part in kind.split("|"))
+
+
+def _default(f: dataclasses.Field, plugin: dict[str, Any], name: str) -> str:
+    if f"{name}.{f.name}" in DEFAULT_OVERRIDES:
+        return DEFAULT_OVERRIDES[f"{name}.{f.name}"]
+    if f.name in plugin:
+        return f"`{plugin[f.name]!r}` (the plugin's; the class alone: `{f.default!r}`)"
+    if f.default is not dataclasses.MISSING:
+        return f"`{f.default!r}`"
+    if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
+        return f"`{f.default_factory()!r}`"  # type: ignore[misc]
+    return "required"
+
+
+def render() -> str:
+    plugin: dict[str, dict[str, Any]] = {}
+    for path, cls in PLUGIN_DEFAULTS:
+        plugin.setdefault(cls, {}).update(_load(path))
+    keys = user_keys()
+    out = [
+        "# Options reference",
+        "",
+        "<!-- Generated at build time by docs/hooks/gen_options.py from the config dataclasses' help metadata. -->",
+        "",
+        "Every key the plugin reads, generated from the help text of its config dataclasses, so it cannot fall "
+        "behind the code. All `async_rm.*` keys are optional and written with a `+` on verl's command line "
+        "(`+async_rm.max_batch_size=64`); unknown keys are refused. How to use them: [Options in practice]"
+        "(../guide/options.md).",
+        "",
+    ]
+    for group in GROUPS:
+        name = group.cls.split(":")[1]
+        out += [f"## {group.title}", "", f"{group.intro} Class: `{group.cls.replace(':', '.')}`.", "",
+                "| key | type | default | help |", "|---|---|---|---|"]
+        for f in _options(group):
+            key = keys[(name, f.name)]
+            out.append(f"| `{key}` | {_type(f)} | {_default(f, plugin.get(name, {}), name)} | "
+                       f"{_text(f.metadata.get('help', ''))} |")
+        out.append("")
+    out += [
+        "## Extra RMs",
+        "",
+        f"Each extra RM is a group of keys under its name, `+{MODEL_KEY.format(field='<key>')}=...` (a name starts "
+        "with a letter and holds letters, digits and `_`; `main` is taken). Its own keys, never taken from the main "
+        "RM's keys or the top of `async_rm`:",
+        "",
+        "| key | default | help |",
+        "|---|---|---|",
+    ]
+    by_name = {f.name: f for group in GROUPS if group.cls.split(":")[1] in MODEL_CLASSES for f in _options(group)}
+    for field_name, default in MODEL_OWN.items():
+        out.append(f"| `{MODEL_KEY.format(field=field_name)}` | {default} | "
+                   f"{_text(by_name[field_name].metadata.get('help', ''))} |")
+    out.append(f"| `{MODEL_KEY.format(field='weight')}` | `1.0` | {MODEL_WEIGHT_HELP} |")
+    others = sorted(set(by_name) - set(MODEL_OWN) - set(MODEL_NOT_PER_RM)
+                    - {k.split(".")[1] for k in KEY_OVERRIDES})
+    out += [
+        "",
+        "Every other key of the tables above may also be set per RM, with the default the value set at the top "
+        "(`async_rm.<key>`), else the table's default: " + ", ".join(f"`{k}`" for k in others) + ".",
+        "",
+    ]
+    return "\n".join(out)
+
+
+def on_files(files: Any, config: Any) -> Any:
+    """mkdocs hook: add the generated page to the site."""
+    from mkdocs.structure.files import File
+
+    files.append(File.generated(config, "reference/options.md", content=render()))
+    return files
+
+
+if __name__ == "__main__":
+    print(render())

@@ -1,0 +1,103 @@
+"""The docs site builds with ``mkdocs build --strict``, and its options reference covers every config field.
+
+The options reference is generated at build time by ``docs/hooks/gen_options.py`` from the config dataclasses' help
+metadata. The fields checked here are found independently of the generator's mapping: every dataclass that
+``AsyncRMConfig`` is made of, so a new option group that the mapping misses fails this test.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import importlib.util
+import os
+import subprocess
+import sys
+import typing
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+GENERATOR = REPO_ROOT / "docs" / "hooks" / "gen_options.py"
+
+pytestmark = pytest.mark.unit
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("gen_options", GENERATOR)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _config_fields() -> dict[type, list[str]]:
+    """The user-facing fields of every option dataclass ``AsyncRMConfig`` holds (internal fields left out)."""
+    from verl_async_rm.settings import AsyncRMConfig
+
+    groups = {}
+    for hint in typing.get_type_hints(AsyncRMConfig).values():
+        if dataclasses.is_dataclass(hint):
+            groups[hint] = [f.name for f in dataclasses.fields(hint) if not f.metadata.get("internal")]
+    assert groups, "AsyncRMConfig holds no option dataclasses: has the config moved? Update this test's discovery."
+    return groups
+
+
+def test_every_config_field_has_a_user_key_in_the_generator():
+    keys = _generator().user_keys()
+    missing = [f"{cls.__name__}.{name}" for cls, names in _config_fields().items() for name in names
+               if (cls.__name__, name) not in keys]
+    assert missing == [], "add these classes to GROUPS in docs/hooks/gen_options.py"
+
+
+def test_every_config_field_has_help_text():
+    bare = [f"{cls.__name__}.{f.name}" for cls in _config_fields() for f in dataclasses.fields(cls)
+            if not f.metadata.get("internal") and not f.metadata.get("help")]
+    assert bare == []
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    for module in ("mkdocs", "material"):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"{module} is not installed: pip install -e '.[docs]' (scripts/test.sh installs it)")
+    out = tmp_path_factory.mktemp("site")
+    result = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(REPO_ROOT / "mkdocs.yml"),
+         "--site-dir", str(out)],
+        cwd=REPO_ROOT, capture_output=True, text=True, timeout=240,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
+    assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stdout}\n{result.stderr}"
+    assert "WARNING" not in result.stderr, result.stderr
+    return out
+
+
+def test_the_site_builds_strict_with_every_page(site):
+    pages = ["index.html", "guide/install/index.html", "guide/opt-in/index.html", "guide/options/index.html",
+             "guide/metrics/index.html", "guide/recipes/index.html", "guide/sizing/index.html",
+             "rm-kinds/index.html", "faults/index.html", "comparison/index.html", "architecture/index.html",
+             "benchmarks/index.html", "testing/index.html", "versions/index.html", "reference/options/index.html"]
+    assert [p for p in pages if not (site / p).is_file()] == []
+    assert not (site / "hooks").exists(), "the generator is not a page of the site"
+
+
+def test_the_options_reference_documents_every_config_field(site):
+    page = (site / "reference" / "options" / "index.html").read_text()
+    keys = _generator().user_keys()
+    missing = [keys[(cls.__name__, name)] for cls, names in _config_fields().items() for name in names
+               if f"<code>{html.escape(keys[(cls.__name__, name)], quote=False)}</code>" not in page]
+    assert missing == []
+
+
+def test_the_options_reference_lists_every_per_rm_key(site):
+    """Each RM and batching option may be set per extra RM (``async_rm.models.<name>.<key>``)."""
+    generator = _generator()
+    classes = [cls for cls in _config_fields() if cls.__name__ in generator.MODEL_CLASSES]
+    assert len(classes) == len(generator.MODEL_CLASSES)
+    page = (site / "reference" / "options" / "index.html").read_text()
+    extra = page[page.index('id="extra-rms"'):]
+    per_rm = {f.name for cls in classes for f in dataclasses.fields(cls)} - set(generator.MODEL_NOT_PER_RM)
+    missing = sorted(name for name in per_rm if f"<code>async_rm.models.&lt;name&gt;.{name}</code>" not in extra
+                     and f"<code>{name}</code>" not in extra)
+    assert missing == []
