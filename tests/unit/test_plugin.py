@@ -92,3 +92,20 @@ def test_registry_imported_before_the_plugin_registers_at_once():
         VERL_USE_EXTERNAL_PLUGINS="none",
     )
     assert out.splitlines()[-1] == "AsyncRMRewardManager []"
+
+
+def test_a_trainer_process_imports_the_runtime_core_only():
+    """What verl loads (the plugin entry point, the manager class, the reward manager) pulls in no tool: no demo,
+    benchmark or test utilities, no plotting library (the `demo` extra). tqdm is not checked: Ray and transformers
+    import it themselves."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, verl_async_rm.plugin, verl_async_rm.integration.agent_loop_manager, "
+        "verl_async_rm.integration.reward_manager\n"
+        "tools = ('matplotlib', 'verl_async_rm.demo', 'verl_async_rm.bench', 'verl_async_rm.testing')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(tools)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, check=True)
+    assert out.stdout.strip() == "[]", out.stdout

@@ -6,9 +6,16 @@ builds ``RewardLoopManager(config, rm_resource_pool=pool)`` (one vLLM pooling en
 and hands its reward-loop workers to the agent-loop manager, whose workers score each trajectory as its agent loop
 ends (``RewardLoopWorker.compute_score`` -> ``compute_score_disrm``: one ``/classify`` request).
 
-The only addition here is a clock: :class:`TimedRewardLoopWorker` is verl's ``RewardLoopWorker`` recording when each
-``compute_score_disrm`` call started and ended, so the demo can measure the served RM's busy time and reward tail
-the way it measures the plugin's (vLLM batches the requests inside its engine, out of the client's sight).
+Two additions, both in :class:`TimedRewardLoopWorker` (verl's ``RewardLoopWorker``):
+
+- a clock: it records when each ``compute_score_disrm`` call started and ended, so the demo can measure the served
+  RM's busy time and reward tail the way it measures the plugin's (vLLM batches the requests inside its engine, out
+  of the client's sight);
+- verl 0.9.1's one missing key: ``RewardLoopWorker.compute_score_disrm`` returns ``{"reward_score": ...}`` alone,
+  while ``AgentLoopWorker._compute_score`` reads ``result["reward_extra_info"]``, so verl's served RM on its own pool
+  fails every trajectory with ``KeyError: 'reward_extra_info'`` (verl issue 7368; the one-line fix proposed upstream,
+  pull request 7608, returns an empty ``reward_extra_info``, and so does this subclass). A verl 0.9.1 user needs the
+  same fix, or a custom reward function that calls the RM itself.
 """
 
 from __future__ import annotations
@@ -32,9 +39,10 @@ class TimedRewardLoopWorker(RewardLoopWorker):
     async def compute_score_disrm(self, data: Any) -> dict:
         start = time.time()
         try:
-            return await super().compute_score_disrm(data)
+            result = await super().compute_score_disrm(data)
         finally:
             self._calls.append((start, time.time()))
+        return {"reward_extra_info": {}, **result}  # verl issue 7368 (see the module doc)
 
     def pop_calls(self) -> list[tuple[float, float]]:
         """The requests recorded since the previous call."""
