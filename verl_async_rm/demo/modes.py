@@ -56,7 +56,7 @@ __all__ = [
 
 #: Longest a control call (records, reset) to a replica, a reward-loop worker or the generation server may take.
 CONTROL_TIMEOUT_S = 60.0
-#: The replay buffer's TransferQueue polling period, the same in both modes (verl's default is 2 s; a CPU step of a
+#: The replay buffer's TransferQueue polling period, the same in every mode (verl's default is 2 s; a CPU step of a
 #: few seconds needs a shorter one). A step's end is seen up to one period late, in either mode.
 POLL_INTERVAL_S = 0.05
 #: What each mode reads from TransferQueue for the sampled trajectories.
@@ -73,7 +73,7 @@ def fit_loop(config: Any, manager: Any) -> Any:
 
 
 def _no_refill(num_prompts: int) -> Any:
-    """verl's replay buffer refills failed groups with new prompts; the demo's steps must be the same in both modes."""
+    """verl's replay buffer refills failed groups with new prompts; the demo's steps must be the same in every mode."""
     raise RuntimeError(
         f"{num_prompts} prompt group(s) of the demo step failed in the agent loop (see the Ray worker logs); the demo "
         "compares the same prompts in every mode, so it does not refill them"
@@ -120,7 +120,7 @@ def sampled_order(keys: Sequence[str], uids: Sequence[str]) -> list[int]:
     """Positions of the sampled trajectories (keys ``{uid}_{session}_{index}``) sorted by prompt order, then session.
 
     verl's replay buffer returns the step's trajectories in the order TransferQueue lists them (when they finished);
-    the demo reports them in prompt order, so both modes list the same trajectory at the same place. Raises when a
+    the demo reports them in prompt order, so every mode lists the same trajectory at the same place. Raises when a
     prompt has no trajectory or a key belongs to no prompt of the step.
     """
     rank = {uid: i for i, uid in enumerate(uids)}

@@ -37,8 +37,10 @@ class DemoConfig:
                           "vLLM engines."},
     )
     response_length: int = field(default=256, metadata={"help": "Longest response (data.max_response_length)."})
-    median_tokens: float = field(default=40.0, metadata={"help": "Median response length (log-normal; the demo's agent loop draws "
-                                                                  "each trajectory's length)."})
+    median_tokens: float = field(
+        default=40.0,
+        metadata={"help": "Median response length (log-normal; the demo's agent loop draws each trajectory's length)."},
+    )
     sigma: float = field(default=1.0, metadata={"help": "Log-normal sigma of the response lengths (the tail)."})
     decode_s_per_token: float = field(
         default=0.02, metadata={"help": "Simulated decode time per response token (the stand-in rollout only)."}
@@ -55,6 +57,11 @@ class DemoConfig:
     rm_weight: float = field(default=1.0, metadata={"help": "async_rm.rm_weight."})
     rule_weight: float = field(default=0.5, metadata={"help": "async_rm.rule_weight (rule: verl_async_rm.demo.rule)."})
     step_timeout_s: float = field(default=300.0, metadata={"help": "Longest one step of either mode may take."})
+    split_cores: bool = field(
+        default=True,
+        metadata={"help": "Give the policy's vLLM engine half of the machine's cores and the RM (the plugin's "
+                          "replicas, verl's served-RM engines) the other half, as a cluster gives each its own GPUs."},
+    )
     progress: bool = field(default=True, metadata={"help": "Show a progress bar on stderr."})
 
     def __post_init__(self) -> None:

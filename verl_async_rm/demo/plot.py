@@ -34,10 +34,11 @@ def plot_timeline(modes: Mapping[str, Sequence[StepTimeline]], path: str | os.Pa
     if not names:
         raise ValueError("plot_timeline needs at least one mode with steps")
     lanes = {id(s): _lanes(s.rm_calls) for m in names for s in modes[m]}
-    replicas = max([s.num_replicas for m in names for s in modes[m]]
-                   + [max(lanes[id(s)], default=-1) + 1 for m in names for s in modes[m]] + [1])
-    fig, axes = plt.subplots(len(names), 1, figsize=(11, 1.6 + 1.1 * (replicas + 1) * len(names)), sharex=True,
-                             squeeze=False)
+    served = {m: any(s.rm_calls for s in modes[m]) for m in names}
+    rows = {m: max([max(lanes[id(s)], default=-1) + 1 if served[m] else s.num_replicas for s in modes[m]] + [1])
+            for m in names}
+    fig, axes = plt.subplots(len(names), 1, figsize=(11, 1.6 + sum(1.1 * (rows[m] + 1) for m in names)), sharex=True,
+                             squeeze=False, gridspec_kw={"height_ratios": [rows[m] + 1 for m in names]})
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     for ax, name in zip(axes[:, 0], names, strict=True):
         offset = 0.0
@@ -61,16 +62,15 @@ def plot_timeline(modes: Mapping[str, Sequence[StepTimeline]], path: str | os.Pa
             ax.axvline(offset + step.step_time_s, color="black", linestyle="--", linewidth=0.8)
             offset += step.step_time_s
             total += step.step_time_s
-        served = any(step.rm_calls for step in modes[name])
-        ax.set_yticks(range(replicas), [f"RM request lane {r}" if served else f"RM replica {r}"
-                                        for r in range(replicas)])
-        ax.set_ylim(-0.6, replicas - 0.4)
+        ax.set_yticks(range(rows[name]), [f"requests in flight {r + 1}" if served[name] else f"RM replica {r}"
+                                          for r in range(rows[name])])
+        ax.set_ylim(-0.6, rows[name] - 0.4)
         curve.set_ylim(0, 1.05)
         curve.set_ylabel("rollout done", color="tab:gray")
         n = len(modes[name])
-        ax.set_title(f"{_MODE_TITLES.get(name, name)} - {n} step(s), {total:.1f} s"
-                     f" (bars: RM batches, label = size; gray: fraction of trajectories finished; dashes: step end)",
-                     fontsize=9)
+        bars = "RM requests" if served[name] else "RM batches, label = size"
+        ax.set_title(f"{_MODE_TITLES.get(name, name)} - {n} step(s), {total:.1f} s\n"
+                     f"(bars: {bars}; gray: fraction of trajectories finished; dashes: step end)", fontsize=9)
     axes[-1, 0].set_xlabel("seconds (steps laid end to end)")
     fig.tight_layout()
     out = os.fspath(path)

@@ -15,8 +15,10 @@ gives each its own v1 fit loop (:class:`~verl_async_rm.testing.V1FitLoop`, same 
 runs each step once per mode on the same prompts. The demo's agent loop (:mod:`verl_async_rm.demo.agent_loop`) gives
 every trajectory a heavy-tailed length of its own and decodes greedily, so every mode scores the same responses.
 One warm-up step per mode is run first and not counted. It writes ``timeline.png`` and ``summary.json`` to the output
-folder, closes TransferQueue and shuts the cluster down. Without vLLM (``--rollout-backend standin``, or ``auto`` where vLLM
-is missing) the CPU stand-in server generates and ``verl_served`` is skipped, with the reason printed.
+folder, closes TransferQueue and shuts the cluster down. Without vLLM (``--rollout-backend standin``, or ``auto``
+where vLLM is missing) the CPU stand-in server generates and ``verl_served`` is skipped, with the reason printed.
+The rollout and the RM get half of the cores each (:mod:`verl_async_rm.demo.cores`), as a cluster gives them GPUs of
+their own.
 """
 
 from __future__ import annotations
@@ -80,7 +82,7 @@ def run_demo(config: DemoConfig | None = None) -> DemoResult:
     start = time.perf_counter()
     out_dir = Path(config.out_dir) if config.out_dir else default_out_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
-    total = 4 + 3 * config.steps
+    total = 4 + 3 * config.steps  # corrected once the rollout is chosen
     _fit_transfer_queue_threads()
     with warnings.catch_warnings(), _progress(total, config.progress) as bar:
         # verl warns about every optional training engine it cannot import: noise next to the progress bar
@@ -94,12 +96,14 @@ def run_demo(config: DemoConfig | None = None) -> DemoResult:
                 "VERL_USE_EXTERNAL_PLUGINS unset or 'auto'?"
             )
         from verl_async_rm.demo.models import build_demo_rm
+        from verl_async_rm.testing import build_tiny_models
 
         rollout, why = choose_rollout(config.rollout_backend)
         if why:
             logger.warning("%s", why)
+        bar.total = 4 + (3 if rollout == "vllm" else 2) * config.steps  # the modes this run has
         bar.set_description("build models")
-        tiny = build_tiny_models_for(config)
+        tiny = build_tiny_models(config.cache_dir, seed=config.seed)
         rm_path = build_demo_rm(tiny, hidden_size=config.rm_hidden_size, num_layers=config.rm_layers,
                                 seed=config.seed)
         configs = _trainer_configs(config, tiny, str(rm_path), out_dir, vllm=rollout == "vllm")
@@ -111,11 +115,12 @@ def run_demo(config: DemoConfig | None = None) -> DemoResult:
             set_vllm_env()
         with local_cluster(num_gpus=1 + config.rm_replicas if rollout == "vllm" else 0) as cluster:
             bar.update(1)
-            modes = _run_modes(config, configs, tiny, bar)
+            modes, cores = _run_modes(config, configs, tiny, bar)
             cluster.track()
         wall_s = time.perf_counter() - start
         bar.set_description("write files")
-        result = _write(config, out_dir, modes, wall_s, cluster.to_dict(), rollout=rollout, rollout_note=why)
+        result = _write(config, out_dir, modes, wall_s, cluster.to_dict(), rollout=rollout, rollout_note=why,
+                        cores=cores)
         bar.update(1)
         bar.set_description("done")
     return result
@@ -139,12 +144,6 @@ def choose_rollout(asked: str) -> tuple[str, str | None]:
         raise RuntimeError(f"demo --rollout-backend vllm: {reason}")
     return "standin", (f"vLLM cannot run here ({reason}): the CPU stand-in server generates and the verl_served mode "
                        "is skipped")
-
-
-def build_tiny_models_for(config: DemoConfig) -> Any:
-    from verl_async_rm.testing import build_tiny_models
-
-    return build_tiny_models(config.cache_dir, seed=config.seed)
 
 
 def _trainer_configs(config: DemoConfig, tiny: Any, rm_path: str, out_dir: Path, *, vllm: bool) -> dict[str, Any]:
@@ -176,7 +175,8 @@ def _key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+")
 
 
-def _run_modes(config: DemoConfig, configs: dict[str, Any], tiny: Any, bar: Any) -> dict[str, list[StepTimeline]]:
+def _run_modes(config: DemoConfig, configs: dict[str, Any], tiny: Any,
+               bar: Any) -> tuple[dict[str, list[StepTimeline]], dict[str, Any]]:
     import transfer_queue as tq
 
     tq.init(configs["plugin"].transfer_queue)
@@ -187,7 +187,8 @@ def _run_modes(config: DemoConfig, configs: dict[str, Any], tiny: Any, bar: Any)
 
 
 def _run_with_transfer_queue(config: DemoConfig, configs: dict[str, Any], tiny: Any,
-                             bar: Any) -> dict[str, list[StepTimeline]]:
+                             bar: Any) -> tuple[dict[str, list[StepTimeline]], dict[str, Any]]:
+    """Start everything, run the steps; returns the modes' steps and how the cores were split (``cores``)."""
     import ray
     from transformers import AutoTokenizer
 
@@ -199,9 +200,13 @@ def _run_with_transfer_queue(config: DemoConfig, configs: dict[str, Any], tiny: 
     managers: list[Any] = []
     try:
         bar.set_description("start the rollout (vLLM)" if "served" in configs else "start the rollout (stand-in)")
-        client, reset = _start_rollout(config, trainer_config, tiny, actors, vllm="served" in configs)
+        client, reset, generators = _start_rollout(config, trainer_config, tiny, actors, vllm="served" in configs)
+        pin = _CorePinning(config.split_cores)
+        pin("rollout", generators)
         bar.set_description("start RM replicas, agent loops")
         manager, plain = _start_managers(trainer_config, client, actors, managers, config.step_timeout_s)
+        replicas_now = ray.get(manager.rm_service.describe.remote(), timeout=60)
+        pin("rm", pids=[int(r["pid"]) for r in replicas_now if "pid" in r])
         async_loop, sync_loop = fit_loop(trainer_config, manager), fit_loop(trainer_config, plain)
         mix = manager.async_rm_config.mix  # parsed once, by the manager
         rule = rule_scorer(AutoTokenizer.from_pretrained(tiny.policy))
@@ -217,12 +222,13 @@ def _run_with_transfer_queue(config: DemoConfig, configs: dict[str, Any], tiny: 
         if "served" in configs:
             bar.set_description("start verl's served RM (vLLM)")
             served_rm, served = _start_served(configs["served"], client, actors, config.step_timeout_s)
+            pin("rm", [h for r in served_rm.reward_model_manager.rollout_replicas for h in r.servers])
             served_loop = fit_loop(configs["served"], served)
             steps["verl_served"] = lambda step, size, tag: run_served_step(
                 served_loop, served_rm.reward_loop_workers, replicas,
                 prompts_batch(step, size, tag=tag, mode="served"), step, rule_score=rule, mix=mix, reset=reset)
         bar.update(1)
-        return _run_steps(config, steps, bar)
+        return _run_steps(config, steps, bar), pin.info()
     finally:
         for started in managers:
             started.shutdown()
@@ -259,8 +265,8 @@ def _start_managers(trainer_config: Any, client: Any, actors: list[Any], manager
 
 def _start_rollout(config: DemoConfig, trainer_config: Any, tiny: Any, actors: list[Any], *,
                    vllm: bool) -> tuple[Any, Any]:
-    """``(llm_client, reset)``: verl's ``vLLMReplica`` on vLLM, else the stand-in server (``reset`` forgets its
-    repeat counts, so every mode gets the same tokens)."""
+    """``(llm_client, reset, servers)``: verl's ``vLLMReplica`` on vLLM, else the stand-in server (``reset`` forgets
+    its repeat counts, so every mode gets the same tokens); ``servers`` are the actors that generate."""
     import ray
 
     if vllm:
@@ -268,14 +274,14 @@ def _start_rollout(config: DemoConfig, trainer_config: Any, tiny: Any, actors: l
 
         replica, client = start_vllm_rollout(trainer_config)
         actors += rollout_actors(replica)
-        return client, None
+        return client, None, list(replica.servers)
     from verl_async_rm.demo.workload import server_kwargs
     from verl_async_rm.testing import make_llm_client, start_generation_servers
 
     servers = start_generation_servers(1, name_prefix="demo_gen", **server_kwargs(config, str(tiny.policy)))
     actors += servers.values()
     server = next(iter(servers.values()))
-    return make_llm_client(trainer_config, servers), lambda: ray.get(server.reset.remote(), timeout=60)
+    return make_llm_client(trainer_config, servers), lambda: ray.get(server.reset.remote(), timeout=60), [server]
 
 
 def _start_served(served_config: Any, client: Any, actors: list[Any], timeout_s: float) -> tuple[Any, Any]:
@@ -292,6 +298,32 @@ def _start_served(served_config: Any, client: Any, actors: list[Any], timeout_s:
     actors += manager.agent_loop_workers
     ray.get([w.__ray_ready__.remote() for w in manager.agent_loop_workers], timeout=timeout_s)
     return served_rm, manager
+
+
+class _CorePinning:
+    """The demo's core split (:mod:`verl_async_rm.demo.cores`): pins the rollout's and the RM's processes as they
+    start; ``info()`` says what was done, for ``summary.json``."""
+
+    def __init__(self, enabled: bool) -> None:
+        from verl_async_rm.demo.cores import core_split
+
+        self.split = core_split() if enabled else None
+        self.pinned = {"rollout": 0, "rm": 0}
+        if enabled and self.split is None:
+            logger.warning("fewer than two cores (or no CPU affinity here): the rollout and the RM share the cores")
+
+    def __call__(self, role: str, handles: list[Any] = (), pids: list[int] = ()) -> None:
+        from verl_async_rm.demo.cores import actor_pid, pin_processes
+
+        if self.split is None:
+            return
+        cores = self.split[0] if role == "rollout" else self.split[1]
+        self.pinned[role] += pin_processes([*pids, *(actor_pid(h) for h in handles)], cores)
+
+    def info(self) -> dict[str, Any] | None:
+        if self.split is None:
+            return None
+        return {"rollout": sorted(self.split[0]), "rm": sorted(self.split[1]), "threads_pinned": dict(self.pinned)}
 
 
 def _run_steps(config: DemoConfig, steps: dict[str, Any], bar: Any) -> dict[str, list[StepTimeline]]:
@@ -318,7 +350,7 @@ def summary_config(config: DemoConfig, *, rollout: str = "standin", rollout_note
 
 
 def _write(config: DemoConfig, out_dir: Path, modes: dict[str, list[StepTimeline]], wall_s: float,
-           ray_info: dict[str, Any], *, rollout: str, rollout_note: str | None) -> DemoResult:
+           ray_info: dict[str, Any], *, rollout: str, rollout_note: str | None, cores: dict[str, Any]) -> DemoResult:
     from verl_async_rm.demo.plot import plot_timeline
     from verl_async_rm.demo.summary import build_summary, environment, write_summary
 
@@ -326,7 +358,8 @@ def _write(config: DemoConfig, out_dir: Path, modes: dict[str, list[StepTimeline
     summary_path = out_dir / "summary.json"
     plot_timeline(modes, timeline_path)
     summary = build_summary(
-        modes, config=summary_config(config, rollout=rollout, rollout_note=rollout_note), env=environment(),
+        modes, config={**summary_config(config, rollout=rollout, rollout_note=rollout_note), "cores": cores},
+        env=environment(),
         wall_s=wall_s,
         files={"timeline_png": str(timeline_path), "summary_json": str(summary_path)}, ray_info=ray_info,
     )

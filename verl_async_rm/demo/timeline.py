@@ -1,8 +1,8 @@
 """What one demo step recorded (trajectory finish times, RM batches per replica) and the figures computed from it.
 
-Pure code (no Ray, no torch): the demo's modes fill :class:`StepTimeline` from the generation server's finish records
-and the RM replicas' batch records, both ``time.time()`` on one machine; the table, the JSON summary and the plot
-read the figures from here.
+Pure code (no Ray, no torch): the demo's modes fill :class:`StepTimeline` from the trajectories' finish times (recorded
+by the demo's agent loop), the RM replicas' batch records and verl's served-RM request records, all ``time.time()`` on
+one machine; the table, the JSON summary and the plot read the figures from here.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 __all__ = ["MODE_KEYS", "STEP_KEYS", "BatchRecord", "StepTimeline", "mode_summary", "speedup"]
 
-#: Keys of every step's figures (``StepTimeline.metrics()``), in both modes.
+#: Keys of every step's figures (``StepTimeline.metrics()``), in every mode.
 STEP_KEYS = (
     "step_time_s",
     "rollout_s",

@@ -76,8 +76,8 @@ def served_overrides(config: DemoConfig, rm_path: str) -> list[str]:
 def prompts_batch(step: int, size: int, *, tag: str = "step", mode: str = "demo") -> Any:
     """A v1 prompt batch (a TensorDict, as verl's dataloader gives it) of ``size`` single-turn prompts for ``step``.
 
-    The questions depend only on ``step``, ``tag`` and ``i`` (the same prompts, hence the same synthetic lengths, in
-    both modes); the uids, ``{mode}-{tag}{step}-{i}``, also name the mode, so the two modes never share a key in
+    The questions depend only on ``step``, ``tag`` and ``i`` (the same prompts, hence the same lengths and responses,
+    in every mode); the uids, ``{mode}-{tag}{step}-{i}``, also name the mode, so no two modes share a key in
     TransferQueue. verl builds trajectory keys as ``{uid}_{session}_{index}``: a uid holds no ``_``. A fresh object
     each call (``global_steps`` is set by the fit loop at dispatch).
     """

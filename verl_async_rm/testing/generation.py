@@ -4,8 +4,8 @@ The demo and the real-vLLM tests use verl's own ``vLLMReplica`` (:mod:`verl_asyn
 stand-in serves the tests that must control time exactly (a response's length and decode time, a trajectory held
 back), and the demo where vLLM is not installed. It replaces only the server: :class:`CPUGenerationServer` is a
 Ray actor whose ``generate`` has the signature of verl 0.9.1's ``vLLMHttpServer.generate`` and returns verl's
-``TokenOutput``. Everything in front of it — the router (``verl.workers.rollout.router.get_router_handle``), ``LLMServerClient`` and the agent loops — is
-verl's own code.
+``TokenOutput``. Everything in front of it (the router, ``verl.workers.rollout.router.get_router_handle``;
+``LLMServerClient``; the agent loops) is verl's own code.
 
 Two modes:
 
