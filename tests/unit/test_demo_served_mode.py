@@ -88,3 +88,24 @@ def test_the_agent_loop_yaml_names_the_loop_and_its_settings(tmp_path):
                            .read_text())[0]
     assert entry == {"name": AGENT_NAME, "_target_": "verl_async_rm.demo.agent_loop.LogNormalLengthAgentLoop",
                      "median_tokens": 12.0, "sigma": 0.5, "seed": 7}
+
+
+def test_without_vllm_the_demo_uses_its_stand_in_and_says_why(monkeypatch):
+    from verl_async_rm import vllm_cpu
+    from verl_async_rm.demo.run import choose_rollout
+
+    monkeypatch.setattr(vllm_cpu, "vllm_unavailable_reason", lambda: "vLLM is not installed: run scripts/env.sh")
+    rollout, note = choose_rollout("auto")
+    assert rollout == "standin" and "vLLM is not installed" in note and "verl_served mode is skipped" in note
+    with pytest.raises(RuntimeError, match="--rollout-backend vllm: vLLM is not installed"):
+        choose_rollout("vllm")
+    assert choose_rollout("standin")[0] == "standin"
+    monkeypatch.setattr(vllm_cpu, "vllm_unavailable_reason", lambda: None)
+    assert choose_rollout("auto") == ("vllm", None)
+
+
+def test_a_bad_rollout_backend_names_the_choices():
+    from verl_async_rm.demo.options import DemoConfig
+
+    with pytest.raises(ValueError, match=r"rollout_backend='sglang'.*\('auto', 'vllm', 'standin'\)"):
+        DemoConfig(rollout_backend="sglang")
