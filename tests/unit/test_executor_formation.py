@@ -13,8 +13,8 @@ import pytest
 
 from verl_async_rm.batching import BatchPolicy, PendingRequestExecutor
 from verl_async_rm.batching.formation import select_batch
-from verl_async_rm.batching.pending import Request
-from verl_async_rm.batching.testing import GatedBatchFn, run_virtual
+from verl_async_rm.batching.request import Request
+from verl_async_rm.testing.executor import GatedBatchFn, run_virtual
 
 pytestmark = pytest.mark.unit
 

@@ -1,7 +1,7 @@
 """Agent-loop workers that send each finished trajectory to the RM service the moment its agent loop ends.
 
 verl calls ``AgentLoopWorker._compute_score(outputs, kwargs)`` in the trajectory's own task right after its agent
-loop ends (v0: ``experimental/agent_loop/agent_loop.py:822``; v1: ``trainer/ppo/v1/agent_loop_tq.py:160``). The
+loop ends (v0 and v1: from ``_agent_loop_postprocess``). The
 override here builds an :class:`~verl_async_rm.request.RMRequest` from the last output and sends it to every RM's
 service at once (each with a timeout); when the last score is back it runs verl's own ``_compute_score``, which calls
 the user's reward manager (any verl manager) in verl's reward-loop worker, with the scores added to the ``extra_info``
@@ -121,7 +121,7 @@ class AsyncRMWorkerMixin:
             scores, data_source=kwargs.get("data_source"), extra_info=extra_info, fn=self._async_rm_combine,
             error=error, flag_drops=self._async_rm_on_error == "drop",
         )
-        # verl times only its own reward-loop call (agent_loop.py:971-1016): count the RM wait in the same metric
+        # verl times only its own reward-loop call (``AgentLoopWorker._compute_score``): count the RM wait in the same metric
         final.metrics.compute_score = (final.metrics.compute_score or 0.0) + rm_s
         if steps and error is None:
             placement = token_placement(
@@ -174,7 +174,7 @@ class AsyncRMAgentLoopWorker(AsyncRMWorkerMixin, AgentLoopWorker):
     """verl's v0 ``AgentLoopWorker`` with the per-trajectory RM hook."""
 
 
-# AgentLoopWorkerTQ is already a Ray actor class (``@ray.remote``, agent_loop_tq.py:52): subclass the class it wraps.
+# AgentLoopWorkerTQ is already a Ray actor class (``@ray.remote`` on ``AgentLoopWorkerTQ``): subclass the class it wraps.
 class AsyncRMAgentLoopWorkerTQ(AsyncRMWorkerMixin, AgentLoopWorkerTQ.__ray_actor_class__):
     """verl's v1 (TransferQueue) ``AgentLoopWorkerTQ`` with the per-trajectory RM hook."""
 
@@ -184,7 +184,7 @@ class AsyncRMAgentLoopWorkerTQ(AsyncRMWorkerMixin, AgentLoopWorkerTQ.__ray_actor
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # Must stay: without an __init__ of its own, Ray ships the inherited one by value, and cloudpickle copies
         # verl's class with it (its module name is bound to the ActorClass, so it cannot be found by reference);
-        # verl's zero-arg super() in AgentLoopWorkerTQ.__init__ (agent_loop_tq.py:55) then fails on the copy.
+        # verl's zero-arg super() in AgentLoopWorkerTQ.__init__ then fails on the copy.
         super().__init__(*args, **kwargs)
 
     async def _agent_loop_postprocess(self, output: Any, validate: Any, **kwargs: Any) -> None:

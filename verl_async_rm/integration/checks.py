@@ -4,7 +4,7 @@ These are the mistakes that would otherwise fail late or silently:
 
 - ``reward.reward_model.enable=True`` makes verl start its own vLLM/SGLang RM servers on the reward GPUs;
 - without ``reward.reward_model.enable_resource_pool=True`` verl reserves no GPUs for the reward pool and overwrites
-  its size with the trainer's (``main_ppo_v0.py:84``, ``trainer/ppo/v1/trainer_base.py:836``);
+  its size with the trainer's (v0 ``BaseTaskRunner.init_resource_pool_mgr``, v1 ``PPOTrainer._init_resource_pool_mgr``);
 - verl 0.9.1's ``main_ppo`` ignores the legacy top-level ``reward_model.*``, ``custom_reward_function.*`` and
   ``sandbox_fusion.*`` keys (only ``fully_async_main`` migrates them), so a recipe written with them would silently
   run without its RM pool or its rule function (``python -m verl_async_rm.main_ppo`` migrates them);
@@ -119,7 +119,7 @@ def check_v1_trainer(config: Any, on_error: str) -> str:
 
     A mode verl 0.9.1 does not ship (a user's registered trainer) is logged. ``on_error=drop`` with the ``sync`` mode
     needs ``trainer.v1.sampler.sync_refill_failed_groups=True``: verl's sync replay buffer stops the run when every
-    trajectory of a group failed and refilling is off (``trainer/ppo/v1/replay_buffer.py:495-510``), which a step
+    trajectory of a group failed and refilling is off (``ReplayBuffer.sample``), which a step
     with dropped trajectories can reach.
     """
     mode = str(_get(config, "trainer.v1.trainer_mode") or "sync")

@@ -12,7 +12,7 @@ The reward manager marks such a trajectory (``rm_dropped=1``, ``rm_error``, a Na
 
 - fails the step with :class:`TrajectoryDroppedError` if more than ``drop_budget`` of it was dropped;
 - zeroes the dropped trajectory's ``response_mask``: verl leaves fully masked sequences out of the policy loss
-  (``trainer/ppo/core_algos.py:1183``), so it trains nothing;
+  (``verl.trainer.ppo.core_algos.agg_loss``), so it trains nothing;
 - replaces its NaN reward by the mean reward of the scored trajectories of its group (same ``uid``; the whole batch
   without uids), so the group's mean, which GRPO-style advantages subtract, does not move. A group with no scored
   trajectory left is masked out entirely and gets 0.0, which then reaches no loss.
@@ -66,7 +66,7 @@ def apply_drops(output: Any, drop_budget: float, uids: Any = None) -> int:
     """Exclude the dropped trajectories of ``output`` (a verl ``DataProto``) in place; returns how many there were.
 
     ``uids`` are the group ids of the rows (the input batch's ``uid``: verl's v0 output does not carry the input's
-    non-tensor fields when a reward loop runs, ``agent_loop.py:1104``); default: ``output``'s own ``uid``, if any.
+    non-tensor fields when a reward loop runs, ``AgentLoopWorker._postprocess``); default: ``output``'s own ``uid``, if any.
 
     Raises:
         TrajectoryDroppedError: more than ``drop_budget`` (a fraction) of the batch was dropped.

@@ -1,7 +1,7 @@
 """What happened to each trajectory's RM score in one agent-loop worker, per phase, until the manager collects it.
 
 On verl's v1 trainer a trajectory whose RM score failed is not written to TransferQueue: its session raises, and verl
-marks the prompt's group ``failure`` (``trainer/ppo/v1/agent_loop_tq.py:127-148``). The worker records the outcome
+marks the prompt's group ``failure`` (``AgentLoopWorkerTQ._run_prompt``). The worker records the outcome
 here first, and the manager collects every worker's record at the end of the training step (or of the validation
 pass), where it applies ``on_error``: ``raise`` stops the run with the recorded error, ``drop`` counts it against
 ``drop_budget``. Phases: ``train`` and ``val`` (verl's ``validate`` flag), kept apart so validation never mixes

@@ -4,7 +4,7 @@
 - :mod:`~verl_async_rm.service.client`: :func:`score_with_timeout`, the only call an agent-loop worker makes;
 - :mod:`~verl_async_rm.service.placement`: the reward pool (node-pinned placement groups reserved with a timeout)
   and the replicas' verl ``RayWorkerGroup``;
-- :mod:`~verl_async_rm.service.replica`: :class:`RewardModelWorker`, one replica (a verl ``Worker`` holding a
+- :mod:`~verl_async_rm.service.replica`: :class:`RMReplica`, one replica (a verl ``Worker`` holding a
   :class:`~verl_async_rm.scoring.RewardModelScorer`);
 - :mod:`~verl_async_rm.service.replica_call`: :class:`ReplicaCall`, one batch on one replica (the batcher's
   ``batch_fn``);
@@ -23,7 +23,7 @@ __all__ = [
     "RMService",
     "start_rm_service",
     "score_with_timeout",
-    "RewardModelWorker",
+    "RMReplica",
     "RMResourcePool",
     "create_rm_worker_group",
     "shutdown_rm_worker_group",
@@ -35,7 +35,7 @@ _LAZY = {
     "RMService": "verl_async_rm.service.service",
     "start_rm_service": "verl_async_rm.service.service",
     "score_with_timeout": "verl_async_rm.service.client",
-    "RewardModelWorker": "verl_async_rm.service.replica",
+    "RMReplica": "verl_async_rm.service.replica",
     "RMResourcePool": "verl_async_rm.service.placement",
     "create_rm_worker_group": "verl_async_rm.service.placement",
     "shutdown_rm_worker_group": "verl_async_rm.service.placement",

@@ -13,7 +13,7 @@ groups differently from verl's:
 - a bundle asks ``gpus_per_replica`` CPUs (plus as many GPUs unless ``use_gpu=False``), not verl's default 10 CPUs
   per GPU (``max_colocate_count=10``).
 
-:func:`create_rm_worker_group` builds a verl ``RayWorkerGroup`` of :class:`RewardModelWorker` on the pool, loads
+:func:`create_rm_worker_group` builds a verl ``RayWorkerGroup`` of :class:`RMReplica` on the pool, loads
 the RM on every replica (with ``init_timeout_s``) and returns it; ``wg.workers`` are the per-replica actor handles,
 one executor slot each (rank 0 of a sharded replica, which starts its other ranks in its bundle).
 :func:`shutdown_rm_worker_group` kills the replicas and frees the placement groups.
@@ -41,7 +41,7 @@ from verl.single_controller.ray.base import (
 
 from verl_async_rm.errors import ResourcePoolError, RewardModelError
 from verl_async_rm.scoring.rm_config import ConfigValueError, RMConfig
-from verl_async_rm.service.replica import RewardModelWorker
+from verl_async_rm.service.replica import RMReplica
 
 logger = logging.getLogger(__name__)
 
@@ -203,7 +203,7 @@ def reserve_placement_groups(
 def create_rm_worker_group(
     config: RMConfig, pool: RMResourcePool | None = None, name_prefix: str | None = None
 ) -> RayWorkerGroup:
-    """Reserve the reward pool, start one :class:`RewardModelWorker` per bundle and load the RM on each.
+    """Reserve the reward pool, start one :class:`RMReplica` per bundle and load the RM on each.
 
     Args:
         config: the RM settings.
@@ -228,7 +228,7 @@ def create_rm_worker_group(
     try:
         wg = RayWorkerGroup(
             resource_pool=pool,
-            ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(RewardModelWorker), config=config),
+            ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(RMReplica), config=config),
             name_prefix=name_prefix,
             device_name=device_name,
         )

@@ -4,7 +4,7 @@ A sharded replica (``gpus_per_replica > 1``) is replaced whole: the stand-in is 
 ranks in the bundle (the lost ranks were owned by the lost rank 0, so Ray ended them with it).
 
 The executor calls it (as its ``replace_slot``) when a replica died under a batch. The new
-:class:`~verl_async_rm.service.replica.RewardModelWorker` gets the placement-group bundle the dead one held (so it never
+:class:`~verl_async_rm.service.replica.RMReplica` gets the placement-group bundle the dead one held (so it never
 competes with the policy for resources; it starts "when resources allow": as soon as Ray has freed the dead actor's
 bundle, or re-placed the group after a node loss) and the environment verl gave the original rank
 (``single_controller/ray/base.py:632-640``); then it loads the RM within ``init_timeout_s``. It is owned by the
@@ -23,7 +23,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from verl_async_rm.errors import RewardModelError
 from verl_async_rm.scoring.rm_config import RMConfig
-from verl_async_rm.service.replica import RewardModelWorker
+from verl_async_rm.service.replica import RMReplica
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +79,7 @@ class ReplicaFactory:
             from verl.plugin.platform import get_platform
 
             options.update(get_platform().ray_resource_options(1))
-        replica = ray.remote(RewardModelWorker).options(**options).remote(self.config)
+        replica = ray.remote(RMReplica).options(**options).remote(self.config)
         try:
             info = await asyncio.wait_for(_await(replica.init_model.remote((pg, bundle))),
                                           self.config.init_timeout_s)

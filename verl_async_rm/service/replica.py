@@ -27,13 +27,13 @@ from verl_async_rm.service.ranks import Ranks
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BATCH_RECORDS_KEPT", "RewardModelWorker"]
+__all__ = ["BATCH_RECORDS_KEPT", "RMReplica"]
 
-#: Most per-call records a replica keeps between two :meth:`RewardModelWorker.pop_batch_records` calls (oldest dropped).
+#: Most per-call records a replica keeps between two :meth:`RMReplica.pop_batch_records` calls (oldest dropped).
 BATCH_RECORDS_KEPT = 10_000
 
 
-class RewardModelWorker(Worker):
+class RMReplica(Worker):
     """One RM replica in the reward pool's ``RayWorkerGroup`` (the "rm_wg").
 
     Args:
