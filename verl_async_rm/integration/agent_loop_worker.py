@@ -44,7 +44,7 @@ from verl_async_rm.integration.ledger import Failure, PhaseRecord, TrajectoryLed
 from verl_async_rm.integration.reward_mix import RewardMix, with_rm_scores
 from verl_async_rm.integration.token_rewards import TOKEN_REWARDS_KEY, token_placement, with_token_rewards
 from verl_async_rm.request import RMRequest
-from verl_async_rm.scoring.process import StepRewards
+from verl_async_rm.scoring.process import Score, StepRewards, score_value
 from verl_async_rm.service.client import score_with_timeout
 
 logger = logging.getLogger(__name__)
@@ -100,13 +100,14 @@ class AsyncRMWorkerMixin:
         start = time.perf_counter()
         phase, ledger = _PHASE.get(), self._ledger()
         trajectory = f"{kwargs.get('uid', '?')}/{kwargs.get('session_id', 0)}"
-        scores, failure = await self._async_rm_scores(final, kwargs, trajectory)
-        steps = {name: s for name, s in scores.items() if isinstance(s, StepRewards)}
-        scores = {name: float(s) for name, s in scores.items()}
+        answers, failure = await self._async_rm_scores(final, kwargs, trajectory)
+        steps = {name: s for name, s in answers.items() if isinstance(s, StepRewards)}
+        scores = {name: score_value(s) for name, s in answers.items()}
         error = None
         if failure is not None:
             error = _describe(failure)
-            ledger.failed(phase, Failure(trajectory, _int_or_none(kwargs.get("global_steps")), error))
+            ledger.failed(phase, Failure(trajectory, _int_or_none(kwargs.get("global_steps")), error,
+                                         cause=Failure.portable(failure)))
             if self._async_rm_fail_session or self._async_rm_on_error != "drop":
                 raise failure
             logger.warning("verl_async_rm: no RM score for trajectory %s (dropped): %s", trajectory, error)
@@ -121,7 +122,7 @@ class AsyncRMWorkerMixin:
             scores, data_source=kwargs.get("data_source"), extra_info=extra_info, fn=self._async_rm_combine,
             error=error, flag_drops=self._async_rm_on_error == "drop",
         )
-        # verl times only its own reward-loop call (``AgentLoopWorker._compute_score``): count the RM wait in the same metric
+        # verl times only its own reward-loop call (AgentLoopWorker._compute_score): count the RM wait there too
         final.metrics.compute_score = (final.metrics.compute_score or 0.0) + rm_s
         if steps and error is None:
             placement = token_placement(
@@ -136,7 +137,7 @@ class AsyncRMWorkerMixin:
 
     async def _async_rm_scores(
         self, final: Any, kwargs: dict, trajectory: str
-    ) -> tuple[dict[str, float | StepRewards], BaseException | None]:
+    ) -> tuple[dict[str, Score], BaseException | None]:
         """The trajectory's raw score from every RM at once (ready when the last answers), and the first failure.
         A token-level process RM's score is its :class:`StepRewards`."""
         if not self._async_rm_services or self._async_rm_mix is None:
@@ -144,26 +145,28 @@ class AsyncRMWorkerMixin:
                 "this agent-loop worker has no RM service attached: build it through "
                 "verl_async_rm.AsyncRMAgentLoopManager.create(...)"
             )
-        request = RMRequest.from_agent_loop_output(final, uid=trajectory, raw_prompt=kwargs.get("raw_prompt"))
+        request = RMRequest.from_agent_loop_output(final, uid=trajectory, raw_prompt=kwargs.get("raw_prompt"),
+                                                   group=str(kwargs.get("uid", "?")))
         names = list(self._async_rm_services)
         answers = await asyncio.gather(
             *(score_with_timeout(service, request, timeout_s=self._async_rm_timeout_s)
               for service in self._async_rm_services.values()),
             return_exceptions=True,
         )
-        scores: dict[str, float | StepRewards] = {}
+        scores: dict[str, Score] = {}
         failure: BaseException | None = None
         for name, answer in zip(names, answers, strict=True):
             if not isinstance(answer, BaseException):
-                scores[name] = answer if isinstance(answer, StepRewards) else float(answer)
+                scores[name] = answer
                 continue
             if not isinstance(answer, (AsyncRMError, ray.exceptions.RayError)):
                 raise answer  # not an RM failure (a cancellation, a bug): never recorded as a dropped score
             if isinstance(answer, ray.exceptions.RayActorError):
-                answer = RMServiceLostError(
+                lost = RMServiceLostError(
                     f"the RM service of RM {name!r} died while trajectory {request.uid} waited for its score "
                     f"({answer}); the agent-loop manager starts a new one at the next step"
                 )
+                lost.__cause__, answer = answer, lost
             elif len(names) > 1:
                 answer.add_note(f"RM {name!r}")
             failure = failure or answer

@@ -45,19 +45,20 @@ def check_failures(record: Any, integration: Any, where: str) -> None:
     if not record.failed:
         return
     first = "; ".join(str(f) for f in record.failures[:3])
+    cause = next((f.cause for f in record.failures if f.cause is not None), None)
     if integration.on_error != "drop":
         raise RMScoreError(
             f"{record.failed} of {record.requests} trajectories of {where} got no RM score (async_rm.on_error=raise); "
             f"{first}. verl gave their groups its failure path, so nothing was trained on them. Fix: find why the RM "
             "failed (these errors, the RM replicas' logs), or set +async_rm.on_error=drop to go on without them "
             "within async_rm.drop_budget"
-        )
+        ) from cause
     if record.failed > integration.drop_budget * record.requests:
         raise TrajectoryDroppedError(
             f"{record.failed} of {record.requests} trajectories of {where} got no RM score, more than "
             f"async_rm.drop_budget={integration.drop_budget:g} allows; {first}. Fix: find why the RM fails (these "
             "errors, the RM replicas' logs), or raise async_rm.drop_budget"
-        )
+        ) from cause
     logger.warning("verl_async_rm: %d of %d trajectories of %s dropped (no RM score): %s", record.failed,
                    record.requests, where, first)
 

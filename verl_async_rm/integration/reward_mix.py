@@ -144,7 +144,7 @@ class RewardMix:
         """
         manager_info = dict(manager_result.get("reward_extra_info") or {})
         raw_rule = manager_result.get("reward_score")
-        scores = {name: float(rm_scores.get(name, math.nan)) for name in self.weights}
+        scores = {name: rm_scores.get(name, math.nan) for name in self.weights}
         bad = {name: s for name, s in scores.items() if not math.isfinite(s)}
         if bad and error is None:
             raise NonFiniteScoreError(
@@ -172,8 +172,8 @@ def with_rm_scores(extra_info: Any, rm_scores: Mapping[str, float]) -> dict[str,
     """A copy of the trajectory's ``extra_info`` with ``rm_score`` (main) and ``rm_scores`` (by name) added, for the
     reward manager's function (verl's managers pass ``extra_info`` to it)."""
     info = dict(extra_info) if isinstance(extra_info, Mapping) else {}
-    info[RM_SCORE_KEY] = float(rm_scores.get(MAIN, math.nan))
-    info[RM_SCORES_KEY] = {name: float(score) for name, score in rm_scores.items()}
+    info[RM_SCORE_KEY] = rm_scores.get(MAIN, math.nan)
+    info[RM_SCORES_KEY] = dict(rm_scores)
     return info
 
 
