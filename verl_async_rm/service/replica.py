@@ -1,9 +1,9 @@
 """One RM replica: a verl ``Worker`` holding one full copy of the reward model (one data-parallel replica), or rank 0
 of a replica sharded over ``gpus_per_replica`` GPUs (:mod:`verl_async_rm.service.ranks`).
 
-The RM service calls each replica by its own actor handle, ``replica.score.remote(requests)``: every public method of
-a verl ``Worker`` is an ordinary Ray actor method (``@register`` only adds the group-level dispatch of a
-``RayWorkerGroup``). ``score`` returns one entry per request: a float, or the exception that failed that request.
+The RM service calls each replica by its own actor handle, ``replica.score.remote(requests)`` (an ordinary Ray actor
+method; nothing goes through the group's dispatch). ``score`` returns one entry per request: its score, or the
+exception that failed that request.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from typing import Any
 
 import ray
 from verl.single_controller.base import Worker
-from verl.single_controller.base.decorator import Dispatch, register
 
 from verl_async_rm.errors import RewardModelError
 from verl_async_rm.scoring.rm_config import RMConfig
@@ -49,7 +48,6 @@ class RMReplica(Worker):
         self._ranks: Ranks | None = None
         self._batch_records: deque[dict[str, float]] = deque(maxlen=BATCH_RECORDS_KEPT)
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self, placement: tuple[Any, int] | None = None) -> dict[str, Any]:
         """Load the RM on this replica's device, or (``gpus_per_replica > 1``) sharded over the ``k`` GPUs of its
         bundle ``placement`` (``(placement group, bundle index)``), this worker being rank 0; returns :meth:`describe`.
@@ -96,7 +94,6 @@ class RMReplica(Worker):
         self._batch_records.clear()
         return records
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def describe(self) -> dict[str, Any]:
         """Where this replica runs (node, process) and what it serves (device, dtype, retemplating, max_length, and
         ``packing``: whether its forwards are packed, with which kernel, and why)."""
@@ -118,12 +115,6 @@ class RMReplica(Worker):
             info["ranks"] = self._ranks.infos  # ranks 1..k-1: pid, actor_name, node_ip, device
         return info
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def stats(self) -> dict[str, float]:
-        """Counters since load: requests, failed, truncated, tokens, busy_s (seconds inside score())."""
-        return self._require_scorer().stats()
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def pop_step_stats(self) -> dict[str, float]:
         """Counters since the previous call; call once per training step (logs the truncation count once)."""
         return self._require_scorer().pop_step_stats()

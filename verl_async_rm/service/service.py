@@ -7,7 +7,7 @@ Nothing outside the service holds a replica handle.
 Inside, one event loop serves every caller: each ``score`` waits in the
 :class:`~verl_async_rm.batching.PendingRequestExecutor`, whose slots are the replicas (one batch per replica at a
 time, :class:`~verl_async_rm.service.replica_call.ReplicaCall`) and whose ``replace_slot`` starts a stand-in for a
-replica that died (:class:`~verl_async_rm.service.replacement.ReplicaFactory`). The replicas and any replacement are
+replica that died (:class:`~verl_async_rm.service.placement.ReplicaFactory`). The replicas and any replacement are
 owned by this actor, so they go with it.
 """
 
@@ -24,8 +24,7 @@ from verl_async_rm.errors import AsyncRMError
 from verl_async_rm.request import RMRequest
 from verl_async_rm.scoring.rm_config import RMConfig
 from verl_async_rm.service.metrics import service_step_metrics
-from verl_async_rm.service.placement import create_rm_worker_group, shutdown_rm_worker_group
-from verl_async_rm.service.replacement import ReplicaFactory
+from verl_async_rm.service.placement import ReplicaFactory, create_rm_worker_group, shutdown_rm_worker_group
 from verl_async_rm.service.replica_call import ReplicaCall
 
 logger = logging.getLogger(__name__)
