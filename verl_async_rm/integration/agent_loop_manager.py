@@ -39,7 +39,7 @@ from verl_async_rm.integration.ledger import PhaseRecord
 from verl_async_rm.integration.metrics import PREFIX, VAL_PREFIX, step_metrics
 from verl_async_rm.integration.agent_loop_worker import remote_worker_class
 from verl_async_rm.integration.token_rewards import place_token_rewards
-from verl_async_rm.model_set import MAIN
+from verl_async_rm.config import MAIN
 from verl_async_rm.service.fleet import start_rm_services
 from verl_async_rm.service.placement import remove_pool_groups
 from verl_async_rm.service.service import kill_quietly, start_rm_service

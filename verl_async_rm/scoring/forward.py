@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from verl_async_rm.errors import RewardModelError
-from verl_async_rm.scoring.rm_config import ConfigValueError
+from verl_async_rm.errors import ConfigValueError
 from verl_async_rm.scoring.inputs import plan_micro_batches, plan_packed_micro_batches
 from verl_async_rm.scoring.readout import (
     check_output_field,

@@ -46,7 +46,8 @@ from verl.single_controller.ray.base import (
 )
 
 from verl_async_rm.errors import ResourcePoolError, RewardModelError
-from verl_async_rm.scoring.rm_config import ConfigValueError, RMConfig
+from verl_async_rm.errors import ConfigValueError
+from verl_async_rm.scoring.rm_config import RMConfig
 from verl_async_rm.service.replica import RMReplica
 
 logger = logging.getLogger(__name__)
