@@ -2,7 +2,7 @@
 of a replica sharded over ``gpus_per_replica`` GPUs (:mod:`verl_async_rm.service.ranks`).
 
 The RM service calls each replica by its own actor handle, ``replica.score.remote(requests)`` (an ordinary Ray actor
-method; nothing goes through the group's dispatch). ``score`` returns one entry per request: its score, or the
+method); only :meth:`RMReplica.describe` is also a group call of the rm_wg. ``score`` returns one entry per request: its score, or the
 exception that failed that request.
 """
 
@@ -16,6 +16,7 @@ from typing import Any
 
 import ray
 from verl.single_controller.base import Worker
+from verl.single_controller.base.decorator import Dispatch, register
 
 from verl_async_rm.errors import RewardModelError
 from verl_async_rm.scoring.rm_config import RMConfig
@@ -94,6 +95,7 @@ class RMReplica(Worker):
         self._batch_records.clear()
         return records
 
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # also ``rm_wg.describe()``: every replica's, in rank order
     def describe(self) -> dict[str, Any]:
         """Where this replica runs (node, process) and what it serves (device, dtype, retemplating, max_length, and
         ``packing``: whether its forwards are packed, with which kernel, and why)."""
