@@ -234,8 +234,9 @@ def test_executor_batches_rm_requests_with_their_siblings(policy_tok):
             executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=4, max_wait_ms=5, prefer_siblings=True))
             blocker = asyncio.ensure_future(executor.submit(RMRequest("blocker", [1], [2]), num_tokens=2))
             await fn.wait_calls(1)
+            # p0/0, p1/0, p2/0, p0/1, ...: siblings arrive apart, lengths interleaved
             requests = [RMRequest(f"p{p}/{s}", [5] * 10, [6] * (10 + 37 * s + 11 * p), group=f"p{p}") for s in
-                        range(4) for p in range(3)]  # p0/0, p1/0, p2/0, p0/1, ...: siblings arrive apart, lengths interleaved
+                        range(4) for p in range(3)]
             tasks = [asyncio.ensure_future(executor.submit(r, num_tokens=r.num_tokens)) for r in requests]
             await asyncio.sleep(1.0)  # virtual time: a backlog, all past max_wait
             fn.open()

@@ -177,7 +177,7 @@ class AsyncRMAgentLoopWorker(AsyncRMWorkerMixin, AgentLoopWorker):
     """verl's v0 ``AgentLoopWorker`` with the per-trajectory RM hook."""
 
 
-# AgentLoopWorkerTQ is already a Ray actor class (``@ray.remote`` on ``AgentLoopWorkerTQ``): subclass the class it wraps.
+# AgentLoopWorkerTQ is already a Ray actor class (verl decorates it with ``@ray.remote``): subclass the class it wraps.
 class AsyncRMAgentLoopWorkerTQ(AsyncRMWorkerMixin, AgentLoopWorkerTQ.__ray_actor_class__):
     """verl's v1 (TransferQueue) ``AgentLoopWorkerTQ`` with the per-trajectory RM hook."""
 

@@ -67,7 +67,8 @@ def apply_drops(output: Any, drop_budget: float, uids: Any = None) -> int:
     """Exclude the dropped trajectories of ``output`` (a verl ``DataProto``) in place; returns how many there were.
 
     ``uids`` are the group ids of the rows (the input batch's ``uid``: verl's v0 output does not carry the input's
-    non-tensor fields when a reward loop runs, ``AgentLoopWorker._postprocess``); default: ``output``'s own ``uid``, if any.
+    non-tensor fields when a reward loop runs, ``AgentLoopWorker._postprocess``); default: ``output``'s own ``uid``,
+    if any.
 
     Raises:
         TrajectoryDroppedError: more than ``drop_budget`` (a fraction) of the batch was dropped.

@@ -34,7 +34,8 @@ from verl_async_rm.scoring.inputs import (
     truncate_left,
 )
 
-__all__ = ["Score", "score_value", "StepRewards", "ProcessInput", "split_steps", "step_token_ends", "prepare_process_input", "reduce_steps"]
+__all__ = ["Score", "score_value", "StepRewards", "ProcessInput", "split_steps", "step_token_ends",
+           "prepare_process_input", "reduce_steps"]
 
 
 @dataclass(frozen=True)

@@ -18,18 +18,6 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = [
-    "RMService",
-    "start_rm_service",
-    "score_with_timeout",
-    "RMReplica",
-    "RMResourcePool",
-    "create_rm_worker_group",
-    "shutdown_rm_worker_group",
-    "ReplicaCall",
-    "ReplicaFactory",
-]
-
 _LAZY = {
     "RMService": "verl_async_rm.service.service",
     "start_rm_service": "verl_async_rm.service.service",
@@ -41,6 +29,7 @@ _LAZY = {
     "ReplicaCall": "verl_async_rm.service.replica_call",
     "ReplicaFactory": "verl_async_rm.service.placement",
 }
+__all__ = list(_LAZY)
 
 
 def __getattr__(name: str) -> Any:

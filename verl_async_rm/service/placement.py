@@ -58,6 +58,7 @@ __all__ = [
     "create_rm_worker_group",
     "replica_group",
     "ReplicaFactory",
+    "kill_quietly",
     "shutdown_rm_worker_group",
     "remove_pool_groups",
     "replica_bundle",
@@ -262,7 +263,7 @@ def create_rm_worker_group(
 def shutdown_rm_worker_group(wg: RayWorkerGroup) -> None:
     """Kill the replicas of ``wg`` and free its pool's placement groups (safe to call twice)."""
     for worker in wg.workers:
-        _kill(worker)
+        kill_quietly(worker)
     pool = getattr(wg, "resource_pool", None)
     if isinstance(pool, RMResourcePool):
         pool.release()
@@ -308,16 +309,16 @@ class ReplicaFactory:
 
     async def __call__(self, old: Any, index: int) -> Any:
         """Kill what is left of ``old``, start a replica in bundle ``index`` and wait until its RM is loaded."""
-        _kill(old)
+        kill_quietly(old)
         self.made += 1
         group = replica_group(self.pool, self.config, name_prefix=f"{self.name_prefix}{self.made}_", index=index,
                               master=self.master)
         replica = group.workers[0]
         try:
-            info = await asyncio.wait_for(_await(replica.init_model.remote(self.bundles[index])),
+            info = await asyncio.wait_for(asyncio.wrap_future(replica.init_model.remote(self.bundles[index]).future()),
                                           self.config.init_timeout_s)
         except BaseException as err:
-            _kill(replica)
+            kill_quietly(replica)
             if isinstance(err, asyncio.TimeoutError):
                 raise RewardModelError(
                     f"replacement RM replica {index} did not load {self.config.model_path} within "
@@ -328,15 +329,12 @@ class ReplicaFactory:
         return replica
 
 
-async def _await(ref: Any) -> Any:
-    return await ref
-
-
-def _kill(actor: Any) -> None:
+def kill_quietly(actor: Any) -> None:
+    """Kill an actor (a replica, an RM service) that may be gone already."""
     try:
         ray.kill(actor, no_restart=True)
     except Exception:  # noqa: BLE001 - already gone
-        logger.debug("RM replica already gone", exc_info=True)
+        logger.debug("actor already gone", exc_info=True)
 
 
 def remove_pool_groups(name_prefix: str, nnodes: int) -> None:

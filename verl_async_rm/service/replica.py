@@ -2,8 +2,8 @@
 of a replica sharded over ``gpus_per_replica`` GPUs (:mod:`verl_async_rm.service.ranks`).
 
 The RM service calls each replica by its own actor handle, ``replica.score.remote(requests)`` (an ordinary Ray actor
-method); only :meth:`RMReplica.describe` is also a group call of the rm_wg. ``score`` returns one entry per request: its score, or the
-exception that failed that request.
+method); only :meth:`RMReplica.describe` is also a group call of the rm_wg. ``score`` returns one entry per
+request: its score, or the exception that failed that request.
 """
 
 from __future__ import annotations
