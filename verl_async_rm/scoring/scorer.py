@@ -247,6 +247,7 @@ class RewardModelScorer:
                 continue
             except Exception as err:  # a tokenizer or template failure belongs to this item only
                 results[i] = RewardInputError(f"trajectory {_uid(request)}: cannot build RM input: {err!r}")
+                results[i].__cause__ = err  # the one wrap of this failure: its cause travels with it
                 continue
             truncated += cut
             inputs.append(ids)
