@@ -12,13 +12,13 @@ QUESTIONS = ["how many apples does the farmer have", "what is the total cost of 
 ANSWERS = ["five", "the total cost is 12 dollars", "the train takes 3 hours so the speed is 20 miles per hour"]
 
 
-def make_request(policy_tok, question: str, answer: str, uid: str) -> RMRequest:
+def make_request(policy_tok, question: str, answer: str, uid: str, group: str | None = None) -> RMRequest:
     """A single-turn trajectory: the chat-templated question as prompt ids, the answer plus EOS as response ids."""
     messages = [{"role": "user", "content": question}]
     prompt = policy_tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     prompt_ids = policy_tok(prompt, add_special_tokens=False)["input_ids"]
     response_ids = policy_tok(answer, add_special_tokens=False)["input_ids"] + [policy_tok.eos_token_id]
-    return RMRequest(uid=uid, prompt_ids=prompt_ids, response_ids=response_ids, raw_prompt=messages)
+    return RMRequest(uid=uid, prompt_ids=prompt_ids, response_ids=response_ids, raw_prompt=messages, group=group)
 
 
 def make_batch(policy_tok) -> list[RMRequest]:

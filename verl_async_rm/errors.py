@@ -1,13 +1,17 @@
 """Exceptions raised by verl_async_rm, one per failure kind.
 
-Configuration mistakes are reported as ``ValueError``/``TypeError`` (the message names the key, the bad value and the
-fix); the classes below cover failures at run time. Every class derives from :class:`AsyncRMError` so callers can
-catch the package's failures in one place.
+Configuration mistakes raise :class:`ConfigValueError` (a ``ValueError``; :class:`ConfigTypeError`, a value of the
+wrong type, is a ``TypeError`` too): the message names the key, the bad value and the fix. The other classes cover
+failures at run time; each derives from :class:`AsyncRMError` so callers can catch them in one place.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
+    "ConfigValueError",
+    "ConfigTypeError",
     "AsyncRMError",
     "ExecutorClosedError",
     "ExecutorCrashedError",
@@ -26,6 +30,32 @@ __all__ = [
     "RewardInputError",
     "ResourcePoolError",
 ]
+
+
+class ConfigValueError(ValueError):
+    """Raised when a setting has a bad value; the message names the key, the value and the fix.
+
+    ``why`` and ``fix`` may say ``{key}``: it becomes the key the error is reported under. The checks raise it under
+    the field's name; the config parser reports it once under the user's key with :meth:`renamed` (for example
+    ``async_rm.models.safety.max_length``, or the verl key the value was read from).
+    """
+
+    def __init__(self, key: str, value: Any, why: str, fix: str) -> None:
+        self.key, self.value, self.why, self.fix = key, value, why, fix
+        super().__init__(f"{key}={value!r}: {why.replace('{key}', key)}. Fix: {fix.replace('{key}', key)}")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Ray and multiprocessing rebuild exceptions from their pickle: keep all four parts (``args`` holds only the
+        # message), so the error an RM replica raises reaches the driver intact.
+        return (type(self), (self.key, self.value, self.why, self.fix))
+
+    def renamed(self, key: str) -> ConfigValueError:
+        """The same error, reported under ``key``."""
+        return type(self)(key, self.value, self.why, self.fix)
+
+
+class ConfigTypeError(ConfigValueError, TypeError):
+    """Raised when a setting has a value of the wrong type (a word where a number goes...)."""
 
 
 class AsyncRMError(RuntimeError):

@@ -49,7 +49,7 @@ def _select(config: Any, key: str) -> Any:
 def migrate_legacy_keys(config: Any) -> Any:
     """Move the legacy top-level reward keys of a composed ``ppo_trainer`` config to their ``reward.*`` places.
 
-    The move itself is verl's ``migrate_legacy_reward_impl`` (``experimental/reward_loop/reward_loop.py:39``), which
+    The move itself is verl's ``migrate_legacy_reward_impl`` (``verl.experimental.reward_loop.reward_loop``), which
     also deletes the top-level ``reward_model``, ``custom_reward_function`` and ``sandbox_fusion`` groups. Before it
     runs, two gaps of that function are closed:
 
@@ -110,7 +110,7 @@ def main(config: Any) -> None:
     config = migrate_legacy_keys(config)
     check_verl_config(config)
     # hydra.main wraps with functools.wraps (hydra/main.py, main_decorator), so __wrapped__ is verl's undecorated
-    # body (verl/trainer/main_ppo.py:166-192): device set-up, validate_config, then run_ppo with the v0/v1 runner.
+    # body (``verl.trainer.main_ppo.main``): device set-up, validate_config, then run_ppo with the v0/v1 runner.
     verl_main_ppo.main.__wrapped__(config)
 
 

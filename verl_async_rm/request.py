@@ -27,6 +27,8 @@ class RMRequest:
             whenever the RM re-templates.
         num_turns: ``AgentLoopOutput.num_turns`` (2 for a single-turn trajectory); more than 2 without ``messages``
             cannot be re-templated faithfully and fails that item.
+        group: the GRPO group (verl's prompt ``uid``), shared by the responses to one prompt; None: no group. The
+            executor batches siblings together and the RM runs their common prompt once.
     """
 
     uid: str
@@ -35,6 +37,7 @@ class RMRequest:
     raw_prompt: list[dict[str, Any]] | None = None
     messages: list[dict[str, Any]] | None = None
     num_turns: int = 2
+    group: str | None = None
 
     def __post_init__(self) -> None:
         self.uid = str(self.uid)
@@ -43,14 +46,6 @@ class RMRequest:
         self.raw_prompt = _message_list(self.raw_prompt, "raw_prompt", self.uid)
         self.messages = _message_list(self.messages, "messages", self.uid)
         self.num_turns = int(self.num_turns)
-
-    @property
-    def group(self) -> str | None:
-        """The GRPO group: ``uid`` up to its last ``/`` (the integration's uids are ``"<prompt uid>/<session id>"``),
-        shared by the responses to one prompt; None for a uid without ``/``. The executor batches siblings together
-        and the RM runs their common prompt once."""
-        head, sep, _ = self.uid.rpartition("/")
-        return head if sep else None
 
     @property
     def num_tokens(self) -> int:
@@ -65,6 +60,7 @@ class RMRequest:
         uid: str,
         raw_prompt: Sequence[Mapping[str, Any]] | None,
         messages: Sequence[Mapping[str, Any]] | None = None,
+        group: str | None = None,
     ) -> RMRequest:
         """Build a request from a verl ``AgentLoopOutput`` (``prompt_ids``, ``response_ids``, ``num_turns``)."""
         return cls(
@@ -74,6 +70,7 @@ class RMRequest:
             raw_prompt=raw_prompt,
             messages=messages,
             num_turns=output.num_turns or 2,
+            group=group,
         )
 
 

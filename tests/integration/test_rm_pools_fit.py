@@ -40,7 +40,7 @@ def test_pools_that_do_not_fit_in_total_fail_before_anything_starts(ray_local, t
 
 def test_pools_that_do_not_fit_node_by_node_fail_at_placement_and_leave_nothing(ray_local, tiny_models):
     from verl_async_rm.service.fleet import start_rm_services
-    from verl_async_rm.settings import AsyncRMConfig
+    from verl_async_rm.config import AsyncRMConfig
     from verl_async_rm.testing import compose_trainer_config
 
     wide = [f"+async_rm.models.wide.model_path={tiny_models.rm_alt}", "+async_rm.models.wide.nnodes=2"]

@@ -51,7 +51,7 @@ def test_thousands_of_requests_resolve_exactly_once_through_the_service(ray_loca
         case = cases[i % len(cases)]
         response = [10**7] if i % FAIL_EVERY == 0 else case.response_ids
         return RMRequest(uid=f"p{i // 4}/{i % 4}", prompt_ids=case.prompt_ids, response_ids=response,
-                         raw_prompt=case.raw_prompt)
+                         raw_prompt=case.raw_prompt, group=f"p{i // 4}")
 
     arrivals = [rng.expovariate(1.0 / 0.0015) for _ in range(N_REQUESTS)]  # ~650 requests/s for ~5 s
     cancel_at = {i: rng.uniform(0.0, 0.05) for i in rng.sample(range(N_REQUESTS), int(CANCEL_FRACTION * N_REQUESTS))}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_async_rm.settings import AsyncRMConfig, IntegrationConfig
+from verl_async_rm.config import AsyncRMConfig, IntegrationConfig
 from verl_async_rm.batching.policy import BatchPolicy
 from verl_async_rm.integration.checks import check_verl_config
 from verl_async_rm.integration.reward_mix import RewardMix
@@ -343,7 +343,7 @@ def test_bad_extra_rms_name_the_key_and_the_fix(tiny_models, overrides, message)
 
 @pytest.mark.parametrize("name", ["2nd", "safety v2", "a/b"])
 def test_an_rm_name_must_make_a_metric_and_reward_key(name):
-    from verl_async_rm.model_set import extra_rm_entries
+    from verl_async_rm.config import extra_rm_entries
 
     with pytest.raises(ValueError, match=rf"async_rm\.models\.{re.escape(name)}: an RM name must start with a letter"):
         extra_rm_entries({name: {"model_path": "/m"}}, base={"policy_tokenizer_path": "/p"}, shared_rm={},
@@ -382,7 +382,7 @@ def test_options_reference_documents_every_async_rm_key():
     import importlib.util
     from pathlib import Path
 
-    from verl_async_rm.settings import _VERL_OWNED_RM_FIELDS, IntegrationConfig
+    from verl_async_rm.config import _VERL_OWNED_RM_FIELDS, IntegrationConfig
     from verl_async_rm.batching.policy import BatchPolicy
     from verl_async_rm.integration.reward_mix import RewardMix
     from verl_async_rm.scoring.rm_config import RMConfig

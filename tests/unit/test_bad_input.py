@@ -388,7 +388,7 @@ def test_config_errors_survive_pickling():
     """An RM replica's ConfigValueError crosses Ray by pickle: it must come back whole, message included."""
     import pickle
 
-    from verl_async_rm.scoring.rm_config import ConfigValueError
+    from verl_async_rm.errors import ConfigValueError
 
     err = ConfigValueError("model_path", "/models/x", "not an RM", "set {key} to an RM")
     back = pickle.loads(pickle.dumps(err))

@@ -13,8 +13,8 @@ import pytest
 
 from verl_async_rm.batching import BatchPolicy, PendingRequestExecutor
 from verl_async_rm.batching.formation import select_batch
-from verl_async_rm.batching.pending import Request
-from verl_async_rm.batching.testing import GatedBatchFn, run_virtual
+from verl_async_rm.batching.request import Request
+from verl_async_rm.testing.executor import GatedBatchFn, run_virtual
 
 pytestmark = pytest.mark.unit
 
@@ -339,7 +339,7 @@ def test_expect_adds_up_across_overlapping_dispatches():
 
 def test_the_flush_rule_says_now_and_why_or_until_when():
     """``WaitingRoom.next_flush`` is the one place the flush rule is written: the loop both flushes and sleeps by it."""
-    from verl_async_rm.batching.queue import WaitingRoom
+    from verl_async_rm.batching.waiting_room import WaitingRoom
 
     room = WaitingRoom(BatchPolicy(max_batch_size=3, max_batch_tokens=100, max_wait_ms=10))
     loop = asyncio.new_event_loop()

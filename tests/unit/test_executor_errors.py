@@ -17,7 +17,7 @@ from verl_async_rm.errors import (
 )
 from verl_async_rm.batching import BatchPolicy, PendingRequestExecutor
 from verl_async_rm.batching.stats import ExecutorStats
-from verl_async_rm.batching.testing import GatedBatchFn, run_virtual
+from verl_async_rm.testing.executor import GatedBatchFn, run_virtual
 
 pytestmark = pytest.mark.unit
 

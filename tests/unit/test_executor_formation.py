@@ -13,8 +13,8 @@ import pytest
 
 from verl_async_rm.batching import BatchPolicy, PendingRequestExecutor
 from verl_async_rm.batching.formation import select_batch
-from verl_async_rm.batching.pending import Request
-from verl_async_rm.batching.testing import GatedBatchFn, run_virtual
+from verl_async_rm.batching.request import Request
+from verl_async_rm.testing.executor import GatedBatchFn, run_virtual
 
 pytestmark = pytest.mark.unit
 
@@ -225,7 +225,7 @@ def test_sibling_preference_keeps_the_pass_over_bound(seed):
 
 
 def test_executor_batches_rm_requests_with_their_siblings(policy_tok):
-    """RMRequest uids are "<prompt uid>/<session id>": interleaved arrivals still leave in per-prompt batches."""
+    """RMRequests name their GRPO group: interleaved arrivals still leave in per-prompt batches."""
     from verl_async_rm.request import RMRequest
 
     def run():
@@ -234,8 +234,9 @@ def test_executor_batches_rm_requests_with_their_siblings(policy_tok):
             executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=4, max_wait_ms=5, prefer_siblings=True))
             blocker = asyncio.ensure_future(executor.submit(RMRequest("blocker", [1], [2]), num_tokens=2))
             await fn.wait_calls(1)
-            requests = [RMRequest(f"p{p}/{s}", [5] * 10, [6] * (10 + 37 * s + 11 * p)) for s in range(4) for p in
-                        range(3)]  # p0/0, p1/0, p2/0, p0/1, ...: siblings arrive apart, lengths interleaved
+            # p0/0, p1/0, p2/0, p0/1, ...: siblings arrive apart, lengths interleaved
+            requests = [RMRequest(f"p{p}/{s}", [5] * 10, [6] * (10 + 37 * s + 11 * p), group=f"p{p}") for s in
+                        range(4) for p in range(3)]
             tasks = [asyncio.ensure_future(executor.submit(r, num_tokens=r.num_tokens)) for r in requests]
             await asyncio.sleep(1.0)  # virtual time: a backlog, all past max_wait
             fn.open()
@@ -246,5 +247,5 @@ def test_executor_batches_rm_requests_with_their_siblings(policy_tok):
         return run_virtual(main)
 
     assert run() == [["p0"] * 4, ["p1"] * 4, ["p2"] * 4]
-    assert RMRequest("u7/3", [1], [2]).group == "u7" and RMRequest("a/b/3", [1], [2]).group == "a/b"
+    assert RMRequest("u7/3", [1], [2], group="u7").group == "u7"  # explicit: never parsed out of the uid
     assert RMRequest("solo", [1], [2]).group is None

@@ -28,7 +28,7 @@ from verl_async_rm.errors import (
     SlotLostError,
 )
 from verl_async_rm.batching import BatchPolicy, PendingRequestExecutor
-from verl_async_rm.batching.testing import run_virtual
+from verl_async_rm.testing.executor import run_virtual
 
 pytestmark = pytest.mark.unit
 

@@ -10,7 +10,7 @@ import pytest
 
 from verl_async_rm.errors import QueueFullError, RequestTimeoutError
 from verl_async_rm.batching import FLUSH_REASONS, BatchPolicy, PendingRequestExecutor
-from verl_async_rm.batching.testing import GatedBatchFn, run_virtual
+from verl_async_rm.testing.executor import GatedBatchFn, run_virtual
 
 pytestmark = pytest.mark.unit
 

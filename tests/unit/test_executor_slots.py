@@ -10,7 +10,7 @@ import pytest
 
 from verl_async_rm.errors import NoSlotsError, RequestTimeoutError, SlotLostError
 from verl_async_rm.batching import BatchPolicy, PendingRequestExecutor
-from verl_async_rm.batching.testing import run_virtual
+from verl_async_rm.testing.executor import run_virtual
 
 pytestmark = pytest.mark.unit
 

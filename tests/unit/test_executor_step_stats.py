@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from verl_async_rm.batching import BatchPolicy, PendingRequestExecutor
-from verl_async_rm.batching.testing import GatedBatchFn, run_virtual
+from verl_async_rm.testing.executor import GatedBatchFn, run_virtual
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from verl_async_rm.settings import AsyncRMConfig
+from verl_async_rm.config import AsyncRMConfig
 from verl_async_rm.integration.checks import check_verl_config
 from verl_async_rm.main_ppo import migrate_legacy_keys
 from verl_async_rm.testing import compose_trainer_config

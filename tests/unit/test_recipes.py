@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from verl_async_rm.settings import AsyncRMConfig
+from verl_async_rm.config import AsyncRMConfig
 from verl_async_rm.integration.checks import ENTRY_MODULE, check_verl_config, legacy_keys_set
 from verl_async_rm.main_ppo import migrate_legacy_keys
 from verl_async_rm.testing.trainer_config import verl_config_dir

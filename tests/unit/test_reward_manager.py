@@ -18,7 +18,7 @@ import torch
 
 from verl_async_rm.errors import NonFiniteScoreError, RewardModelError
 from verl_async_rm.integration.reward_mix import with_rm_scores
-from verl_async_rm.settings import AsyncRMConfig
+from verl_async_rm.config import AsyncRMConfig
 from verl_async_rm.testing import compose_trainer_config
 
 pytestmark = pytest.mark.unit

@@ -8,7 +8,9 @@ import os
 import pytest
 from omegaconf import OmegaConf
 
-from verl_async_rm.scoring.rm_config import ConfigValueError, RMConfig, rm_config_from_verl
+from verl_async_rm.config import rm_config_from_verl
+from verl_async_rm.errors import ConfigValueError
+from verl_async_rm.scoring.rm_config import RMConfig
 
 pytestmark = pytest.mark.unit
 

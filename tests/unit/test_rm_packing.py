@@ -222,7 +222,7 @@ def test_scorer_reports_its_forwards_and_scores_alike_packed_or_padded(tiny_mode
 
 def test_verl_command_line_keys_reach_the_rm_config(tiny_models):
     """``+async_rm.packing=false`` and ``+async_rm.share_prompts=true`` (Hydra reads both as booleans)."""
-    from verl_async_rm.settings import AsyncRMConfig
+    from verl_async_rm.config import AsyncRMConfig
     from verl_async_rm.testing import compose_trainer_config
 
     overrides = [

@@ -164,11 +164,11 @@ def test_bad_share_prompts_value_names_key_value_and_fix():
 
 
 def test_scorer_shares_grpo_siblings_prompts_and_scores_like_per_sample_forwards(tiny_models, policy_tok):
-    """RMRequests of two prompts x 3 responses (uids "<prompt>/<session>"), interleaved with a lone request."""
+    """RMRequests of two prompts x 3 responses (group: the prompt), interleaved with a lone request."""
     from rm_cases import make_request
 
     question = "a farmer has twelve apples and gives away five of them to a friend, how many apples are left now"
-    requests = [make_request(policy_tok, question if p == 0 else question + " exactly", answer, f"q{p}/{s}")
+    requests = [make_request(policy_tok, question if p == 0 else question + " exactly", answer, f"q{p}/{s}", f"q{p}")
                 for s, answer in enumerate(["seven", "seven apples", "it is 7"]) for p in range(2)]
     requests.insert(3, make_request(policy_tok, "hi", "hello", "lone"))
     common = {"model_path": str(tiny_models.rm), "policy_tokenizer_path": str(tiny_models.policy), "use_gpu": False}

@@ -10,7 +10,7 @@ from rm_cases import ANSWERS, QUESTIONS, make_request
 
 from verl_async_rm.scoring.rm_config import RMConfig
 from verl_async_rm.scoring.sharding import check_replica_memory, sharding_method
-from verl_async_rm.settings import AsyncRMConfig
+from verl_async_rm.config import AsyncRMConfig
 from verl_async_rm.testing import compose_trainer_config
 
 pytestmark = pytest.mark.unit

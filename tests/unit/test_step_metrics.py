@@ -12,7 +12,7 @@ import asyncio
 import pytest
 
 from verl_async_rm.batching import BatchPolicy, PendingRequestExecutor
-from verl_async_rm.batching.testing import GatedBatchFn, run_virtual
+from verl_async_rm.testing.executor import GatedBatchFn, run_virtual
 from verl_async_rm.integration import metrics
 from verl_async_rm.integration.metrics import PREFIX
 from verl_async_rm.service.metrics import service_step_metrics

@@ -14,11 +14,11 @@ In process::
     await executor.aclose()
 
 Layout, in the order a request meets it: ``policy`` (BatchPolicy); ``executor`` (the API, settling every request
-once, and the supervised loop that sleeps on one ``asyncio.Event`` until the flush rule's time); ``pending`` (a request
-and its states); ``queue`` (WaitingRoom: pending and blocked requests, and the flush rule, written once);
+once, and the supervised loop that sleeps on one ``asyncio.Event`` until the flush rule's time); ``request`` (a request
+and its states); ``waiting_room`` (WaitingRoom: pending and blocked requests, and the flush rule, written once);
 ``formation`` (which requests form the next batch); ``slots`` (SlotTable: free, busy, late, replacing, lost);
-``batch_call`` (BatchRunner: the batches in flight, one ``batch_fn`` call each, under ``batch_timeout_s``); ``stats``;
-``testing`` (gated batch function and virtual-time loop for tests).
+``batch_runner`` (BatchRunner: the batches in flight, one ``batch_fn`` call each, under ``batch_timeout_s``); ``stats``.
+Test doubles (gated batch function, virtual-time loop) live in :mod:`verl_async_rm.testing.executor`.
 """
 
 from __future__ import annotations

@@ -17,10 +17,10 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
-from verl_async_rm.batching.batch_call import BatchRunner
-from verl_async_rm.batching.pending import BLOCKED, DONE, PENDING, RUNNING, Request, check_tokens, normalise_slots
+from verl_async_rm.batching.batch_runner import BatchRunner
+from verl_async_rm.batching.request import BLOCKED, DONE, PENDING, RUNNING, Request, check_tokens, normalise_slots
 from verl_async_rm.batching.policy import BatchPolicy
-from verl_async_rm.batching.queue import WaitingRoom
+from verl_async_rm.batching.waiting_room import WaitingRoom
 from verl_async_rm.batching.slots import ReplaceFn, SlotTable
 from verl_async_rm.batching.stats import ExecutorStats
 from verl_async_rm.errors import (

@@ -30,7 +30,7 @@ import math
 from collections.abc import Iterable
 from itertools import islice
 
-from verl_async_rm.batching.pending import Request
+from verl_async_rm.batching.request import Request
 
 __all__ = ["select_batch"]
 

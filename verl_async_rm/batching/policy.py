@@ -1,17 +1,18 @@
 """``BatchPolicy``: when the executor flushes a batch, how big it may be, and what happens under overload.
 
-The policy is a frozen dataclass validated in ``__post_init__``: a bad value raises ``ValueError`` (or ``TypeError`` for
-a value of the wrong kind) naming the field, the value and the fix. Build it from a plain mapping (for example the
-``async_rm`` section of a verl config converted to a dict) with :meth:`BatchPolicy.from_mapping`.
+The policy is a frozen dataclass of typed :func:`~verl_async_rm.options.option` fields: a bad value raises
+``ConfigValueError`` (a ``ValueError``; ``ConfigTypeError``, also a ``TypeError``, for a value of the wrong kind) naming
+the field, the value and the fix. Build it from a plain mapping with :meth:`BatchPolicy.from_mapping`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from verl_async_rm.options import check_options, option
 
 __all__ = ["BatchPolicy", "OVERFLOW_MODES"]
 
@@ -28,103 +29,73 @@ class BatchPolicy:
     has waited ``max_wait_ms``; or a drain (``drain()`` / ``expect(n)``) covers the oldest request.
     """
 
-    max_batch_size: int = field(
-        default=32,
-        metadata={"help": "Most requests in one batch_fn call; a batch this full is flushed at once."},
+    max_batch_size: int = option(
+        32,
+        "Most requests in one batch_fn call; a batch this full is flushed at once.",
+        least=1, fix="set it to the most requests one RM call should score, for example 64",
     )
-    max_batch_tokens: int | None = field(
-        default=None,
-        metadata={
-            "help": "Most tokens (sum of each request's num_tokens) in one batch; None disables the budget. "
-            "A request larger than the budget is sent alone. When set, every submit must give num_tokens."
-        },
+    max_batch_tokens: int | None = option(
+        None,
+        "Most tokens (sum of each request's num_tokens) in one batch; None disables the budget. "
+        "A request larger than the budget is sent alone. When set, every submit must give num_tokens.",
+        int, optional=True, least=1,
+        fix="set it to the token budget of one RM call (for example 65536), or None to disable the budget",
     )
-    max_wait_ms: float = field(
-        default=20.0,
-        metadata={
-            "help": "Flush once the OLDEST pending request has waited this long (and a slot is free). "
-            "0 makes the executor work-conserving: any free slot takes whatever is pending."
-        },
+    max_wait_ms: float = option(
+        20.0,
+        "Flush once the OLDEST pending request has waited this long (and a slot is free). "
+        "0 makes the executor work-conserving: any free slot takes whatever is pending.",
+        least=0,
+        fix="set it to how long the oldest request may wait for a batch to fill (ms), for example 20",
     )
-    max_pending: int | None = field(
-        default=None,
-        metadata={"help": "Most requests waiting for a batch (not counting running ones); None means unbounded."},
+    max_pending: int | None = option(
+        None,
+        "Most requests waiting for a batch (not counting running ones); None means unbounded.",
+        int, optional=True, least=1,
+        fix="set it to the most requests allowed to wait (for example 65536), or None for no bound",
     )
-    overflow: str = field(
-        default="block",
-        metadata={
-            "help": "When max_pending requests are waiting: 'block' makes submit wait for room, 'reject' raises "
-            "QueueFullError at once."
-        },
+    overflow: str = option(
+        "block",
+        "When max_pending requests are waiting: 'block' makes submit wait for room, 'reject' raises "
+        "QueueFullError at once.",
+        choices=OVERFLOW_MODES,
+        fix="use 'block' to make submit wait for room or 'reject' to raise QueueFullError at once",
     )
-    default_deadline_s: float | None = field(
-        default=None,
-        metadata={
-            "help": "Deadline, in seconds from submit, for requests that give none; None means no deadline. "
-            "A request past its deadline fails with RequestTimeoutError, whether it is waiting or running."
-        },
+    default_deadline_s: float | None = option(
+        None,
+        "Deadline, in seconds from submit, for requests that give none; None means no deadline. "
+        "A request past its deadline fails with RequestTimeoutError, whether it is waiting or running.",
+        float, optional=True, above=0, fix="give a positive number of seconds, or None for no limit",
     )
-    batch_timeout_s: float | None = field(
-        default=None,
-        metadata={
-            "help": "Fail the requests of a batch_fn call that runs longer than this with RequestTimeoutError and "
-            "cancel the call; its slot takes no new batch until the call has ended. None lets a call run as long "
-            "as it needs."
-        },
+    batch_timeout_s: float | None = option(
+        None,
+        "Fail the requests of a batch_fn call that runs longer than this with RequestTimeoutError and "
+        "cancel the call; its slot takes no new batch until the call has ended. None lets a call run as long "
+        "as it needs.",
+        float, optional=True, above=0, fix="give a positive number of seconds, or None for no limit",
     )
-    group_by_length: bool = field(
-        default=True,
-        metadata={
-            "help": "When more requests are pending than fit in one batch, fill the batch (after the oldest request, "
-            "always taken) with those closest in num_tokens to it, overdue ones first, from a window after the "
-            "oldest, to cut padding; False: strict arrival order."
-        },
+    group_by_length: bool = option(
+        True,
+        "When more requests are pending than fit in one batch, fill the batch (after the oldest request, "
+        "always taken) with those closest in num_tokens to it, overdue ones first, from a window after the "
+        "oldest, to cut padding; False: strict arrival order.",
     )
-    prefer_siblings: bool = field(
-        default=False,
-        metadata={
-            "help": "With group_by_length: fill the batch with the oldest request's pending siblings (same group: "
-            "the GRPO responses to its prompt, RMRequest.group) before the closest lengths, within the same window "
-            "and due requests first, so a packed RM with share_prompts computes their prompt once. Costs padding "
-            "for a padded RM: keep False there."
-        },
+    prefer_siblings: bool = option(
+        False,
+        "With group_by_length: fill the batch with the oldest request's pending siblings (same group: "
+        "the GRPO responses to its prompt, RMRequest.group) before the closest lengths, within the same window "
+        "and due requests first, so a packed RM with share_prompts computes their prompt once. Costs padding "
+        "for a padded RM: keep False there.",
     )
-    slot_retries: int = field(
-        default=2,
-        metadata={
-            "help": "How many times a request whose slot was lost under it (the RM replica died) is put back in the "
-            "queue for another slot; after that it fails with the slot's error."
-        },
+    slot_retries: int = option(
+        2,
+        "How many times a request whose slot was lost under it (the RM replica died) is put back in the "
+        "queue for another slot; after that it fails with the slot's error.",
+        least=0, fix="use 0 to fail at once, or a small count such as 2",
     )
 
     def __post_init__(self) -> None:
-        _check_int("max_batch_size", self.max_batch_size, minimum=1, fix="set it to the most requests one RM call "
-                   "should score, for example 64")
-        if self.max_batch_tokens is not None:
-            _check_int("max_batch_tokens", self.max_batch_tokens, minimum=1, fix="set it to the token budget of one "
-                       "RM call (for example 65536), or None to disable the budget")
-        _check_seconds("max_wait_ms", self.max_wait_ms, allow_zero=True, unit="ms",
-                       fix="set it to how long the oldest request may wait for a batch to fill, for example 20")
-        object.__setattr__(self, "max_wait_ms", float(self.max_wait_ms))
-        if self.max_pending is not None:
-            _check_int("max_pending", self.max_pending, minimum=1, fix="set it to the most requests allowed to wait "
-                       "(for example 65536), or None for no bound")
-        if self.overflow not in OVERFLOW_MODES:
-            raise ValueError(
-                f"BatchPolicy.overflow must be one of {OVERFLOW_MODES}, got {self.overflow!r}; use 'block' to make "
-                "submit wait for room or 'reject' to raise QueueFullError at once"
-            )
-        for name in ("default_deadline_s", "batch_timeout_s"):
-            value = getattr(self, name)
-            if value is not None:
-                _check_seconds(name, value, allow_zero=False, unit="s",
-                               fix="give a positive number of seconds, or None for no limit")
-                object.__setattr__(self, name, float(value))
-        for name in ("group_by_length", "prefer_siblings"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"BatchPolicy.{name} must be True or False, got {getattr(self, name)!r}")
-        _check_int("slot_retries", self.slot_retries, minimum=0,
-                   fix="use 0 to fail at once, or a small count such as 2")
+        check_options(self)
 
     @property
     def max_wait_s(self) -> float:
@@ -153,17 +124,3 @@ class BatchPolicy:
         """The policy as a plain dict (JSON-serialisable, accepted by :meth:`from_mapping`)."""
         return dataclasses.asdict(self)
 
-
-def _check_int(name: str, value: Any, *, minimum: int, fix: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"BatchPolicy.{name} must be an integer, got {value!r} ({type(value).__name__}); {fix}")
-    if value < minimum:
-        raise ValueError(f"BatchPolicy.{name} must be >= {minimum}, got {value}; {fix}")
-
-
-def _check_seconds(name: str, value: Any, *, allow_zero: bool, unit: str, fix: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"BatchPolicy.{name} must be a number of {unit}, got {value!r} ({type(value).__name__}); {fix}")
-    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"BatchPolicy.{name} must be a finite number {bound} ({unit}), got {value}; {fix}")

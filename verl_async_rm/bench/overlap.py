@@ -16,7 +16,7 @@ Every policy gets the same :class:`~verl_async_rm.bench.workload.Workload` (traj
 Clocks: ``real`` runs on the stock asyncio loop with workload time scaled by ``scale`` real seconds per workload
 second (``max_wait_ms`` is scaled the same way, so the policy sees the same workload-time wait); timer lateness and
 the executor's own overhead are thus measured, magnified by ``1 / scale``. ``virtual`` runs on
-:func:`~verl_async_rm.batching.testing.run_virtual` (time jumps to the next timer; deterministic; scale 1): it measures
+:func:`~verl_async_rm.testing.executor.run_virtual` (time jumps to the next timer; deterministic; scale 1): it measures
 the scheduling decisions alone.
 """
 
@@ -141,7 +141,7 @@ def run_policies(
     for name in names:
         gc.collect()
         if clock == "virtual":
-            from verl_async_rm.batching.testing import run_virtual
+            from verl_async_rm.testing.executor import run_virtual
 
             metrics = run_virtual(_one(name, workload, cost, 1.0, replicas, policies, timeout_s))
         else:

@@ -1,8 +1,8 @@
 """``AsyncRMAgentLoopManager``: verl's agent-loop manager plus an RM service, for v0 and v1.
 
 verl builds the class named by ``actor_rollout_ref.rollout.agent.agent_loop_manager_class`` with
-``.create(config=, llm_client=, teacher_client=, reward_loop_worker_handles=)`` (v0: ``trainer/ppo/ray_trainer.py
-:940-965``; v1: ``trainer/main_ppo.py:109-130``) and passes nothing else, so the manager builds, once, what it needs:
+``.create(config=, llm_client=, teacher_client=, reward_loop_worker_handles=)`` (v0: ``RayPPOTrainer.init_workers``;
+v1: ``TaskRunnerV1``) and passes nothing else, so the manager builds, once, what it needs:
 
 1. checks verl's keys and parses ``async_rm.*`` once (:func:`~verl_async_rm.integration.checks.check_verl_config`);
 2. starts one RM service per RM, all at once (:func:`verl_async_rm.service.fleet.start_rm_services`): ``main``
@@ -14,8 +14,8 @@ The manager only marks steps (``begin_step``/``expect``/``end_step``, on every s
 holds no replica. A service that dies is started again at the next step boundary (its RM loads again) and handed to
 the workers.
 
-verl's v0 ``AgentLoopManager`` keeps a preset ``agent_loop_workers_class`` (``agent_loop.py:1197``), while v1's
-``AgentLoopManagerTQ.__init__`` overwrites it (``trainer/ppo/v1/agent_loop_tq.py:232``): the v0 class sets it before
+verl's v0 ``AgentLoopManager`` keeps a preset ``agent_loop_workers_class`` (``AgentLoopManager.__init__``), while v1's
+``AgentLoopManagerTQ.__init__`` overwrites it (``AgentLoopManagerTQ.__init__``): the v0 class sets it before
 ``super().__init__``, the v1 class after.
 """
 
@@ -39,7 +39,7 @@ from verl_async_rm.integration.ledger import PhaseRecord
 from verl_async_rm.integration.metrics import PREFIX, VAL_PREFIX, step_metrics
 from verl_async_rm.integration.agent_loop_worker import remote_worker_class
 from verl_async_rm.integration.token_rewards import place_token_rewards
-from verl_async_rm.model_set import MAIN
+from verl_async_rm.config import MAIN
 from verl_async_rm.service.fleet import start_rm_services
 from verl_async_rm.service.placement import remove_pool_groups
 from verl_async_rm.service.service import kill_quietly, start_rm_service
@@ -174,7 +174,7 @@ class AsyncRMAgentLoopManagerV0(_AsyncRMSide, AgentLoopManager):
     async def generate_sequences(self, prompts):
         """verl's ``generate_sequences``; the step's ``async_rm/*`` metrics are added to ``meta_info["timing"]``.
 
-        The v0 trainer logs ``meta_info["timing"]`` under ``timing_s/`` (``ray_trainer.py:1518``), so they appear
+        The v0 trainer logs ``meta_info["timing"]`` under ``timing_s/`` (``RayPPOTrainer.fit``), so they appear
         as ``timing_s/async_rm/...`` with the rest of verl's metrics. With ``on_error='drop'`` the trajectories
         whose RM score failed are excluded here (:func:`~verl_async_rm.integration.drops.apply_drops`).
         """

@@ -1,7 +1,7 @@
 """Agent-loop workers that send each finished trajectory to the RM service the moment its agent loop ends.
 
 verl calls ``AgentLoopWorker._compute_score(outputs, kwargs)`` in the trajectory's own task right after its agent
-loop ends (v0: ``experimental/agent_loop/agent_loop.py:822``; v1: ``trainer/ppo/v1/agent_loop_tq.py:160``). The
+loop ends (v0 and v1: from ``_agent_loop_postprocess``). The
 override here builds an :class:`~verl_async_rm.request.RMRequest` from the last output and sends it to every RM's
 service at once (each with a timeout); when the last score is back it runs verl's own ``_compute_score``, which calls
 the user's reward manager (any verl manager) in verl's reward-loop worker, with the scores added to the ``extra_info``
@@ -44,7 +44,7 @@ from verl_async_rm.integration.ledger import Failure, PhaseRecord, TrajectoryLed
 from verl_async_rm.integration.reward_mix import RewardMix, with_rm_scores
 from verl_async_rm.integration.token_rewards import TOKEN_REWARDS_KEY, token_placement, with_token_rewards
 from verl_async_rm.request import RMRequest
-from verl_async_rm.scoring.process import StepRewards
+from verl_async_rm.scoring.process import Score, StepRewards, score_value
 from verl_async_rm.service.client import score_with_timeout
 
 logger = logging.getLogger(__name__)
@@ -100,13 +100,14 @@ class AsyncRMWorkerMixin:
         start = time.perf_counter()
         phase, ledger = _PHASE.get(), self._ledger()
         trajectory = f"{kwargs.get('uid', '?')}/{kwargs.get('session_id', 0)}"
-        scores, failure = await self._async_rm_scores(final, kwargs, trajectory)
-        steps = {name: s for name, s in scores.items() if isinstance(s, StepRewards)}
-        scores = {name: float(s) for name, s in scores.items()}
+        answers, failure = await self._async_rm_scores(final, kwargs, trajectory)
+        steps = {name: s for name, s in answers.items() if isinstance(s, StepRewards)}
+        scores = {name: score_value(s) for name, s in answers.items()}
         error = None
         if failure is not None:
             error = _describe(failure)
-            ledger.failed(phase, Failure(trajectory, _int_or_none(kwargs.get("global_steps")), error))
+            ledger.failed(phase, Failure(trajectory, _int_or_none(kwargs.get("global_steps")), error,
+                                         cause=Failure.portable(failure)))
             if self._async_rm_fail_session or self._async_rm_on_error != "drop":
                 raise failure
             logger.warning("verl_async_rm: no RM score for trajectory %s (dropped): %s", trajectory, error)
@@ -121,7 +122,7 @@ class AsyncRMWorkerMixin:
             scores, data_source=kwargs.get("data_source"), extra_info=extra_info, fn=self._async_rm_combine,
             error=error, flag_drops=self._async_rm_on_error == "drop",
         )
-        # verl times only its own reward-loop call (agent_loop.py:971-1016): count the RM wait in the same metric
+        # verl times only its own reward-loop call (AgentLoopWorker._compute_score): count the RM wait there too
         final.metrics.compute_score = (final.metrics.compute_score or 0.0) + rm_s
         if steps and error is None:
             placement = token_placement(
@@ -136,7 +137,7 @@ class AsyncRMWorkerMixin:
 
     async def _async_rm_scores(
         self, final: Any, kwargs: dict, trajectory: str
-    ) -> tuple[dict[str, float | StepRewards], BaseException | None]:
+    ) -> tuple[dict[str, Score], BaseException | None]:
         """The trajectory's raw score from every RM at once (ready when the last answers), and the first failure.
         A token-level process RM's score is its :class:`StepRewards`."""
         if not self._async_rm_services or self._async_rm_mix is None:
@@ -144,26 +145,28 @@ class AsyncRMWorkerMixin:
                 "this agent-loop worker has no RM service attached: build it through "
                 "verl_async_rm.AsyncRMAgentLoopManager.create(...)"
             )
-        request = RMRequest.from_agent_loop_output(final, uid=trajectory, raw_prompt=kwargs.get("raw_prompt"))
+        request = RMRequest.from_agent_loop_output(final, uid=trajectory, raw_prompt=kwargs.get("raw_prompt"),
+                                                   group=str(kwargs.get("uid", "?")))
         names = list(self._async_rm_services)
         answers = await asyncio.gather(
             *(score_with_timeout(service, request, timeout_s=self._async_rm_timeout_s)
               for service in self._async_rm_services.values()),
             return_exceptions=True,
         )
-        scores: dict[str, float | StepRewards] = {}
+        scores: dict[str, Score] = {}
         failure: BaseException | None = None
         for name, answer in zip(names, answers, strict=True):
             if not isinstance(answer, BaseException):
-                scores[name] = answer if isinstance(answer, StepRewards) else float(answer)
+                scores[name] = answer
                 continue
             if not isinstance(answer, (AsyncRMError, ray.exceptions.RayError)):
                 raise answer  # not an RM failure (a cancellation, a bug): never recorded as a dropped score
             if isinstance(answer, ray.exceptions.RayActorError):
-                answer = RMServiceLostError(
+                lost = RMServiceLostError(
                     f"the RM service of RM {name!r} died while trajectory {request.uid} waited for its score "
                     f"({answer}); the agent-loop manager starts a new one at the next step"
                 )
+                lost.__cause__, answer = answer, lost
             elif len(names) > 1:
                 answer.add_note(f"RM {name!r}")
             failure = failure or answer
@@ -174,7 +177,7 @@ class AsyncRMAgentLoopWorker(AsyncRMWorkerMixin, AgentLoopWorker):
     """verl's v0 ``AgentLoopWorker`` with the per-trajectory RM hook."""
 
 
-# AgentLoopWorkerTQ is already a Ray actor class (``@ray.remote``, agent_loop_tq.py:52): subclass the class it wraps.
+# AgentLoopWorkerTQ is already a Ray actor class (verl decorates it with ``@ray.remote``): subclass the class it wraps.
 class AsyncRMAgentLoopWorkerTQ(AsyncRMWorkerMixin, AgentLoopWorkerTQ.__ray_actor_class__):
     """verl's v1 (TransferQueue) ``AgentLoopWorkerTQ`` with the per-trajectory RM hook."""
 
@@ -184,7 +187,7 @@ class AsyncRMAgentLoopWorkerTQ(AsyncRMWorkerMixin, AgentLoopWorkerTQ.__ray_actor
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         # Must stay: without an __init__ of its own, Ray ships the inherited one by value, and cloudpickle copies
         # verl's class with it (its module name is bound to the ActorClass, so it cannot be found by reference);
-        # verl's zero-arg super() in AgentLoopWorkerTQ.__init__ (agent_loop_tq.py:55) then fails on the copy.
+        # verl's zero-arg super() in AgentLoopWorkerTQ.__init__ then fails on the copy.
         super().__init__(*args, **kwargs)
 
     async def _agent_loop_postprocess(self, output: Any, validate: Any, **kwargs: Any) -> None:

@@ -4,11 +4,11 @@ These are the mistakes that would otherwise fail late or silently:
 
 - ``reward.reward_model.enable=True`` makes verl start its own vLLM/SGLang RM servers on the reward GPUs;
 - without ``reward.reward_model.enable_resource_pool=True`` verl reserves no GPUs for the reward pool and overwrites
-  its size with the trainer's (``main_ppo_v0.py:84``, ``trainer/ppo/v1/trainer_base.py:836``);
+  its size with the trainer's (v0 ``BaseTaskRunner.init_resource_pool_mgr``, v1 ``PPOTrainer._init_resource_pool_mgr``);
 - verl 0.9.1's ``main_ppo`` ignores the legacy top-level ``reward_model.*``, ``custom_reward_function.*`` and
   ``sandbox_fusion.*`` keys (only ``fully_async_main`` migrates them), so a recipe written with them would silently
   run without its RM pool or its rule function (``python -m verl_async_rm.main_ppo`` migrates them);
-- the ``async_rm.*`` keys and the reward pool's size are read (:meth:`verl_async_rm.settings.AsyncRMConfig.from_verl`),
+- the ``async_rm.*`` keys and the reward pool's size are read (:meth:`verl_async_rm.config.AsyncRMConfig.from_verl`),
   and, when the RM path is a directory on this machine, its ``config.json`` is checked
   (:func:`verl_async_rm.scoring.checkpoint.check_rm_checkpoint`: a causal LM given as the RM, custom code without
   ``trust_remote_code``), so these mistakes stop the run before any model is loaded.
@@ -22,8 +22,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from verl_async_rm.model_set import MAIN
-from verl_async_rm.settings import AsyncRMConfig
+from verl_async_rm.config import MAIN
+from verl_async_rm.config import AsyncRMConfig
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ def check_v1_trainer(config: Any, on_error: str) -> str:
 
     A mode verl 0.9.1 does not ship (a user's registered trainer) is logged. ``on_error=drop`` with the ``sync`` mode
     needs ``trainer.v1.sampler.sync_refill_failed_groups=True``: verl's sync replay buffer stops the run when every
-    trajectory of a group failed and refilling is off (``trainer/ppo/v1/replay_buffer.py:495-510``), which a step
+    trajectory of a group failed and refilling is off (``ReplayBuffer.sample``), which a step
     with dropped trajectories can reach.
     """
     mode = str(_get(config, "trainer.v1.trainer_mode") or "sync")
@@ -142,7 +142,7 @@ def check_v1_trainer(config: Any, on_error: str) -> str:
 
 def _check_async_rm_settings(config: Any) -> AsyncRMConfig:
     from verl_async_rm.scoring.checkpoint import check_rm_checkpoint
-    from verl_async_rm.scoring.rm_config import ConfigValueError
+    from verl_async_rm.errors import ConfigValueError
 
     settings = AsyncRMConfig.from_verl(config)
     for entry in settings.models:

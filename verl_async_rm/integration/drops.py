@@ -12,7 +12,7 @@ The reward manager marks such a trajectory (``rm_dropped=1``, ``rm_error``, a Na
 
 - fails the step with :class:`TrajectoryDroppedError` if more than ``drop_budget`` of it was dropped;
 - zeroes the dropped trajectory's ``response_mask``: verl leaves fully masked sequences out of the policy loss
-  (``trainer/ppo/core_algos.py:1183``), so it trains nothing;
+  (``verl.trainer.ppo.core_algos.agg_loss``), so it trains nothing;
 - replaces its NaN reward by the mean reward of the scored trajectories of its group (same ``uid``; the whole batch
   without uids), so the group's mean, which GRPO-style advantages subtract, does not move. A group with no scored
   trajectory left is masked out entirely and gets 0.0, which then reaches no loss.
@@ -45,19 +45,20 @@ def check_failures(record: Any, integration: Any, where: str) -> None:
     if not record.failed:
         return
     first = "; ".join(str(f) for f in record.failures[:3])
+    cause = next((f.cause for f in record.failures if f.cause is not None), None)
     if integration.on_error != "drop":
         raise RMScoreError(
             f"{record.failed} of {record.requests} trajectories of {where} got no RM score (async_rm.on_error=raise); "
             f"{first}. verl gave their groups its failure path, so nothing was trained on them. Fix: find why the RM "
             "failed (these errors, the RM replicas' logs), or set +async_rm.on_error=drop to go on without them "
             "within async_rm.drop_budget"
-        )
+        ) from cause
     if record.failed > integration.drop_budget * record.requests:
         raise TrajectoryDroppedError(
             f"{record.failed} of {record.requests} trajectories of {where} got no RM score, more than "
             f"async_rm.drop_budget={integration.drop_budget:g} allows; {first}. Fix: find why the RM fails (these "
             "errors, the RM replicas' logs), or raise async_rm.drop_budget"
-        )
+        ) from cause
     logger.warning("verl_async_rm: %d of %d trajectories of %s dropped (no RM score): %s", record.failed,
                    record.requests, where, first)
 
@@ -66,7 +67,8 @@ def apply_drops(output: Any, drop_budget: float, uids: Any = None) -> int:
     """Exclude the dropped trajectories of ``output`` (a verl ``DataProto``) in place; returns how many there were.
 
     ``uids`` are the group ids of the rows (the input batch's ``uid``: verl's v0 output does not carry the input's
-    non-tensor fields when a reward loop runs, ``agent_loop.py:1104``); default: ``output``'s own ``uid``, if any.
+    non-tensor fields when a reward loop runs, ``AgentLoopWorker._postprocess``); default: ``output``'s own ``uid``,
+    if any.
 
     Raises:
         TrajectoryDroppedError: more than ``drop_budget`` (a fraction) of the batch was dropped.

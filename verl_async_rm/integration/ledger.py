@@ -1,7 +1,7 @@
 """What happened to each trajectory's RM score in one agent-loop worker, per phase, until the manager collects it.
 
 On verl's v1 trainer a trajectory whose RM score failed is not written to TransferQueue: its session raises, and verl
-marks the prompt's group ``failure`` (``trainer/ppo/v1/agent_loop_tq.py:127-148``). The worker records the outcome
+marks the prompt's group ``failure`` (``AgentLoopWorkerTQ._run_prompt``). The worker records the outcome
 here first, and the manager collects every worker's record at the end of the training step (or of the validation
 pass), where it applies ``on_error``: ``raise`` stops the run with the recorded error, ``drop`` counts it against
 ``drop_budget``. Phases: ``train`` and ``val`` (verl's ``validate`` flag), kept apart so validation never mixes
@@ -12,6 +12,7 @@ its answer.
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass, field
 
 __all__ = ["Failure", "PhaseRecord", "TrajectoryLedger", "PHASES"]
@@ -24,11 +25,25 @@ _KEEP_FAILURES = 32
 
 @dataclass(frozen=True)
 class Failure:
-    """One trajectory that got no RM score: its id (``<uid>/<session>``), the step it was dispatched in, the error."""
+    """One trajectory that got no RM score: its id (``<uid>/<session>``), the step it was dispatched in, the error
+    (``Type: message``) and, where it survives pickling, the exception itself (the cause of ``RMScoreError``)."""
 
     trajectory: str
     global_steps: int | None
     error: str
+    cause: BaseException | None = field(default=None, compare=False, repr=False)
+
+    @staticmethod
+    def portable(err: BaseException) -> BaseException | None:
+        """The exception to keep as ``cause``: the remote exception itself rather than Ray's wrapper (whose class
+        exists only in this process), or None if it does not pickle (the record travels to the manager)."""
+        cause = getattr(err, "cause", None)
+        cause = cause if isinstance(cause, BaseException) else err
+        try:
+            pickle.dumps(cause)
+        except Exception:  # noqa: BLE001 - an unpicklable exception keeps only its text
+            return None
+        return cause
 
     def __str__(self) -> str:
         step = "" if self.global_steps is None else f" (step {self.global_steps})"

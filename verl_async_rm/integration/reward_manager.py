@@ -22,7 +22,7 @@ from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManage
 
 from verl_async_rm.errors import RewardModelError
 from verl_async_rm.integration.reward_mix import RM_SCORE_KEY
-from verl_async_rm.settings import ASYNC_RM_MANAGER
+from verl_async_rm.config import ASYNC_RM_MANAGER
 
 __all__ = ["AsyncRMRewardManager", "REWARD_MANAGER_NAME"]
 
@@ -35,7 +35,7 @@ class AsyncRMRewardManager(NaiveRewardManager):
 
     def __init__(self, config, tokenizer, compute_score, reward_router_address=None, reward_model_tokenizer=None):
         super().__init__(config, tokenizer, compute_score, reward_router_address, reward_model_tokenizer)
-        from verl_async_rm.settings import AsyncRMConfig
+        from verl_async_rm.config import AsyncRMConfig
 
         self._uses_rule = AsyncRMConfig.from_verl(config).mix.uses_rule
 

@@ -10,11 +10,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from verl_async_rm.errors import NonFiniteScoreError
-from verl_async_rm.model_set import MAIN
+from verl_async_rm.errors import ConfigValueError, NonFiniteScoreError
+from verl_async_rm.options import check_options, option
 
-__all__ = ["RewardMix", "RM_SCORE_KEY", "RM_SCORES_KEY", "with_rm_scores", "load_callable"]
+#: Checks of a weight: any finite number.
+_WEIGHT = {"why": "must be a finite number", "fix": "e.g. {key}=1.0"}
 
+__all__ = ["MAIN", "RewardMix", "RM_SCORE_KEY", "RM_SCORES_KEY", "with_rm_scores", "load_callable"]
+
+#: The name of the RM set by verl's ``reward.reward_model.*`` keys.
+MAIN = "main"
 #: ``extra_info`` keys through which the reward manager's function sees the RM scores: the main RM's raw score, and
 #: every RM's raw score by name.
 RM_SCORE_KEY, RM_SCORES_KEY = "rm_score", "rm_scores"
@@ -30,18 +35,20 @@ class RewardMix:
     included (``dapo``'s overlong penalty, a custom manager's terms).
     """
 
-    rm_weight: float = field(default=1.0, metadata={"help": "weight of the main RM's score (reward.reward_model.*)"})
-    rule_weight: float = field(
-        default=0.0,
-        metadata={"help": "weight of the reward manager's own reward (with async_rm: verl's rule, custom_reward_"
-                          "function or default_compute_score). Default 0.0 with reward_manager.name=async_rm (0 skips "
-                          "the rule, so data sources without a rule function work), 1.0 with any other manager"},
+    rm_weight: float = option(1.0, "weight of the main RM's score (reward.reward_model.*)", **_WEIGHT)
+    rule_weight: float = option(
+        0.0,
+        "weight of the reward manager's own reward (with async_rm: verl's rule, custom_reward_function or "
+        "default_compute_score). Default 0.0 with reward_manager.name=async_rm (0 skips the rule, so data sources "
+        "without a rule function work), 1.0 with any other manager",
+        **_WEIGHT,
     )
-    combine_fn: Optional[str] = field(
-        default=None,
-        metadata={"help": "'package.module:function' called as fn(rm_score=, rule_score=, data_source=, "
-                          "extra_info=, rm_scores=) -> float; replaces the weighted sum (rm_scores: RM name -> raw "
-                          "score; required in the signature when async_rm.models is set)"},
+    combine_fn: Optional[str] = option(
+        None,
+        "'package.module:function' called as fn(rm_score=, rule_score=, data_source=, extra_info=, rm_scores=) -> "
+        "float; replaces the weighted sum (rm_scores: RM name -> raw score; required in the signature when "
+        "async_rm.models is set)",
+        str, optional=True, fix="e.g. +async_rm.combine_fn=my_rewards.mix:combine",
     )
     #: Weights of the RMs of ``async_rm.models`` (name, weight), set from them; not a user key.
     extra_weights: tuple[tuple[str, float], ...] = field(default=(), metadata={"internal": True})
@@ -49,10 +56,7 @@ class RewardMix:
     token_level_rms: tuple[str, ...] = field(default=(), metadata={"internal": True})
 
     def __post_init__(self) -> None:
-        for name in ("rm_weight", "rule_weight"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise ValueError(f"async_rm.{name} must be a finite number, got {value!r}; e.g. async_rm.{name}=1.0")
+        check_options(self, prefix="async_rm.")
         if self.combine_fn is not None and self.token_level_rms:
             raise ValueError(
                 f"async_rm.combine_fn={self.combine_fn!r} cannot be used with token-level rewards (RM(s) "
@@ -60,13 +64,10 @@ class RewardMix:
                 "while step rewards are placed on their tokens by weight. Fix: remove async_rm.combine_fn, or set "
                 "process_reduction to min, mean, last or product"
             )
-        if self.combine_fn is not None:
-            module, _, attr = self.combine_fn.partition(":") if isinstance(self.combine_fn, str) else ("", "", "")
-            if not module or not attr:
-                raise ValueError(
-                    f"async_rm.combine_fn must be 'package.module:function', got {self.combine_fn!r}; "
-                    "e.g. +async_rm.combine_fn=my_rewards.mix:combine"
-                )
+        module, _, attr = (self.combine_fn or ":").partition(":")
+        if self.combine_fn is not None and not (module and attr):
+            raise ConfigValueError("async_rm.combine_fn", self.combine_fn, "must be 'package.module:function'",
+                                   "e.g. +async_rm.combine_fn=my_rewards.mix:combine")
 
     @property
     def uses_rule(self) -> bool:
@@ -144,7 +145,7 @@ class RewardMix:
         """
         manager_info = dict(manager_result.get("reward_extra_info") or {})
         raw_rule = manager_result.get("reward_score")
-        scores = {name: float(rm_scores.get(name, math.nan)) for name in self.weights}
+        scores = {name: rm_scores.get(name, math.nan) for name in self.weights}
         bad = {name: s for name, s in scores.items() if not math.isfinite(s)}
         if bad and error is None:
             raise NonFiniteScoreError(
@@ -172,8 +173,8 @@ def with_rm_scores(extra_info: Any, rm_scores: Mapping[str, float]) -> dict[str,
     """A copy of the trajectory's ``extra_info`` with ``rm_score`` (main) and ``rm_scores`` (by name) added, for the
     reward manager's function (verl's managers pass ``extra_info`` to it)."""
     info = dict(extra_info) if isinstance(extra_info, Mapping) else {}
-    info[RM_SCORE_KEY] = float(rm_scores.get(MAIN, math.nan))
-    info[RM_SCORES_KEY] = {name: float(score) for name, score in rm_scores.items()}
+    info[RM_SCORE_KEY] = rm_scores.get(MAIN, math.nan)
+    info[RM_SCORES_KEY] = dict(rm_scores)
     return info
 
 

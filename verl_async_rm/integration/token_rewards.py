@@ -2,7 +2,7 @@
 that step ends, in verl's per-token ``rm_scores``, so verl's advantage estimators see step rewards.
 
 verl turns a trajectory's ``reward_score`` (a float) into ``rm_scores`` with the whole reward on the last response
-token (v1: ``AgentLoopOutput.as_dict``, ``experimental/agent_loop/agent_loop.py:143-148``; v0: ``_postprocess``,
+token (v1: ``AgentLoopOutput.as_dict``, ``AgentLoopOutput.as_dict``; v0: ``_postprocess``,
 ``:1093-1099``). :func:`token_placement` spreads the same reward instead: every token-level RM's weighted step
 scores at their tokens, and the rest of the reward (verl's rule, outcome RMs) on the last token, so the per-token
 values always sum to ``reward_score``. On v1 the trajectory's output becomes a :class:`TokenRewardOutput` that builds

@@ -2,7 +2,7 @@
 
 verl 0.9.1's v1 trainer gives the agent-loop manager no channel to its tracker and no step boundary: the manager only
 sees ``generate_sequences`` calls (training batches, refills, validation, warm-up batches of later steps). The fit loop
-(``trainer/ppo/v1/trainer_base.py:470-516``) runs ``batch = self.step(metrics, timing_raw)`` (sampling, which waits for
+(v1 ``PPOTrainer.fit``) runs ``batch = self.step(metrics, timing_raw)`` (sampling, which waits for
 the step's groups, then training), merges ``self._validate()``'s metrics when it validates, and logs ``metrics`` with
 its ``Tracking`` at ``self.global_steps`` (the initial validation is logged alone, at step 0). Wrapping those two
 methods of ``PPOTrainer`` is the narrowest channel that sees both ends of a step and its failures:

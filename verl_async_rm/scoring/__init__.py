@@ -1,7 +1,6 @@
 """The reward model in one process: settings, input building, forwards, one score per request (no Ray).
 
-- :mod:`~verl_async_rm.scoring.rm_config`: :class:`RMConfig` (what an RM replica needs) and
-  :func:`rm_config_from_verl` (verl's keys and their legacy spellings);
+- :mod:`~verl_async_rm.scoring.rm_config`: :class:`RMConfig` (what an RM replica needs);
 - :mod:`~verl_async_rm.scoring.checkpoint`: checks and loading of the RM checkpoint and tokenizers;
 - :mod:`~verl_async_rm.scoring.inputs`: re-templating, BOS de-duplication, truncation (pure);
 - :mod:`~verl_async_rm.scoring.scorer`: :class:`RewardModelScorer`: load the RM, build inputs, count;
@@ -12,7 +11,7 @@
 Usage::
 
     scorer = RewardModelScorer(RMConfig(model_path=..., policy_tokenizer_path=...))
-    scorer.score([RMRequest(...), ...])          # one float, or the exception that failed it, per request
+    scorer.score([RMRequest(...), ...])          # one score, or the exception that failed it, per request
 
 The config imports cheaply (no torch); the scorer loads on first attribute access.
 """
@@ -22,9 +21,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from verl_async_rm.scoring.rm_config import ConfigValueError, RMConfig, rm_config_from_verl
+from verl_async_rm.scoring.rm_config import RMConfig
 
-__all__ = ["RMConfig", "ConfigValueError", "rm_config_from_verl", "RewardModelScorer"]
+__all__ = ["RMConfig", "RewardModelScorer"]
 
 
 def __getattr__(name: str) -> Any:

@@ -25,7 +25,7 @@ import json
 import os
 from typing import Any
 
-from verl_async_rm.scoring.rm_config import ConfigValueError
+from verl_async_rm.errors import ConfigValueError
 
 __all__ = ["check_rm_checkpoint", "load_tokenizer", "load_reward_model", "auto_class_name"]
 

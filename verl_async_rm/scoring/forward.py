@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from verl_async_rm.errors import RewardModelError
-from verl_async_rm.scoring.rm_config import ConfigValueError
+from verl_async_rm.errors import ConfigValueError
 from verl_async_rm.scoring.inputs import plan_micro_batches, plan_packed_micro_batches
 from verl_async_rm.scoring.readout import (
     check_output_field,
@@ -207,11 +207,11 @@ class RMForward:
             order = [j for batch, _ in launched for j in batch]
             if reads is None:
                 for j, value in zip(order, values, strict=True):
-                    results[j] = float(value)
+                    results[j] = value  # .tolist() gave Python floats: the one conversion of a score
             else:
                 start = 0
                 for j in order:
-                    results[j] = [float(v) for v in values[start : start + len(reads[j])]]
+                    results[j] = values[start : start + len(reads[j])]
                     start += len(reads[j])
                 assert start == len(values), "one value per read position"
         assert all(r is not None for r in results), "every input is in exactly one micro-batch"
@@ -329,9 +329,9 @@ class RMForward:
         except Exception as err:
             return self._recover(batch, groups, err, reads)
         if reads is None:
-            return [float(v) for v in values]
+            return values
         counts = np.cumsum([0, *(len(r) for r in reads)])
-        return [[float(v) for v in values[counts[i] : counts[i + 1]]] for i in range(len(batch))]
+        return [values[counts[i] : counts[i + 1]] for i in range(len(batch))]
 
     # -------------------------------------------------------------------------------------------------- helpers
 

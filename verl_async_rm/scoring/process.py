@@ -34,7 +34,8 @@ from verl_async_rm.scoring.inputs import (
     truncate_left,
 )
 
-__all__ = ["StepRewards", "ProcessInput", "split_steps", "step_token_ends", "prepare_process_input", "reduce_steps"]
+__all__ = ["Score", "score_value", "StepRewards", "ProcessInput", "split_steps", "step_token_ends",
+           "prepare_process_input", "reduce_steps"]
 
 
 @dataclass(frozen=True)
@@ -58,10 +59,20 @@ class StepRewards:
     @property
     def total(self) -> float:
         """The trajectory's reward: the sum of its step rewards (what verl's ``rm_scores.sum(-1)`` gives)."""
-        return float(sum(self.scores))
+        return sum(self.scores, 0.0)
 
     def __float__(self) -> float:
         return self.total
+
+
+#: What an RM hands back for one trajectory, from the replica to the reward mix: its score (a finite float, read off
+#: the forward's output once and checked once by the scorer), or a token-level process RM's step rewards.
+Score = float | StepRewards
+
+
+def score_value(score: Score) -> float:
+    """The trajectory-level value of a score: the float itself, or the sum of the step rewards."""
+    return score.total if isinstance(score, StepRewards) else score
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from verl_async_rm.errors import RewardModelError
-from verl_async_rm.scoring.rm_config import ConfigValueError
+from verl_async_rm.errors import ConfigValueError
 
 __all__ = [
     "last_token_logits",

@@ -29,7 +29,8 @@ import torch
 
 from verl_async_rm.errors import NonFiniteScoreError, RewardInputError, RewardModelError
 from verl_async_rm.scoring.checkpoint import check_rm_checkpoint, load_reward_model, load_tokenizer
-from verl_async_rm.scoring.rm_config import ConfigValueError, RMConfig
+from verl_async_rm.errors import ConfigValueError
+from verl_async_rm.scoring.rm_config import RMConfig
 from verl_async_rm.scoring.forward import RMForward, last_token_logits, reduce_outputs
 from verl_async_rm.scoring.inputs import prepare_input_ids, tokenizers_match
 from verl_async_rm.scoring.sharding import (
@@ -246,6 +247,7 @@ class RewardModelScorer:
                 continue
             except Exception as err:  # a tokenizer or template failure belongs to this item only
                 results[i] = RewardInputError(f"trajectory {_uid(request)}: cannot build RM input: {err!r}")
+                results[i].__cause__ = err  # the one wrap of this failure: its cause travels with it
                 continue
             truncated += cut
             inputs.append(ids)

@@ -227,7 +227,7 @@ def check_replica_memory(config: Any, device_bytes: int | None = None) -> None:
     Raises:
         ConfigValueError: on ``gpus_per_replica``, with the weights' size and the ``gpus_per_replica`` that fits.
     """
-    from verl_async_rm.scoring.rm_config import ConfigValueError
+    from verl_async_rm.errors import ConfigValueError
 
     if device_bytes is None:
         if not config.use_gpu or not torch.cuda.is_available():

@@ -3,12 +3,11 @@
 - :mod:`~verl_async_rm.service.service`: :class:`RMService` and :func:`start_rm_service`;
 - :mod:`~verl_async_rm.service.client`: :func:`score_with_timeout`, the only call an agent-loop worker makes;
 - :mod:`~verl_async_rm.service.placement`: the reward pool (node-pinned placement groups reserved with a timeout)
-  and the replicas' verl ``RayWorkerGroup``;
-- :mod:`~verl_async_rm.service.replica`: :class:`RewardModelWorker`, one replica (a verl ``Worker`` holding a
+  and the replicas' verl ``RayWorkerGroup``, at start and for a stand-in (:class:`ReplicaFactory`);
+- :mod:`~verl_async_rm.service.replica`: :class:`RMReplica`, one replica (a verl ``Worker`` holding a
   :class:`~verl_async_rm.scoring.RewardModelScorer`);
 - :mod:`~verl_async_rm.service.replica_call`: :class:`ReplicaCall`, one batch on one replica (the batcher's
   ``batch_fn``);
-- :mod:`~verl_async_rm.service.replacement`: :class:`ReplicaFactory`, a stand-in for a replica that died;
 - :mod:`~verl_async_rm.service.metrics`: one step's figures.
 
 Everything here imports Ray and verl, so it loads on first attribute access.
@@ -19,29 +18,18 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = [
-    "RMService",
-    "start_rm_service",
-    "score_with_timeout",
-    "RewardModelWorker",
-    "RMResourcePool",
-    "create_rm_worker_group",
-    "shutdown_rm_worker_group",
-    "ReplicaCall",
-    "ReplicaFactory",
-]
-
 _LAZY = {
     "RMService": "verl_async_rm.service.service",
     "start_rm_service": "verl_async_rm.service.service",
     "score_with_timeout": "verl_async_rm.service.client",
-    "RewardModelWorker": "verl_async_rm.service.replica",
+    "RMReplica": "verl_async_rm.service.replica",
     "RMResourcePool": "verl_async_rm.service.placement",
     "create_rm_worker_group": "verl_async_rm.service.placement",
     "shutdown_rm_worker_group": "verl_async_rm.service.placement",
     "ReplicaCall": "verl_async_rm.service.replica_call",
-    "ReplicaFactory": "verl_async_rm.service.replacement",
+    "ReplicaFactory": "verl_async_rm.service.placement",
 }
+__all__ = list(_LAZY)
 
 
 def __getattr__(name: str) -> Any:

@@ -16,7 +16,7 @@ from typing import Any
 import ray
 
 from verl_async_rm.errors import ResourcePoolError
-from verl_async_rm.model_set import RMEntry
+from verl_async_rm.config import RMEntry
 from verl_async_rm.service.placement import remove_pool_groups, replica_bundle
 from verl_async_rm.service.service import kill_quietly, launch_rm_service, start_timeout_s
 

@@ -14,7 +14,7 @@ def service_step_metrics(
     """Flat ``{name: number}`` for one step; figures with no value this step (no batch ran) are left out.
 
     ``executor_step`` is ``PendingRequestExecutor.pop_step_stats()``; ``replica_steps`` are the replicas' step
-    counters (``RewardModelWorker.pop_step_stats``): inputs truncated to ``max_length`` and items the RM failed (bad
+    counters (``RMReplica.pop_step_stats``): inputs truncated to ``max_length`` and items the RM failed (bad
     input, NaN score...). ``reward_tail_s`` runs from the step's last request reaching the service (right after its
     agent loop ended) to the last score handed back, on the service's one clock.
     """

@@ -13,16 +13,21 @@ groups differently from verl's:
 - a bundle asks ``gpus_per_replica`` CPUs (plus as many GPUs unless ``use_gpu=False``), not verl's default 10 CPUs
   per GPU (``max_colocate_count=10``).
 
-:func:`create_rm_worker_group` builds a verl ``RayWorkerGroup`` of :class:`RewardModelWorker` on the pool, loads
-the RM on every replica (with ``init_timeout_s``) and returns it; ``wg.workers`` are the per-replica actor handles,
-one executor slot each (rank 0 of a sharded replica, which starts its other ranks in its bundle).
-:func:`shutdown_rm_worker_group` kills the replicas and frees the placement groups.
+Every replica is spawned the same way, at start and when one is replaced (:func:`replica_group`): a verl
+``RayWorkerGroup`` of :class:`RMReplica` on the pool's bundles, so verl sets each replica's environment. At start it
+spans every bundle (the "rm_wg", :func:`create_rm_worker_group`, which also loads the RM on each replica); a stand-in
+for a lost replica (:class:`ReplicaFactory`) is a one-replica group on a verl ``SubRayResourcePool`` of the lost
+replica's bundle, with the rm_wg's master address. ``wg.workers`` are the replicas' actor handles, one executor slot
+each (rank 0 of a sharded replica, which starts its other ranks in its bundle). :func:`shutdown_rm_worker_group` kills
+the replicas and frees the placement groups.
 """
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
+import uuid
 from typing import Any
 
 import ray
@@ -36,12 +41,14 @@ from verl.single_controller.ray.base import (
     RayClassWithInitArgs,
     RayResourcePool,
     RayWorkerGroup,
+    SubRayResourcePool,
     sort_placement_group_by_node_ip,
 )
 
 from verl_async_rm.errors import ResourcePoolError, RewardModelError
-from verl_async_rm.scoring.rm_config import ConfigValueError, RMConfig
-from verl_async_rm.service.replica import RewardModelWorker
+from verl_async_rm.errors import ConfigValueError
+from verl_async_rm.scoring.rm_config import RMConfig
+from verl_async_rm.service.replica import RMReplica
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +56,9 @@ __all__ = [
     "RMResourcePool",
     "reserve_placement_groups",
     "create_rm_worker_group",
+    "replica_group",
+    "ReplicaFactory",
+    "kill_quietly",
     "shutdown_rm_worker_group",
     "remove_pool_groups",
     "replica_bundle",
@@ -63,7 +73,7 @@ class RMResourcePool(RayResourcePool):
     Args:
         n_gpus_per_node: GPUs (CPU bundles with ``use_gpu=False``) per node.
         nnodes: nodes.
-        gpus_per_replica: GPUs of one replica (one bundle); divides ``n_gpus_per_node``.
+        gpus_per_replica: GPUs of one replica (one bundle); divides ``n_gpus_per_node`` (``RMConfig`` checks it).
         use_gpu: bundles ask gpus_per_replica accelerators each; False gives CPU-only bundles (tests, demo).
         placement_timeout_s: how long to wait for the placement groups.
         name_prefix: placement group name prefix.
@@ -79,13 +89,6 @@ class RMResourcePool(RayResourcePool):
         placement_timeout_s: float = 300.0,
         name_prefix: str | None = None,
     ) -> None:
-        for key, value in (("n_gpus_per_node", n_gpus_per_node), ("nnodes", nnodes),
-                           ("gpus_per_replica", gpus_per_replica)):
-            if value <= 0:
-                raise ValueError(f"{key}={value!r}: the reward pool needs at least one. Fix: pass a positive {key}")
-        if n_gpus_per_node % gpus_per_replica:
-            raise ValueError(f"gpus_per_replica={gpus_per_replica} does not divide n_gpus_per_node={n_gpus_per_node}"
-                             ": a replica's GPUs are on one node. Fix: make n_gpus_per_node a multiple of it")
         super().__init__(
             process_on_nodes=[n_gpus_per_node // gpus_per_replica] * nnodes,
             use_gpu=use_gpu,
@@ -203,7 +206,7 @@ def reserve_placement_groups(
 def create_rm_worker_group(
     config: RMConfig, pool: RMResourcePool | None = None, name_prefix: str | None = None
 ) -> RayWorkerGroup:
-    """Reserve the reward pool, start one :class:`RewardModelWorker` per bundle and load the RM on each.
+    """Reserve the reward pool, start one :class:`RMReplica` per bundle and load the RM on each.
 
     Args:
         config: the RM settings.
@@ -224,14 +227,8 @@ def create_rm_worker_group(
     """
     pool = pool if pool is not None else RMResourcePool.from_config(config, name_prefix=name_prefix)
     pool.get_placement_groups()
-    device_name = "cpu" if not pool.use_gpu else _device_name()
     try:
-        wg = RayWorkerGroup(
-            resource_pool=pool,
-            ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(RewardModelWorker), config=config),
-            name_prefix=name_prefix,
-            device_name=device_name,
-        )
+        wg = replica_group(pool, config, name_prefix=name_prefix)
     except BaseException:
         pool.release()
         raise
@@ -266,14 +263,78 @@ def create_rm_worker_group(
 def shutdown_rm_worker_group(wg: RayWorkerGroup) -> None:
     """Kill the replicas of ``wg`` and free its pool's placement groups (safe to call twice)."""
     for worker in wg.workers:
-        try:
-            ray.kill(worker, no_restart=True)
-        except Exception:  # already dead
-            logger.debug("RM replica already gone", exc_info=True)
+        kill_quietly(worker)
     pool = getattr(wg, "resource_pool", None)
     if isinstance(pool, RMResourcePool):
         pool.release()
 
+
+def replica_group(pool: RMResourcePool, config: RMConfig, *, name_prefix: str | None, index: int | None = None,
+                  master: tuple[str, str] | None = None) -> RayWorkerGroup:
+    """The one way a replica is spawned: a verl ``RayWorkerGroup`` of :class:`RMReplica` on the pool's bundles (verl
+    sets each replica's environment), of every bundle (``index`` None: the rm_wg) or of bundle ``index`` alone (a
+    stand-in, rank 0 of its own one-replica group; ``master``: the rm_wg's master address, so nothing waits for the
+    bundle before the replica is created). Creates the actors without waiting for them."""
+    sub = None if index is None else SubRayResourcePool(
+        placement_groups=sort_placement_group_by_node_ip(pool.pgs), start_bundle_index=index, subgroup_world_size=1,
+        process_on_nodes=pool.store, use_gpu=pool.use_gpu, max_colocate_count=pool.max_colocate_count,
+        name_prefix=name_prefix,
+    )
+    addr, port = master or (None, None)
+    return RayWorkerGroup(
+        resource_pool=sub or pool,
+        ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(RMReplica), config=config),
+        name_prefix=name_prefix,
+        device_name="cpu" if not pool.use_gpu else _device_name(),
+        master_addr=addr,
+        master_port=port,
+    )
+
+
+class ReplicaFactory:
+    """``async factory(old_replica, index) -> new replica`` (the executor's ``replace_slot``): a stand-in for a lost
+    replica, spawned by :func:`replica_group` in the lost replica's own bundle of the rm_wg ``worker_group`` (so it
+    never competes with the policy for resources; it starts as soon as Ray has freed the dead actor's bundle, or
+    re-placed the group after a node loss), loaded within ``init_timeout_s``. A sharded replica is replaced whole: the
+    stand-in is a new rank 0, which starts new other ranks in the bundle. It is owned by the process that calls it (the
+    RM service actor), so it goes away with it."""
+
+    def __init__(self, config: RMConfig, worker_group: RayWorkerGroup) -> None:
+        self.config = config
+        self.pool = worker_group.resource_pool
+        self.bundles = self.pool.replica_bundles()  # replica i's bundle, in the worker group's rank order
+        self.master = (worker_group._master_addr, worker_group._master_port)
+        self.name_prefix = f"{worker_group.name_prefix}stand_in_{uuid.uuid4().hex[:6]}_"
+        self.made = 0
+
+    async def __call__(self, old: Any, index: int) -> Any:
+        """Kill what is left of ``old``, start a replica in bundle ``index`` and wait until its RM is loaded."""
+        kill_quietly(old)
+        self.made += 1
+        group = replica_group(self.pool, self.config, name_prefix=f"{self.name_prefix}{self.made}_", index=index,
+                              master=self.master)
+        replica = group.workers[0]
+        try:
+            info = await asyncio.wait_for(asyncio.wrap_future(replica.init_model.remote(self.bundles[index]).future()),
+                                          self.config.init_timeout_s)
+        except BaseException as err:
+            kill_quietly(replica)
+            if isinstance(err, asyncio.TimeoutError):
+                raise RewardModelError(
+                    f"replacement RM replica {index} did not load {self.config.model_path} within "
+                    f"init_timeout_s={self.config.init_timeout_s:g}s (its bundle may not be free yet)"
+                ) from None
+            raise
+        logger.warning("RM replica %d replaced on node %s", index, info.get("node_ip"))
+        return replica
+
+
+def kill_quietly(actor: Any) -> None:
+    """Kill an actor (a replica, an RM service) that may be gone already."""
+    try:
+        ray.kill(actor, no_restart=True)
+    except Exception:  # noqa: BLE001 - already gone
+        logger.debug("actor already gone", exc_info=True)
 
 
 def remove_pool_groups(name_prefix: str, nnodes: int) -> None:

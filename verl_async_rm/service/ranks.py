@@ -1,6 +1,6 @@
 """The other ranks of a sharded RM replica (``gpus_per_replica=k > 1``), as its rank 0 runs them.
 
-Rank 0 is the :class:`~verl_async_rm.service.replica.RewardModelWorker` verl placed: the executor's slot, the only
+Rank 0 is the :class:`~verl_async_rm.service.replica.RMReplica` verl placed: the executor's slot, the only
 rank the service calls. It starts ranks ``1..k-1`` (:class:`RankWorker`) in its own placement-group bundle (which
 holds the replica's ``k`` GPUs, all on one node), as actors it owns: when rank 0 dies, Ray kills them with it, so a
 replica is always replaced as a whole.

@@ -1,9 +1,9 @@
 """One RM replica: a verl ``Worker`` holding one full copy of the reward model (one data-parallel replica), or rank 0
 of a replica sharded over ``gpus_per_replica`` GPUs (:mod:`verl_async_rm.service.ranks`).
 
-The RM service calls each replica by its own actor handle, ``replica.score.remote(requests)``: every public method of
-a verl ``Worker`` is an ordinary Ray actor method (``@register`` only adds the group-level dispatch of a
-``RayWorkerGroup``). ``score`` returns one entry per request: a float, or the exception that failed that request.
+The RM service calls each replica by its own actor handle, ``replica.score.remote(requests)`` (an ordinary Ray actor
+method); only :meth:`RMReplica.describe` is also a group call of the rm_wg. ``score`` returns one entry per
+request: its score, or the exception that failed that request.
 """
 
 from __future__ import annotations
@@ -27,13 +27,13 @@ from verl_async_rm.service.ranks import Ranks
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BATCH_RECORDS_KEPT", "RewardModelWorker"]
+__all__ = ["BATCH_RECORDS_KEPT", "RMReplica"]
 
-#: Most per-call records a replica keeps between two :meth:`RewardModelWorker.pop_batch_records` calls (oldest dropped).
+#: Most per-call records a replica keeps between two :meth:`RMReplica.pop_batch_records` calls (oldest dropped).
 BATCH_RECORDS_KEPT = 10_000
 
 
-class RewardModelWorker(Worker):
+class RMReplica(Worker):
     """One RM replica in the reward pool's ``RayWorkerGroup`` (the "rm_wg").
 
     Args:
@@ -49,7 +49,6 @@ class RewardModelWorker(Worker):
         self._ranks: Ranks | None = None
         self._batch_records: deque[dict[str, float]] = deque(maxlen=BATCH_RECORDS_KEPT)
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self, placement: tuple[Any, int] | None = None) -> dict[str, Any]:
         """Load the RM on this replica's device, or (``gpus_per_replica > 1``) sharded over the ``k`` GPUs of its
         bundle ``placement`` (``(placement group, bundle index)``), this worker being rank 0; returns :meth:`describe`.
@@ -96,7 +95,7 @@ class RewardModelWorker(Worker):
         self._batch_records.clear()
         return records
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # also ``rm_wg.describe()``: every replica's, in rank order
     def describe(self) -> dict[str, Any]:
         """Where this replica runs (node, process) and what it serves (device, dtype, retemplating, max_length, and
         ``packing``: whether its forwards are packed, with which kernel, and why)."""
@@ -118,12 +117,6 @@ class RewardModelWorker(Worker):
             info["ranks"] = self._ranks.infos  # ranks 1..k-1: pid, actor_name, node_ip, device
         return info
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def stats(self) -> dict[str, float]:
-        """Counters since load: requests, failed, truncated, tokens, busy_s (seconds inside score())."""
-        return self._require_scorer().stats()
-
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def pop_step_stats(self) -> dict[str, float]:
         """Counters since the previous call; call once per training step (logs the truncation count once)."""
         return self._require_scorer().pop_step_stats()

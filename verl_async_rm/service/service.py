@@ -7,7 +7,7 @@ Nothing outside the service holds a replica handle.
 Inside, one event loop serves every caller: each ``score`` waits in the
 :class:`~verl_async_rm.batching.PendingRequestExecutor`, whose slots are the replicas (one batch per replica at a
 time, :class:`~verl_async_rm.service.replica_call.ReplicaCall`) and whose ``replace_slot`` starts a stand-in for a
-replica that died (:class:`~verl_async_rm.service.replacement.ReplicaFactory`). The replicas and any replacement are
+replica that died (:class:`~verl_async_rm.service.placement.ReplicaFactory`). The replicas and any replacement are
 owned by this actor, so they go with it.
 """
 
@@ -24,8 +24,12 @@ from verl_async_rm.errors import AsyncRMError
 from verl_async_rm.request import RMRequest
 from verl_async_rm.scoring.rm_config import RMConfig
 from verl_async_rm.service.metrics import service_step_metrics
-from verl_async_rm.service.placement import create_rm_worker_group, shutdown_rm_worker_group
-from verl_async_rm.service.replacement import ReplicaFactory
+from verl_async_rm.service.placement import (
+    ReplicaFactory,
+    create_rm_worker_group,
+    kill_quietly,
+    shutdown_rm_worker_group,
+)
 from verl_async_rm.service.replica_call import ReplicaCall
 
 logger = logging.getLogger(__name__)
@@ -163,11 +167,8 @@ class RMService:
         if executor is not None:
             slots = executor.slots
             await executor.aclose(grace_s=grace_s)
-            for replica in slots:  # replacements too: they are not in the worker group
-                try:
-                    ray.kill(replica, no_restart=True)
-                except Exception:  # noqa: BLE001 - already gone
-                    logger.debug("RM replica already gone", exc_info=True)
+            for replica in slots:  # stand-ins too: they are not in the rm_wg
+                kill_quietly(replica)
         group, self._group = self._group, None
         if group is not None:
             await asyncio.to_thread(shutdown_rm_worker_group, group)
@@ -238,9 +239,3 @@ def start_timeout_s(rm: RMConfig) -> float:
     """Longest a service's ``start`` may take: the pool's placement, the RM's load, and a minute for the actor."""
     return rm.placement_timeout_s + rm.init_timeout_s + 60.0
 
-
-def kill_quietly(actor: Any) -> None:
-    try:
-        ray.kill(actor, no_restart=True)
-    except Exception:  # noqa: BLE001 - already gone
-        logger.debug("RM service already gone", exc_info=True)

@@ -25,7 +25,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from verl_async_rm.batching.pending import Request
+from verl_async_rm.batching.request import Request
 from verl_async_rm.batching.slots import SlotTable
 from verl_async_rm.batching.stats import ExecutorStats
 from verl_async_rm.errors import (

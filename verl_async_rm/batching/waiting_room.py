@@ -15,7 +15,7 @@ import time
 from collections import OrderedDict, deque
 
 from verl_async_rm.batching.formation import select_batch
-from verl_async_rm.batching.pending import BLOCKED, PENDING, Request
+from verl_async_rm.batching.request import BLOCKED, PENDING, Request
 from verl_async_rm.batching.policy import BatchPolicy
 
 __all__ = ["WaitingRoom"]

@@ -1,0 +1,369 @@
+"""The plugin's config, read once at the boundary: verl's reward keys plus one flat ``async_rm`` group.
+
+Users write flat keys on verl's command line (``+async_rm.max_batch_size=64 +async_rm.rm_weight=1.0``);
+:meth:`AsyncRMConfig.from_verl` reads them once into frozen dataclasses, one per component, and each component gets
+only its own (:func:`option_groups` lists them by user key, for the options reference):
+
+- batching -> :class:`~verl_async_rm.batching.BatchPolicy` (``batch_timeout_s``: 600 s by default here);
+- loading, feeding and placing the RM -> :class:`~verl_async_rm.scoring.rm_config.RMConfig`, with verl's
+  ``reward.reward_model.*`` keys and their legacy ``reward_model.*`` spellings (:func:`rm_config_from_verl`);
+- reward weights -> :class:`~verl_async_rm.integration.reward_mix.RewardMix` (``rule_weight`` defaults to 0.0 with the
+  ``async_rm`` reward manager and to 1.0 with any other, whose reward then counts as it is);
+- more RMs (``async_rm.models.<name>.*``) -> one :class:`RMEntry` each, after ``main``;
+- the rest (the trajectory's wait, the error policy, the service actor) -> :class:`IntegrationConfig`.
+
+Each dataclass types its fields with :func:`~verl_async_rm.options.option` (one converter) and raises
+``ConfigValueError`` under the field's name; :func:`build` renames it once, to the key the user wrote
+(``async_rm.<key>``, ``async_rm.models.<name>.<key>``, or the verl key the value came from). Unknown keys raise ``ValueError`` listing the
+known ones, and keys of earlier releases name their replacement.
+
+An extra RM is set with flat keys under its name::
+
+    +async_rm.models.safety.model_path=/models/safety-rm
+    +async_rm.models.safety.n_gpus_per_node=1     # default 1 (and nnodes, gpus_per_replica)
+    +async_rm.models.safety.weight=0.5            # default 1.0
+    +async_rm.models.safety.max_length=4096       # any RM or batching option of async_rm.*
+
+An option not set under the RM's name takes the value set at the top (``async_rm.<option>``), else its default; the
+RM path, the pool's size and shape and the weight are the RM's own. ``main`` is weighted by ``async_rm.rm_weight``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from verl_async_rm.batching.policy import BatchPolicy
+from verl_async_rm.errors import ConfigValueError
+from verl_async_rm.integration.reward_mix import MAIN, RewardMix
+from verl_async_rm.options import Rule, check_options, option
+from verl_async_rm.scoring.rm_config import RMConfig
+
+__all__ = ["AsyncRMConfig", "IntegrationConfig", "RMEntry", "MAIN", "CONFIG_GROUP", "ON_ERROR_MODES",
+           "option_groups", "rm_config_from_verl", "extra_rm_entries", "build"]
+
+CONFIG_GROUP = "async_rm"
+MODELS_KEY = "models"
+#: The plugin's own reward manager (``integration/reward_manager.py``); any other verl manager may be used instead.
+ASYNC_RM_MANAGER = "async_rm"
+ON_ERROR_MODES = ("raise", "drop")
+
+#: Keys of earlier releases: what to do instead.
+_RETIRED_KEYS = {
+    "score_timeout_s": "the one bound on a batch call is now async_rm.batch_timeout_s (same meaning, default 600)",
+    "executor_max_concurrency": "the RM service's actor took over from the executor actor; set "
+    "async_rm.service_max_concurrency",
+    "pad_multiple": "there is no whole-group mode to pad for; remove the key",
+    "bisect_on_error": "each RM replica isolates a failing item itself (its micro-batch is split, the others keep "
+    "their scores); remove the key",
+}
+#: Batching defaults of the plugin that differ from the Ray-free executor's own.
+_PLUGIN_BATCHING_DEFAULTS = {"batch_timeout_s": 600.0}
+#: RMConfig fields that come from verl's keys, never from ``async_rm.*``: what to set instead.
+_VERL_OWNED_RM_FIELDS = {
+    "model_path": "the RM path comes from verl's key; set reward.reward_model.model_path instead",
+    "n_gpus_per_node": "the reward pool's size comes from verl's keys; set reward.reward_model.n_gpus_per_node "
+    "instead",
+    "nnodes": "the reward pool's size comes from verl's keys; set reward.reward_model.nnodes instead",
+    "use_gpu": "RM replicas use GPUs unless trainer.device=cpu; set trainer.device instead",
+}
+#: Where verl keeps each RMConfig field it owns: the legacy key first (it wins when set, as in verl's own
+#: ``migrate_legacy_reward_impl``), then the new one. ``trust_remote_code`` has no new key in verl 0.9.1.
+_VERL_KEYS = {
+    "model_path": ("reward_model.model.path", "reward.reward_model.model_path"),
+    "n_gpus_per_node": ("reward_model.n_gpus_per_node", "reward.reward_model.n_gpus_per_node"),
+    "nnodes": ("reward_model.nnodes", "reward.reward_model.nnodes"),
+    "trust_remote_code": ("reward_model.model.trust_remote_code",),
+    "policy_tokenizer_path": ("actor_rollout_ref.model.tokenizer_path", "actor_rollout_ref.model.path"),
+}
+_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+#: Per-RM keys that are the RM's own (never taken from the top of ``async_rm``).
+_OWN_KEYS = ("model_path", "n_gpus_per_node", "nnodes", "gpus_per_replica", "weight")
+_WEIGHT = Rule(float, why="must be a finite number", fix="e.g. +{key}=0.5")
+
+
+@dataclass(frozen=True)
+class IntegrationConfig:
+    """Settings of the agent-loop integration itself."""
+
+    request_timeout_s: float = option(
+        1800.0,
+        "Longest a trajectory's agent-loop worker waits for its RM score (queue + RM call) before it fails with "
+        "RequestTimeoutError.",
+        above=0, why="must be a positive number of seconds", fix="e.g. +{key}=1800",
+    )
+    on_error: str = option(
+        "raise",
+        "What a failed RM score does. 'raise': the run stops with the RM's error, naming the trajectory (v1: at the "
+        "end of the step, whose failed trajectory verl left out of training; v0: the step fails). 'drop': the run "
+        "goes on without it (v1: its group takes verl's failure path, padded or refilled; v0: its response_mask is "
+        "zeroed and its reward set to its group's mean), rm_dropped/dropped count it, and more than drop_budget of "
+        "a step dropped stops the run with TrajectoryDroppedError.",
+        choices=ON_ERROR_MODES, why="is not one of ('raise', 'drop')", fix="e.g. +{key}=raise",
+    )
+    drop_budget: float = option(
+        0.05,
+        "With on_error='drop': the largest fraction of a step's trajectories that may be dropped before the step "
+        "fails with TrajectoryDroppedError.",
+        least=0, most=1, why="must be a fraction in [0, 1]", fix="e.g. +{key}=0.05",
+    )
+    replace_replicas: bool = option(
+        True,
+        "Start a new RM replica in the bundle of one that died (its requests go to the other replicas meanwhile); "
+        "False retires it.",
+    )
+    service_max_concurrency: int = option(
+        100_000,
+        "Ray max_concurrency of the RM service actor: the most trajectories that may wait on it at once.",
+        least=16, fix="set an integer >= 16: it bounds how many trajectories may wait for a score at once, e.g. "
+        "100000",
+    )
+
+    def __post_init__(self) -> None:
+        check_options(self, prefix=f"{CONFIG_GROUP}.")
+
+
+@dataclass(frozen=True)
+class RMEntry:
+    """One RM of the run: its name, weight, where it is (``rm``) and how its requests are batched."""
+
+    name: str
+    weight: float
+    rm: RMConfig
+    batching: BatchPolicy
+    #: Where its settings come from, for messages: ``reward.reward_model`` or ``async_rm.models.<name>``.
+    key: str
+
+
+def option_groups() -> dict[str, tuple[type, ...]]:
+    """The user's key prefixes and the dataclasses whose fields (``help`` metadata, defaults) they set, for the
+    options reference. ``async_rm.models.<name>.`` also takes ``weight``; fields marked ``internal`` are not keys."""
+    return {
+        f"{CONFIG_GROUP}.": (BatchPolicy, RMConfig, RewardMix, IntegrationConfig),
+        f"{CONFIG_GROUP}.{MODELS_KEY}.<name>.": (BatchPolicy, RMConfig),
+    }
+
+
+def build(kind: type, values: Mapping[str, Any], keys: Mapping[str, str]) -> Any:
+    """``kind(**values)``; a ``ConfigValueError`` is renamed once, to ``keys[field]`` (the key the user wrote)."""
+    try:
+        return kind(**values)
+    except ConfigValueError as err:
+        raise err.renamed(keys.get(err.key, err.key)) from None
+
+
+@dataclass(frozen=True)
+class AsyncRMConfig:
+    """Everything the plugin reads from verl's config, split per component."""
+
+    batching: BatchPolicy
+    rm: RMConfig
+    mix: RewardMix
+    integration: IntegrationConfig
+    #: Every RM of the run, ``main`` (the one above: ``rm``, ``batching``) first, then ``async_rm.models.*``.
+    models: tuple[RMEntry, ...] = ()
+
+    @classmethod
+    def from_verl(cls, config: Any) -> AsyncRMConfig:
+        """Build from verl's whole trainer config (a ``DictConfig`` or nested mappings).
+
+        Raises:
+            ValueError: a key is unknown or a value is bad; the message names the key, the value and the fix.
+        """
+        group = _group(config)
+        models = group.pop(MODELS_KEY, None)
+        sections: dict[type, dict[str, Any]] = {BatchPolicy: {}, RMConfig: {}, RewardMix: {}, IntegrationConfig: {}}
+        owner = {f.name: kind for kind in sections for f in dataclasses.fields(kind) if not f.metadata.get("internal")}
+        for key, value in group.items():
+            if key in _RETIRED_KEYS:
+                raise ValueError(f"{CONFIG_GROUP}.{key}={value!r} is no longer read: {_RETIRED_KEYS[key]}")
+            if key in _VERL_OWNED_RM_FIELDS:
+                raise ValueError(f"{CONFIG_GROUP}.{key}={value!r} is not read: {_VERL_OWNED_RM_FIELDS[key]}")
+            if key not in owner:
+                known = sorted({*(k for k in owner if k not in _VERL_OWNED_RM_FIELDS), MODELS_KEY})
+                raise ValueError(f"unknown key {CONFIG_GROUP}.{key}={value!r}; known keys: {', '.join(known)}")
+            sections[owner[key]][key] = value
+        batching_values = {**_PLUGIN_BATCHING_DEFAULTS, **sections[BatchPolicy]}
+        batching = build(BatchPolicy, batching_values, _under(CONFIG_GROUP, batching_values))
+        rm = rm_config_from_verl(config, sections[RMConfig], overrides_key=CONFIG_GROUP)
+        extras = extra_rm_entries(
+            models, base={"policy_tokenizer_path": rm.policy_tokenizer_path, "use_gpu": rm.use_gpu},
+            shared_rm=sections[RMConfig], shared_batching=batching_values, group=CONFIG_GROUP,
+        )
+        mix_values = sections[RewardMix]
+        if "rule_weight" not in mix_values and _manager_name(config) != ASYNC_RM_MANAGER:
+            mix_values["rule_weight"] = 1.0  # the user's own reward manager: its reward counts unless told otherwise
+        token_level = tuple(e.name for e in extras if e.rm.token_level)
+        token_level = (MAIN, *token_level) if rm.token_level else token_level
+        mix = RewardMix(**mix_values, extra_weights=tuple((e.name, e.weight) for e in extras),
+                        token_level_rms=token_level)
+        main = RMEntry(name=MAIN, weight=mix.rm_weight, rm=rm, batching=batching, key="reward.reward_model")
+        return cls(batching=batching, rm=rm, mix=mix, integration=IntegrationConfig(**sections[IntegrationConfig]),
+                   models=(main, *extras))
+
+
+def rm_config_from_verl(config: Any, overrides: Mapping[str, Any] | None = None, overrides_key: str = "") -> RMConfig:
+    """:class:`RMConfig` from verl's trainer config (a ``DictConfig`` or nested mappings).
+
+    verl's keys give ``model_path``, ``n_gpus_per_node``, ``nnodes``, ``trust_remote_code`` and
+    ``policy_tokenizer_path`` (:data:`_VERL_KEYS`; a legacy key that is set wins) and ``use_gpu``
+    (``trainer.device != "cpu"``). With ``use_gpu``, ``reward.reward_model.enable_resource_pool`` (or the legacy key)
+    must be True: otherwise verl reserves no GPUs for the reward pool and overwrites its size with the trainer's.
+    ``overrides`` (RMConfig fields, from ``overrides_key``, e.g. ``async_rm``) win over the values read.
+
+    Raises:
+        ConfigValueError: a value is missing or bad; the message names the key it was read from and the fix.
+    """
+    values: dict[str, Any] = {}
+    keys: dict[str, str] = {}
+    for name, candidates in _VERL_KEYS.items():
+        value, key = _first_set(config, *candidates)
+        if key is not None:
+            values[name], keys[name] = value, key
+    device = _select(config, "trainer.device")
+    if device is not None:
+        values["use_gpu"], keys["use_gpu"] = str(device) != "cpu", "trainer.device"
+    known = {f.name for f in dataclasses.fields(RMConfig)}
+    prefix = f"{overrides_key}." if overrides_key else ""
+    for name, value in dict(overrides or {}).items():
+        if name not in known:
+            raise ConfigValueError(
+                f"{prefix}{name}", value, "not a setting of the RM worker group", f"use one of {sorted(known)}"
+            )
+        values[name], keys[name] = value, f"{prefix}{name}"
+    if "model_path" not in values:
+        raise ConfigValueError(
+            "reward.reward_model.model_path", None, "the RM worker group needs a reward model",
+            "set reward.reward_model.model_path=/path/to/rm (legacy: reward_model.model.path)",
+        )
+    enable_pool, pool_key = _first_set(
+        config, "reward_model.enable_resource_pool", "reward.reward_model.enable_resource_pool"
+    )
+    if values.get("use_gpu", True) and pool_key is not None and not enable_pool:
+        raise ConfigValueError(
+            pool_key, enable_pool,
+            "the RM worker group runs on its own GPUs, and verl reserves them only with a separate reward pool "
+            "(without it verl overwrites reward.reward_model.n_gpus_per_node/nnodes with the trainer's)",
+            f"set {pool_key}=True and reward.reward_model.n_gpus_per_node / nnodes to the RM's GPUs",
+        )
+    return build(RMConfig, values, keys)
+
+
+def extra_rm_entries(
+    models: Any, *, base: Mapping[str, Any], shared_rm: Mapping[str, Any], shared_batching: Mapping[str, Any],
+    group: str,
+) -> tuple[RMEntry, ...]:
+    """Parse ``async_rm.models`` (a mapping of name -> options) into entries, in the order given.
+
+    Args:
+        models: the ``async_rm.models`` node.
+        base: RMConfig fields every RM shares that come from verl (``policy_tokenizer_path``, ``use_gpu``).
+        shared_rm: RMConfig options set at the top of ``async_rm`` (the defaults of every RM).
+        shared_batching: BatchPolicy options of the top of ``async_rm`` (plugin defaults included).
+        group: ``async_rm``, for key names in messages.
+
+    Raises:
+        ValueError: a name, key or value is bad; the message names the key (``async_rm.models.<name>.<key>``).
+    """
+    if models is None:
+        return ()
+    if not isinstance(models, Mapping):
+        raise ValueError(
+            f"{group}.{MODELS_KEY}={models!r}: it must be a group of RMs by name; set each one's keys, e.g. "
+            f"+{group}.{MODELS_KEY}.safety.model_path=/path/to/rm"
+        )
+    rm_fields = {f.name for f in dataclasses.fields(RMConfig)} - {"use_gpu"}
+    batching_fields = {f.name for f in dataclasses.fields(BatchPolicy)}
+    entries = []
+    for name, options in models.items():
+        key = f"{group}.{MODELS_KEY}.{name}"
+        if name == MAIN:
+            raise ValueError(
+                f"{key}: the name '{MAIN}' is taken by the RM of reward.reward_model.* (weighted by {group}.rm_weight);"
+                f" give this RM another name, e.g. {group}.{MODELS_KEY}.safety"
+            )
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ValueError(
+                f"{key}: an RM name must start with a letter and hold only letters, digits and '_' (it names the "
+                "rm_score_<name> reward key and the async_rm/<name>/ metrics), e.g. safety"
+            )
+        if not isinstance(options, Mapping):
+            raise ValueError(
+                f"{key}={options!r}: it must be a group of keys; set them one by one, e.g. +{key}.model_path=/path"
+            )
+        rm_values = {k: v for k, v in shared_rm.items() if k not in _OWN_KEYS}
+        batching_values = dict(shared_batching)
+        for option_name, value in options.items():
+            if option_name == "use_gpu":
+                raise ValueError(f"{key}.use_gpu={value!r} is not set per RM: RM replicas use GPUs unless "
+                                 "trainer.device=cpu, for every RM; set trainer.device")
+            if option_name not in {*rm_fields, *batching_fields, "weight"}:
+                known = sorted({*rm_fields, *batching_fields, "weight"})
+                raise ValueError(f"unknown key {key}.{option_name}={value!r}; known keys: {', '.join(known)}")
+            if option_name in rm_fields:
+                rm_values[option_name] = value
+            elif option_name in batching_fields:
+                batching_values[option_name] = value
+        weight = _WEIGHT.convert(f"{key}.weight", options.get("weight", 1.0))
+        if not options.get("model_path"):
+            raise ValueError(
+                f"{key}.model_path={options.get('model_path')!r}: each extra RM needs its path; "
+                f"set +{key}.model_path=/path/to/rm"
+            )
+        rm_values.setdefault("n_gpus_per_node", 1)  # the top of async_rm never sizes a pool (verl's keys do)
+        rm_values.setdefault("nnodes", 1)
+        keys = {**_under(group, shared_rm), **_under(key, {**options, **dict.fromkeys(_OWN_KEYS)})}
+        rm = build(RMConfig, {**base, **rm_values}, keys)
+        batching = build(BatchPolicy, batching_values, _under(key, batching_values))
+        entries.append(RMEntry(name=name, weight=weight, rm=rm, batching=batching, key=key))
+    return tuple(entries)
+
+
+def _under(prefix: str, names: Any) -> dict[str, str]:
+    return {name: f"{prefix}.{name}" for name in names}
+
+
+def _manager_name(config: Any) -> Any:
+    return _select(config, "reward.reward_manager.name") or _select(config, "reward_model.reward_manager")
+
+
+def _group(config: Any) -> dict[str, Any]:
+    from omegaconf import DictConfig, OmegaConf
+
+    node = _select(config, CONFIG_GROUP)
+    if node is None:
+        return {}
+    if isinstance(node, DictConfig):
+        node = OmegaConf.to_container(node, resolve=True)
+    if not isinstance(node, Mapping):
+        raise ValueError(
+            f"{CONFIG_GROUP}={node!r}: it must be a group of keys; set them one by one, e.g. "
+            f"+{CONFIG_GROUP}.max_batch_size=64"
+        )
+    return dict(node)
+
+
+def _select(config: Any, key: str) -> Any:
+    """``config[key]`` for a dotted key, or None when any part is missing (a ``DictConfig`` or nested mappings)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(config, DictConfig):
+        return OmegaConf.select(config, key, default=None)
+    node = config
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _first_set(config: Any, *keys: str) -> tuple[Any, str | None]:
+    """The first of ``keys`` whose value is not None, with the key it came from."""
+    for key in keys:
+        value = _select(config, key)
+        if value is not None:
+            return value, key
+    return None, None

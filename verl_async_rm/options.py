@@ -1,0 +1,90 @@
+"""The one mechanism that types config fields: :func:`option` declares a field, :func:`check_options` checks them all.
+
+Every config dataclass (``BatchPolicy``, ``RMConfig``, ``RewardMix``, ``IntegrationConfig``) declares its fields with
+:func:`option` (default, help text, type, bounds or choices, and optionally its own ``why``/``fix`` words) and calls
+:func:`check_options` first in ``__post_init__``; its cross-field rules follow. A bad value raises
+:class:`~verl_async_rm.errors.ConfigValueError` (:class:`~verl_async_rm.errors.ConfigTypeError` for a wrong type)
+under the field's name; :mod:`verl_async_rm.config` renames it once to the user's key.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from verl_async_rm.errors import ConfigTypeError, ConfigValueError
+
+__all__ = ["option", "check_options", "Rule"]
+
+_NAMES = {int: "an integer", float: "a finite number", str: "a non-empty string", bool: "true or false"}
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What a field accepts: ``kind`` (int, float, str, bool; a float field takes ints and stores a float; strings
+    must not be empty), None when ``optional``, ``choices``, and bounds ``least <= value <= most``, ``value > above``.
+    ``why``/``fix`` replace the generated words (``{key}`` in them becomes the key reported)."""
+
+    kind: type
+    optional: bool = False
+    choices: tuple[Any, ...] | None = None
+    least: float | None = None
+    most: float | None = None
+    above: float | None = None
+    why: str | None = None
+    fix: str | None = None
+
+    def convert(self, key: str, value: Any) -> Any:
+        """``value`` checked (a float field's value as a float); raises ``ConfigValueError`` under ``key``."""
+        if value is None and self.optional:
+            return None
+        kind = self.kind
+        if kind is float:
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+        else:
+            ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+        if not ok or (kind is str and not value):
+            raise ConfigTypeError(key, value, self.why or f"must be {self._expected()}", self._fix())
+        if kind is float:
+            value = float(value)
+        bad = (kind is float and not math.isfinite(value)) or (self.choices is not None and value not in self.choices)
+        bad = bad or (self.least is not None and value < self.least) or (self.most is not None and value > self.most)
+        if bad or (self.above is not None and not value > self.above):
+            why = "unknown value" if self.choices is not None else f"{{key}} must be {self._bounds()}, got {value!r}"
+            raise ConfigValueError(key, value, self.why or why, self._fix())
+        return value
+
+    def _expected(self) -> str:
+        bounds = self._bounds()
+        return _NAMES[self.kind] + (f" {bounds}" if bounds else "") + (" or None" if self.optional else "")
+
+    def _bounds(self) -> str:
+        if self.least is not None and self.most is not None:
+            return f"in [{self.least:g}, {self.most:g}]"
+        parts = [f">= {self.least:g}" if self.least is not None else "", f"> {self.above:g}" if self.above is not None
+                 else "", f"<= {self.most:g}" if self.most is not None else ""]
+        return " and ".join(p for p in parts if p) or ("finite" if self.kind is float else "")
+
+    def _fix(self) -> str:
+        if self.fix:
+            return self.fix
+        if self.choices is not None:
+            return f"use one of {self.choices}"
+        return f"set {{key}} to {self._expected()}"
+
+
+def option(default: Any, help: str, kind: type | None = None, **rule: Any) -> Any:  # noqa: A002 - the metadata key
+    """A dataclass field with ``help`` metadata and a :class:`Rule` (``kind`` defaults to the default's type)."""
+    return field(default=default, metadata={"help": help, "rule": Rule(kind or type(default), **rule)})
+
+
+def check_options(obj: Any, prefix: str = "") -> None:
+    """Check (and convert) every field of the frozen dataclass ``obj`` that has a rule; keys are ``prefix + name``."""
+    for f in fields(obj):
+        rule = f.metadata.get("rule")
+        if rule is not None:
+            value = getattr(obj, f.name)
+            converted = rule.convert(prefix + f.name, value)
+            if converted is not value:
+                object.__setattr__(obj, f.name, converted)
