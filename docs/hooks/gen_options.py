@@ -25,16 +25,27 @@ class Group(NamedTuple):
     intro: str
 
 
-GROUPS = [
-    Group("Batching", "verl_async_rm.batching.policy:BatchPolicy", "async_rm.{field}",
-          "How each RM's requests are batched (the RM service's executor)."),
-    Group("Reward model", "verl_async_rm.scoring.rm_config:RMConfig", "async_rm.{field}",
-          "How the RM is loaded, fed and placed. The path and the pool's size are verl's own keys."),
-    Group("Reward mix", "verl_async_rm.integration.reward_mix:RewardMix", "async_rm.{field}",
-          "How the RM scores and the reward manager's reward make one reward."),
-    Group("Integration", "verl_async_rm.settings:IntegrationConfig", "async_rm.{field}",
-          "The agent-loop integration: the trajectory's wait, what a failed score does, the service actor."),
-]
+#: Titles and introductions, by class name; the classes themselves and their key prefix come from the code
+#: (``verl_async_rm.config.option_groups()``), so a class added there without a title here fails the build.
+TITLES = {
+    "BatchPolicy": ("Batching", "How each RM's requests are batched (the RM service's executor)."),
+    "RMConfig": ("Reward model", "How the RM is loaded, fed and placed. The path and the pool's size are verl's own "
+                                 "keys."),
+    "RewardMix": ("Reward mix", "How the RM scores and the reward manager's reward make one reward."),
+    "IntegrationConfig": ("Integration", "The agent-loop integration: the trajectory's wait, what a failed score "
+                                         "does, the service actor."),
+}
+
+
+def _groups() -> list[Group]:
+    from verl_async_rm.config import CONFIG_GROUP, option_groups
+
+    prefix = f"{CONFIG_GROUP}."
+    return [Group(*TITLES[cls.__name__][:1], f"{cls.__module__}:{cls.__name__}", prefix + "{field}",
+                  TITLES[cls.__name__][1]) for cls in option_groups()[prefix]]
+
+
+GROUPS = _groups()
 #: Fields whose user key is not the group's: verl's own keys ("Class.field" -> key).
 KEY_OVERRIDES = {
     "RMConfig.model_path": "reward.reward_model.model_path",
@@ -52,7 +63,7 @@ DEFAULT_OVERRIDES = {
     "RewardMix.rule_weight": "`0.0` with `reward.reward_manager.name=async_rm`, `1.0` with any other manager",
 }
 #: Defaults the plugin sets over the dataclass's own: "module:NAME" of a {field: default} dict, and its class.
-PLUGIN_DEFAULTS = [("verl_async_rm.settings:_PLUGIN_BATCHING_DEFAULTS", "BatchPolicy")]
+PLUGIN_DEFAULTS = [("verl_async_rm.config:_PLUGIN_BATCHING_DEFAULTS", "BatchPolicy")]
 #: Extra RMs (``async_rm.models.<name>.<key>``): the key, the RM's own keys (never taken from the top of
 #: ``async_rm``) with their defaults, the RM options not set per RM, and the classes whose fields an extra RM may set.
 MODEL_KEY = "async_rm.models.<name>.{field}"

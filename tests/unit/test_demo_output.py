@@ -158,6 +158,7 @@ def test_sync_requests_are_the_unpadded_trajectories_in_the_given_order(policy_t
     assert requests[1].response_ids == data["responses"][0].tolist()
     assert len(requests[1].prompt_ids) != len(requests[0].prompt_ids)  # no padding to a common width
     assert requests[1].raw_prompt == [{"role": "user", "content": "first question, a long one"}]
+    assert [r.group for r in requests] == ["k0", "k1"]  # verl's prompt uid: a GRPO group, as the workers set it
 
 
 def test_sync_rule_score_is_the_rule_on_the_decoded_response(policy_tok):

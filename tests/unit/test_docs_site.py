@@ -33,7 +33,7 @@ def _generator():
 
 def _config_fields() -> dict[type, list[str]]:
     """The user-facing fields of every option dataclass ``AsyncRMConfig`` holds (internal fields left out)."""
-    from verl_async_rm.settings import AsyncRMConfig
+    from verl_async_rm.config import AsyncRMConfig
 
     groups = {}
     for hint in typing.get_type_hints(AsyncRMConfig).values():

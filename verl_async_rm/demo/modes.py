@@ -176,7 +176,8 @@ def requests_from_batch(data: Any, order: Sequence[int], keys: Sequence[str]) ->
     raw = list(data["raw_prompt"])
     return [
         RMRequest(uid=str(keys[i]), prompt_ids=data["prompts"][i].tolist(),
-                  response_ids=data["responses"][i].tolist(), raw_prompt=raw[i])
+                  response_ids=data["responses"][i].tolist(), raw_prompt=raw[i],
+                  group=str(keys[i]).partition("_")[0])  # verl's prompt uid, as the plugin's workers set it
         for i in order
     ]
 
