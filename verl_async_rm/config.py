@@ -14,8 +14,8 @@ only its own (:func:`option_groups` lists them by user key, for the options refe
 
 Each dataclass types its fields with :func:`~verl_async_rm.options.option` (one converter) and raises
 ``ConfigValueError`` under the field's name; :func:`build` renames it once, to the key the user wrote
-(``async_rm.<key>``, ``async_rm.models.<name>.<key>``, or the verl key the value came from). Unknown keys raise ``ValueError`` listing the
-known ones, and keys of earlier releases name their replacement.
+(``async_rm.<key>``, ``async_rm.models.<name>.<key>``, or the verl key the value came from). Unknown keys raise
+``ValueError`` listing the known ones, and keys of earlier releases name their replacement.
 
 An extra RM is set with flat keys under its name::
 
