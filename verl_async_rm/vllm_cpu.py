@@ -97,11 +97,10 @@ def vllm_unavailable_reason() -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m verl_async_rm.vllm_cpu [SITE_PACKAGES]``: write the alias if needed and print what was done."""
+    """``python -m verl_async_rm.vllm_cpu [SITE_PACKAGES]``: write the alias if needed; what was done is logged."""
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
     argv = sys.argv[1:] if argv is None else argv
-    written = ensure_alias(argv[0] if argv else None)
-    print(f"vllm alias: {written}" if written else f"vllm alias: not needed (vllm={_version('vllm')}, "
-                                                    f"{CPU_DISTRIBUTION}={_version(CPU_DISTRIBUTION)})")
+    ensure_alias(argv[0] if argv else None)
     return 0
 
 

@@ -29,6 +29,7 @@ import os
 import sys
 import time
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -312,7 +313,7 @@ class _CorePinning:
         if enabled and self.split is None:
             logger.warning("fewer than two cores (or no CPU affinity here): the rollout and the RM share the cores")
 
-    def __call__(self, role: str, handles: list[Any] = (), pids: list[int] = ()) -> None:
+    def __call__(self, role: str, handles: Sequence[Any] = (), pids: Sequence[int] = ()) -> None:
         from verl_async_rm.demo.cores import actor_pid, pin_processes
 
         if self.split is None:
