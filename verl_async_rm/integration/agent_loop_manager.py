@@ -41,7 +41,7 @@ from verl_async_rm.integration.agent_loop_worker import remote_worker_class
 from verl_async_rm.integration.token_rewards import place_token_rewards
 from verl_async_rm.config import MAIN
 from verl_async_rm.service.fleet import start_rm_services
-from verl_async_rm.service.placement import remove_pool_groups
+from verl_async_rm.service.placement import kill_and_wait, remove_pool_groups
 from verl_async_rm.service.service import kill_quietly, start_rm_service
 
 logger = logging.getLogger(__name__)
@@ -159,7 +159,7 @@ class _AsyncRMSide:
                 logger.warning("verl_async_rm: the RM service of RM %r did not close cleanly: %r", name, exc)
                 # its replicas go with it, but its placement groups live as long as the job
                 remove_pool_groups(f"{self._service_names[name]}_", self._entries[name].rm.nnodes)
-            ray.kill(service)  # its replicas are owned by it and go with it
+            kill_and_wait([service], CONTROL_TIMEOUT_S)  # gone on return (its replicas are owned by it)
 
 
 class AsyncRMAgentLoopManagerV0(_AsyncRMSide, AgentLoopManager):

@@ -17,7 +17,7 @@ import ray
 
 from verl_async_rm.errors import ResourcePoolError
 from verl_async_rm.config import RMEntry
-from verl_async_rm.service.placement import remove_pool_groups, replica_bundle
+from verl_async_rm.service.placement import kill_and_wait, remove_pool_groups, replica_bundle
 from verl_async_rm.service.service import kill_quietly, launch_rm_service, start_timeout_s
 
 __all__ = ["start_rm_services", "check_pools_fit", "pools_text"]
@@ -110,16 +110,7 @@ def _amounts(resources: Mapping[str, float]) -> str:
 def _stop(service: Any, name: str, nnodes: int) -> None:
     """Kill a service that may still be starting, wait (bounded) until it is gone, then remove its pool's placement
     groups (they outlive the actor that made them)."""
-    kill_quietly(service)  # its replicas are owned by it and go with it
-    deadline = time.monotonic() + _STOP_WAIT_S
-    while time.monotonic() < deadline:
-        try:
-            ray.get(service.ping.remote(), timeout=max(0.1, deadline - time.monotonic()))
-        except ray.exceptions.RayActorError:
-            break
-        except ray.exceptions.GetTimeoutError:
-            continue
-        time.sleep(0.1)
+    kill_and_wait([service], _STOP_WAIT_S)  # its replicas are owned by it and go with it
     remove_pool_groups(f"{name}_", nnodes)
 
 

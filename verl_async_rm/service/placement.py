@@ -27,7 +27,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import time
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 import ray
@@ -59,6 +61,7 @@ __all__ = [
     "replica_group",
     "ReplicaFactory",
     "kill_quietly",
+    "kill_and_wait",
     "shutdown_rm_worker_group",
     "remove_pool_groups",
     "replica_bundle",
@@ -335,6 +338,30 @@ def kill_quietly(actor: Any) -> None:
         ray.kill(actor, no_restart=True)
     except Exception:  # noqa: BLE001 - already gone
         logger.debug("actor already gone", exc_info=True)
+
+
+def kill_and_wait(actors: Iterable[Any], timeout_s: float) -> None:
+    """Kill actors and wait, at most ``timeout_s`` in all, until Ray reports each one dead.
+
+    ``ray.kill`` only sends the request: a call made right after it may still be served, and the actors a killed owner
+    leaves (its replicas) die a little later. A caller that promises "gone" on return waits here.
+    """
+    actors = list(actors)
+    for actor in actors:
+        kill_quietly(actor)
+    deadline = time.monotonic() + timeout_s
+    for actor in actors:
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                ray.get(actor.__ray_ready__.remote(), timeout=left)
+            except ray.exceptions.RayActorError:
+                break
+            except ray.exceptions.GetTimeoutError:
+                continue
+            time.sleep(0.05)
+        else:
+            logger.warning("actor %s still answers %.0f s after it was killed", actor, timeout_s)
+            return
 
 
 def remove_pool_groups(name_prefix: str, nnodes: int) -> None:

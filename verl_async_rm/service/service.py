@@ -27,6 +27,7 @@ from verl_async_rm.service.metrics import service_step_metrics
 from verl_async_rm.service.placement import (
     ReplicaFactory,
     create_rm_worker_group,
+    kill_and_wait,
     kill_quietly,
     shutdown_rm_worker_group,
 )
@@ -41,6 +42,7 @@ __all__ = ["RMService", "start_rm_service", "launch_rm_service", "start_timeout_
 DEFAULT_LATE_LIMIT_S = 60.0
 #: Longest wait for one replica's step counters at a step's end.
 _REPLICA_STATS_TIMEOUT_S = 30.0
+_REPLICA_STOP_WAIT_S = 30.0  # how long close waits for its killed replicas to be gone
 
 
 class RMService:
@@ -167,8 +169,8 @@ class RMService:
         if executor is not None:
             slots = executor.slots
             await executor.aclose(grace_s=grace_s)
-            for replica in slots:  # stand-ins too: they are not in the rm_wg
-                kill_quietly(replica)
+            # stand-ins too (they are not in the rm_wg); gone when close returns
+            await asyncio.to_thread(kill_and_wait, slots, _REPLICA_STOP_WAIT_S)
         group, self._group = self._group, None
         if group is not None:
             await asyncio.to_thread(shutdown_rm_worker_group, group)
