@@ -22,6 +22,7 @@ __all__ = [
     "NoSlotsError",
     "RewardModelError",
     "ReplicaLostError",
+    "EngineDeadError",
     "ShardDesyncError",
     "RMServiceLostError",
     "TrajectoryDroppedError",
@@ -119,6 +120,11 @@ class ShardDesyncError(RewardModelError):
     """Raised on a rank of a sharded RM replica (``gpus_per_replica > 1``) when a forward failed on some of its ranks
     but not on all (an out-of-memory error on one GPU, a failed collective): the ranks are no longer in step, so no
     rank may retry the rows alone. The replica ends; its batch is re-queued and the replica replaced whole."""
+
+
+class EngineDeadError(RewardModelError):
+    """Raised in an RM replica when its scoring engine (vLLM, ``engine='vllm'``) is dead: no row of the batch is at
+    fault, so the replica ends; its batch is re-queued on the other replicas and the replica replaced."""
 
 
 class RMServiceLostError(AsyncRMError):

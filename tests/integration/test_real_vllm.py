@@ -1,7 +1,9 @@
 """The plugin on verl's real vLLM rollout, and verl's own vLLM-served RM on the same trajectories (vLLM's CPU build).
 
 One module-scoped Ray cluster with logical GPUs (verl's vLLM pools ask for them) holds one verl ``vLLMReplica`` of the
-tiny policy (started once: about 30 s) and, for the comparison, one engine of verl's served RM. The rollout uses the
+tiny policy (started once: about 30 s) and, for the comparison, one engine of verl's served RM. The plugin's manager
+runs one step twice on that rollout: with its replicas on transformers, then on vLLM (``+async_rm.engine=vllm``). The
+rollout uses the
 demo's agent loop (a log-normal length per trajectory, ``ignore_eos``, greedy, ordinary tokens), so every response
 length is known in advance.
 
@@ -49,27 +51,29 @@ def vllm_ray():
     ray.shutdown()
 
 
-@pytest.fixture(scope="module")
-def plugin_step(vllm_ray, tiny_models, tmp_path_factory):
-    """One v1 step of the plugin's manager on verl's real vLLM rollout: (batch in prompt order, config, prompts)."""
-    import transfer_queue as tq
-    from verl.experimental.reward_loop import RewardLoopManager
-
-    from verl_async_rm import AsyncRMAgentLoopManager
+def _plugin_config(tiny_models, tmp_path_factory, *extra):
     from verl_async_rm.demo.agent_loop import AGENT_NAME, write_agent_loop_config
     from verl_async_rm.testing import compose_trainer_config
-    from verl_async_rm.testing.v1 import V1FitLoop, prompt_batch
-    from verl_async_rm.testing.vllm_rollout import cpu_rollout_overrides, rollout_actors, start_vllm_rollout
+    from verl_async_rm.testing.vllm_rollout import cpu_rollout_overrides
 
     loops = write_agent_loop_config(tmp_path_factory.mktemp("loops") / "agent_loops.yaml", median_tokens=MEDIAN,
                                     sigma=SIGMA, seed=SEED)
     extra = [f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}",
              f"actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_NAME}",
-             "+async_rm.retemplate=always", *cpu_rollout_overrides(256)]
-    config = compose_trainer_config(tiny_models.policy, trainer="v1", rollout_n=N, response_length=RESPONSE_LENGTH,
-                                    overrides=overrides(tiny_models, *extra))
-    tq.init(config.transfer_queue)
-    replica, client = start_vllm_rollout(config)
+             "+async_rm.retemplate=always", *cpu_rollout_overrides(256), *extra]
+    return compose_trainer_config(tiny_models.policy, trainer="v1", rollout_n=N, response_length=RESPONSE_LENGTH,
+                                  overrides=overrides(tiny_models, *extra))
+
+
+def _one_step(config, client):
+    """One v1 step of a plugin manager built as verl's trainer builds it: the batch in prompt order, with the
+    replicas' ``describe()``."""
+    import ray
+    from verl.experimental.reward_loop import RewardLoopManager
+
+    from verl_async_rm import AsyncRMAgentLoopManager
+    from verl_async_rm.testing.v1 import V1FitLoop, prompt_batch
+
     reward_loop = RewardLoopManager(config=config, rm_resource_pool=None)
     manager = AsyncRMAgentLoopManager.create(config=config, llm_client=client, teacher_client=None,
                                              reward_loop_worker_handles=reward_loop.reward_loop_worker_handles)
@@ -79,12 +83,42 @@ def plugin_step(vllm_ray, tiny_models, tmp_path_factory):
         prompts = prompt_batch(QUESTIONS)
         batch = loop.train_step(prompts, fields=fields)
         batch.questions = dict(zip(list(prompts["uid"]), QUESTIONS, strict=True))  # uid -> question
-        yield batch, config, manager
+        batch.described = ray.get(manager.rm_service.describe.remote(), timeout=120)
+        return batch
     finally:
         manager.shutdown()
-        for actor in [*reward_loop.reward_loop_workers, *manager.agent_loop_workers, *rollout_actors(replica)]:
+        for actor in [*reward_loop.reward_loop_workers, *manager.agent_loop_workers]:
+            ray.kill(actor)
+
+
+@pytest.fixture(scope="module")
+def rollout(vllm_ray, tiny_models, tmp_path_factory):
+    """verl's vLLM rollout replica of the tiny policy (started once for the module) and its client."""
+    import transfer_queue as tq
+
+    from verl_async_rm.testing.vllm_rollout import rollout_actors, start_vllm_rollout
+
+    config = _plugin_config(tiny_models, tmp_path_factory)
+    tq.init(config.transfer_queue)
+    replica, client = start_vllm_rollout(config)
+    try:
+        yield client
+    finally:
+        for actor in rollout_actors(replica):
             vllm_ray.kill(actor)
         tq.close()
+
+
+@pytest.fixture(scope="module")
+def plugin_step(rollout, tiny_models, tmp_path_factory):
+    """One v1 step of the plugin's manager (transformers replicas) on verl's real vLLM rollout."""
+    return _one_step(_plugin_config(tiny_models, tmp_path_factory), rollout)
+
+
+@pytest.fixture(scope="module")
+def vllm_engine_step(rollout, tiny_models, tmp_path_factory):
+    """The same step with ``+async_rm.engine=vllm``: the plugin's replicas score on vLLM's pooling engine."""
+    return _one_step(_plugin_config(tiny_models, tmp_path_factory, "+async_rm.engine=vllm"), rollout)
 
 
 def _raw_prompt(batch, i):
@@ -105,12 +139,11 @@ def _rm_reference(rm_path, policy_path, raw_prompt, response_ids):
         return float(rm(input_ids=torch.tensor([ids])).logits[0, 0])
 
 
-def test_the_plugin_scores_every_trajectory_of_verls_vllm_rollout_exactly(plugin_step, tiny_models):
+def _assert_every_trajectory_scored_exactly(batch, tiny_models):
     from transformers import AutoTokenizer
 
     from verl_async_rm.demo.agent_loop import response_tokens
 
-    batch, _, manager = plugin_step
     tok = AutoTokenizer.from_pretrained(tiny_models.policy)
     assert len(batch.keys) == N * len(QUESTIONS)
     specials = set(tok.all_special_ids)
@@ -131,6 +164,16 @@ def test_the_plugin_scores_every_trajectory_of_verls_vllm_rollout_exactly(plugin
     assert len({len(batch.data["responses"][i]) for i in range(len(batch.keys))}) > 1  # lengths spread out
 
 
+def test_the_plugin_scores_every_trajectory_of_verls_vllm_rollout_exactly(plugin_step, tiny_models):
+    _assert_every_trajectory_scored_exactly(plugin_step, tiny_models)
+    assert {info["engine"] for info in plugin_step.described} == {"hf"}
+
+
+def test_with_engine_vllm_the_replicas_score_on_vllm_exactly_as_transformers(vllm_engine_step, tiny_models):
+    _assert_every_trajectory_scored_exactly(vllm_engine_step, tiny_models)
+    assert [info["engine"] for info in vllm_engine_step.described] == ["vllm", "vllm"]
+
+
 def test_verls_served_rm_scores_the_same_trajectories_as_the_plugin(plugin_step, tiny_models):
     """verl's own served RM (vLLM pooling, ``compute_score_disrm``) on each trajectory the plugin scored."""
     import ray
@@ -140,7 +183,7 @@ def test_verls_served_rm_scores_the_same_trajectories_as_the_plugin(plugin_step,
     from verl_async_rm.testing import compose_trainer_config
     from verl_async_rm.testing.vllm_rollout import served_rm_overrides
 
-    batch, _, _ = plugin_step
+    batch = plugin_step
     config = compose_trainer_config(tiny_models.policy, trainer="v1", num_workers=1,
                                     overrides=[*served_rm_overrides(str(tiny_models.rm), 1, max_model_len=512)])
     served = start_served_rm(config)

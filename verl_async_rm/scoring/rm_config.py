@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from verl_async_rm.errors import ConfigValueError
 from verl_async_rm.options import check_options, option
 
-__all__ = ["RMConfig", "ConfigValueError"]
+__all__ = ["RMConfig", "ConfigValueError", "vllm_unsupported"]
 
 _POOL_FIX = "set {key} to a positive integer (one RM replica on one GPU: n_gpus_per_node=1, nnodes=1)"
 _SECONDS = {"above": 0, "why": "must be a positive number of seconds", "fix": "set {key}=300"}
@@ -117,6 +117,15 @@ class RMConfig:
         "that step ends (verl's rm_scores), their sum as the trajectory's score.",
         choices=("min", "mean", "last", "product", "none"), why="unknown reduction",
     )
+    engine: str = option(
+        "hf",
+        "What runs the forwards: 'hf' (transformers, the plugin's own padded or packed forwards); 'vllm' (a vLLM "
+        "pooling engine in each replica's process: outcome sequence-classification RMs read at their last token, "
+        "one GPU or CPU per replica; checked against transformers at load, or the replica refuses to start); "
+        "'auto': vLLM where it is installed, serves the RM and passes the load-time check, else transformers "
+        "(the choice and the reason in the replica's log and describe()).",
+        choices=("auto", "hf", "vllm"), why="unknown engine",
+    )
     micro_batch_max_tokens: int = option(
         16384,
         "Token budget of one forward pass: rows x longest row when padded, the rows' real tokens when "
@@ -199,6 +208,11 @@ class RMConfig:
             )
         if self.reward_kind == "process":
             self._check_process()
+        if self.engine == "vllm" and (reason := vllm_unsupported(self)) is not None:
+            raise ConfigValueError(
+                "engine", "vllm", reason,
+                "use engine='auto' (vLLM where it can serve the RM, else transformers) or engine='hf'",
+            )
         k, per_node = self.gpus_per_replica, self.n_gpus_per_node
         if per_node % k:
             node = "a node of the reward pool" if k < per_node else "a node"
@@ -244,3 +258,18 @@ class RMConfig:
     def num_replicas(self) -> int:
         """RM replicas in the pool (one executor slot each), of ``gpus_per_replica`` GPUs each."""
         return self.replicas_per_node * self.nnodes
+
+
+def vllm_unsupported(config: RMConfig) -> str | None:
+    """Why the plugin cannot score this RM on vLLM, from its settings alone (None: it may; the load decides)."""
+    if config.reward_kind != "outcome":
+        return "the plugin scores process RMs on transformers only (their steps are read at separator tokens)"
+    if config.score_output_field is not None:
+        return "an output field (score_output_field) is read from the model's own forward, which vLLM does not run"
+    if config.score_head not in ("auto", "score"):
+        return f"vLLM reads the 'score' head of a sequence-classification RM, not score_head={config.score_head!r}"
+    if config.gpus_per_replica > 1:
+        return "a vLLM replica holds one GPU (gpus_per_replica > 1 is served by the transformers path's sharding)"
+    if config.trust_remote_code:
+        return "the RM runs its own code (trust_remote_code=True), which vLLM's model classes do not"
+    return None

@@ -17,6 +17,7 @@ counts.
 from __future__ import annotations
 
 import functools
+import gc
 import json
 import logging
 import math
@@ -30,7 +31,7 @@ import torch
 from verl_async_rm.errors import NonFiniteScoreError, RewardInputError, RewardModelError
 from verl_async_rm.scoring.checkpoint import check_rm_checkpoint, load_reward_model, load_tokenizer
 from verl_async_rm.errors import ConfigValueError
-from verl_async_rm.scoring.rm_config import RMConfig
+from verl_async_rm.scoring.rm_config import RMConfig, vllm_unsupported
 from verl_async_rm.scoring.forward import RMForward, last_token_logits, reduce_outputs
 from verl_async_rm.scoring.inputs import prepare_input_ids, tokenizers_match
 from verl_async_rm.scoring.sharding import (
@@ -48,6 +49,12 @@ logger = logging.getLogger(__name__)
 __all__ = ["RewardModelScorer", "resolve_dtype", "last_token_logits", "reduce_outputs"]
 
 _AUTO_HEADS = ("score", "v_head", "classifier")
+#: Texts of the load-time check of ``engine='vllm'`` (as the RM's tokenizer reads them).
+_CHECK_TEXTS = (
+    "The answer is 42.",
+    "Let me think step by step. Three apples plus four apples make seven apples, so the answer is 7.",
+    "no",
+)
 
 
 def resolve_dtype(name: str, on_gpu: bool) -> torch.dtype:
@@ -173,9 +180,13 @@ class RewardModelScorer:
         self._stats = _zero_stats()
         self._step = _zero_stats()
         self._warned_truncation = False
+        #: What runs the forwards ('hf' or 'vllm') and why (config.engine, vLLM's support, the load-time check).
+        self.engine, self.engine_reason = "hf", "engine='hf'"
+        if config.engine != "hf":
+            self._start_vllm()
         logger.info(
             "RM %s (%s, %s) loaded on %s (%s, %s attention, %d output(s), head=%s, max_length=%s, retemplate=%s, "
-            "forwards %s%s)",
+            "forwards %s%s, engine %s)",
             config.model_path,
             type(model).__name__,
             config.reward_kind,
@@ -188,6 +199,7 @@ class RewardModelScorer:
             self.retemplate,
             self.forward.describe()["packing"],
             f", reward token {self.suffix_ids} appended" if self.suffix_ids else "",
+            self.engine,
         )
 
     # ----------------------------------------------------------------------------------------------------- scoring
@@ -298,9 +310,82 @@ class RewardModelScorer:
             "retemplate": self.retemplate,
             "max_length": self.max_length,
             "num_labels": self.num_labels,
+            "engine": self.engine,
+            "engine_reason": self.engine_reason,
             **self.sharding,
             **self.forward.describe(),
         }
+
+    # ------------------------------------------------------------------------------------------------------ engine
+
+    def _start_vllm(self) -> None:
+        """``engine='vllm'`` or ``'auto'``: move the forwards to a vLLM engine when it serves this RM and scores the
+        load-time check inputs as the transformers forward does (one row at a time, the RM's dtype, within
+        :func:`~verl_async_rm.scoring.vllm_forward.check_tolerance`); else, under ``'auto'``, stay on transformers
+        (the reason logged and in :meth:`describe`), and under ``'vllm'`` refuse to load (``RewardModelError``)."""
+        from verl_async_rm.scoring.vllm_forward import VLLMForward, check_tolerance, vllm_version
+
+        reason = vllm_unsupported(self.config)
+        if reason is None and self.head_name != "score":
+            reason = f"vLLM reads a 'score' head; this RM's scores come from {self.head_name!r}"
+        if reason is None and vllm_version() is None:
+            reason = "vLLM is not installed (or fails to import) in the replica's environment"
+        if reason is None:
+            rows = self._check_rows()
+            reference = [float(self.forward.forward_ids([ids])[0]) for ids in rows]
+            self._park_model("cpu")  # the engine gets the device's memory; transformers stays for a fallback
+            engine = None
+            try:
+                engine = VLLMForward(self.config, max_length=self.max_length, dtype=self.dtype, device=self.device)
+                got = engine.forward_ids(rows).tolist()
+            except Exception as err:  # noqa: BLE001 - an architecture, kernel or setting vLLM refuses: say which
+                reason = f"vLLM could not {'load' if engine is None else 'run'} the RM: {err!r}"
+                if engine is not None:
+                    engine.close()
+            else:
+                diff = max(abs(a - b) / max(1.0, abs(b)) for a, b in zip(got, reference, strict=True))
+                tolerance = check_tolerance(self.dtype)
+                if diff <= tolerance:  # False for NaN too
+                    self._use_engine(engine, f"vLLM {vllm_version()} scores the {len(rows)} load-time check "
+                                             f"inputs as transformers within {diff:.2g} (tolerance {tolerance:g})")
+                    return
+                engine.close()
+                reason = (f"vLLM scores the load-time check inputs differently from transformers: {got} against "
+                          f"{reference}, a relative difference of {diff:.3g} > {tolerance:g}")
+            self._park_model(self.device)
+        if self.config.engine == "vllm":
+            raise RewardModelError(
+                f"engine='vllm' for the RM at {self.config.model_path}: {reason}. Fix: use engine='hf' or "
+                "engine='auto' (vLLM where it can serve the RM, else transformers)"
+            )
+        self.engine_reason = f"engine='auto' chose transformers: {reason}"
+        logger.warning("RM %s: %s", self.config.model_path, self.engine_reason)
+
+    def _use_engine(self, engine: Any, why: str) -> None:
+        """Score on ``engine`` from now on and free the transformers model."""
+        self.forward.close()
+        self.forward, self.model = engine, None
+        self.engine, self.engine_reason = "vllm", why
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        logger.info("RM %s: engine vllm (%s; started in %.1f s)", self.config.model_path, why, engine.start_s)
+
+    def _park_model(self, device: str | torch.device) -> None:
+        """Move the transformers model (off the accelerator while vLLM starts, back for a fallback)."""
+        if self.device.type != "cpu":
+            self.model.to(device)
+            if torch.device(device).type == "cpu":
+                torch.cuda.empty_cache()
+
+    def _check_rows(self) -> list[list[int]]:
+        """The load-time check's inputs: fixed texts in the RM's tokenizer, with the reward token if it has one."""
+        limit = (self.max_length or 64) - len(self.suffix_ids)
+        rows = []
+        for text in _CHECK_TEXTS:
+            ids = [i for i in self.rm_tokenizer(text)["input_ids"] if i < self.rm_vocab_size][:limit]
+            rows.append([*(ids or [self.pad_id]), *self.suffix_ids])
+        return rows
 
     # ------------------------------------------------------------------------------------------------------- stats
 

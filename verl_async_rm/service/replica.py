@@ -18,7 +18,7 @@ import ray
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 
-from verl_async_rm.errors import RewardModelError
+from verl_async_rm.errors import EngineDeadError, RewardModelError
 from verl_async_rm.scoring.rm_config import RMConfig
 from verl_async_rm.request import RMRequest
 from verl_async_rm.scoring.scorer import RewardModelScorer
@@ -82,6 +82,10 @@ class RMReplica(Worker):
             if self._ranks is None:
                 return scorer.score(requests)
             return self._ranks.run(requests, lambda: scorer.score(requests))
+        except EngineDeadError as err:  # no row is at fault: end the replica, the service re-queues and replaces it
+            logger.error("%s; ending the replica so that it is replaced", err)
+            logging.shutdown()
+            os._exit(1)
         finally:
             self._batch_records.append({"start": start, "end": time.time(), "size": len(requests)})
 
@@ -97,8 +101,9 @@ class RMReplica(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # also ``rm_wg.describe()``: every replica's, in rank order
     def describe(self) -> dict[str, Any]:
-        """Where this replica runs (node, process) and what it serves (device, dtype, retemplating, max_length, and
-        ``packing``: whether its forwards are packed, with which kernel, and why)."""
+        """Where this replica runs (node, process) and what it serves (device, dtype, retemplating, max_length,
+        ``engine`` and ``engine_reason``: transformers or vLLM and why, and ``packing``: whether its forwards are
+        packed, with which kernel, and why)."""
         context = ray.get_runtime_context()
         info: dict[str, Any] = {
             "rank": self.rank,

@@ -1,0 +1,198 @@
+"""``engine='vllm'``: RM replicas that score on vLLM's pooling engine (its CPU build) inside the plugin's service.
+
+Real parts throughout: RM services on the local Ray cluster, replicas that each run a vLLM engine in their own process,
+the tiny RM (head dimension 32). Every score is compared with a plain transformers forward of the same ids (fp32,
+1e-4). The faults are real too: a row whose RM score is NaN (the NaN-RM's ``</s>``), a replica killed under its
+batch, a copy of the RM that vLLM pools differently (a sentence-transformers mean-pooling config, which vLLM honours
+and transformers ignores), and a copy vLLM's CPU attention cannot run (head dimension 16).
+
+These tests skip with the reason where vLLM cannot run; ``VERL_ASYNC_RM_REQUIRE_VLLM=1`` (set by ``.ci/run``) turns
+that skip into a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import time
+
+import pytest
+import ray
+from rm_cases import ANSWERS, QUESTIONS, direct_score, hf_model, make_request, wait_stats
+
+from verl_async_rm.batching import BatchPolicy
+from verl_async_rm.errors import NonFiniteScoreError, RewardModelError
+from verl_async_rm.scoring import RMConfig
+from verl_async_rm.service import score_with_timeout, start_rm_service
+
+pytestmark = pytest.mark.integration
+
+ATOL = 1e-4
+HANG_S = 180.0
+
+
+@pytest.fixture(scope="module")
+def vllm_required():
+    from verl_async_rm.vllm_cpu import vllm_unavailable_reason
+
+    reason = vllm_unavailable_reason()
+    if reason:
+        if os.environ.get("VERL_ASYNC_RM_REQUIRE_VLLM") == "1":
+            pytest.fail(f"VERL_ASYNC_RM_REQUIRE_VLLM=1 but {reason}")
+        pytest.skip(reason)
+
+
+def config(model_path, policy_path, replicas: int = 2, **kwargs) -> RMConfig:
+    return RMConfig(model_path=str(model_path), policy_tokenizer_path=str(policy_path), use_gpu=False,
+                    n_gpus_per_node=replicas, nnodes=1, placement_timeout_s=60, init_timeout_s=180, **kwargs)
+
+
+def start(cfg: RMConfig, **policy):
+    return start_rm_service(cfg, BatchPolicy(**{"max_batch_size": 16, "max_wait_ms": 20, **policy}),
+                            name=f"vllm_engine_{time.monotonic_ns()}")
+
+
+def stop(service) -> None:
+    ray.get(service.close.remote(), timeout=HANG_S)
+    ray.kill(service)
+
+
+def requests(policy_tok, n: int, tag: str):
+    pairs = [(q, a) for q in QUESTIONS for a in ANSWERS]
+    # GRPO-like: siblings of one prompt share a group, so vLLM's prefix cache sees common prompts
+    return [make_request(policy_tok, *pairs[i % len(pairs)], uid=f"{tag}{i}", group=f"{tag}{i % 3}")
+            for i in range(n)]
+
+
+def expected(model_path, reqs) -> list[float]:
+    model = hf_model(model_path)
+    return [direct_score(model, r.prompt_ids + r.response_ids) for r in reqs]
+
+
+@pytest.fixture(scope="module")
+def vllm_service(ray_local, vllm_required, tiny_models, nan_rm):
+    """Two vLLM replicas of the NaN-RM (the tiny RM, except that ``</s>`` gives NaN)."""
+    service = start(config(nan_rm[0], tiny_models.policy, engine="vllm"))
+    yield service
+    stop(service)
+
+
+async def _replicas(service) -> list:
+    return [ray.get_actor(info["actor_name"]) for info in await service.describe.remote()]
+
+
+def test_vllm_replicas_score_every_request_as_transformers(vllm_service, nan_rm, policy_tok):
+    reqs = requests(policy_tok, 40, "a")
+
+    async def main():
+        scores = await asyncio.gather(*(score_with_timeout(vllm_service, r, timeout_s=HANG_S) for r in reqs))
+        return scores, await vllm_service.describe.remote()
+
+    scores, described = asyncio.run(main())
+    assert scores == pytest.approx(expected(nan_rm[0], reqs), abs=ATOL)
+    assert len(described) == 2
+    for info in described:
+        assert info["engine"] == "vllm" and info["packing"] == "vllm" and info["vllm"]
+        assert "load-time check inputs as transformers within" in info["engine_reason"]
+
+
+def test_a_row_that_scores_nan_on_vllm_fails_alone(vllm_service, nan_rm, policy_tok):
+    reqs = requests(policy_tok, 6, "p")
+    reqs[2].response_ids = [*reqs[2].response_ids, nan_rm[1]]  # ends in the NaN-RM's poisoned token
+    results = ray.get(vllm_service.score_batch.remote(reqs, HANG_S), timeout=HANG_S)
+    assert isinstance(results[2], NonFiniteScoreError)
+    good = [r for i, r in enumerate(reqs) if i != 2]
+    assert [s for i, s in enumerate(results) if i != 2] == pytest.approx(expected(nan_rm[0], good), abs=ATOL)
+
+
+def test_a_killed_vllm_replica_loses_no_request_and_is_replaced(ray_local, vllm_required, tiny_models, policy_tok):
+    service = start(config(tiny_models.rm, tiny_models.policy, engine="vllm"), max_wait_ms=3_600_000)
+    first, second = requests(policy_tok, 16, "k"), requests(policy_tok, 8, "l")
+
+    async def main():
+        # 16 per batch and an hour of max_wait: the first 12 wait; the 4 others make the batch
+        waiting = [asyncio.ensure_future(score_with_timeout(service, r, timeout_s=HANG_S)) for r in first[:12]]
+        await wait_stats(service, lambda s: s["queue_len"] == 12, "12 queued")
+        victim = (await _replicas(service))[0]
+        ray.kill(victim, no_restart=True)
+        waiting += [asyncio.ensure_future(score_with_timeout(service, r, timeout_s=HANG_S)) for r in first[12:]]
+        scores = await asyncio.gather(*waiting)
+        replaced = await wait_stats(service, lambda s: s["slots_replaced_total"] == 1, "the replica replaced")
+        described = await asyncio.wait_for(service.describe.remote(), 60)
+        # the new replica takes its share: 16 at once make one batch per replica
+        again = await asyncio.gather(*(score_with_timeout(service, r, timeout_s=HANG_S) for r in second * 2))
+        return scores, replaced, described, again, await service.stats.remote()
+
+    try:
+        scores, replaced, described, again, final = asyncio.run(main())
+    finally:
+        stop(service)
+    assert scores == pytest.approx(expected(tiny_models.rm, first), abs=ATOL)
+    assert replaced["slots_lost_total"] == 1 and replaced["slots_free"] == 2
+    assert [info["engine"] for info in described] == ["vllm", "vllm"]  # the replacement loaded vLLM again
+    assert again == pytest.approx(expected(tiny_models.rm, second * 2), abs=ATOL)
+    assert final["failed"] == 0 and final["completed"] == 32
+
+
+@pytest.fixture(scope="module")
+def mean_pooled_rm(tiny_models, tmp_path_factory):
+    """The tiny RM with a sentence-transformers mean-pooling config: vLLM pools every token, transformers' sequence
+    classification still reads the last one, so the engines disagree."""
+    out = tmp_path_factory.mktemp("mean_pooled_rm") / "rm"
+    shutil.copytree(tiny_models.rm, out)
+    hidden = json.loads((out / "config.json").read_text())["hidden_size"]
+    (out / "1_Pooling").mkdir()
+    (out / "1_Pooling" / "config.json").write_text(json.dumps(
+        {"word_embedding_dimension": hidden, "pooling_mode_mean_tokens": True, "pooling_mode_lasttoken": False}))
+    (out / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def head_dim_16_rm(tiny_models, tmp_path_factory):
+    """The tiny RM read with 4 heads of 16 (same weights): transformers runs it, vLLM's CPU attention does not."""
+    out = tmp_path_factory.mktemp("head_dim_16_rm") / "rm"
+    shutil.copytree(tiny_models.rm, out)
+    cfg = json.loads((out / "config.json").read_text())
+    cfg.update(num_attention_heads=cfg["hidden_size"] // 16, num_key_value_heads=cfg["hidden_size"] // 16)
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
+def test_the_load_time_check_refuses_a_model_vllm_scores_differently(ray_local, vllm_required, tiny_models,
+                                                                       mean_pooled_rm):
+    with pytest.raises(RewardModelError, match=r"engine='vllm'.*scores the load-time check inputs differently"):
+        start(config(mean_pooled_rm, tiny_models.policy, replicas=1, engine="vllm"))
+
+
+@pytest.mark.parametrize(("rm", "why"), [("mean_pooled_rm", "differently from transformers"),
+                                         ("head_dim_16_rm", "vLLM could not run the RM")])
+def test_auto_falls_back_to_transformers_and_says_why(ray_local, vllm_required, tiny_models, policy_tok, request, rm,
+                                                      why):
+    path = request.getfixturevalue(rm)
+    service = start(config(path, tiny_models.policy, replicas=1, engine="auto"))
+    reqs = requests(policy_tok, 5, "f")
+    try:
+        scores = ray.get(service.score_batch.remote(reqs, HANG_S), timeout=HANG_S)
+        (info,) = ray.get(service.describe.remote(), timeout=60)
+    finally:
+        stop(service)
+    assert info["engine"] == "hf" and info["engine_reason"].startswith("engine='auto' chose transformers")
+    assert why in info["engine_reason"]
+    assert scores == pytest.approx(expected(path, reqs), abs=ATOL)
+
+
+def test_settings_vllm_does_not_serve_are_refused_or_fall_back_before_any_load(tiny_models):
+    """No engine needed: process RMs, output fields and sharded replicas stay on transformers."""
+    from verl_async_rm.scoring.rm_config import vllm_unsupported
+
+    with pytest.raises(ValueError, match=r"engine='vllm': the plugin scores process RMs on transformers only.*"
+                                         r"Fix: use engine='auto'"):
+        config(tiny_models.rm, tiny_models.policy, engine="vllm", reward_kind="process", step_separator="<s>")
+    auto = config(tiny_models.rm, tiny_models.policy, engine="auto", gpus_per_replica=2)
+    assert "one GPU" in vllm_unsupported(auto)
+    assert vllm_unsupported(config(tiny_models.rm, tiny_models.policy, engine="auto")) is None
