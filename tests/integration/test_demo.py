@@ -39,8 +39,8 @@ def demo_run(tmp_path_factory, tiny_models):
 
 
 def _modes(summary):
-    """The modes the run must have: verl_served too when verl's vLLM rollout generated."""
-    return {"async", "sync"} | ({"verl_served"} if summary["config"]["rollout"] == "vllm" else set())
+    """The modes the run must have: async_vllm and verl_served too when verl's vLLM rollout generated."""
+    return {"async", "sync"} | ({"async_vllm", "verl_served"} if summary["config"]["rollout"] == "vllm" else set())
 
 
 @pytest.mark.timeout(900)
@@ -97,6 +97,10 @@ def test_every_mode_gives_the_same_rewards_for_the_same_responses(demo_run):
     if "verl_served" in steps:
         assert summary["config"]["rollout"] == "vllm" and summary["environment"]["vllm"]
         assert "the plugin vs verl's served RM" in stdout and "vLLMReplica" in stdout
+        # the plugin's replicas on vLLM against verl's served RM (both vLLM pooling engines), where responses agree
+        agreement = summary["agreement"]["async_vllm_vs_verl_served"]
+        assert agreement["compared"] >= BATCH // 2 and agreement["max_abs_diff"] <= 1e-3
+        assert "the plugin on vLLM vs verl's served RM" in stdout and "the plugin's on vLLM:" in stdout
 
 
 @pytest.mark.timeout(900)
@@ -112,6 +116,10 @@ def test_each_mode_ends_its_step_where_its_rewards_are_known(demo_run):
     first_sync_batch = min(b["start_s"] for b in sync["timeline"]["batches"])
     assert sync["sample_s"] <= first_sync_batch <= sync["step_time_s"]
     assert max(sync["timeline"]["finishes_s"]) <= sync["sample_s"]  # nothing scored before the whole rollout ended
+    on_vllm = summary["modes"].get("async_vllm", {}).get("per_step", [None])[0]
+    if on_vllm is not None:  # the plugin on vLLM ends its step as on transformers
+        assert on_vllm["step_time_s"] == pytest.approx(on_vllm["sample_s"])
+        assert max(b["end_s"] for b in on_vllm["timeline"]["batches"]) <= on_vllm["step_time_s"]
     served = summary["modes"].get("verl_served", {}).get("per_step", [None])[0]
     if served is not None:  # verl's served RM: like async, every reward is known when the sample returns
         assert served["step_time_s"] == pytest.approx(served["sample_s"])

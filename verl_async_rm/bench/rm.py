@@ -34,12 +34,13 @@ from typing import Any
 __all__ = ["run_rm_bench", "format_table", "main"]
 
 MODES = ("auto", "true", "false")
+ENGINES = ("hf", "vllm")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="verl-async-rm bench rm", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--shape", default="tiny", help="llama8b, qwen0.5b or tiny (default: tiny)")
+    parser.add_argument("--shape", default="tiny", help="llama8b, qwen0.5b, small or tiny (default: tiny; vLLM on CPU needs small or larger)")
     parser.add_argument("--config", default=None, help="a HF config.json (or its directory) instead of --shape")
     parser.add_argument("--requests", type=int, default=512, help="RM inputs per pass (default: 512)")
     parser.add_argument("--packing", default="auto,false",
@@ -56,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sharding", default="none", choices=("none", "tensor_parallel", "fsdp2"),
                         help="run the model through a sharded replica's load path on one rank (a group of one), to "
                              "compare its cost with the unsharded model's (default: none)")
+    parser.add_argument("--engine", default="hf",
+                        help="comma-separated engines, of hf (the --packing modes) and vllm (a vLLM pooling engine, as "
+                             "engine='vllm' replicas run it; with --rollout-n > 1 also 'vllm+shared': its prefix "
+                             "cache on) (default: hf)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="directory for bench_rm.json")
     return parser
@@ -166,6 +171,71 @@ def run_mode(model: Any, device: Any, mode: str, workload: tuple[list[list[int]]
     return result, [s if isinstance(s, float) else float("nan") for s in scores]
 
 
+def run_vllm_mode(model: Any, device: Any, mode: str, workload: tuple[list[list[int]], list[str]],
+                  warmup: tuple[list[list[int]], list[str]], budget: int) -> tuple[dict[str, Any], list[float]]:
+    """``vllm`` (prefix cache off) or ``vllm+shared`` (on): the same passes as :func:`run_mode`, on
+    :class:`~verl_async_rm.scoring.vllm_forward.VLLMForward` loaded from ``model`` saved with a word-level tokenizer.
+    The prefix cache is emptied before each pass, so ``repeat`` reuses nothing of ``fresh``."""
+    import tempfile
+
+    from verl_async_rm.scoring.rm_config import RMConfig
+    from verl_async_rm.scoring.vllm_forward import VLLMForward
+
+    path = tempfile.mkdtemp(prefix="bench_rm_vllm_")
+    _save_for_vllm(model, path)
+    inputs, groups = workload
+    longest = max(len(ids) for ids in [*inputs, *warmup[0]])
+    config = RMConfig(model_path=path, retemplate="never", micro_batch_max_tokens=budget, use_gpu=device.type != "cpu")
+    shared = mode.endswith("+shared")
+    forward = VLLMForward(config, max_length=longest, dtype=model.dtype, device=device, prefix_caching=shared)
+
+    def one_pass(rows: list[list[int]]) -> list[Any]:
+        forward.llm.reset_prefix_cache()
+        return forward.score_all(rows, budget)
+
+    try:
+        _peak_memory_reset(device)
+        one_pass(warmup[0])
+        fresh_s, scores = _timed(lambda: one_pass(inputs), device)
+        repeat_s = min(_timed(lambda: one_pass(inputs), device)[0] for _ in range(2))
+        real = sum(len(ids) for ids in inputs)
+        peak, peak_kind = _peak_memory_gib(device)
+        result = {
+            **forward.describe(),
+            "packing": f"vllm, prefix cache {'on' if shared else 'off'}",
+            "forwards": None,
+            "real_tokens": real,
+            "padded_tokens": None,
+            "padding_fraction": None,
+            "computed_over_real": None,
+            "fresh_traj_per_s": len(inputs) / fresh_s,
+            "fresh_s": fresh_s,
+            "repeat_s": repeat_s,
+            "fresh_tok_per_s": real / fresh_s,
+            "repeat_tok_per_s": real / repeat_s,
+            "fresh_over_repeat": repeat_s / fresh_s,
+            "engine_start_s": forward.start_s,
+            "peak_memory_gib": peak,
+            "peak_memory_kind": peak_kind,
+            "failed": sum(not isinstance(v, float) for v in scores),
+        }
+    finally:
+        forward.close()
+    return result, [v if isinstance(v, float) else float("nan") for v in scores]
+
+
+def _save_for_vllm(model: Any, path: str) -> None:
+    """Save ``model`` with a word-level tokenizer of its vocabulary size (vLLM loads one; the ids are given)."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    model.save_pretrained(path)
+    vocab = {f"t{i}": i for i in range(int(model.get_input_embeddings().num_embeddings))}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="t0")),
+                                        pad_token="t0", bos_token="t1", eos_token="t2")
+    tokenizer.save_pretrained(path)
+
+
 def shard_on_one_rank(model: Any, method: str, device: Any, dtype: Any) -> Any:
     """``model`` saved and loaded again the way a sharded replica loads its RM (``scoring.sharding``), by ``method``,
     over a group of one rank: the sharded code path's own cost (DTensor or FSDP2 wrapping), with nothing to split."""
@@ -201,8 +271,15 @@ def run_rm_bench(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError(f"--requests {args.requests!r}: must be positive. Fix: e.g. --requests 512")
     if args.rollout_n <= 0:
         raise ValueError(f"--rollout-n {args.rollout_n!r}: must be positive. Fix: e.g. --rollout-n 8")
+    engines = [e.strip() for e in args.engine.split(",") if e.strip()]
+    if not engines or any(e not in ENGINES for e in engines):
+        raise ValueError(f"--engine {args.engine!r}: engines are {ENGINES}. Fix: e.g. --engine hf,vllm")
+    if "hf" not in engines:
+        modes = []
     if args.rollout_n > 1:
         modes = [m for mode in modes for m in ((mode, f"{mode}+shared") if mode != "false" else (mode,))]
+    if "vllm" in engines:
+        modes += ["vllm", "vllm+shared"] if args.rollout_n > 1 else ["vllm"]
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     if device.type == "cuda" and device.index is None:
         device = torch.device("cuda", torch.cuda.current_device())
@@ -229,7 +306,8 @@ def run_rm_bench(args: argparse.Namespace) -> dict[str, Any]:
     scores: dict[str, list[float]] = {}
     try:
         for mode in modes:
-            results[mode], scores[mode] = run_mode(model, device, mode, workload, warmup, budget)
+            run = run_vllm_mode if mode.startswith("vllm") else run_mode
+            results[mode], scores[mode] = run(model, device, mode, workload, warmup, budget)
     finally:
         if args.sharding != "none":
             from verl_async_rm.scoring.sharding import leave_group
@@ -251,6 +329,7 @@ def run_rm_bench(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "rm",
         "environment": environment_snapshot(),
         "transformers": _version("transformers"),
+        "vllm": _version("vllm") if "vllm" in engines else None,
         "shape": name,
         "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -298,7 +377,7 @@ def format_table(report: dict[str, Any]) -> str:
     ]
     for mode, r in report["modes"].items():
         lines.append(
-            f"{mode:<12} {r['packing']:<33} {r['forwards']:>4} {r['computed_over_real']:>8.3f} "
+            f"{mode:<12} {r['packing']:<33} {num(r['forwards'], 'd'):>4} {num(r['computed_over_real'], '.3f'):>8} "
             f"{r['fresh_tok_per_s']:>12,.0f} {r['repeat_tok_per_s']:>13,.0f} {r['fresh_over_repeat']:>9.2f} "
             f"{r['fresh_traj_per_s']:>9,.1f} {r['fresh_of_dense_bound']:>8.2f} {num(r['fresh_mfu'], '.2f'):>5} "
             f"{num(r['peak_memory_gib'], '.2f'):>8}"

@@ -27,7 +27,12 @@ SHAPES: dict[str, dict[str, Any]] = {
         "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
         "max_position_embeddings": 32768, "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
     },
-    "tiny": {  # the tests' tiny Qwen2 RM shape: CPU and CI
+    "small": {  # a 13M-parameter Qwen2 (heads of 64, which vLLM's CPU attention runs): engines compared on CPU
+        "model_type": "qwen2", "vocab_size": 8192, "hidden_size": 384, "intermediate_size": 1024,
+        "num_hidden_layers": 6, "num_attention_heads": 6, "num_key_value_heads": 2,
+        "max_position_embeddings": 8192, "tie_word_embeddings": True,
+    },
+    "tiny": {  # a tiny Qwen2 RM shape (heads of 16: transformers only on CPU, vLLM's CPU attention refuses them)
         "model_type": "qwen2", "vocab_size": 640, "hidden_size": 64, "intermediate_size": 128,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
         "max_position_embeddings": 8192, "tie_word_embeddings": True,

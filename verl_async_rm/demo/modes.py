@@ -1,4 +1,4 @@
-"""The three ways the demo runs a step on verl's v1 trainer, on the same prompts, rollout, RM and mix.
+"""The ways the demo runs a step on verl's v1 trainer, on the same prompts, rollout, RM and mix.
 
 Every mode goes through :class:`~verl_async_rm.testing.V1FitLoop`, verl's own v1 fit loop without the policy's GPU
 work: the prompts are tagged in TransferQueue and dispatched (``PPOTrainer._submit_batch_to_rollout``), verl's replay
@@ -8,6 +8,8 @@ are read from TransferQueue and cleared, and the step is closed.
 - ``async``: the plugin's :class:`~verl_async_rm.AsyncRMAgentLoopManagerV1`: each trajectory goes to the RM executor
   the moment its agent loop ends, and verl's reward loop mixes RM and rule scores before the trajectory is put in
   TransferQueue, so every reward is known when the sample returns; the step ends there.
+- ``async_vllm``: the same, with the plugin's replicas scoring on vLLM's pooling engine (``+async_rm.engine=vllm``;
+  verl's vLLM rollout only).
 - ``sync``: verl's plain ``AgentLoopManagerTQ`` with no reward-loop workers (what verl's v1 trainer does with a
   colocated RM: ``_compute_reward_colocate`` after sampling); once the sample returns, its prompts and responses are
   read from TransferQueue, split across the same RM replicas (contiguous chunks, as verl's ``DP_COMPUTE_PROTO``
@@ -137,8 +139,9 @@ def sampled_order(keys: Sequence[str], uids: Sequence[str]) -> list[int]:
 
 
 def run_async_step(loop: Any, manager: Any, prompts: Any, step: int,
-                   reset: Callable[[], None] | None = None) -> StepTimeline:
-    """One step through the plugin's v1 manager; rewards are read from verl's ``rm_scores`` in TransferQueue."""
+                   reset: Callable[[], None] | None = None, mode: str = "async") -> StepTimeline:
+    """One step through the plugin's v1 manager; rewards are read from verl's ``rm_scores`` in TransferQueue.
+    ``mode``: ``async`` (replicas on transformers) or ``async_vllm`` (``+async_rm.engine=vllm``)."""
     service = manager.rm_service
     _begin(reset, service)
     uids = list(prompts["uid"])
@@ -150,7 +153,7 @@ def run_async_step(loop: Any, manager: Any, prompts: Any, step: int,
     infos = [batch.reward_extra_info(i) for i in order]
     metrics = batch.metrics
     return StepTimeline(
-        mode="async", step=step, t0=t0, t_end=sampled_at, finishes=_finishes(batch.data, order),
+        mode=mode, step=step, t0=t0, t_end=sampled_at, finishes=_finishes(batch.data, order),
         batches=collect_batches(service), num_replicas=manager.async_rm_config.rm.num_replicas,
         responses=_digests(batch.data, order),
         rewards=[batch.reward(i) for i in order],

@@ -17,10 +17,11 @@ __all__ = ["plot_timeline"]
 
 _MODE_TITLES = {
     "async": "async RM: each trajectory scored as its agent loop ends",
+    "async_vllm": "async RM on vLLM (engine=vllm): each trajectory scored as its agent loop ends",
     "sync": "sync: whole batch scored after the rollout",
     "verl_served": "verl's served RM (vLLM): one request per trajectory as its agent loop ends",
 }
-_ORDER = ("async", "sync", "verl_served")
+_ORDER = ("async", "async_vllm", "sync", "verl_served")
 
 
 def plot_timeline(modes: Mapping[str, Sequence[StepTimeline]], path: str | os.PathLike) -> str:

@@ -1,11 +1,13 @@
-"""``verl-async-rm demo``: the same rollout steps scored three ways: the plugin, after the rollout, verl's served RM.
+"""``verl-async-rm demo``: the same rollout steps scored four ways: the plugin (on transformers, on vLLM), after the
+rollout, verl's served RM.
 
 On a CPU machine with nothing but this package (and vLLM's CPU build, which ``scripts/env.sh`` installs): builds the
 tiny models (and the demo RM) if missing, starts its own local Ray cluster (with logical GPUs for verl's vLLM pools)
 and verl's TransferQueue, starts verl's own ``vLLMReplica`` for the tiny policy behind verl's router, builds
 
 - the plugin's :class:`~verl_async_rm.AsyncRMAgentLoopManager` as verl's v1 trainer (the default,
-  ``trainer.use_v1=True``) does (after verl's ``RewardLoopManager``): mode ``async``;
+  ``trainer.use_v1=True``) does (after verl's ``RewardLoopManager``): mode ``async``; the same with its replicas on
+  vLLM's pooling engine (``+async_rm.engine=vllm``): mode ``async_vllm``;
 - verl's plain ``AgentLoopManagerTQ`` with no reward-loop workers, scored on the same RM replicas after the rollout:
   mode ``sync``;
 - verl's plain ``AgentLoopManagerTQ`` with verl's own vLLM-served RM on a pool of its own, one engine per plugin
@@ -16,7 +18,8 @@ runs each step once per mode on the same prompts. The demo's agent loop (:mod:`v
 every trajectory a heavy-tailed length of its own and decodes greedily, so every mode scores the same responses.
 One warm-up step per mode is run first and not counted. It writes ``timeline.png`` and ``summary.json`` to the output
 folder, closes TransferQueue and shuts the cluster down. Without vLLM (``--rollout-backend standin``, or ``auto``
-where vLLM is missing) the CPU stand-in server generates and ``verl_served`` is skipped, with the reason printed.
+where vLLM is missing) the CPU stand-in server generates and ``async_vllm`` and ``verl_served`` are skipped, with the
+reason printed.
 The rollout and the RM get half of the cores each (:mod:`verl_async_rm.demo.cores`), as a cluster gives them GPUs of
 their own.
 """
@@ -102,7 +105,7 @@ def run_demo(config: DemoConfig | None = None) -> DemoResult:
         rollout, why = choose_rollout(config.rollout_backend)
         if why:
             logger.warning("%s", why)
-        bar.total = 4 + (3 if rollout == "vllm" else 2) * config.steps  # the modes this run has
+        bar.total = 4 + (4 if rollout == "vllm" else 2) * config.steps  # the modes this run has
         bar.set_description("build models")
         tiny = build_tiny_models(config.cache_dir, seed=config.seed)
         rm_path = build_demo_rm(tiny, hidden_size=config.rm_hidden_size, num_layers=config.rm_layers,
@@ -169,6 +172,7 @@ def _trainer_configs(config: DemoConfig, tiny: Any, rm_path: str, out_dir: Path,
                        if _key(o) not in replaced and not _key(o).startswith("async_rm.")
                        and "agent_loop_manager_class" not in o]
         configs["served"] = compose(plugin_only + served + rollout)
+        configs["plugin_vllm"] = compose([*verl_overrides(config, rm_path), *rollout, "+async_rm.engine=vllm"])
     return configs
 
 
@@ -206,8 +210,7 @@ def _run_with_transfer_queue(config: DemoConfig, configs: dict[str, Any], tiny: 
         pin("rollout", generators)
         bar.set_description("start RM replicas, agent loops")
         manager, plain = _start_managers(trainer_config, client, actors, managers, config.step_timeout_s)
-        replicas_now = ray.get(manager.rm_service.describe.remote(), timeout=60)
-        pin("rm", pids=[int(r["pid"]) for r in replicas_now if "pid" in r])
+        pin("rm", pids=_replica_pids(manager))
         async_loop, sync_loop = fit_loop(trainer_config, manager), fit_loop(trainer_config, plain)
         mix = manager.async_rm_config.mix  # parsed once, by the manager
         rule = rule_scorer(AutoTokenizer.from_pretrained(tiny.policy))
@@ -215,11 +218,20 @@ def _run_with_transfer_queue(config: DemoConfig, configs: dict[str, Any], tiny: 
         steps: dict[str, Any] = {
             "async": lambda step, size, tag: run_async_step(
                 async_loop, manager, prompts_batch(step, size, tag=tag, mode="async"), step, reset=reset),
-            "sync": lambda step, size, tag: run_sync_step(
-                sync_loop, manager.rm_service, replicas,  # the same replicas
-                prompts_batch(step, size, tag=tag, mode="sync"), step,
-                rule_score=rule, mix=mix, timeout_s=config.step_timeout_s, reset=reset),
         }
+        if "plugin_vllm" in configs:
+            bar.set_description("start the plugin's vLLM replicas")
+            on_vllm = _start_plugin_manager(configs["plugin_vllm"], client, actors, managers,
+                                            manager.demo_reward_loop_handles)
+            pin("rm", pids=_replica_pids(on_vllm))
+            vllm_loop = fit_loop(configs["plugin_vllm"], on_vllm)
+            steps["async_vllm"] = lambda step, size, tag: run_async_step(
+                vllm_loop, on_vllm, prompts_batch(step, size, tag=tag, mode="asyncvllm"), step, reset=reset,
+                mode="async_vllm")
+        steps["sync"] = lambda step, size, tag: run_sync_step(
+            sync_loop, manager.rm_service, replicas,  # the same replicas
+            prompts_batch(step, size, tag=tag, mode="sync"), step,
+            rule_score=rule, mix=mix, timeout_s=config.step_timeout_s, reset=reset)
         if "served" in configs:
             bar.set_description("start verl's served RM (vLLM)")
             served_rm, served = _start_served(configs["served"], client, actors, config.step_timeout_s)
@@ -238,25 +250,43 @@ def _run_with_transfer_queue(config: DemoConfig, configs: dict[str, Any], tiny: 
                 ray.kill(actor)
 
 
-def _start_managers(trainer_config: Any, client: Any, actors: list[Any], managers: list[Any],
-                    timeout_s: float) -> tuple[Any, Any]:
-    """The plugin's v1 manager (after verl's ``RewardLoopManager``, as verl's trainer builds it) and verl's plain
-    ``AgentLoopManagerTQ`` with no reward-loop workers (verl's v1 trainer then scores after sampling,
-    ``_compute_reward_colocate``). What they start is appended to ``actors`` / ``managers`` as it is started."""
-    import ray
+def _start_plugin_manager(trainer_config: Any, client: Any, actors: list[Any], managers: list[Any],
+                          reward_loop_handles: Any = None) -> Any:
+    """The plugin's v1 manager, after verl's ``RewardLoopManager`` as verl's trainer builds it; what it starts is
+    appended to ``actors`` / ``managers``. ``reward_loop_handles``: another plugin manager's reward-loop workers (verl
+    names them ``reward_loop_worker_{i}``, once per namespace; they run the rule only, the same for both)."""
     from verl.experimental.reward_loop import RewardLoopManager
-    from verl.trainer.ppo.v1 import AgentLoopManagerTQ
 
     from verl_async_rm import AsyncRMAgentLoopManager
 
-    reward_loop = RewardLoopManager(config=trainer_config, rm_resource_pool=None)
-    actors += reward_loop.reward_loop_workers
+    if reward_loop_handles is None:
+        reward_loop = RewardLoopManager(config=trainer_config, rm_resource_pool=None)
+        actors += reward_loop.reward_loop_workers
+        reward_loop_handles = reward_loop.reward_loop_worker_handles
     manager = AsyncRMAgentLoopManager.create(
-        config=trainer_config, llm_client=client, teacher_client=None,
-        reward_loop_worker_handles=reward_loop.reward_loop_worker_handles,
+        config=trainer_config, llm_client=client, teacher_client=None, reward_loop_worker_handles=reward_loop_handles,
     )
+    manager.demo_reward_loop_handles = reward_loop_handles
     managers.append(manager)
     actors += manager.agent_loop_workers
+    return manager
+
+
+def _replica_pids(manager: Any) -> list[int]:
+    import ray
+
+    return [int(r["pid"]) for r in ray.get(manager.rm_service.describe.remote(), timeout=60) if "pid" in r]
+
+
+def _start_managers(trainer_config: Any, client: Any, actors: list[Any], managers: list[Any],
+                    timeout_s: float) -> tuple[Any, Any]:
+    """The plugin's v1 manager (:func:`_start_plugin_manager`) and verl's plain ``AgentLoopManagerTQ`` with no
+    reward-loop workers (verl's v1 trainer then scores after sampling, ``_compute_reward_colocate``). What they start
+    is appended to ``actors`` / ``managers`` as it is started."""
+    import ray
+    from verl.trainer.ppo.v1 import AgentLoopManagerTQ
+
+    manager = _start_plugin_manager(trainer_config, client, actors, managers)
     plain = AgentLoopManagerTQ.create(config=trainer_config, llm_client=client, teacher_client=None,
                                       reward_loop_worker_handles=None)
     actors += plain.agent_loop_workers

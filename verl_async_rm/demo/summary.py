@@ -68,11 +68,20 @@ def build_summary(
         "modes": mode_figures,
         "speedup": speedup(mode_figures),
         "agreement": {f"{a}_vs_{b}": score_agreement(modes[a], modes[b])
-                      for a, b in (("async", "sync"), ("async", "verl_served")) if a in modes and b in modes},
+                      for a, b in AGREEMENT_PAIRS if a in modes and b in modes},
         "wall_s": wall_s,
         "files": dict(files),
         "ray": dict(ray_info),
     }
+
+
+#: Mode pairs whose RM scores are compared trajectory by trajectory (``summary["agreement"]``).
+AGREEMENT_PAIRS = (("async", "sync"), ("async", "verl_served"), ("async", "async_vllm"), ("async_vllm", "verl_served"))
+_AGREEMENT_TITLES = {
+    "async_vs_verl_served": "the plugin vs verl's served RM",
+    "async_vs_async_vllm": "the plugin on transformers vs on vLLM",
+    "async_vllm_vs_verl_served": "the plugin on vLLM vs verl's served RM",
+}
 
 
 def score_agreement(a: Sequence[StepTimeline], b: Sequence[StepTimeline]) -> dict[str, Any]:
@@ -135,13 +144,14 @@ def format_table(summary: Mapping[str, Any]) -> str:
     lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
     lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
     for name, agree in (summary.get("agreement") or {}).items():
-        if name == "async_vs_verl_served":
+        if name in _AGREEMENT_TITLES:
             diff = agree["max_abs_diff"]
-            lines.append(f"RM scores, the plugin vs verl's served RM: {agree['compared']}/{agree['trajectories']} "
+            lines.append(f"RM scores, {_AGREEMENT_TITLES[name]}: {agree['compared']}/{agree['trajectories']} "
                          f"same responses, max |diff| {'-' if diff is None else f'{diff:.1e}'}")
-    served, asy = (summary["modes"].get(m, {}).get("step_time_s") for m in ("verl_served", "async"))
-    if served and asy:
-        lines.append(f"verl's served RM step time / the plugin's: {served / asy:.2f}x")
+    for mine, title in (("async", "the plugin's"), ("async_vllm", "the plugin's on vLLM")):
+        served, asy = (summary["modes"].get(m, {}).get("step_time_s") for m in ("verl_served", mine))
+        if served and asy:
+            lines.append(f"verl's served RM step time / {title}: {served / asy:.2f}x")
     s = summary.get("speedup")
     lines.append(f"speed-up (sync step time / async step time): {'-' if s is None else f'{s:.2f}x'}")
     return "\n".join(lines)

@@ -61,9 +61,11 @@ class VLLMForward:
         config: the RM settings (path, dtype, score_reduction / score_index, micro_batch_max_tokens).
         max_length: the longest input the scorer builds (the engine's ``max_model_len``; None: the model's).
         dtype: the RM's resolved dtype; ``device``: where the replica runs (``cpu`` or its one GPU).
+        prefix_caching: vLLM's prefix cache (GRPO siblings' common prompt computed once); off for benchmarks.
     """
 
-    def __init__(self, config: RMConfig, *, max_length: int | None, dtype: torch.dtype, device: torch.device) -> None:
+    def __init__(self, config: RMConfig, *, max_length: int | None, dtype: torch.dtype, device: torch.device,
+                 prefix_caching: bool = True) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine lives and dies with this replica
         if device.type == "cpu":
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -81,7 +83,7 @@ class VLLMForward:
             dtype=str(dtype).removeprefix("torch."),
             max_model_len=max_length,
             max_num_batched_tokens=max(config.micro_batch_max_tokens, max_length or 0),
-            enable_prefix_caching=True,
+            enable_prefix_caching=prefix_caching,
             enforce_eager=device.type == "cpu",
             seed=0,
             **options,
