@@ -107,33 +107,28 @@ def test_a_row_that_scores_nan_on_vllm_fails_alone(vllm_service, nan_rm, policy_
     assert [s for i, s in enumerate(results) if i != 2] == pytest.approx(expected(nan_rm[0], good), abs=ATOL)
 
 
-def test_a_killed_vllm_replica_loses_no_request_and_is_replaced(ray_local, vllm_required, tiny_models, policy_tok):
-    service = start(config(tiny_models.rm, tiny_models.policy, engine="vllm"), max_wait_ms=3_600_000)
-    first, second = requests(policy_tok, 16, "k"), requests(policy_tok, 8, "l")
+def test_a_killed_vllm_replica_loses_no_request_and_is_replaced(vllm_service, nan_rm, policy_tok):
+    """The module's service, last: replica 0 is killed while the requests are submitted; every request is scored (a
+    batch it held is re-queued on the other replica) and a new replica loads vLLM again."""
+    service, first, second = vllm_service, requests(policy_tok, 24, "k"), requests(policy_tok, 16, "l")
 
     async def main():
-        # 16 per batch and an hour of max_wait: the first 12 wait; the 4 others make the batch
-        waiting = [asyncio.ensure_future(score_with_timeout(service, r, timeout_s=HANG_S)) for r in first[:12]]
-        await wait_stats(service, lambda s: s["queue_len"] == 12, "12 queued")
-        victim = (await _replicas(service))[0]
-        ray.kill(victim, no_restart=True)
-        waiting += [asyncio.ensure_future(score_with_timeout(service, r, timeout_s=HANG_S)) for r in first[12:]]
+        before = await service.stats.remote()
+        waiting = [asyncio.ensure_future(score_with_timeout(service, r, timeout_s=HANG_S)) for r in first]
+        ray.kill((await _replicas(service))[0], no_restart=True)
         scores = await asyncio.gather(*waiting)
-        replaced = await wait_stats(service, lambda s: s["slots_replaced_total"] == 1, "the replica replaced")
+        replaced = await wait_stats(service, lambda s: s["slots_replaced_total"] == before["slots_replaced_total"] + 1,
+                                    "the replica replaced")
         described = await asyncio.wait_for(service.describe.remote(), 60)
-        # the new replica takes its share: 16 at once make one batch per replica
-        again = await asyncio.gather(*(score_with_timeout(service, r, timeout_s=HANG_S) for r in second * 2))
-        return scores, replaced, described, again, await service.stats.remote()
+        again = await asyncio.gather(*(score_with_timeout(service, r, timeout_s=HANG_S) for r in second))
+        return before, scores, replaced, described, again, await service.stats.remote()
 
-    try:
-        scores, replaced, described, again, final = asyncio.run(main())
-    finally:
-        stop(service)
-    assert scores == pytest.approx(expected(tiny_models.rm, first), abs=ATOL)
-    assert replaced["slots_lost_total"] == 1 and replaced["slots_free"] == 2
+    before, scores, replaced, described, again, final = asyncio.run(main())
+    assert scores == pytest.approx(expected(nan_rm[0], first), abs=ATOL)
+    assert replaced["slots_lost_total"] == before["slots_lost_total"] + 1 and replaced["slots_free"] == 2
     assert [info["engine"] for info in described] == ["vllm", "vllm"]  # the replacement loaded vLLM again
-    assert again == pytest.approx(expected(tiny_models.rm, second * 2), abs=ATOL)
-    assert final["failed"] == 0 and final["completed"] == 32
+    assert again == pytest.approx(expected(nan_rm[0], second), abs=ATOL)
+    assert final["failed"] == before["failed"] and final["completed"] == before["completed"] + 40
 
 
 @pytest.fixture(scope="module")
