@@ -190,4 +190,6 @@ def test_settings_vllm_does_not_serve_are_refused_or_fall_back_before_any_load(t
         config(tiny_models.rm, tiny_models.policy, engine="vllm", reward_kind="process", step_separator="<s>")
     auto = config(tiny_models.rm, tiny_models.policy, engine="auto", gpus_per_replica=2)
     assert "one GPU" in vllm_unsupported(auto)
+    process = config(tiny_models.rm, tiny_models.policy, engine="auto", reward_kind="process", step_separator="<s>")
+    assert "process RMs" in vllm_unsupported(process)  # auto: transformers, this reason in describe()
     assert vllm_unsupported(config(tiny_models.rm, tiny_models.policy, engine="auto")) is None
