@@ -16,7 +16,8 @@ by up to 0.078 (2,928 tokens, score std 1.28), a packed varlen row and the row a
 - the sharded replica's code path (``gpus_per_replica``) with one rank on this GPU, tensor parallel and FSDP2, scores
   as the plain scorer (bf16 tolerance);
 - the Ray worker group with ``use_gpu=True`` loads the RM in bf16 on ``cuda`` and scores like the scorer (skipped
-  where verl or Ray is not installed).
+  where verl or Ray is not installed);
+- ``engine='vllm'`` (vLLM's GPU build) scores like the transformers scorer (skipped where vLLM is not installed).
 """
 
 from __future__ import annotations
@@ -299,3 +300,19 @@ def test_bench_rm_fresh_lengths_cost_no_stall(tmp_path):
     for mode, result in report["modes"].items():
         assert result["fresh_over_repeat"] >= 0.9, (mode, result)
     assert report["scores"]["max_abs_diff"]["auto vs false"] <= BF16_TOL * (1 + 3 * report["scores"]["std"])
+
+
+def test_engine_vllm_scores_as_transformers_on_the_gpu(big_rm, scorer):
+    """``engine='vllm'`` on this GPU (vLLM's GPU build): passes the load-time check and scores the same requests as the
+    transformers scorer within the bf16 tolerance. Skipped where vLLM is not installed (the GPU machines lent so far
+    have none)."""
+    pytest.importorskip("vllm", reason="vLLM is not installed on this machine")
+    from verl_async_rm.scoring.scorer import RewardModelScorer
+
+    on_vllm = RewardModelScorer(gpu_config(big_rm, engine="vllm"))
+    try:
+        assert on_vllm.engine == "vllm", on_vllm.engine_reason
+        requests = random_requests(24, seed=3)
+        assert on_vllm.score(requests) == pytest.approx(scorer.score(requests), abs=BF16_TOL, rel=BF16_TOL)
+    finally:
+        on_vllm.forward.close()
