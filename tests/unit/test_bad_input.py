@@ -125,7 +125,7 @@ def test_a_response_longer_than_max_length_keeps_its_end(tiny_models, policy_tok
     ids, cut = trunc.prepare(long)
     assert cut and ids == long.response_ids[-16:]
     assert trunc.score([long]) == pytest.approx([direct_score(hf_model(tiny_models.rm), ids)], abs=ATOL, rel=RTOL)
-    assert trunc.stats()["truncated"] == 1 and trunc.stats()["failed"] == 0
+    assert trunc.stats().truncated == 1 and trunc.stats().failed == 0
 
 
 def test_a_retemplated_response_longer_than_max_length_keeps_bos_and_its_end(tiny_models, policy_tok, alt_tok):
@@ -256,7 +256,7 @@ def test_an_infinite_score_fails_each_item_and_never_becomes_a_number(tiny_model
     results = inf_scorer.score(requests_)
     assert all(isinstance(r, NonFiniteScoreError) for r in results), results
     assert any(str(r).endswith("the RM returned inf") or str(r).endswith("returned -inf") for r in results)
-    assert inf_scorer.stats()["failed"] == len(requests_)
+    assert inf_scorer.stats().failed == len(requests_)
 
 
 # ------------------------------------------------------------------------------------- mismatched vocabularies

@@ -145,13 +145,13 @@ def test_long_inputs_lose_the_prompt_first_then_the_first_steps(families, tiny_m
     steps_only = len(prepared.ids) - prepared.positions[0] + 12  # room for the three steps and a little prompt
     fits = scorer_for(families, tiny_models, "prm", process_reduction="none", max_length=steps_only)
     kept = fits.score([request])[0]
-    assert len(kept.scores) == 3 and kept.dropped == 0 and fits.stats()["truncated"] == 1
+    assert len(kept.scores) == 3 and kept.dropped == 0 and fits.stats().truncated == 1
     too_short = scorer_for(families, tiny_models, "prm", process_reduction="none",
                            max_length=len(prepared.ids) - prepared.positions[1] + 1)
     last = too_short.score([request])[0]
     assert last.dropped >= 1 and len(last.scores) == 3 - last.dropped
     assert list(last.token_index) == list(full.score([request])[0].token_index)[last.dropped:]
-    assert too_short.stats()["steps_dropped"] == last.dropped
+    assert too_short.stats().steps_dropped == last.dropped
 
 
 # ----------------------------------------------------------------------------------- the tiny families themselves

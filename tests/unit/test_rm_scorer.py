@@ -93,12 +93,12 @@ def test_truncation_keeps_the_response_end_and_is_counted(tiny_models, policy_to
     model = hf_model(tiny_models.rm)
     scores = trunc.score([long, short])
     assert scores[0] == pytest.approx(direct_score(model, ids), abs=ATOL, rel=RTOL)
-    assert trunc.stats()["truncated"] == 2 - (short.num_tokens <= 16)
+    assert trunc.stats().truncated == 2 - (short.num_tokens <= 16)
     with caplog.at_level(logging.INFO, logger="verl_async_rm.scoring.scorer"):
         step = trunc.pop_step_stats()
-    assert step["truncated"] == trunc.stats()["truncated"] and step["requests"] == 2
+    assert step.truncated == trunc.stats().truncated and step.requests == 2
     assert sum("truncated to max_length=16" in r.getMessage() for r in caplog.records) == 1
-    assert trunc.pop_step_stats()["requests"] == 0
+    assert trunc.pop_step_stats().requests == 0
 
 
 def test_nan_score_fails_only_its_item(nan_rm, tiny_models, requests_, scorer):
@@ -109,7 +109,7 @@ def test_nan_score_fails_only_its_item(nan_rm, tiny_models, requests_, scorer):
     results = nan_scorer.score([requests_[0], bad, requests_[1]])
     assert isinstance(results[1], NonFiniteScoreError) and "bad" in str(results[1])
     assert [results[0], results[2]] == pytest.approx(scorer.score([requests_[0], requests_[1]]), abs=ATOL, rel=RTOL)
-    assert nan_scorer.stats()["failed"] == 1
+    assert nan_scorer.stats().failed == 1
 
 
 def test_bad_input_fails_only_its_item(tiny_models, requests_):

@@ -96,7 +96,9 @@ def test_an_empty_step_leaves_out_figures_that_have_no_value():
 
 
 def test_replica_counters_are_summed():
-    replicas = [{"requests": 4, "failed": 1, "truncated": 2}, {"requests": 2, "failed": 0, "truncated": 1}]
+    from verl_async_rm.scoring.scorer import ScorerStats
+
+    replicas = [ScorerStats(requests=4, failed=1, truncated=2), ScorerStats(requests=2, failed=0, truncated=1)]
     metrics = step_metrics(executor_step(6), replicas)
     assert metrics["async_rm/truncated"] == 3.0 and metrics["async_rm/rm_failed_items"] == 1.0
     assert "async_rm/truncated" not in step_metrics(executor_step(6))  # no replica figures given

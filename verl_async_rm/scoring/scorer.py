@@ -16,6 +16,7 @@ counts.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 import json
@@ -46,7 +47,7 @@ from verl_async_rm.request import RMRequest
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RewardModelScorer", "resolve_dtype", "last_token_logits", "reduce_outputs"]
+__all__ = ["RewardModelScorer", "ScorerStats", "resolve_dtype", "last_token_logits", "reduce_outputs"]
 
 _AUTO_HEADS = ("score", "v_head", "classifier")
 #: Texts of the load-time check of ``engine='vllm'`` (as the RM's tokenizer reads them).
@@ -55,6 +56,22 @@ _CHECK_TEXTS = (
     "Let me think step by step. Three apples plus four apples make seven apples, so the answer is 7.",
     "no",
 )
+
+
+@dataclasses.dataclass
+class ScorerStats:
+    """A scorer's counters (:meth:`RewardModelScorer.stats`, per step :meth:`RewardModelScorer.pop_step_stats`)."""
+
+    requests: int = 0
+    failed: int = 0  #: requests that got an error (bad input, NaN/inf score, a forward that failed for them)
+    truncated: int = 0  #: inputs cut to max_length
+    tokens: int = 0  #: RM input tokens built
+    busy_s: float = 0.0  #: seconds inside score()
+    steps_dropped: int | None = None  #: process RMs only: leading steps left unscored (input beyond max_length)
+
+    @classmethod
+    def zero(cls, process: bool) -> ScorerStats:
+        return cls(steps_dropped=0 if process else None)
 
 
 def resolve_dtype(name: str, on_gpu: bool) -> torch.dtype:
@@ -177,8 +194,7 @@ class RewardModelScorer:
                 "the RM was trained on the policy's exact tokenizer and chat format, set retemplate='never' (verl: "
                 "+async_rm.retemplate=never) to feed it the policy's token ids",
             )
-        self._stats = _zero_stats()
-        self._step = _zero_stats()
+        self._stats, self._step = ScorerStats.zero(self.process), ScorerStats.zero(self.process)
         self._warned_truncation = False
         #: What runs the forwards ('hf' or 'vllm') and why (config.engine, vLLM's support, the load-time check).
         self.engine, self.engine_reason = "hf", "engine='hf'"
@@ -389,24 +405,20 @@ class RewardModelScorer:
 
     # ------------------------------------------------------------------------------------------------------- stats
 
-    def stats(self) -> dict[str, float]:
-        """Counters since load: requests, failed, truncated, tokens, busy_s (seconds inside score())."""
-        return dict(self._stats)
+    def stats(self) -> ScorerStats:
+        """Counters since load (a copy)."""
+        return dataclasses.replace(self._stats)
 
-    def pop_step_stats(self) -> dict[str, float]:
+    def pop_step_stats(self) -> ScorerStats:
         """Counters since the last call (one training step); truncations are logged here, once; then reset."""
-        step, self._step = self._step, _zero_stats()
-        if step["truncated"]:
+        step, self._step = self._step, ScorerStats.zero(self.process)
+        if step.truncated:
             logger.warning(
                 "RM step: %d of %d inputs truncated to max_length=%s (prompt start cut, response end kept); "
-                "%d failed",
-                step["truncated"],
-                step["requests"],
-                self.max_length,
-                step["failed"],
+                "%d failed", step.truncated, step.requests, self.max_length, step.failed,
             )
         else:
-            logger.debug("RM step: %d requests, %d failed", step["requests"], step["failed"])
+            logger.debug("RM step: %d requests, %d failed", step.requests, step.failed)
         return step
 
     # ----------------------------------------------------------------------------------------------------- helpers
@@ -484,24 +496,22 @@ class RewardModelScorer:
         self, requests: int, failed: int, truncated: int, tokens: int, seconds: float, steps_dropped: int = 0
     ) -> None:
         for counters in (self._stats, self._step):
-            if self.process:
-                counters["steps_dropped"] = counters.get("steps_dropped", 0) + steps_dropped
-            counters["requests"] += requests
-            counters["failed"] += failed
-            counters["truncated"] += truncated
-            counters["tokens"] += tokens
-            counters["busy_s"] += seconds
+            counters.requests += requests
+            counters.failed += failed
+            counters.truncated += truncated
+            counters.tokens += tokens
+            counters.busy_s += seconds
+            if counters.steps_dropped is not None:
+                counters.steps_dropped += steps_dropped
         if truncated and not self._warned_truncation:
             self._warned_truncation = True
             logger.warning(
                 "RM inputs longer than max_length=%s are being truncated (prompt start cut, response end kept); "
-                "see stats()['truncated']",
+                "see stats().truncated",
                 self.max_length,
             )
 
 
-def _zero_stats() -> dict[str, float]:
-    return {"requests": 0, "failed": 0, "truncated": 0, "tokens": 0, "busy_s": 0.0}
 
 
 def _reward_token(config: Any) -> list[int]:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from verl_async_rm.scoring.scorer import ScorerStats
 
 __all__ = ["service_step_metrics"]
 
 
 def service_step_metrics(
-    executor_step: Mapping[str, Any], replica_steps: Sequence[Mapping[str, Any]] = ()
+    executor_step: Mapping[str, Any], replica_steps: Sequence[ScorerStats] = ()
 ) -> dict[str, float]:
     """Flat ``{name: number}`` for one step; figures with no value this step (no batch ran) are left out.
 
@@ -35,11 +38,11 @@ def service_step_metrics(
         "requeued": executor_step.get("requeued"),
         "replicas_usable": _usable(executor_step),
         "replicas_replaced_total": executor_step.get("slots_replaced_total"),
-        "truncated": sum(r.get("truncated", 0) for r in replica_steps) if replica_steps else None,
-        "rm_failed_items": sum(r.get("failed", 0) for r in replica_steps) if replica_steps else None,
+        "truncated": sum(r.truncated for r in replica_steps) if replica_steps else None,
+        "rm_failed_items": sum(r.failed for r in replica_steps) if replica_steps else None,
         # process RMs only: leading steps left unscored because the input exceeded max_length
-        "steps_dropped": sum(r.get("steps_dropped", 0) for r in replica_steps)
-        if any("steps_dropped" in r for r in replica_steps) else None,
+        "steps_dropped": sum(r.steps_dropped for r in replica_steps if r.steps_dropped is not None)
+        if any(r.steps_dropped is not None for r in replica_steps) else None,
     }
     return {name: float(value) for name, value in values.items() if value is not None}
 

@@ -21,7 +21,7 @@ from verl.single_controller.base.decorator import Dispatch, register
 from verl_async_rm.errors import EngineDeadError, RewardModelError
 from verl_async_rm.scoring.rm_config import RMConfig
 from verl_async_rm.request import RMRequest
-from verl_async_rm.scoring.scorer import RewardModelScorer
+from verl_async_rm.scoring.scorer import RewardModelScorer, ScorerStats
 from verl_async_rm.scoring.sharding import check_replica_memory
 from verl_async_rm.service.ranks import Ranks
 
@@ -122,7 +122,7 @@ class RMReplica(Worker):
             info["ranks"] = self._ranks.infos  # ranks 1..k-1: pid, actor_name, node_ip, device
         return info
 
-    def pop_step_stats(self) -> dict[str, float]:
+    def pop_step_stats(self) -> ScorerStats:
         """Counters since the previous call; call once per training step (logs the truncation count once)."""
         return self._require_scorer().pop_step_stats()
 

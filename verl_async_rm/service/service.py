@@ -23,6 +23,7 @@ from verl_async_rm.batching import BatchPolicy, PendingRequestExecutor
 from verl_async_rm.errors import AsyncRMError
 from verl_async_rm.request import RMRequest
 from verl_async_rm.scoring.rm_config import RMConfig
+from verl_async_rm.scoring.scorer import ScorerStats
 from verl_async_rm.service.metrics import service_step_metrics
 from verl_async_rm.service.placement import (
     ReplicaFactory,
@@ -122,7 +123,7 @@ class RMService:
         replica_steps = await asyncio.gather(
             *(_bounded(replica.pop_step_stats.remote()) for replica in executor.slots), return_exceptions=True
         )
-        return service_step_metrics(executor_step, [r for r in replica_steps if isinstance(r, dict)])
+        return service_step_metrics(executor_step, [r for r in replica_steps if isinstance(r, ScorerStats)])
 
     async def score_batch(self, requests: list[RMRequest], timeout_s: float) -> list[float | Exception]:
         """Score a whole batch at once, the synchronous way (after rollout): contiguous, even chunks, one per replica,
