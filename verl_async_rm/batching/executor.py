@@ -22,7 +22,7 @@ from verl_async_rm.batching.request import BLOCKED, DONE, PENDING, RUNNING, Requ
 from verl_async_rm.batching.policy import BatchPolicy
 from verl_async_rm.batching.waiting_room import WaitingRoom
 from verl_async_rm.batching.slots import ReplaceFn, SlotTable
-from verl_async_rm.batching.stats import ExecutorStats
+from verl_async_rm.batching.stats import ExecutorStats, StepStats
 from verl_async_rm.errors import (
     ExecutorClosedError,
     ExecutorCrashedError,
@@ -214,21 +214,17 @@ class PendingRequestExecutor:
         }
         return self._stats.snapshot(live)
 
-    def pop_step_stats(self) -> dict[str, Any]:
-        """Figures of the current step (since the previous call, or since the executor started); starts a new one.
-
-        Counters are differences; ``wait_ms``/``exec_ms`` summarise this step's batches; ``rm_utilization`` is the
-        time batches ran over ``slots * elapsed_s``; ``tail_s`` runs from the last submit to the last answer.
-        """
+    def pop_step_stats(self) -> StepStats:
+        """Figures of the current step (since the previous call, or since the executor started); starts a new one."""
         loop = self._loop
         if loop is None:
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:
                 loop = None
-        out = self._stats.pop_step(len(self._slots), None if loop is None else loop.time())
-        out.update(self._slots.summary())
-        return out
+        slots = self._slots
+        return self._stats.pop_step(len(slots), None if loop is None else loop.time(), slots.usable,
+                                    slots.counts["replaced"])
 
     async def aclose(self, *, grace_s: float = 10.0) -> None:
         """Stop: waiting requests fail with ``ExecutorClosedError``; running batches get ``grace_s`` to finish.
