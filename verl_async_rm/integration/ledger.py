@@ -35,15 +35,12 @@ class Failure:
 
     @staticmethod
     def portable(err: BaseException) -> BaseException | None:
-        """The exception to keep as ``cause``: the remote exception itself rather than Ray's wrapper (whose class
-        exists only in this process), or None if it does not pickle (the record travels to the manager)."""
-        cause = getattr(err, "cause", None)
-        cause = cause if isinstance(cause, BaseException) else err
+        """``err``, or None if it does not pickle (the record travels to the manager)."""
         try:
-            pickle.dumps(cause)
+            pickle.dumps(err)
         except Exception:  # noqa: BLE001 - an unpicklable exception keeps only its text
             return None
-        return cause
+        return err
 
     def __str__(self) -> str:
         step = "" if self.global_steps is None else f" (step {self.global_steps})"

@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from verl_async_rm.errors import ConfigValueError, NonFiniteScoreError
+from verl_async_rm.errors import ConfigValueError, RewardModelError
 from verl_async_rm.options import check_options, option
 
 #: Checks of a weight: any finite number.
@@ -82,7 +82,7 @@ class RewardMix:
     @property
     def weights(self) -> dict[str, float]:
         """RM name -> weight, ``main`` first."""
-        return {MAIN: float(self.rm_weight), **dict(self.extra_weights)}
+        return {MAIN: self.rm_weight, **dict(self.extra_weights)}
 
     def load_combine_fn(self) -> Optional[Callable[..., float]]:
         """Import ``combine_fn`` (None when unset); a failure raises ``ValueError`` naming ``async_rm.combine_fn``.
@@ -131,27 +131,27 @@ class RewardMix:
             )
         return float(value)
 
-
     def finish(self, manager_result: Mapping[str, Any], rm_scores: Mapping[str, float], *, data_source: Any = None,
                extra_info: Optional[Mapping] = None, fn: Optional[Callable[..., float]] = None,
                error: Optional[str] = None, flag_drops: bool = False) -> tuple[float, dict[str, Any]]:
         """The trajectory's reward and ``reward_extra_info`` from its reward manager's result and its RM scores.
 
-        ``reward_extra_info`` keeps the manager's own keys (one named like a key below becomes ``rule/<key>``) and
-        adds ``rm_score`` (main, raw), ``rm_score_<name>`` for every RM, ``rm_total`` (the weighted RM sum) and
-        ``rule_score`` (the manager's reward). ``error`` (an RM failed, ``on_error='drop'`` on v0): the reward is
-        NaN, never a partial sum, and ``rm_dropped``/``rm_error`` flag it; ``flag_drops`` adds them (0.0, "") to
-        every trajectory, since verl stacks the keys of all samples.
+        ``rm_scores`` are finite (the scorer refuses NaN/inf where the score is made). ``reward_extra_info`` keeps the
+        manager's own keys (one named like a key below becomes ``rule/<key>``) and adds ``rm_score`` (main, raw),
+        ``rm_score_<name>`` for every RM, ``rm_total`` (the weighted RM sum) and ``rule_score`` (the manager's
+        reward). ``error`` (an RM failed, ``on_error='drop'`` on v0): the reward is NaN, never a partial sum, and
+        ``rm_dropped``/``rm_error`` flag it; ``flag_drops`` adds them (0.0, "") to every trajectory, since verl stacks
+        the keys of all samples.
         """
         manager_info = dict(manager_result.get("reward_extra_info") or {})
         raw_rule = manager_result.get("reward_score")
-        scores = {name: rm_scores.get(name, math.nan) for name in self.weights}
-        bad = {name: s for name, s in scores.items() if not math.isfinite(s)}
-        if bad and error is None:
-            raise NonFiniteScoreError(
-                f"RM score not finite: {bad}; every RM of the run must score the trajectory (a NaN or inf score "
-                "never becomes a reward)"
+        missing = [name for name in self.weights if name not in rm_scores]
+        if missing and error is None:
+            raise RewardModelError(
+                f"no score from RM(s) {missing}: every RM of the run must score the trajectory (a partial sum never "
+                "becomes a reward)"
             )
+        scores = {name: rm_scores.get(name, math.nan) for name in self.weights}
         if error is not None:
             reward, total = math.nan, math.nan
             rule_score = _as_float(raw_rule)

@@ -9,7 +9,7 @@ from typing import Any
 
 import ray
 
-from verl_async_rm.errors import ReplicaLostError, RewardModelError
+from verl_async_rm.errors import AsyncRMError, ReplicaLostError, RewardModelError
 from verl_async_rm.request import RMRequest
 
 logger = logging.getLogger(__name__)
@@ -56,8 +56,10 @@ class ReplicaCall:
         except ray.exceptions.RayActorError as err:
             raise ReplicaLostError(f"RM replica is gone: {err}") from err
         except ray.exceptions.RayError as err:
-            cause = getattr(err, "cause", None) or err  # RayTaskError carries the replica's own exception
-            raise RewardModelError(f"RM replica failed on a batch of {len(items)}: {cause!r}") from err
+            cause = getattr(err, "cause", None)  # a RayTaskError carries the replica's own exception
+            if isinstance(cause, AsyncRMError):  # already typed where it happened
+                raise cause from err
+            raise RewardModelError(f"RM replica failed on a batch of {len(items)}: {cause or err!r}") from err
         return results  # the executor checks there is one entry per item
 
     async def _wait_late(self, answer: asyncio.Future, size: int) -> None:
