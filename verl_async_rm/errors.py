@@ -1,9 +1,5 @@
-"""Exceptions raised by verl_async_rm, one per failure kind.
-
-Configuration mistakes raise :class:`ConfigValueError` (a ``ValueError``; :class:`ConfigTypeError`, a value of the
-wrong type, is a ``TypeError`` too): the message names the key, the bad value and the fix. The other classes cover
-failures at run time; each derives from :class:`AsyncRMError` so callers can catch them in one place.
-"""
+"""Exceptions raised by verl_async_rm, one per failure kind: configuration mistakes (:class:`ConfigValueError`, a
+``ValueError``) and failures at run time (:class:`AsyncRMError` and its subclasses)."""
 
 from __future__ import annotations
 
@@ -29,6 +25,7 @@ __all__ = [
     "NonFiniteScoreError",
     "RewardInputError",
     "ResourcePoolError",
+    "remote_cause",
 ]
 
 
@@ -144,3 +141,9 @@ class RewardInputError(RewardModelError, ValueError):
 
 class ResourcePoolError(AsyncRMError):
     """Raised when the reward pool's placement groups cannot be reserved (too few GPUs/CPUs, or a timeout)."""
+
+
+def remote_cause(err: BaseException) -> BaseException:
+    """The exception a Ray task raised where it ran (its own type and message), rather than Ray's wrapper of it."""
+    cause = getattr(err, "cause", None)
+    return cause if isinstance(cause, BaseException) else err

@@ -196,14 +196,15 @@ def test_a_failure_names_the_remote_error_not_rays_wrapper():
     import ray
 
     from verl_async_rm.errors import RequestTimeoutError
-    from verl_async_rm.integration.agent_loop_worker import _describe, _unwrap
+    from verl_async_rm.errors import remote_cause
+    from verl_async_rm.integration.agent_loop_worker import _describe
 
     remote = ray.exceptions.RayTaskError("submit", "Traceback (most recent call last): ...",
                                          RequestTimeoutError("RM replica did not score a batch of 2"))
     for err in (remote, remote.as_instanceof_cause()):
-        assert _describe(_unwrap(err)) == "RequestTimeoutError: RM replica did not score a batch of 2"
-        assert isinstance(_unwrap(err), RequestTimeoutError) and not isinstance(_unwrap(err), ray.exceptions.RayError)
-    assert _describe(_unwrap(ValueError("x" * 600))) == ("ValueError: " + "x" * 600)[:500]
+        assert _describe(remote_cause(err)) == "RequestTimeoutError: RM replica did not score a batch of 2"
+        assert type(remote_cause(err)) is RequestTimeoutError  # the service's own exception, not Ray's wrapper
+    assert _describe(remote_cause(ValueError("x" * 600))) == ("ValueError: " + "x" * 600)[:500]
 
 
 def test_verls_fit_loop_still_logs_what_step_and_validate_return_at_the_steps_number():

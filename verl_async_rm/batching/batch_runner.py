@@ -1,6 +1,5 @@
-"""``BatchRunner``: the batches in flight, each one ``batch_fn`` call on one slot, under ``batch_timeout_s``.
-
-Each batch runs as its own task, which awaits ``batch_fn`` directly; ``batch_timeout_s`` is a timer on that task.
+"""``BatchRunner``: the batches in flight, each one ``batch_fn`` call on one slot (its own task), under
+``batch_timeout_s`` (a timer on that task).
 
 The contract of ``batch_fn(items, slot)``: an async callable that returns one entry per item, in order: a result, or
 an ``Exception`` instance that fails only that item (the batch function owns per-item isolation). How a call ends
@@ -42,17 +41,8 @@ logger = logging.getLogger(__name__)
 
 
 class BatchRunner:
-    """Runs each batch as its own task on the slot it was given, and settles every request of it.
-
-    Args:
-        batch_fn: ``async batch_fn(items, slot) -> list`` (see the module docstring).
-        slots: the executor's slot table; a batch's slot is freed, held ``late`` or lost here.
-        stats: where execution times go.
-        settle: ``settle(request, value, exc)``: resolve a request once (a no-op if it already is).
-        requeue: ``requeue(requests, exc)``: put the requests of a batch whose slot was lost back in the queue.
-        timeout_s: ``BatchPolicy.batch_timeout_s``.
-        name: the executor's name, for log lines and error messages.
-    """
+    """Runs each batch as its own task on the slot it was given, and settles every request of it through the
+    executor's ``settle(request, value, exc)`` (once) or ``requeue(requests, exc)`` (its slot was lost)."""
 
     def __init__(
         self,
@@ -117,8 +107,8 @@ class BatchRunner:
                 self._slots.lose(index, lost)
 
     async def _call(self, batch: list[Request], index: int) -> SlotLostError | None:
-        """Call ``batch_fn`` on slot ``index`` and settle the batch from what it did; returns the error if it says the
-        slot is lost. Re-raises ``CancelledError`` only when the executor is closing."""
+        """Call ``batch_fn`` on slot ``index`` and settle the batch; returns the error if it says the slot is lost.
+        Re-raises ``CancelledError`` only when the executor is closing."""
         loop = asyncio.get_running_loop()
         slot = self._slots.slots[index]
         timer = None

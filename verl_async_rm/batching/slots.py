@@ -26,14 +26,8 @@ SLOT_STATES = ("free", "busy", "late", "replacing", "lost")
 
 
 class SlotTable:
-    """The executor's slots and their states.
-
-    Args:
-        slots: the slot objects, in order (index ``i`` is passed around, the object goes to ``batch_fn``).
-        replace: optional ``async replace(slot, index)`` returning a new slot object for a lost one.
-        on_change: called (synchronously) whenever a slot becomes free or is lost for good.
-        name: used in log lines.
-    """
+    """The executor's slots (index ``i`` is passed around, the object goes to ``batch_fn``) and their states;
+    ``on_change`` is called (synchronously) whenever a slot becomes free or is lost for good."""
 
     def __init__(
         self, slots: tuple[Any, ...], *, replace: ReplaceFn | None, on_change: Callable[[], None], name: str

@@ -25,7 +25,7 @@ import ray
 from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
 
-from verl_async_rm.errors import AsyncRMError, RMServiceLostError
+from verl_async_rm.errors import AsyncRMError, RMServiceLostError, remote_cause
 from verl_async_rm.integration.ledger import Failure, PhaseRecord, TrajectoryLedger
 from verl_async_rm.integration.reward_mix import RewardMix, with_rm_scores
 from verl_async_rm.integration.token_rewards import TOKEN_REWARDS_KEY, token_placement, with_token_rewards
@@ -152,7 +152,7 @@ class AsyncRMWorkerMixin:
                 )
                 lost.__cause__, answer = answer, lost
             elif isinstance(answer, (AsyncRMError, ray.exceptions.RayError)):
-                answer = _unwrap(answer)
+                answer = remote_cause(answer)
                 if len(names) > 1:
                     answer.add_note(f"RM {name!r}")
             else:
@@ -184,12 +184,6 @@ class AsyncRMAgentLoopWorkerTQ(AsyncRMWorkerMixin, AgentLoopWorkerTQ.__ray_actor
             await super()._agent_loop_postprocess(output, validate, **kwargs)
         finally:
             _PHASE.reset(token)
-
-
-def _unwrap(err: BaseException) -> BaseException:
-    """The service's own exception (its type and message) rather than Ray's task-error wrapper of it."""
-    cause = getattr(err, "cause", None)
-    return cause if isinstance(cause, BaseException) else err
 
 
 def _describe(err: BaseException) -> str:

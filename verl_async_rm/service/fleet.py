@@ -15,7 +15,7 @@ from typing import Any
 
 import ray
 
-from verl_async_rm.errors import ResourcePoolError
+from verl_async_rm.errors import ResourcePoolError, remote_cause
 from verl_async_rm.config import RMEntry
 from verl_async_rm.service.placement import kill_and_wait, remove_pool_groups, replica_bundle
 from verl_async_rm.service.service import kill_quietly, launch_rm_service, start_timeout_s
@@ -56,7 +56,7 @@ def start_rm_services(
         return {name: service for name, (service, _) in launched.items()}
     for entry in entries:
         _stop(launched[entry.name][0], names[entry.name], entry.rm.nnodes)
-    cause = getattr(failure, "cause", None) or failure  # a Ray task error carries the service's own exception
+    cause = remote_cause(failure)
     if isinstance(cause, ResourcePoolError):
         notes = "".join(f" ({note})" for note in getattr(failure, "__notes__", ()))
         raise ValueError(f"the RM pools could not be reserved: {pools_text(entries)}. The first failure{notes}: "
