@@ -28,12 +28,7 @@ RM_SCORE_KEY, RM_SCORES_KEY = "rm_score", "rm_scores"
 @dataclass(frozen=True)
 class RewardMix:
     """Final reward = ``rule_weight * rule_score + sum over RMs of weight * score`` (``main`` weighted by
-    ``rm_weight``), or ``combine_fn(...)`` when set.
-
-    ``rule_score`` is the reward manager's own reward: verl's rule (``custom_reward_function`` or
-    ``default_compute_score``) with the ``async_rm`` manager, or whatever the user's manager returns, penalties
-    included (``dapo``'s overlong penalty, a custom manager's terms).
-    """
+    ``rm_weight``), or ``combine_fn(...)`` when set; ``rule_score`` is the reward manager's own reward."""
 
     rm_weight: float = option(1.0, "weight of the main RM's score (reward.reward_model.*)", **_WEIGHT)
     rule_weight: float = option(
@@ -85,11 +80,8 @@ class RewardMix:
         return {MAIN: self.rm_weight, **dict(self.extra_weights)}
 
     def load_combine_fn(self) -> Optional[Callable[..., float]]:
-        """Import ``combine_fn`` (None when unset); a failure raises ``ValueError`` naming ``async_rm.combine_fn``.
-
-        A function without an ``rm_scores`` parameter (or ``**kwargs``) is called without it, and is refused when
-        there are several RMs: their scores would not reach it.
-        """
+        """Import ``combine_fn`` (None when unset; ``ValueError`` naming ``async_rm.combine_fn``). A function without an
+        ``rm_scores`` parameter is called without it, and refused when there are several RMs."""
         if self.combine_fn is None:
             return None
         try:
@@ -116,10 +108,8 @@ class RewardMix:
     def combine(self, rm_score: float, rule_score: float, *, rm_scores: Optional[Mapping[str, float]] = None,
                 data_source: Any = None, extra_info: Optional[Mapping] = None,
                 fn: Optional[Callable[..., float]] = None) -> float:
-        """The final reward of one trajectory (``fn`` is the loaded ``combine_fn``, if any).
-
-        ``rm_scores`` are every RM's raw scores by name (``main`` is ``rm_score``); default: ``main`` only.
-        """
+        """The final reward of one trajectory (``fn``: the loaded ``combine_fn``, if any; ``rm_scores``: every RM's
+        raw score by name, default ``main`` only)."""
         scores = dict(rm_scores) if rm_scores is not None else {MAIN: rm_score}
         if fn is None:
             return self.rm_total(scores) + self.rule_weight * rule_score

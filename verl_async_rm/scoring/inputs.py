@@ -25,6 +25,7 @@ __all__ = [
     "prepare_input_ids",
     "plan_micro_batches",
     "plan_packed_micro_batches",
+    "first_fit",
 ]
 
 
@@ -184,18 +185,21 @@ def plan_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int
 def plan_packed_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     """Group indices into packed forwards whose real tokens stay within ``max_tokens``, first-fit decreasing (few,
     nearly full forwards); an input longer than the budget runs alone."""
+    return first_fit([(max(n, 1), [i]) for i, n in enumerate(lengths)], max_tokens)
+
+
+def first_fit(units: list[tuple[int, list[int]]], max_tokens: int) -> list[list[int]]:
+    """Place ``(cost, indices)`` units, costliest first, each into the first micro-batch it fits in."""
     if max_tokens <= 0:
         raise ValueError(f"max_tokens={max_tokens!r}: must be positive")
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True)
     batches: list[list[int]] = []
     room: list[int] = []  # tokens left in each batch
-    for i in order:
-        n = max(lengths[i], 1)
-        slot = next((b for b, left in enumerate(room) if n <= left), None)
+    for cost, rows in sorted(units, key=lambda unit: unit[0], reverse=True):
+        slot = next((b for b, left in enumerate(room) if cost <= left), None)
         if slot is None:
-            batches.append([i])
-            room.append(max_tokens - n)
+            batches.append(list(rows))
+            room.append(max_tokens - cost)
         else:
-            batches[slot].append(i)
-            room[slot] -= n
+            batches[slot].extend(rows)
+            room[slot] -= cost
     return batches
