@@ -23,7 +23,7 @@ from verl_async_rm.options import Rule, check_options, option
 from verl_async_rm.scoring.rm_config import RMConfig
 
 __all__ = ["AsyncRMConfig", "IntegrationConfig", "RMEntry", "MAIN", "CONFIG_GROUP", "ON_ERROR_MODES",
-           "option_groups", "rm_config_from_verl", "extra_rm_entries", "build"]
+           "option_groups", "rm_config_from_verl", "extra_rm_entries", "build", "select"]
 
 CONFIG_GROUP = "async_rm"
 MODELS_KEY = "models"
@@ -192,7 +192,7 @@ def rm_config_from_verl(config: Any, overrides: Mapping[str, Any] | None = None,
         value, key = _first_set(config, *candidates)
         if key is not None:
             values[name], keys[name] = value, key
-    device = _select(config, "trainer.device")
+    device = select(config, "trainer.device")
     if device is not None:
         values["use_gpu"], keys["use_gpu"] = str(device) != "cpu", "trainer.device"
     known = {f.name for f in dataclasses.fields(RMConfig)}
@@ -286,13 +286,13 @@ def _under(prefix: str, names: Any) -> dict[str, str]:
 
 
 def _manager_name(config: Any) -> Any:
-    return _select(config, "reward.reward_manager.name") or _select(config, "reward_model.reward_manager")
+    return select(config, "reward.reward_manager.name") or select(config, "reward_model.reward_manager")
 
 
 def _group(config: Any) -> dict[str, Any]:
     from omegaconf import DictConfig, OmegaConf
 
-    node = _select(config, CONFIG_GROUP)
+    node = select(config, CONFIG_GROUP)
     if node is None:
         return {}
     if isinstance(node, DictConfig):
@@ -305,7 +305,7 @@ def _group(config: Any) -> dict[str, Any]:
     return dict(node)
 
 
-def _select(config: Any, key: str) -> Any:
+def select(config: Any, key: str) -> Any:
     """``config[key]`` for a dotted key, or None when any part is missing (a ``DictConfig`` or nested mappings)."""
     from omegaconf import DictConfig, OmegaConf
 
@@ -322,7 +322,7 @@ def _select(config: Any, key: str) -> Any:
 def _first_set(config: Any, *keys: str) -> tuple[Any, str | None]:
     """The first of ``keys`` whose value is not None, with the key it came from."""
     for key in keys:
-        value = _select(config, key)
+        value = select(config, key)
         if value is not None:
             return value, key
     return None, None

@@ -19,6 +19,8 @@ from typing import Any
 import hydra
 from omegaconf import OmegaConf
 
+from verl_async_rm.config import select as _select
+
 __all__ = ["migrate_legacy_keys", "main"]
 
 logger = logging.getLogger(__name__)
@@ -30,10 +32,6 @@ def _verl_config_dir() -> str:
     if spec is None or not spec.submodule_search_locations:
         raise ImportError("verl is not installed; install verl==0.9.1 (pip install verl-async-rm pulls it in)")
     return os.path.join(list(spec.submodule_search_locations)[0], "trainer", "config")
-
-
-def _select(config: Any, key: str) -> Any:
-    return OmegaConf.select(config, key, default=None)
 
 
 def migrate_legacy_keys(config: Any) -> Any:

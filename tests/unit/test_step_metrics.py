@@ -1,5 +1,5 @@
 """The per-step ``async_rm/*`` figures: the RM service's step figures (``service_step_metrics``, from the executor's
-step stats and the replicas' counters) turned into metrics by ``integration.metrics.step_metrics``.
+step stats and the replicas' counters) turned into metrics by ``service.metrics.step_metrics``.
 
 The executor figures come from a real ``PendingRequestExecutor`` step on the virtual-time loop, so the test follows
 the StepStats the executor really returns.
@@ -14,9 +14,8 @@ import pytest
 
 from verl_async_rm.batching import BatchPolicy, PendingRequestExecutor
 from verl_async_rm.testing.executor import GatedBatchFn, run_virtual
-from verl_async_rm.integration import metrics
-from verl_async_rm.integration.metrics import PREFIX
-from verl_async_rm.service.metrics import service_step_metrics
+from verl_async_rm.service import metrics
+from verl_async_rm.service.metrics import PREFIX, service_step_metrics
 
 pytestmark = pytest.mark.unit
 

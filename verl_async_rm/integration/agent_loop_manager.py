@@ -25,11 +25,11 @@ from verl_async_rm.integration import v1_hooks
 from verl_async_rm.integration.checks import check_v1_trainer, check_verl_config
 from verl_async_rm.integration.drops import apply_drops, check_failures
 from verl_async_rm.integration.ledger import PhaseRecord
-from verl_async_rm.integration.metrics import PREFIX, VAL_PREFIX, step_metrics
 from verl_async_rm.integration.agent_loop_worker import remote_worker_class
 from verl_async_rm.integration.token_rewards import place_token_rewards
 from verl_async_rm.config import MAIN
 from verl_async_rm.service.fleet import start_rm_services
+from verl_async_rm.service.metrics import PREFIX, VAL_PREFIX, step_metrics
 from verl_async_rm.service.placement import kill_and_wait, remove_pool_groups
 from verl_async_rm.service.service import kill_quietly, start_rm_service
 

@@ -9,10 +9,7 @@ import logging
 import os
 from typing import Any
 
-from omegaconf import OmegaConf
-
-from verl_async_rm.config import MAIN
-from verl_async_rm.config import AsyncRMConfig
+from verl_async_rm.config import MAIN, AsyncRMConfig, select as _get
 
 logger = logging.getLogger(__name__)
 
@@ -35,10 +32,6 @@ LEGACY_KEYS: dict[str, str] = {
     "custom_reward_function.name": "reward.custom_reward_function.name",
     "sandbox_fusion.url": "reward.sandbox_fusion.url",
 }
-
-
-def _get(config: Any, key: str) -> Any:
-    return OmegaConf.select(config, key, default=None)
 
 
 def legacy_keys_set(config: Any) -> dict[str, Any]:

@@ -16,7 +16,7 @@ from verl_async_rm.options import check_options, option
 #: Checks of a weight: any finite number.
 _WEIGHT = {"why": "must be a finite number", "fix": "e.g. {key}=1.0"}
 
-__all__ = ["MAIN", "RewardMix", "RM_SCORE_KEY", "RM_SCORES_KEY", "with_rm_scores", "load_callable"]
+__all__ = ["MAIN", "RewardMix", "RM_SCORE_KEY", "RM_SCORES_KEY", "with_rm_scores"]
 
 #: The name of the RM set by verl's ``reward.reward_model.*`` keys.
 MAIN = "main"
@@ -84,13 +84,19 @@ class RewardMix:
         ``rm_scores`` parameter is called without it, and refused when there are several RMs."""
         if self.combine_fn is None:
             return None
+        module_name, _, attr = self.combine_fn.partition(":")
         try:
-            fn = load_callable(self.combine_fn)
-        except ValueError as exc:
+            fn = getattr(importlib.import_module(module_name), attr)
+            problem = None if callable(fn) else "is not callable"
+        except ImportError as exc:
+            problem = f"cannot import module {module_name!r}: {exc}"
+        except AttributeError:
+            problem = f"module {module_name!r} has no attribute {attr!r}"
+        if problem is not None:
             raise ValueError(
-                f"async_rm.combine_fn={self.combine_fn!r}: {exc}; it must name an importable function "
-                "(its package on PYTHONPATH in every Ray worker), e.g. +async_rm.combine_fn=my_rewards.mix:combine"
-            ) from exc
+                f"async_rm.combine_fn={self.combine_fn!r}: {problem}; it must name an importable function (its package "
+                "on PYTHONPATH in every Ray worker), e.g. +async_rm.combine_fn=my_rewards.mix:combine"
+            )
         if _accepts(fn, "rm_scores"):
             return fn
         if self.extra_weights:
@@ -193,19 +199,3 @@ def _accepts(fn: Callable[..., Any], name: str) -> bool:
     except (TypeError, ValueError):  # a builtin without a signature: pass everything
         return True
     return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
-
-
-def load_callable(spec: str) -> Callable[..., Any]:
-    """Import ``'package.module:attr'``; errors name the spec and what is wrong."""
-    module_name, _, attr = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"cannot import module {module_name!r} of {spec!r}: {exc}") from exc
-    try:
-        fn = getattr(module, attr)
-    except AttributeError:
-        raise ValueError(f"module {module_name!r} has no attribute {attr!r} (from {spec!r})") from None
-    if not callable(fn):
-        raise ValueError(f"{spec!r} is not callable")
-    return fn

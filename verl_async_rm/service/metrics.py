@@ -1,12 +1,18 @@
-"""One step of an RM service in flat figures: the batcher's step figures and the replicas' own counters."""
+"""The per-step ``async_rm/*`` metrics: one RM service's step in flat figures (the batcher's step figures and the
+replicas' own counters), then prefixed, with the trajectory counts of the phase, by the manager."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from verl_async_rm.batching.stats import StepStats
 
-__all__ = ["service_step_metrics"]
+__all__ = ["service_step_metrics", "step_metrics", "PREFIX", "VAL_PREFIX"]
+
+PREFIX = "async_rm/"
+#: Validation passes on the v1 trainer (verl names its own validation metrics ``val-core/``, ``val-aux/``).
+VAL_PREFIX = "val-async_rm/"
 
 
 def service_step_metrics(step: StepStats, replica_steps: Sequence[Mapping[str, float]] = ()) -> dict[str, float]:
@@ -40,3 +46,12 @@ def service_step_metrics(step: StepStats, replica_steps: Sequence[Mapping[str, f
         if any("steps_dropped" in r for r in replica_steps):
             values["steps_dropped"] = sum(r.get("steps_dropped", 0) for r in replica_steps)
     return {name: float(value) for name, value in values.items() if value is not None}
+
+
+def step_metrics(service_step: Mapping[str, float], trajectories: Any = None, prefix: str = PREFIX) -> dict[str, float]:
+    """``{prefix + name: number}`` from :meth:`RMService.end_step`'s figures; ``trajectories`` (a ``PhaseRecord``,
+    v1) gives ``requests``/``scored``/``errors`` as the agent-loop workers counted them for one phase instead."""
+    values = dict(service_step)
+    if trajectories is not None:
+        values.update(requests=trajectories.requests, scored=trajectories.scored, errors=trajectories.failed)
+    return {prefix + name: float(value) for name, value in values.items()}
