@@ -30,12 +30,8 @@ __all__ = [
 
 
 class ConfigValueError(ValueError):
-    """Raised when a setting has a bad value; the message names the key, the value and the fix.
-
-    ``why`` and ``fix`` may say ``{key}``: it becomes the key the error is reported under. The checks raise it under
-    the field's name; the config parser reports it once under the user's key with :meth:`renamed` (for example
-    ``async_rm.models.safety.max_length``, or the verl key the value was read from).
-    """
+    """Raised when a setting has a bad value; the message names the key, the value and the fix (``{key}`` in ``why``
+    and ``fix`` becomes the key reported: the field's name, or the user's key after :meth:`renamed`)."""
 
     def __init__(self, key: str, value: Any, why: str, fix: str) -> None:
         self.key, self.value, self.why, self.fix = key, value, why, fix
@@ -90,13 +86,9 @@ class BatchResultError(AsyncRMError):
 
 
 class SlotLostError(AsyncRMError):
-    """Raised by a batch function when its slot is gone for good (the RM replica died).
-
-    Raised by the call, the executor puts the batch's requests back at the head of the queue for the other slots (at
-    most ``BatchPolicy.slot_retries`` times per request); raised by a call that ran past ``batch_timeout_s`` (whose
-    requests have already failed), it only ends the slot. Either way the slot is replaced if the executor was given a
-    way to make one, else retired.
-    """
+    """Raised by a batch function when its slot is gone for good (the RM replica died): the batch's requests go back
+    to the head of the queue (at most ``BatchPolicy.slot_retries`` times each; not those of a call that had already
+    timed out), and the slot is replaced, or retired."""
 
 
 class NoSlotsError(AsyncRMError):

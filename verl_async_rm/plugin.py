@@ -14,10 +14,8 @@ import threading
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LOADED", "REGISTRY_MODULE", "register_reward_manager"]
+__all__ = ["REGISTRY_MODULE", "register_reward_manager"]
 
-#: True once verl has imported this module through its entry point (or anyone imported it directly).
-LOADED = True
 #: verl's reward-manager package; importing it registers verl's own managers.
 REGISTRY_MODULE = "verl.experimental.reward_loop.reward_manager"
 

@@ -1,7 +1,5 @@
-"""The pending-request executor: slot-based dynamic batching of single reward requests that never hangs.
-
-``PendingRequestExecutor`` is pure asyncio and Ray-free; the RM service (:mod:`verl_async_rm.service`) runs one inside
-its Ray actor, with the RM replicas as slots. The knobs are in :class:`BatchPolicy`.
+"""The pending-request executor: slot-based dynamic batching of single reward requests that never hangs (pure
+asyncio, Ray-free; the RM service runs one with the RM replicas as slots).
 
 In process::
 

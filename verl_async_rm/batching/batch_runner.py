@@ -1,19 +1,11 @@
 """``BatchRunner``: the batches in flight, each one ``batch_fn`` call on one slot (its own task), under
 ``batch_timeout_s`` (a timer on that task).
 
-The contract of ``batch_fn(items, slot)``: an async callable that returns one entry per item, in order: a result, or
-an ``Exception`` instance that fails only that item (the batch function owns per-item isolation). How a call ends
-decides its requests and its slot:
-
-- it returns a list of the right length: each request gets its entry; the slot is free again;
-- it returns anything else (a wrong length, not a list) or is not async: every request fails with
-  :class:`BatchResultError`; the slot is free again;
-- it raises :class:`SlotLostError`: the requests go back to the head of the queue (``requeue``, at most
-  ``slot_retries`` times each) and the slot is lost (replaced, or retired);
-- it raises anything else: every request fails with that exception; the slot is free again;
-- it runs past ``batch_timeout_s``: every request fails at once with :class:`RequestTimeoutError`, the call is
-  cancelled and the slot stays ``late`` (no batch) until the call has really ended; if it ends by raising
-  :class:`SlotLostError` the slot is lost (nothing to re-queue), else it is free again.
+The contract of ``async batch_fn(items, slot)``: one entry per item, in order: a result, or an ``Exception`` instance
+that fails only that item. Anything else it returns fails every request with :class:`BatchResultError`; what it
+raises fails every request, except :class:`SlotLostError`, which re-queues them and loses the slot. Past
+``batch_timeout_s`` every request fails at once with :class:`RequestTimeoutError`, the call is cancelled and the slot
+stays ``late`` until the call has really ended.
 """
 
 from __future__ import annotations

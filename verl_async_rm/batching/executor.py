@@ -38,19 +38,10 @@ BatchFn = Callable[[list[Any], Any], Awaitable[list[Any]]]
 
 
 class PendingRequestExecutor:
-    """Collect single requests into batches and run them on free slots.
-
-    Args:
-        batch_fn: ``async batch_fn(items, slot) -> list`` (the contract: :mod:`~verl_async_rm.batching.batch_runner`).
-        policy: a :class:`BatchPolicy`, a mapping of its fields, or None for the defaults.
-        slots: an int N (slots ``0..N-1``) or a sequence of slot objects (e.g. the RM replicas' actor handles); each
-            batch runs on one free slot, which is passed to ``batch_fn``.
-        replace_slot: optional ``async replace_slot(slot, index) -> new slot`` for a slot whose ``batch_fn`` raised
-            :class:`SlotLostError`; without it a lost slot is retired. With no slot left, waiting requests and new
-            submits fail with :class:`NoSlotsError`.
-
-    The executor binds to the event loop of its first ``submit``; build it anywhere.
-    """
+    """Collect single requests into batches and run them, through ``batch_fn`` (its contract:
+    :mod:`~verl_async_rm.batching.batch_runner`), on free ``slots``: an int N (``0..N-1``) or slot objects (e.g. the RM
+    replicas' handles). ``replace_slot(slot, index) -> new slot`` replaces a lost slot (else it is retired; with none
+    left, requests fail with :class:`NoSlotsError`). Binds to the event loop of its first ``submit``."""
 
     def __init__(
         self,

@@ -1,9 +1,7 @@
 """``SlotTable``: which slots (RM replicas) can take a batch, and what happens when one fails as a whole.
 
-A slot is ``free`` (ready for a batch), ``busy`` (running one), ``late`` (its call ran past ``batch_timeout_s`` and was
-cancelled, but has not ended yet: no new batch until it has), ``replacing`` (lost; a replacement is being made) or
-``lost`` (gone, no replacement). The executor takes free slots oldest-freed first; every change that can let a batch
-start, or leaves no slot at all, is reported through ``on_change``.
+A slot is ``free``, ``busy``, ``late`` (its call ran past ``batch_timeout_s`` and was cancelled but has not ended: no
+new batch until it has), ``replacing`` or ``lost``. Free slots are taken oldest-freed first.
 """
 
 from __future__ import annotations

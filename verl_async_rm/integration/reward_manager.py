@@ -16,12 +16,10 @@ from verl_async_rm.errors import RewardModelError
 from verl_async_rm.integration.reward_mix import RM_SCORE_KEY
 from verl_async_rm.config import ASYNC_RM_MANAGER
 
-__all__ = ["AsyncRMRewardManager", "REWARD_MANAGER_NAME"]
-
-REWARD_MANAGER_NAME = ASYNC_RM_MANAGER
+__all__ = ["AsyncRMRewardManager"]
 
 
-@register(REWARD_MANAGER_NAME)
+@register(ASYNC_RM_MANAGER)
 class AsyncRMRewardManager(NaiveRewardManager):
     """verl's naive manager, whose rule runs only when ``async_rm.*`` weights use it (see module doc)."""
 
