@@ -48,8 +48,8 @@ def check_failures(record: Any, integration: Any, where: str) -> None:
 
 def apply_drops(output: Any, drop_budget: float, uids: Any = None) -> int:
     """Exclude the dropped trajectories of ``output`` (a verl ``DataProto``) in place; returns how many there were
-    (:class:`TrajectoryDroppedError` past ``drop_budget``). ``uids``: the rows' groups (the input batch's ``uid``: verl's
-    v0 output does not carry it when a reward loop runs); default: ``output``'s own ``uid``, if any."""
+    (:class:`TrajectoryDroppedError` past ``drop_budget``). ``uids``: the rows' groups (the input batch's ``uid``:
+    verl's v0 output does not carry it when a reward loop runs); default: ``output``'s own ``uid``, if any."""
     ntb = output.non_tensor_batch
     if "rm_dropped" not in ntb:
         return 0

@@ -3,7 +3,8 @@
 Micro-batches run padded or packed (:mod:`~verl_async_rm.scoring.packing`); scores are read from the score head's
 per-token output (a forward hook; :mod:`~verl_async_rm.scoring.readout`); a micro-batch that runs out of memory or
 raises is halved until the failing row is alone. On CUDA the padded forwards run without torch's cuDNN attention
-backend, which builds a plan for every new (rows, width) shape (0.3-1.9 s each on an H100; RL lengths change every step).
+backend, which builds a plan for every new (rows, width) shape (0.3-1.9 s each on an H100; RL lengths change each
+step).
 """
 
 from __future__ import annotations
@@ -192,17 +193,11 @@ class RMForward:
                 for j, value in zip(batch, self._recover(rows, batch_groups, err, batch_reads), strict=True):
                     results[j] = value
         if launched:
-            values = torch.cat([v for _, v in launched]).cpu().tolist()
             order = [j for batch, _ in launched for j in batch]
-            if reads is None:
-                for j, value in zip(order, values, strict=True):
-                    results[j] = value  # .tolist() gave Python floats: the one conversion of a score
-            else:
-                start = 0
-                for j in order:
-                    results[j] = values[start : start + len(reads[j])]
-                    start += len(reads[j])
-                assert start == len(values), "one value per read position"
+            values = torch.cat([v for _, v in launched]).cpu().tolist()
+            per_row = _per_row(values, None if reads is None else [reads[j] for j in order])
+            for j, value in zip(order, per_row, strict=True):
+                results[j] = value
         assert all(r is not None for r in results), "every input is in exactly one micro-batch"
         return results
 
@@ -309,13 +304,9 @@ class RMForward:
         """Scores of one micro-batch. A failure (out of memory, or a row that makes the forward raise) halves the
         micro-batch until the failing row is alone: only that row gets the error."""
         try:
-            values = self.forward_ids(batch, groups, reads).tolist()
+            return _per_row(self.forward_ids(batch, groups, reads).tolist(), reads)
         except Exception as err:
             return self._recover(batch, groups, err, reads)
-        if reads is None:
-            return values
-        counts = np.cumsum([0, *(len(r) for r in reads)])
-        return [values[counts[i] : counts[i + 1]] for i in range(len(batch))]
 
     # -------------------------------------------------------------------------------------------------- helpers
 
@@ -436,3 +427,12 @@ class RMForward:
             return None
         return f"{what} scores {got.tolist()} differ from single-row scores {reference.tolist()}"
 
+
+def _per_row(values: list[float], reads: Sequence[Sequence[int]] | None) -> list[Any]:
+    """Scores copied to the host by ``.tolist()`` (Python floats: the one conversion of a score), one entry per row:
+    a float, or with ``reads`` the values of the row's read positions."""
+    if reads is None:
+        return values
+    ends = np.cumsum([len(r) for r in reads]).tolist()
+    assert not ends or ends[-1] == len(values), "one value per read position"
+    return [values[end - len(r) : end] for r, end in zip(reads, ends, strict=True)]

@@ -59,9 +59,8 @@ def host_store(world_size: int, timeout_s: float, port: int = 0) -> tuple[str, i
 
 
 def join_group(group: ShardGroup, device: torch.device, store: Any = None) -> Any:
-    """Initialise this process's default ``torch.distributed`` group: the replica's ``world_size`` ranks, each on its
-    own ``device``. Returns the group's store (rank 0's, or this rank's client of it): :class:`FailureAgreement` uses it.
-    """
+    """Initialise this process's default ``torch.distributed`` group (the replica's ranks, each on its own
+    ``device``); returns the group's store, which :class:`FailureAgreement` uses."""
     if torch.distributed.is_initialized():
         raise RuntimeError("this process is already in a torch.distributed group: one sharded replica per process")
     timeout = timedelta(seconds=group.timeout_s)

@@ -3,7 +3,7 @@
 :class:`RMResourcePool` is a verl ``RayResourcePool`` with one bundle per replica (``gpus_per_replica`` GPUs and as
 many CPUs, so a replica is always on one node; not verl's 10 CPUs per GPU). Unlike verl's, each node's placement group
 is pinned to a distinct node free now (two ``STRICT_PACK`` groups could otherwise share one big node), and the
-reservation waits at most ``placement_timeout_s`` (verl waits on ``pg.ready()`` forever, which hangs on a small cluster).
+reservation waits at most ``placement_timeout_s`` (verl waits on ``pg.ready()`` forever: a hang on a small cluster).
 
 Every replica is spawned by :func:`replica_group`, a verl ``RayWorkerGroup`` of :class:`RMReplica` (verl sets each
 replica's environment): of every bundle at start (the rm_wg), or of the lost replica's bundle alone for a stand-in
