@@ -47,12 +47,9 @@ class StepRewards:
         """The trajectory's reward: the sum of its step rewards (what verl's ``rm_scores.sum(-1)`` gives)."""
         return sum(self.scores, 0.0)
 
-    def __float__(self) -> float:
-        return self.total
 
-
-#: What an RM hands back for one trajectory, from the replica to the reward mix: its score (a finite float, read off
-#: the forward's output once and checked once by the scorer), or a token-level process RM's step rewards.
+#: What an RM hands back for one trajectory, from the replica to the reward mix: its score (a finite float, converted
+#: once by the forward's ``.tolist()`` and checked once by the scorer), or a token-level process RM's step rewards.
 Score = float | StepRewards
 
 
@@ -176,15 +173,15 @@ def prepare_process_input(
 
 
 def reduce_steps(scores: Sequence[float], reduction: str) -> float:
-    """One outcome score from step scores: ``min``, ``mean``, ``last`` or ``product``."""
+    """One outcome score from step scores (Python floats already): ``min``, ``mean``, ``last`` or ``product``."""
     if not scores:
         raise ValueError("no step scores to reduce")
     if reduction == "min":
-        return float(min(scores))
+        return min(scores)
     if reduction == "mean":
-        return float(sum(scores) / len(scores))
+        return sum(scores) / len(scores)
     if reduction == "last":
-        return float(scores[-1])
+        return scores[-1]
     if reduction == "product":
-        return float(math.prod(scores))
+        return math.prod(scores)
     raise ValueError(f"unknown process_reduction {reduction!r}")
