@@ -1,31 +1,11 @@
 """The plugin's config, read once at the boundary: verl's reward keys plus one flat ``async_rm`` group.
 
-Users write flat keys on verl's command line (``+async_rm.max_batch_size=64 +async_rm.rm_weight=1.0``);
-:meth:`AsyncRMConfig.from_verl` reads them once into frozen dataclasses, one per component, and each component gets
-only its own (:func:`option_groups` lists them by user key, for the options reference):
-
-- batching -> :class:`~verl_async_rm.batching.BatchPolicy` (``batch_timeout_s``: 600 s by default here);
-- loading, feeding and placing the RM -> :class:`~verl_async_rm.scoring.rm_config.RMConfig`, with verl's
-  ``reward.reward_model.*`` keys and their legacy ``reward_model.*`` spellings (:func:`rm_config_from_verl`);
-- reward weights -> :class:`~verl_async_rm.integration.reward_mix.RewardMix` (``rule_weight`` defaults to 0.0 with the
-  ``async_rm`` reward manager and to 1.0 with any other, whose reward then counts as it is);
-- more RMs (``async_rm.models.<name>.*``) -> one :class:`RMEntry` each, after ``main``;
-- the rest (the trajectory's wait, the error policy, the service actor) -> :class:`IntegrationConfig`.
-
-Each dataclass types its fields with :func:`~verl_async_rm.options.option` (one converter) and raises
-``ConfigValueError`` under the field's name; :func:`build` renames it once, to the key the user wrote
-(``async_rm.<key>``, ``async_rm.models.<name>.<key>``, or the verl key the value came from). Unknown keys raise
-``ValueError`` listing the known ones, and keys of earlier releases name their replacement.
-
-An extra RM is set with flat keys under its name::
-
-    +async_rm.models.safety.model_path=/models/safety-rm
-    +async_rm.models.safety.n_gpus_per_node=1     # default 1 (and nnodes, gpus_per_replica)
-    +async_rm.models.safety.weight=0.5            # default 1.0
-    +async_rm.models.safety.max_length=4096       # any RM or batching option of async_rm.*
-
-An option not set under the RM's name takes the value set at the top (``async_rm.<option>``), else its default; the
-RM path, the pool's size and shape and the weight are the RM's own. ``main`` is weighted by ``async_rm.rm_weight``.
+:meth:`AsyncRMConfig.from_verl` reads them into frozen dataclasses, one per component (:func:`option_groups` lists
+them by user key): :class:`~verl_async_rm.batching.BatchPolicy`, :class:`~verl_async_rm.scoring.rm_config.RMConfig`
+(with verl's ``reward.reward_model.*`` keys), :class:`~verl_async_rm.integration.reward_mix.RewardMix`,
+:class:`IntegrationConfig`, and one :class:`RMEntry` per RM (``async_rm.models.<name>.*`` after ``main``; an option
+not set under the RM's name takes the one set at the top of ``async_rm``). A ``ConfigValueError`` raised under a
+field's name is renamed once, by :func:`build`, to the key the user wrote.
 """
 
 from __future__ import annotations
@@ -43,7 +23,7 @@ from verl_async_rm.options import Rule, check_options, option
 from verl_async_rm.scoring.rm_config import RMConfig
 
 __all__ = ["AsyncRMConfig", "IntegrationConfig", "RMEntry", "MAIN", "CONFIG_GROUP", "ON_ERROR_MODES",
-           "option_groups", "rm_config_from_verl", "extra_rm_entries", "build"]
+           "option_groups", "rm_config_from_verl", "extra_rm_entries", "build", "select"]
 
 CONFIG_GROUP = "async_rm"
 MODELS_KEY = "models"
@@ -139,8 +119,8 @@ class RMEntry:
 
 
 def option_groups() -> dict[str, tuple[type, ...]]:
-    """The user's key prefixes and the dataclasses whose fields (``help`` metadata, defaults) they set, for the
-    options reference. ``async_rm.models.<name>.`` also takes ``weight``; fields marked ``internal`` are not keys."""
+    """The user's key prefixes and the dataclasses whose fields they set, for the options reference
+    (``async_rm.models.<name>.`` also takes ``weight``; fields marked ``internal`` are not keys)."""
     return {
         f"{CONFIG_GROUP}.": (BatchPolicy, RMConfig, RewardMix, IntegrationConfig),
         f"{CONFIG_GROUP}.{MODELS_KEY}.<name>.": (BatchPolicy, RMConfig),
@@ -168,11 +148,8 @@ class AsyncRMConfig:
 
     @classmethod
     def from_verl(cls, config: Any) -> AsyncRMConfig:
-        """Build from verl's whole trainer config (a ``DictConfig`` or nested mappings).
-
-        Raises:
-            ValueError: a key is unknown or a value is bad; the message names the key, the value and the fix.
-        """
+        """Build from verl's whole trainer config (a ``DictConfig`` or nested mappings); ``ValueError`` naming the
+        key, the value and the fix."""
         group = _group(config)
         models = group.pop(MODELS_KEY, None)
         sections: dict[type, dict[str, Any]] = {BatchPolicy: {}, RMConfig: {}, RewardMix: {}, IntegrationConfig: {}}
@@ -206,24 +183,16 @@ class AsyncRMConfig:
 
 
 def rm_config_from_verl(config: Any, overrides: Mapping[str, Any] | None = None, overrides_key: str = "") -> RMConfig:
-    """:class:`RMConfig` from verl's trainer config (a ``DictConfig`` or nested mappings).
-
-    verl's keys give ``model_path``, ``n_gpus_per_node``, ``nnodes``, ``trust_remote_code`` and
-    ``policy_tokenizer_path`` (:data:`_VERL_KEYS`; a legacy key that is set wins) and ``use_gpu``
-    (``trainer.device != "cpu"``). With ``use_gpu``, ``reward.reward_model.enable_resource_pool`` (or the legacy key)
-    must be True: otherwise verl reserves no GPUs for the reward pool and overwrites its size with the trainer's.
-    ``overrides`` (RMConfig fields, from ``overrides_key``, e.g. ``async_rm``) win over the values read.
-
-    Raises:
-        ConfigValueError: a value is missing or bad; the message names the key it was read from and the fix.
-    """
+    """:class:`RMConfig` from verl's trainer config: the fields of :data:`_VERL_KEYS` (a legacy key that is set
+    wins) and ``use_gpu`` (``trainer.device != "cpu"``), then ``overrides`` (RMConfig fields, from ``overrides_key``,
+    e.g. ``async_rm``). Errors name the key the value was read from."""
     values: dict[str, Any] = {}
     keys: dict[str, str] = {}
     for name, candidates in _VERL_KEYS.items():
         value, key = _first_set(config, *candidates)
         if key is not None:
             values[name], keys[name] = value, key
-    device = _select(config, "trainer.device")
+    device = select(config, "trainer.device")
     if device is not None:
         values["use_gpu"], keys["use_gpu"] = str(device) != "cpu", "trainer.device"
     known = {f.name for f in dataclasses.fields(RMConfig)}
@@ -256,18 +225,8 @@ def extra_rm_entries(
     models: Any, *, base: Mapping[str, Any], shared_rm: Mapping[str, Any], shared_batching: Mapping[str, Any],
     group: str,
 ) -> tuple[RMEntry, ...]:
-    """Parse ``async_rm.models`` (a mapping of name -> options) into entries, in the order given.
-
-    Args:
-        models: the ``async_rm.models`` node.
-        base: RMConfig fields every RM shares that come from verl (``policy_tokenizer_path``, ``use_gpu``).
-        shared_rm: RMConfig options set at the top of ``async_rm`` (the defaults of every RM).
-        shared_batching: BatchPolicy options of the top of ``async_rm`` (plugin defaults included).
-        group: ``async_rm``, for key names in messages.
-
-    Raises:
-        ValueError: a name, key or value is bad; the message names the key (``async_rm.models.<name>.<key>``).
-    """
+    """Parse ``async_rm.models`` (name -> options) into entries, in the order given. ``base``: RMConfig fields
+    every RM takes from verl; ``shared_rm``, ``shared_batching``: the options set at the top of ``async_rm``."""
     if models is None:
         return ()
     if not isinstance(models, Mapping):
@@ -327,13 +286,13 @@ def _under(prefix: str, names: Any) -> dict[str, str]:
 
 
 def _manager_name(config: Any) -> Any:
-    return _select(config, "reward.reward_manager.name") or _select(config, "reward_model.reward_manager")
+    return select(config, "reward.reward_manager.name") or select(config, "reward_model.reward_manager")
 
 
 def _group(config: Any) -> dict[str, Any]:
     from omegaconf import DictConfig, OmegaConf
 
-    node = _select(config, CONFIG_GROUP)
+    node = select(config, CONFIG_GROUP)
     if node is None:
         return {}
     if isinstance(node, DictConfig):
@@ -346,7 +305,7 @@ def _group(config: Any) -> dict[str, Any]:
     return dict(node)
 
 
-def _select(config: Any, key: str) -> Any:
+def select(config: Any, key: str) -> Any:
     """``config[key]`` for a dotted key, or None when any part is missing (a ``DictConfig`` or nested mappings)."""
     from omegaconf import DictConfig, OmegaConf
 
@@ -363,7 +322,7 @@ def _select(config: Any, key: str) -> Any:
 def _first_set(config: Any, *keys: str) -> tuple[Any, str | None]:
     """The first of ``keys`` whose value is not None, with the key it came from."""
     for key in keys:
-        value = _select(config, key)
+        value = select(config, key)
         if value is not None:
             return value, key
     return None, None

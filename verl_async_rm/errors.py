@@ -1,9 +1,5 @@
-"""Exceptions raised by verl_async_rm, one per failure kind.
-
-Configuration mistakes raise :class:`ConfigValueError` (a ``ValueError``; :class:`ConfigTypeError`, a value of the
-wrong type, is a ``TypeError`` too): the message names the key, the bad value and the fix. The other classes cover
-failures at run time; each derives from :class:`AsyncRMError` so callers can catch them in one place.
-"""
+"""Exceptions raised by verl_async_rm, one per failure kind: configuration mistakes (:class:`ConfigValueError`, a
+``ValueError``) and failures at run time (:class:`AsyncRMError` and its subclasses)."""
 
 from __future__ import annotations
 
@@ -30,16 +26,13 @@ __all__ = [
     "NonFiniteScoreError",
     "RewardInputError",
     "ResourcePoolError",
+    "remote_cause",
 ]
 
 
 class ConfigValueError(ValueError):
-    """Raised when a setting has a bad value; the message names the key, the value and the fix.
-
-    ``why`` and ``fix`` may say ``{key}``: it becomes the key the error is reported under. The checks raise it under
-    the field's name; the config parser reports it once under the user's key with :meth:`renamed` (for example
-    ``async_rm.models.safety.max_length``, or the verl key the value was read from).
-    """
+    """Raised when a setting has a bad value; the message names the key, the value and the fix (``{key}`` in ``why``
+    and ``fix`` becomes the key reported: the field's name, or the user's key after :meth:`renamed`)."""
 
     def __init__(self, key: str, value: Any, why: str, fix: str) -> None:
         self.key, self.value, self.why, self.fix = key, value, why, fix
@@ -94,13 +87,9 @@ class BatchResultError(AsyncRMError):
 
 
 class SlotLostError(AsyncRMError):
-    """Raised by a batch function when its slot is gone for good (the RM replica died).
-
-    Raised by the call, the executor puts the batch's requests back at the head of the queue for the other slots (at
-    most ``BatchPolicy.slot_retries`` times per request); raised by a call that ran past ``batch_timeout_s`` (whose
-    requests have already failed), it only ends the slot. Either way the slot is replaced if the executor was given a
-    way to make one, else retired.
-    """
+    """Raised by a batch function when its slot is gone for good (the RM replica died): the batch's requests go back
+    to the head of the queue (at most ``BatchPolicy.slot_retries`` times each; not those of a call that had already
+    timed out), and the slot is replaced, or retired."""
 
 
 class NoSlotsError(AsyncRMError):
@@ -150,3 +139,9 @@ class RewardInputError(RewardModelError, ValueError):
 
 class ResourcePoolError(AsyncRMError):
     """Raised when the reward pool's placement groups cannot be reserved (too few GPUs/CPUs, or a timeout)."""
+
+
+def remote_cause(err: BaseException) -> BaseException:
+    """The exception a Ray task raised where it ran (its own type and message), rather than Ray's wrapper of it."""
+    cause = getattr(err, "cause", None)
+    return cause if isinstance(cause, BaseException) else err

@@ -1,22 +1,12 @@
 """verl's ``main_ppo``, with the legacy top-level reward keys migrated first.
 
-When to use it: your recipe sets the old top-level keys (``reward_model.enable_resource_pool``,
-``reward_model.n_gpus_per_node``, ``reward_model.nnodes``, ``reward_model.model.path``, ``reward_model.reward_manager``,
-``custom_reward_function.*``, ...). verl 0.9.1's ``verl.trainer.main_ppo`` ignores them (only its
-``fully_async_main`` migrates them), so the reward pool would not be reserved and the plugin refuses to start
-(:func:`verl_async_rm.integration.checks.check_verl_config`). Run the same command with this module instead::
+verl 0.9.1's ``verl.trainer.main_ppo`` ignores the old top-level keys (``reward_model.*``, ``custom_reward_function.*``,
+...; only its ``fully_async_main`` migrates them), so a recipe written with them runs with the same overrides as::
 
     python -m verl_async_rm.main_ppo <the same Hydra overrides you give verl.trainer.main_ppo>
 
-for example ``python -m verl_async_rm.main_ppo reward_model.enable_resource_pool=True reward_model.n_gpus_per_node=4
-reward_model.nnodes=1 reward_model.model.path=/path/to/rm reward.reward_manager.name=async_rm
-+actor_rollout_ref.rollout.agent.agent_loop_manager_class=verl_async_rm.AsyncRMAgentLoopManager ...``.
-Recipes written with the new ``reward.*`` keys do not need it (it works for them too: nothing to migrate).
-
-What it does: composes verl's own ``ppo_trainer`` config from the installed verl's config folder, applies
-:func:`migrate_legacy_keys` (verl's ``migrate_legacy_reward_impl`` plus two gaps it leaves, see there), checks the
-result with :func:`~verl_async_rm.integration.checks.check_verl_config` so a mistake fails before Ray starts, and then
-runs verl's own ``main`` function body unchanged.
+It composes verl's own ``ppo_trainer`` config, applies :func:`migrate_legacy_keys`, checks the result before Ray
+starts, and runs verl's own ``main`` body unchanged.
 """
 
 from __future__ import annotations
@@ -28,6 +18,8 @@ from typing import Any
 
 import hydra
 from omegaconf import OmegaConf
+
+from verl_async_rm.config import select as _select
 
 __all__ = ["migrate_legacy_keys", "main"]
 
@@ -42,25 +34,14 @@ def _verl_config_dir() -> str:
     return os.path.join(list(spec.submodule_search_locations)[0], "trainer", "config")
 
 
-def _select(config: Any, key: str) -> Any:
-    return OmegaConf.select(config, key, default=None)
-
-
 def migrate_legacy_keys(config: Any) -> Any:
-    """Move the legacy top-level reward keys of a composed ``ppo_trainer`` config to their ``reward.*`` places.
-
-    The move itself is verl's ``migrate_legacy_reward_impl`` (``verl.experimental.reward_loop.reward_loop``), which
-    also deletes the top-level ``reward_model``, ``custom_reward_function`` and ``sandbox_fusion`` groups. Before it
-    runs, two gaps of that function are closed:
+    """Move the legacy top-level reward keys of a composed ``ppo_trainer`` config to their ``reward.*`` places with
+    verl's ``migrate_legacy_reward_impl`` (idempotent; returns the mutated config), after closing two of its gaps:
 
     - ``reward_model.model.trust_remote_code`` has no ``reward.*`` key in verl 0.9.1, so verl drops it; it is kept as
-      ``async_rm.trust_remote_code`` (unless that is set already), the plugin's own key for the RM worker group;
-    - verl copies the legacy ``custom_reward_function`` group whole, and the legacy ``name`` defaults to null (the
-      new key defaults to ``compute_score``), so ``custom_reward_function.path=...`` alone would reach verl's loader
-      with no function name; the new key's default name is filled in.
-
-    Returns the same (mutated) config. A config already migrated (no top-level ``reward_model`` group) is returned
-    unchanged, so calling it twice is harmless.
+      ``async_rm.trust_remote_code`` (unless that is set already);
+    - the legacy ``custom_reward_function.name`` defaults to null (the new key to ``compute_score``), so a legacy
+      ``path`` alone would reach verl's loader with no function name; the new key's default is filled in.
     """
     if "reward_model" not in config:
         return config
@@ -109,8 +90,7 @@ def main(config: Any) -> None:
 
     config = migrate_legacy_keys(config)
     check_verl_config(config)
-    # hydra.main wraps with functools.wraps (hydra/main.py, main_decorator), so __wrapped__ is verl's undecorated
-    # body (``verl.trainer.main_ppo.main``): device set-up, validate_config, then run_ppo with the v0/v1 runner.
+    # hydra.main wraps with functools.wraps, so __wrapped__ is verl's undecorated body
     verl_main_ppo.main.__wrapped__(config)
 
 

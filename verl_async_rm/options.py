@@ -1,11 +1,6 @@
-"""The one mechanism that types config fields: :func:`option` declares a field, :func:`check_options` checks them all.
-
-Every config dataclass (``BatchPolicy``, ``RMConfig``, ``RewardMix``, ``IntegrationConfig``) declares its fields with
-:func:`option` (default, help text, type, bounds or choices, and optionally its own ``why``/``fix`` words) and calls
-:func:`check_options` first in ``__post_init__``; its cross-field rules follow. A bad value raises
-:class:`~verl_async_rm.errors.ConfigValueError` (:class:`~verl_async_rm.errors.ConfigTypeError` for a wrong type)
-under the field's name; :mod:`verl_async_rm.config` renames it once to the user's key.
-"""
+"""The one mechanism that types config fields: :func:`option` declares a field (default, help, type, bounds or
+choices), :func:`check_options`, first in ``__post_init__``, checks them all, raising ``ConfigValueError`` under the
+field's name."""
 
 from __future__ import annotations
 

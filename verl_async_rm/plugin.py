@@ -1,13 +1,8 @@
-"""Entry point of the ``verl.plugins`` group.
+"""Entry point of the ``verl.plugins`` group, imported on ``import verl`` in every process: cheap, never raises.
 
-verl imports this module on ``import verl`` in every process (driver, TaskRunner, every Ray worker), so it must be
-cheap and must never raise. It does one thing: arrange for the ``async_rm`` reward manager to be registered in
-verl's reward-manager registry the moment that registry is imported, and not before. Importing the reward-manager
-stack eagerly would roughly double the time of ``import verl`` in every process, including those that never score.
-
-When the registry package is already imported, registration happens at once; otherwise a one-shot post-import hook
-on ``sys.meta_path`` runs it right after verl's own reward managers register. A failure is logged as an error (verl
-would otherwise only say ``Unknown reward manager: async_rm``) and never raised here.
+It registers the ``async_rm`` reward manager the moment verl's reward-manager registry is imported (a one-shot hook on
+``sys.meta_path``), not before: importing that stack eagerly would roughly double the time of ``import verl`` in every
+process. A failure is logged (verl would only say ``Unknown reward manager: async_rm``).
 """
 
 from __future__ import annotations
@@ -19,10 +14,8 @@ import threading
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LOADED", "REGISTRY_MODULE", "register_reward_manager"]
+__all__ = ["REGISTRY_MODULE", "register_reward_manager"]
 
-#: True once verl has imported this module through its entry point (or anyone imported it directly).
-LOADED = True
 #: verl's reward-manager package; importing it registers verl's own managers.
 REGISTRY_MODULE = "verl.experimental.reward_loop.reward_manager"
 

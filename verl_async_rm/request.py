@@ -13,22 +13,15 @@ __all__ = ["RMRequest"]
 
 @dataclass
 class RMRequest:
-    """One trajectory to score; small and picklable, built once per trajectory by the agent-loop integration.
+    """One trajectory to score; small and picklable, built once per trajectory by the agent-loop worker.
 
     Attributes:
-        uid: identifies the trajectory in logs and errors.
-        prompt_ids: the policy's prompt token ids, without padding (``AgentLoopOutput.prompt_ids``).
-        response_ids: the policy's response token ids, without padding (``AgentLoopOutput.response_ids``); for
-            multi-turn/tool trajectories they hold every turn after the prompt.
-        raw_prompt: the prompt as chat messages (``kwargs["raw_prompt"]`` of the agent loop), used when the RM's
-            chat template differs from the policy's: the decoded response is appended to it as the assistant turn.
-        messages: optional full conversation, final assistant turn included. When set, it is rendered as is with
-            the RM's template (instead of ``raw_prompt`` + decoded response). Multi-turn/tool trajectories need it
-            whenever the RM re-templates.
-        num_turns: ``AgentLoopOutput.num_turns`` (2 for a single-turn trajectory); more than 2 without ``messages``
-            cannot be re-templated faithfully and fails that item.
-        group: the GRPO group (verl's prompt ``uid``), shared by the responses to one prompt; None: no group. The
-            executor batches siblings together and the RM runs their common prompt once.
+        prompt_ids, response_ids: the policy's token ids, without padding (``AgentLoopOutput``'s); for multi-turn
+            trajectories the response holds every turn after the prompt.
+        raw_prompt: the prompt as chat messages, to which a re-templating RM appends the decoded response.
+        messages: optional full conversation, rendered as is instead (multi-turn trajectories need it whenever the RM
+            re-templates: ``num_turns > 2`` without it fails that item).
+        group: the GRPO group (verl's prompt ``uid``), shared by the responses to one prompt; None: no group.
     """
 
     uid: str

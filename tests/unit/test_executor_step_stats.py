@@ -28,19 +28,19 @@ def test_step_figures_are_per_step_and_exact():
         return first, second
 
     first, second = run_virtual(main)
-    assert first["submitted"] == 6 and first["completed"] == 6 and first["batches"] == 2
-    assert first["mean_batch_size"] == 3.0 and first["mean_fill"] == 0.75
-    assert first["wait_ms"]["count"] == 6 and first["wait_ms"]["max"] == pytest.approx(0.0)
-    assert first["exec_ms"]["mean"] == pytest.approx(exec_s * 1000)
+    assert first.submitted == 6 and first.completed == 6 and first.batches == 2
+    assert first.mean_batch_size == 3.0 and first.mean_fill == 0.75
+    assert first.wait_ms.count == 6 and first.wait_ms.max == pytest.approx(0.0)
+    assert first.exec_ms.mean == pytest.approx(exec_s * 1000)
     # two batches of 0.5 s on 2 slots, in parallel, over a 1.5 s step
-    assert first["elapsed_s"] == pytest.approx(1.5) and first["rm_utilization"] == pytest.approx(1.0 / 3.0)
-    assert first["tail_s"] == pytest.approx(exec_s)  # last submit at 0, last result at 0.5
+    assert first.elapsed_s == pytest.approx(1.5) and first.rm_utilization == pytest.approx(1.0 / 3.0)
+    assert first.tail_s == pytest.approx(exec_s)  # last submit at 0, last result at 0.5
 
-    assert second["submitted"] == 3 and second["batches"] == 1 and second["failed"] == 0
-    assert second["wait_ms"]["p99"] == pytest.approx(100.0)
-    assert second["elapsed_s"] == pytest.approx(0.6)
-    assert second["tail_s"] == pytest.approx(0.1 + exec_s)  # waited 100 ms for age, then ran
-    assert second["rm_utilization"] == pytest.approx(0.5 / (2 * 0.6))
+    assert second.submitted == 3 and second.batches == 1 and second.failed == 0
+    assert second.wait_ms.p99 == pytest.approx(100.0)
+    assert second.elapsed_s == pytest.approx(0.6)
+    assert second.tail_s == pytest.approx(0.1 + exec_s)  # waited 100 ms for age, then ran
+    assert second.rm_utilization == pytest.approx(0.5 / (2 * 0.6))
 
 
 def test_step_counts_failures_and_an_empty_step():
@@ -54,6 +54,6 @@ def test_step_counts_failures_and_an_empty_step():
         return empty, results, step
 
     empty, results, step = run_virtual(main)
-    assert empty["submitted"] == 0 and empty["batches"] == 0 and empty["rm_utilization"] is None
+    assert empty.submitted == 0 and empty.batches == 0 and empty.rm_utilization is None
     assert isinstance(results[1], ValueError) and results[0] == 0
-    assert step["completed"] == 1 and step["failed"] == 1
+    assert step.completed == 1 and step.failed == 1

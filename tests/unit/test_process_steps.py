@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from verl_async_rm.scoring.process import StepRewards, reduce_steps, split_steps, step_token_ends
+from verl_async_rm.scoring.process import StepRewards, reduce_steps, score_value, split_steps, step_token_ends
 from verl_async_rm.scoring.rm_config import RMConfig
 
 pytestmark = pytest.mark.unit
@@ -53,7 +53,7 @@ def test_reduce_steps():
 
 def test_step_rewards_total_is_the_sum():
     rewards = StepRewards(scores=(0.5, 0.25), token_index=(3, 7))
-    assert float(rewards) == rewards.total == 0.75
+    assert rewards.total == 0.75 and score_value(rewards) == 0.75 and score_value(0.5) == 0.5
     with pytest.raises(ValueError):
         StepRewards(scores=(0.5,), token_index=(1, 2))
 

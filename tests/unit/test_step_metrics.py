@@ -1,21 +1,21 @@
 """The per-step ``async_rm/*`` figures: the RM service's step figures (``service_step_metrics``, from the executor's
-step stats and the replicas' counters) turned into metrics by ``integration.metrics.step_metrics``.
+step stats and the replicas' counters) turned into metrics by ``service.metrics.step_metrics``.
 
 The executor figures come from a real ``PendingRequestExecutor`` step on the virtual-time loop, so the test follows
-the dict the executor really returns.
+the StepStats the executor really returns.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 
 from verl_async_rm.batching import BatchPolicy, PendingRequestExecutor
 from verl_async_rm.testing.executor import GatedBatchFn, run_virtual
-from verl_async_rm.integration import metrics
-from verl_async_rm.integration.metrics import PREFIX
-from verl_async_rm.service.metrics import service_step_metrics
+from verl_async_rm.service import metrics
+from verl_async_rm.service.metrics import PREFIX, service_step_metrics
 
 pytestmark = pytest.mark.unit
 
@@ -54,11 +54,11 @@ def test_a_full_step_has_every_key_as_a_float():
     assert set(metrics) == {PREFIX + key for key in ALL_KEYS}
     assert all(type(value) is float for value in metrics.values())
     assert metrics["async_rm/requests"] == 6.0 and metrics["async_rm/scored"] == 6.0
-    assert metrics["async_rm/batches"] == step["batches"] == 2.0
+    assert metrics["async_rm/batches"] == step.batches == 2.0
     assert metrics["async_rm/mean_batch_size"] == 3.0 and metrics["async_rm/mean_fill"] == 0.75
     assert metrics["async_rm/rm_exec_ms/mean"] == pytest.approx(500.0)
-    assert metrics["async_rm/queue_wait_ms/p99"] == pytest.approx(step["wait_ms"]["p99"])
-    assert metrics["async_rm/rm_utilization"] == pytest.approx(step["rm_utilization"])
+    assert metrics["async_rm/queue_wait_ms/p99"] == pytest.approx(step.wait_ms.p99)
+    assert metrics["async_rm/rm_utilization"] == pytest.approx(step.rm_utilization)
     assert metrics["async_rm/errors"] == 0.0
     assert metrics["async_rm/replicas_usable"] == 2.0 and metrics["async_rm/requeued"] == 0.0
 
@@ -74,16 +74,16 @@ def test_reward_tail_is_last_result_minus_last_submit_on_the_executor_clock():
 
 def test_errors_count_failed_and_timed_out_requests():
     step = executor_step(4, fail=frozenset({1, 3}), max_batch_size=1)
-    assert step["failed"] == 2
-    metrics = step_metrics({**step, "timed_out": 3})
+    assert step.failed == 2
+    metrics = step_metrics(dataclasses.replace(step, timed_out=3))
     assert metrics["async_rm/errors"] == 5.0
     assert metrics["async_rm/requests"] == 4.0 and metrics["async_rm/scored"] == 2.0
 
 
 def test_an_empty_step_leaves_out_figures_that_have_no_value():
     step = executor_step(0)
-    assert step["mean_batch_size"] is None and step["wait_ms"]["mean"] is None  # what the executor reports
-    assert step["tail_s"] is None
+    assert step.mean_batch_size is None and step.wait_ms.mean is None  # what the executor reports
+    assert step.tail_s is None
     assert step_metrics(step) == {
         "async_rm/requests": 0.0,
         "async_rm/batches": 0.0,

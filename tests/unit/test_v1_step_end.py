@@ -13,8 +13,8 @@ import pytest
 from verl_async_rm.errors import RMScoreError, TrajectoryDroppedError
 from verl_async_rm.integration.drops import check_failures
 from verl_async_rm.integration.ledger import Failure, PhaseRecord, TrajectoryLedger
-from verl_async_rm.integration.metrics import step_metrics
-from verl_async_rm.service.metrics import service_step_metrics
+from verl_async_rm.batching.stats import StepStats
+from verl_async_rm.service.metrics import service_step_metrics, step_metrics
 
 pytestmark = pytest.mark.unit
 
@@ -66,7 +66,7 @@ def test_drop_goes_on_within_the_budget_and_stops_past_it(caplog):
 
 
 def test_trajectory_counts_come_from_the_phase_record_and_take_the_prefix():
-    executor = {"submitted": 9, "completed": 9, "failed": 0, "timed_out": 0, "batches": 3, "tail_s": 0.2}
+    executor = StepStats(submitted=9, completed=9, failed=0, timed_out=0, batches=3, tail_s=0.2)
     record = _ledger_with(5, 1).pop("train")
     service = service_step_metrics(executor)
     metrics = step_metrics(service, record, prefix="val-async_rm/")
@@ -195,13 +195,15 @@ def test_a_failure_names_the_remote_error_not_rays_wrapper():
     import ray
 
     from verl_async_rm.errors import RequestTimeoutError
+    from verl_async_rm.errors import remote_cause
     from verl_async_rm.integration.agent_loop_worker import _describe
 
     remote = ray.exceptions.RayTaskError("submit", "Traceback (most recent call last): ...",
                                          RequestTimeoutError("RM replica did not score a batch of 2"))
     for err in (remote, remote.as_instanceof_cause()):
-        assert _describe(err) == "RequestTimeoutError: RM replica did not score a batch of 2"
-    assert _describe(ValueError("x" * 600)) == ("ValueError: " + "x" * 600)[:500]
+        assert _describe(remote_cause(err)) == "RequestTimeoutError: RM replica did not score a batch of 2"
+        assert type(remote_cause(err)) is RequestTimeoutError  # the service's own exception, not Ray's wrapper
+    assert _describe(remote_cause(ValueError("x" * 600))) == ("ValueError: " + "x" * 600)[:500]
 
 
 def test_verls_fit_loop_still_logs_what_step_and_validate_return_at_the_steps_number():

@@ -1,7 +1,5 @@
-"""The pending-request executor: slot-based dynamic batching of single reward requests that never hangs.
-
-``PendingRequestExecutor`` is pure asyncio and Ray-free; the RM service (:mod:`verl_async_rm.service`) runs one inside
-its Ray actor, with the RM replicas as slots. The knobs are in :class:`BatchPolicy`.
+"""The pending-request executor: slot-based dynamic batching of single reward requests that never hangs (pure
+asyncio, Ray-free; the RM service runs one with the RM replicas as slots).
 
 In process::
 
@@ -12,13 +10,6 @@ In process::
     score = await executor.submit(item, num_tokens=len(ids), deadline_s=60)
     executor.drain()                                      # end of a rollout step: flush what is pending now
     await executor.aclose()
-
-Layout, in the order a request meets it: ``policy`` (BatchPolicy); ``executor`` (the API, settling every request
-once, and the supervised loop that sleeps on one ``asyncio.Event`` until the flush rule's time); ``request`` (a request
-and its states); ``waiting_room`` (WaitingRoom: pending and blocked requests, and the flush rule, written once);
-``formation`` (which requests form the next batch); ``slots`` (SlotTable: free, busy, late, replacing, lost);
-``batch_runner`` (BatchRunner: the batches in flight, one ``batch_fn`` call each, under ``batch_timeout_s``); ``stats``.
-Test doubles (gated batch function, virtual-time loop) live in :mod:`verl_async_rm.testing.executor`.
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
-"""``BatchRunner``: the batches in flight, each one ``batch_fn`` call on one slot, under ``batch_timeout_s``.
+"""``BatchRunner``: the batches in flight, each one ``batch_fn`` call on one slot (its own task), under
+``batch_timeout_s`` (a timer on that task).
 
-Each batch runs as its own task, which awaits ``batch_fn`` directly; ``batch_timeout_s`` is a timer on that task.
-
-The contract of ``batch_fn(items, slot)``: an async callable that returns one entry per item, in order: a result, or
-an ``Exception`` instance that fails only that item (the batch function owns per-item isolation). How a call ends
-decides its requests and its slot:
-
-- it returns a list of the right length: each request gets its entry; the slot is free again;
-- it returns anything else (a wrong length, not a list) or is not async: every request fails with
-  :class:`BatchResultError`; the slot is free again;
-- it raises :class:`SlotLostError`: the requests go back to the head of the queue (``requeue``, at most
-  ``slot_retries`` times each) and the slot is lost (replaced, or retired);
-- it raises anything else: every request fails with that exception; the slot is free again;
-- it runs past ``batch_timeout_s``: every request fails at once with :class:`RequestTimeoutError`, the call is
-  cancelled and the slot stays ``late`` (no batch) until the call has really ended; if it ends by raising
-  :class:`SlotLostError` the slot is lost (nothing to re-queue), else it is free again.
+The contract of ``async batch_fn(items, slot)``: one entry per item, in order: a result, or an ``Exception`` instance
+that fails only that item. Anything else it returns fails every request with :class:`BatchResultError`; what it
+raises fails every request, except :class:`SlotLostError`, which re-queues them and loses the slot. Past
+``batch_timeout_s`` every request fails at once with :class:`RequestTimeoutError`, the call is cancelled and the slot
+stays ``late`` until the call has really ended.
 """
 
 from __future__ import annotations
@@ -42,17 +33,8 @@ logger = logging.getLogger(__name__)
 
 
 class BatchRunner:
-    """Runs each batch as its own task on the slot it was given, and settles every request of it.
-
-    Args:
-        batch_fn: ``async batch_fn(items, slot) -> list`` (see the module docstring).
-        slots: the executor's slot table; a batch's slot is freed, held ``late`` or lost here.
-        stats: where execution times go.
-        settle: ``settle(request, value, exc)``: resolve a request once (a no-op if it already is).
-        requeue: ``requeue(requests, exc)``: put the requests of a batch whose slot was lost back in the queue.
-        timeout_s: ``BatchPolicy.batch_timeout_s``.
-        name: the executor's name, for log lines and error messages.
-    """
+    """Runs each batch as its own task on the slot it was given, and settles every request of it through the
+    executor's ``settle(request, value, exc)`` (once) or ``requeue(requests, exc)`` (its slot was lost)."""
 
     def __init__(
         self,
@@ -117,8 +99,8 @@ class BatchRunner:
                 self._slots.lose(index, lost)
 
     async def _call(self, batch: list[Request], index: int) -> SlotLostError | None:
-        """Call ``batch_fn`` on slot ``index`` and settle the batch from what it did; returns the error if it says the
-        slot is lost. Re-raises ``CancelledError`` only when the executor is closing."""
+        """Call ``batch_fn`` on slot ``index`` and settle the batch; returns the error if it says the slot is lost.
+        Re-raises ``CancelledError`` only when the executor is closing."""
         loop = asyncio.get_running_loop()
         slot = self._slots.slots[index]
         timer = None

@@ -1,11 +1,8 @@
 """``PendingRequestExecutor``: slot-based dynamic batching in pure asyncio (no Ray, no threads).
 
-Callers ``await submit(item)`` one request at a time. A supervised background loop sleeps on one ``asyncio.Event``,
-set whenever the queue or the slots change, and by a timer at the time the flush rule names
-(:meth:`WaitingRoom.next_flush`: size, token budget, age of the OLDEST request, drain/expect). When a slot is free and
-the rule says "now", the loop takes a batch out of the queue and hands it to the :class:`BatchRunner`, which runs it on
-that slot. Every request leaves through ``_settle`` (or ``_cancel``) exactly once: result, per-item exception, batch
-failure, deadline, cancellation, lost slot, shutdown or a crash of the loop.
+A supervised background loop sleeps on one ``asyncio.Event``, set whenever the queue or the slots change and at the
+time the flush rule names (:meth:`WaitingRoom.next_flush`); when a slot is free and the rule says "now", it hands a
+batch to the :class:`BatchRunner`. Every request leaves through ``_settle`` exactly once.
 """
 
 from __future__ import annotations
@@ -22,7 +19,7 @@ from verl_async_rm.batching.request import BLOCKED, DONE, PENDING, RUNNING, Requ
 from verl_async_rm.batching.policy import BatchPolicy
 from verl_async_rm.batching.waiting_room import WaitingRoom
 from verl_async_rm.batching.slots import ReplaceFn, SlotTable
-from verl_async_rm.batching.stats import ExecutorStats
+from verl_async_rm.batching.stats import ExecutorStats, StepStats
 from verl_async_rm.errors import (
     ExecutorClosedError,
     ExecutorCrashedError,
@@ -41,24 +38,10 @@ BatchFn = Callable[[list[Any], Any], Awaitable[list[Any]]]
 
 
 class PendingRequestExecutor:
-    """Collect single requests into batches and run them on free slots.
-
-    Args:
-        batch_fn: ``async batch_fn(items, slot) -> list``; returns one entry per item, in order: a result, or an
-            ``Exception`` instance that fails only that item's caller. If it raises, every request of the batch
-            fails with that exception (a :class:`SlotLostError` re-queues them instead, see ``replace_slot``).
-        policy: a :class:`BatchPolicy`, a mapping of its fields, or None for the defaults.
-        slots: an int N (slots are then ``0..N-1``) or a sequence of slot objects (for example the Ray actor handles of
-            the RM replicas); each batch runs on one free slot, which is passed to ``batch_fn``. Data-parallel
-            replicas: one slot each. A sharded RM: one slot.
-        name: used in log lines and error messages.
-        replace_slot: optional ``async replace_slot(slot, index) -> new slot``, called when ``batch_fn`` raises
-            :class:`SlotLostError` (the slot's requests go back to the head of the queue, at most
-            ``policy.slot_retries`` times each); without it a lost slot is retired. With no slot left, waiting
-            requests and new submits fail with :class:`NoSlotsError`.
-
-    The executor binds to the event loop of its first ``submit`` and starts its loop then; build it anywhere.
-    """
+    """Collect single requests into batches and run them, through ``batch_fn`` (its contract:
+    :mod:`~verl_async_rm.batching.batch_runner`), on free ``slots``: an int N (``0..N-1``) or slot objects (e.g. the RM
+    replicas' handles). ``replace_slot(slot, index) -> new slot`` replaces a lost slot (else it is retired; with none
+    left, requests fail with :class:`NoSlotsError`). Binds to the event loop of its first ``submit``."""
 
     def __init__(
         self,
@@ -93,25 +76,15 @@ class PendingRequestExecutor:
     async def submit(
         self, item: Any, *, num_tokens: int | None = None, deadline_s: float | None = None, group: Any = None
     ) -> Any:
-        """Queue ``item`` and return its result, or raise its exception.
+        """Queue ``item`` and return its result, or raise its exception (``batch_fn``'s, or one of the executor's
+        errors: queue full, closed, crashed loop, no slots, deadline or ``batch_timeout_s`` passed, broken contract).
 
         Args:
-            item: passed to ``batch_fn`` as is.
             num_tokens: the item's length; required when ``max_batch_tokens`` is set, used for length grouping.
-            deadline_s: seconds from now after which the call raises ``RequestTimeoutError`` (waiting or running);
-                None uses ``BatchPolicy.default_deadline_s``; ``math.inf`` means no deadline.
-            group: a hashable key shared by siblings (GRPO responses to one prompt): with ``prefer_siblings``, a
-                batch takes the pending siblings of its oldest request first. None: the item's ``group`` attribute,
-                if it has one (:attr:`verl_async_rm.scoring.RMRequest.group`).
-
-        Raises:
-            QueueFullError: ``max_pending`` requests are waiting and the policy says ``reject``.
-            ExecutorClosedError: the executor is closed, or was closed while the request waited.
-            ExecutorCrashedError: the batching loop died while the request waited (it restarts by itself).
-            NoSlotsError: every slot is lost and none is being replaced.
-            RequestTimeoutError: the deadline passed, or the batch ran past ``batch_timeout_s``.
-            BatchResultError: ``batch_fn`` broke its contract (wrong number of results...).
-            Exception: whatever ``batch_fn`` raised for the batch, or returned for this item.
+            deadline_s: seconds from now, waiting or running; None: ``BatchPolicy.default_deadline_s``; ``math.inf``:
+                none.
+            group: a hashable key shared by siblings (GRPO responses to one prompt), for ``prefer_siblings``; None:
+                the item's ``group`` attribute, if it has one (``RMRequest.group``).
         """
         if self._closed:
             self._stats.rejected += 1
@@ -169,24 +142,17 @@ class PendingRequestExecutor:
             raise
 
     def drain(self) -> int:
-        """Flush everything pending now, without waiting for batches to fill; returns how many requests that covers.
-
-        Call it when no more requests are coming soon (the end of a rollout step). Batches still form only as slots
-        free up; with several free slots the drained requests are split evenly across them. Requests submitted after
-        the call wait as usual. Also ends the current step (see :meth:`expect`).
-        """
+        """Flush everything pending now, without waiting for batches to fill (the end of a rollout step; ends the
+        step of :meth:`expect`); returns how many requests that covers. With several free slots the drained requests
+        are split evenly across them; requests submitted after the call wait as usual."""
         covered = len(self._room) + self._room.blocked
         self._start_drain("drain")
         return covered
 
     def expect(self, n: int) -> None:
-        """Expect ``n`` more requests in the current step; drain as soon as every expected request has arrived.
-
-        A step starts when the executor is built and at every drain (explicit, or triggered by ``expect``); requests
-        submitted before this call but in the same step count. Calls add up, so batches dispatched while earlier ones
-        are still running each announce their own count. If fewer requests come, nothing hangs: they flush on age as
-        usual; :meth:`drain` ends such a step.
-        """
+        """Expect ``n`` more requests in the current step (which starts at build and at every drain; earlier submits
+        of the step count, and calls add up); drain as soon as they have all arrived. If fewer come, they flush on
+        age as usual."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"expect(n) needs an integer n >= 1 (the number of requests of this step), got {n!r}")
         self._expect_n = n + (self._expect_n or 0)
@@ -214,28 +180,21 @@ class PendingRequestExecutor:
         }
         return self._stats.snapshot(live)
 
-    def pop_step_stats(self) -> dict[str, Any]:
-        """Figures of the current step (since the previous call, or since the executor started); starts a new one.
-
-        Counters are differences; ``wait_ms``/``exec_ms`` summarise this step's batches; ``rm_utilization`` is the
-        time batches ran over ``slots * elapsed_s``; ``tail_s`` runs from the last submit to the last answer.
-        """
+    def pop_step_stats(self) -> StepStats:
+        """Figures of the current step (since the previous call, or since the executor started); starts a new one."""
         loop = self._loop
         if loop is None:
             try:
                 loop = asyncio.get_running_loop()
             except RuntimeError:
                 loop = None
-        out = self._stats.pop_step(len(self._slots), None if loop is None else loop.time())
-        out.update(self._slots.summary())
-        return out
+        slots = self._slots
+        return self._stats.pop_step(len(slots), None if loop is None else loop.time(), slots.usable,
+                                    slots.counts["replaced"])
 
     async def aclose(self, *, grace_s: float = 10.0) -> None:
-        """Stop: waiting requests fail with ``ExecutorClosedError``; running batches get ``grace_s`` to finish.
-
-        Batches still running after ``grace_s`` are cancelled and their requests fail with ``ExecutorClosedError``.
-        New submits raise ``ExecutorClosedError``. Idempotent.
-        """
+        """Stop (idempotent): waiting requests and new submits fail with ``ExecutorClosedError``; running batches
+        get ``grace_s`` to finish, then are cancelled and their requests fail alike."""
         if self._closed:
             return
         self._closed = True

@@ -1,27 +1,14 @@
 """Which pending requests go into the next batch (a pure function of the queue; no I/O, no clock).
 
-Rules, in order:
+The oldest request (the head) is always taken (alone if larger than the token budget). Without length grouping the
+batch fills strictly oldest first and stops at the first request that does not fit. With it, the rest comes from the
+``window`` requests right after the head: due ones (waited ``max_wait``) first, then (with ``prefer_siblings``) the
+head's GRPO siblings, then the lengths closest to the head's; one that does not fit is skipped and keeps its place.
+Due requests are reordered too: under a backlog every request is due, and oldest first would mix long and short ones
+in every batch (about a third of the tokens padding in the overlap benchmark).
 
-1. Everything fits (count and tokens): take everything, oldest first.
-2. The oldest request (the head) is always taken; a head larger than the token budget goes alone.
-3. Without length grouping (or when the head has no length), the batch is filled strictly oldest first and stops at the
-   first request that does not fit the token budget: that request keeps its place at the head of the queue.
-4. With length grouping, the rest of the batch is chosen from the ``window`` requests right after the head: those that
-   have waited ``max_wait`` ("due") first, then younger ones; within each (with ``prefer_siblings``) the head's
-   siblings first (requests of the head's ``group``, e.g. the other responses to its GRPO prompt, which a packed RM
-   scores with their shared prompt computed once), then the lengths closest to the head's (ties oldest first). A
-   request that does not fit the remaining token budget is skipped and keeps its place.
-
-Why rule 4 also reorders due requests: under a backlog every queued request is due, and taking due requests oldest first
-would mix long and short ones in every batch (about a third of the tokens padding in the overlap benchmark).
-
-No starvation, and how long a request can be passed over: a request is passed over (left in the queue while a younger
-one is taken) only while it is one of the ``window`` requests right after the head; requests further back are never
-candidates, and neither is anything younger than them. Every batch takes the head, which is ahead of it, so the number
-of requests ahead of it drops by at least one per batch: a request is passed over at most ``window`` times, and with
-``p`` requests ahead of it leaves the queue within ``p + 1`` batches (the requeue of a lost slot's batch, which goes
-back to the head, adds its size). A request that is not due is never taken while a due one that fits the batch stays
-in the window.
+No starvation: a request is passed over only while it is in the window; every batch takes the head, ahead of it, so
+with ``p`` requests ahead it leaves within ``p + 1`` batches (plus the size of a lost slot's re-queued batch).
 """
 
 from __future__ import annotations
@@ -47,13 +34,9 @@ def select_batch(
     window: int,
     prefer_siblings: bool = False,
 ) -> list[Request]:
-    """Pick the next batch from ``pending`` (oldest first, ``count`` requests holding ``pending_tokens`` tokens).
-
-    ``due_before``: a request submitted at or before this time has waited ``max_wait``. ``window``: how many requests
-    after the oldest one length grouping may choose from. ``prefer_siblings``: take the head's group first (rule 4).
-    Returns the oldest request first, at least one request when ``pending`` is not empty, at most ``max_items``, and
-    more than one only if their tokens fit ``max_tokens``.
-    """
+    """The next batch from ``pending`` (oldest first, ``count`` requests holding ``pending_tokens`` tokens): the
+    oldest request first, at most ``max_items``, more than one only if their tokens fit ``max_tokens``.
+    ``due_before``: a request submitted at or before this time has waited ``max_wait``."""
     if count <= max_items and (max_tokens is None or pending_tokens <= max_tokens):
         return list(pending)
     it = iter(pending)

@@ -1,9 +1,4 @@
-"""``BatchPolicy``: when the executor flushes a batch, how big it may be, and what happens under overload.
-
-The policy is a frozen dataclass of typed :func:`~verl_async_rm.options.option` fields: a bad value raises
-``ConfigValueError`` (a ``ValueError``; ``ConfigTypeError``, also a ``TypeError``, for a value of the wrong kind) naming
-the field, the value and the fix. Build it from a plain mapping with :meth:`BatchPolicy.from_mapping`.
-"""
+"""``BatchPolicy``: when the executor flushes a batch, how big it may be, and what happens under overload."""
 
 from __future__ import annotations
 
@@ -104,10 +99,8 @@ class BatchPolicy:
 
     @classmethod
     def from_mapping(cls, values: Mapping[str, Any] | BatchPolicy | None) -> BatchPolicy:
-        """Build a policy from a mapping of field names to values (a policy or None pass through / give defaults).
-
-        Unknown keys raise ``ValueError`` listing the known ones, so a typo never goes unnoticed.
-        """
+        """A policy from a mapping of its fields (a policy passes through, None gives the defaults); unknown keys
+        raise ``ValueError`` listing the known ones."""
         if values is None:
             return cls()
         if isinstance(values, cls):

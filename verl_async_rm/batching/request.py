@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import operator
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["Request", "BLOCKED", "PENDING", "RUNNING", "DONE", "check_tokens", "normalise_slots"]
@@ -19,33 +20,20 @@ RUNNING = 2
 DONE = 3
 
 
+@dataclass(slots=True, eq=False)
 class Request:
     """A caller's item, its future and its bookkeeping. ``seq`` orders requests by arrival."""
 
-    __slots__ = (
-        "seq", "item", "num_tokens", "t_submit", "future", "state", "timer", "deadline_s", "requeued", "group"
-    )
-
-    def __init__(
-        self,
-        seq: int,
-        item: Any,
-        num_tokens: int | None,
-        t_submit: float,
-        future: asyncio.Future,
-        deadline_s: float | None,
-        group: Any = None,
-    ) -> None:
-        self.seq = seq
-        self.item = item
-        self.num_tokens = num_tokens
-        self.t_submit = t_submit
-        self.future = future
-        self.deadline_s = deadline_s
-        self.state = PENDING
-        self.timer: asyncio.TimerHandle | None = None
-        self.requeued = 0  # times put back in the queue because its slot was lost under it
-        self.group = group  # siblings (e.g. GRPO responses to one prompt) share it; None: no group
+    seq: int
+    item: Any
+    num_tokens: int | None
+    t_submit: float
+    future: asyncio.Future
+    deadline_s: float | None
+    group: Any = None  # siblings (e.g. GRPO responses to one prompt) share it; None: no group
+    state: int = PENDING
+    timer: asyncio.TimerHandle | None = None
+    requeued: int = 0  # times put back in the queue because its slot was lost under it
 
     def __repr__(self) -> str:
         state = ("BLOCKED", "PENDING", "RUNNING", "DONE")[self.state]

@@ -1,9 +1,7 @@
 """``SlotTable``: which slots (RM replicas) can take a batch, and what happens when one fails as a whole.
 
-A slot is ``free`` (ready for a batch), ``busy`` (running one), ``late`` (its call ran past ``batch_timeout_s`` and was
-cancelled, but has not ended yet: no new batch until it has), ``replacing`` (lost; a replacement is being made) or
-``lost`` (gone, no replacement). The executor takes free slots oldest-freed first; every change that can let a batch
-start, or leaves no slot at all, is reported through ``on_change``.
+A slot is ``free``, ``busy``, ``late`` (its call ran past ``batch_timeout_s`` and was cancelled but has not ended: no
+new batch until it has), ``replacing`` or ``lost``. Free slots are taken oldest-freed first.
 """
 
 from __future__ import annotations
@@ -26,14 +24,8 @@ SLOT_STATES = ("free", "busy", "late", "replacing", "lost")
 
 
 class SlotTable:
-    """The executor's slots and their states.
-
-    Args:
-        slots: the slot objects, in order (index ``i`` is passed around, the object goes to ``batch_fn``).
-        replace: optional ``async replace(slot, index)`` returning a new slot object for a lost one.
-        on_change: called (synchronously) whenever a slot becomes free or is lost for good.
-        name: used in log lines.
-    """
+    """The executor's slots (index ``i`` is passed around, the object goes to ``batch_fn``) and their states;
+    ``on_change`` is called (synchronously) whenever a slot becomes free or is lost for good."""
 
     def __init__(
         self, slots: tuple[Any, ...], *, replace: ReplaceFn | None, on_change: Callable[[], None], name: str

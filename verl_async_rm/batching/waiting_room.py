@@ -1,12 +1,9 @@
-"""``WaitingRoom``: the requests that wait for a batch, the flush rule, and taking the next batch out.
+"""``WaitingRoom``: the requests that wait for a batch, the flush rule (written once: the loop asks it both whether
+to form a batch now and until when it may sleep), and taking the next batch out.
 
-PENDING requests live in an ordered dict keyed by arrival number (O(1) removal anywhere, for cancellations and
-deadlines, and O(1) access to the oldest). With ``max_pending`` and ``overflow='block'``, requests beyond it are
-BLOCKED in a FIFO and admitted, oldest first, as room frees up; once any request is blocked every new one queues
-behind it, so arrival order is kept end to end.
-
-The flush rule (:meth:`WaitingRoom.next_flush`) is written here once: the executor's loop asks it both whether to form
-a batch now and, if not, until when it may sleep.
+PENDING requests live in an ordered dict keyed by arrival number (O(1) removal anywhere, O(1) oldest). Requests beyond
+``max_pending`` (``overflow='block'``) wait BLOCKED in a FIFO; once one is blocked every new one queues behind it, so
+arrival order is kept end to end.
 """
 
 from __future__ import annotations

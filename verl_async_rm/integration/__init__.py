@@ -1,8 +1,4 @@
-"""verl integration: the agent-loop manager and workers that score each trajectory as soon as it ends.
-
-The manager and workers import verl's agent loop (heavy), so they load on first use; :mod:`checks` and
-:mod:`metrics` stay cheap to import.
-"""
+"""verl integration: the agent-loop manager and workers (they import verl's agent loop, so they load on first use)."""
 
 from __future__ import annotations
 

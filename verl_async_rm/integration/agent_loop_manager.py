@@ -1,22 +1,11 @@
-"""``AsyncRMAgentLoopManager``: verl's agent-loop manager plus an RM service, for v0 and v1.
+"""``AsyncRMAgentLoopManager``: verl's agent-loop manager plus one RM service per RM, for v0 and v1.
 
-verl builds the class named by ``actor_rollout_ref.rollout.agent.agent_loop_manager_class`` with
-``.create(config=, llm_client=, teacher_client=, reward_loop_worker_handles=)`` (v0: ``RayPPOTrainer.init_workers``;
-v1: ``TaskRunnerV1``) and passes nothing else, so the manager builds, once, what it needs:
-
-1. checks verl's keys and parses ``async_rm.*`` once (:func:`~verl_async_rm.integration.checks.check_verl_config`);
-2. starts one RM service per RM, all at once (:func:`verl_async_rm.service.fleet.start_rm_services`): ``main``
-   (verl's ``reward.reward_model.*``) and each ``async_rm.models.<name>``; each reserves its own pool, loads its RM on
-   every replica and owns them, their replacement, its batcher and its statistics;
-3. lets verl build its agent-loop workers (our subclasses), then hands each the services' handles and the reward mix.
-
-The manager only marks steps (``begin_step``/``expect``/``end_step``, on every service) and closes the services; it
-holds no replica. A service that dies is started again at the next step boundary (its RM loads again) and handed to
-the workers.
-
-verl's v0 ``AgentLoopManager`` keeps a preset ``agent_loop_workers_class`` (``AgentLoopManager.__init__``), while v1's
-``AgentLoopManagerTQ.__init__`` overwrites it (``AgentLoopManagerTQ.__init__``): the v0 class sets it before
-``super().__init__``, the v1 class after.
+verl builds the manager with ``.create(config=, llm_client=, teacher_client=, reward_loop_worker_handles=)`` and passes
+nothing else, so it checks the config, starts every RM service at once, lets verl build its agent-loop workers (our
+subclasses) and hands them the services' handles. It then only marks steps and closes the services; a service that
+dies is started again at the next step boundary. verl's v0 ``AgentLoopManager.__init__`` keeps a preset
+``agent_loop_workers_class`` while v1's ``AgentLoopManagerTQ.__init__`` overwrites it: v0 sets it before
+``super().__init__``, v1 after.
 """
 
 from __future__ import annotations
@@ -36,11 +25,11 @@ from verl_async_rm.integration import v1_hooks
 from verl_async_rm.integration.checks import check_v1_trainer, check_verl_config
 from verl_async_rm.integration.drops import apply_drops, check_failures
 from verl_async_rm.integration.ledger import PhaseRecord
-from verl_async_rm.integration.metrics import PREFIX, VAL_PREFIX, step_metrics
 from verl_async_rm.integration.agent_loop_worker import remote_worker_class
 from verl_async_rm.integration.token_rewards import place_token_rewards
 from verl_async_rm.config import MAIN
 from verl_async_rm.service.fleet import start_rm_services
+from verl_async_rm.service.metrics import PREFIX, VAL_PREFIX, step_metrics
 from verl_async_rm.service.placement import kill_and_wait, remove_pool_groups
 from verl_async_rm.service.service import kill_quietly, start_rm_service
 
@@ -135,12 +124,9 @@ class _AsyncRMSide:
     async def _async_rm_end_step(
         self, trajectories: PhaseRecord | None = None, prefix: str = PREFIX
     ) -> dict[str, float]:
-        """End a step: every service flushes what is pending and returns its figures, as ``async_rm/*`` metrics (the
-        main RM's), plus ``async_rm/<name>/*`` for each RM when there are several.
-
-        ``trajectories`` (v1: the agent-loop workers' record of the phase) gives the trajectory counts instead of the
-        service's, which include every phase.
-        """
+        """End a step on every service: ``async_rm/*`` metrics (the main RM's), plus ``async_rm/<name>/*`` per RM
+        when there are several. ``trajectories`` (v1: the workers' record of the phase) gives the trajectory counts
+        instead of the service's, which include every phase."""
         figures = await self._async_rm_control("end_step")
         metrics = step_metrics(figures[MAIN], trajectories, prefix=prefix)
         if len(figures) > 1:
@@ -172,12 +158,8 @@ class AsyncRMAgentLoopManagerV0(_AsyncRMSide, AgentLoopManager):
 
     @auto_await
     async def generate_sequences(self, prompts):
-        """verl's ``generate_sequences``; the step's ``async_rm/*`` metrics are added to ``meta_info["timing"]``.
-
-        The v0 trainer logs ``meta_info["timing"]`` under ``timing_s/`` (``RayPPOTrainer.fit``), so they appear
-        as ``timing_s/async_rm/...`` with the rest of verl's metrics. With ``on_error='drop'`` the trajectories
-        whose RM score failed are excluded here (:func:`~verl_async_rm.integration.drops.apply_drops`).
-        """
+        """verl's ``generate_sequences``, with the step's ``async_rm/*`` metrics in ``meta_info["timing"]`` (logged by
+        the v0 trainer as ``timing_s/async_rm/...``) and, with ``on_error='drop'``, the failed trajectories excluded."""
         await self._async_rm_control("begin_step", len(prompts))
         try:
             output = await super().generate_sequences(prompts)
@@ -200,15 +182,10 @@ class AsyncRMAgentLoopManagerV0(_AsyncRMSide, AgentLoopManager):
 class AsyncRMAgentLoopManagerV1(_AsyncRMSide, AgentLoopManagerTQ):
     """For the v1 trainer (``trainer.use_v1=True``, TransferQueue): ``generate_sequences`` only dispatches.
 
-    verl calls ``generate_sequences`` for training batches, refills and validation batches, and in the async trainer
-    modes while earlier batches still run, so a call is not a step. The step boundaries come from verl's fit loop
-    instead, through :mod:`~verl_async_rm.integration.v1_hooks` (its wrappers of ``PPOTrainer.step`` and
-    ``_validate``): at the end of each training step (and of each validation pass) :meth:`async_rm_close` collects
-    what the RM did since the previous close (since the first dispatch, for the first), applies ``on_error`` to the
-    trajectories that got no score, and returns the ``async_rm/*`` (``val-async_rm/*``) metrics, which verl logs
-    with its own ``Tracking`` at the step's number. In the ``sync`` trainer mode each training batch announces its
-    trajectory count to the RM service (``expect``), so the step's last batch flushes the moment its last trajectory
-    arrives; the async modes stream prompts continuously and rely on ``max_wait_ms``.
+    A ``generate_sequences`` call is not a step (refills, validation, async modes); the step boundaries come from
+    verl's fit loop, through :mod:`~verl_async_rm.integration.v1_hooks`, which calls :meth:`async_rm_close`. In the
+    ``sync`` trainer mode each training batch announces its trajectory count (``expect``), so the step's last batch
+    flushes the moment its last trajectory arrives; the async modes rely on ``max_wait_ms``.
     """
 
     def __init__(self, config, llm_client, teacher_client=None, reward_loop_worker_handles=None):
@@ -241,15 +218,9 @@ class AsyncRMAgentLoopManagerV1(_AsyncRMSide, AgentLoopManagerTQ):
 
     @auto_await
     async def async_rm_close(self, phase: str, global_steps: int | None = None) -> dict[str, float]:
-        """End a training step (``phase='train'``) or a validation pass (``'val'``): its metrics, or its failure.
-
-        Collects every agent-loop worker's record of ``phase`` (trajectories scored and failed) and the RM service's
-        figures since the previous close. Under ``on_error='raise'`` a trajectory of the
-        phase that got no RM score raises :class:`~verl_async_rm.errors.RMScoreError` here, naming it and its cause
-        (verl gave its group the ``failure`` path, so it was not trained on); under ``'drop'`` it is counted in
-        ``dropped``, and more than ``drop_budget`` of the phase's trajectories raises
-        :class:`~verl_async_rm.errors.TrajectoryDroppedError`.
-        """
+        """End a training step (``phase='train'``) or a validation pass (``'val'``): its metrics, from the workers'
+        records and the services' figures since the previous close, or its failure (``on_error``:
+        :func:`~verl_async_rm.integration.drops.check_failures`)."""
         record = await self._async_rm_collect(phase)
         prefix = PREFIX if phase == "train" else VAL_PREFIX
         metrics = await self._async_rm_end_step(record, prefix)
@@ -273,10 +244,7 @@ class AsyncRMAgentLoopManagerV1(_AsyncRMSide, AgentLoopManagerTQ):
 
 
 class AsyncRMAgentLoopManager:
-    """The class a recipe names; ``create`` returns the v0 or v1 manager that matches ``trainer.use_v1``.
-
-    ``+actor_rollout_ref.rollout.agent.agent_loop_manager_class=verl_async_rm.AsyncRMAgentLoopManager``
-    """
+    """The class a recipe names; ``create`` returns the v0 or v1 manager that matches ``trainer.use_v1``."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         raise TypeError("use AsyncRMAgentLoopManager.create(config=..., llm_client=..., ...), as verl does")

@@ -1,29 +1,15 @@
-"""Agent-loop workers that send each finished trajectory to the RM service the moment its agent loop ends.
+"""Agent-loop workers that send each finished trajectory to every RM service the moment its agent loop ends.
 
-verl calls ``AgentLoopWorker._compute_score(outputs, kwargs)`` in the trajectory's own task right after its agent
-loop ends (v0 and v1: from ``_agent_loop_postprocess``). The
-override here builds an :class:`~verl_async_rm.request.RMRequest` from the last output and sends it to every RM's
-service at once (each with a timeout); when the last score is back it runs verl's own ``_compute_score``, which calls
-the user's reward manager (any verl manager) in verl's reward-loop worker, with the scores added to the ``extra_info``
-the manager's function receives (``rm_score``: main, ``rm_scores``: by name). The manager's reward and the RM scores
-then become the trajectory's reward (:meth:`~verl_async_rm.integration.reward_mix.RewardMix.finish`). An agent loop
-that already set ``reward_score`` is left alone (no RM call), as verl does.
+The override of verl's ``AgentLoopWorker._compute_score`` (called in the trajectory's own task) awaits every RM's
+score, then runs verl's own ``_compute_score`` (the user's reward manager, which sees the scores in ``extra_info``) and
+mixes both (:meth:`~verl_async_rm.integration.reward_mix.RewardMix.finish`). An agent loop that already set
+``reward_score`` is left alone, as verl does. If an RM fails for a trajectory, it has no reward:
 
-The service handles are attached after verl has built the workers (:meth:`AsyncRMWorkerMixin.async_rm_attach`), so
-verl's own worker construction and placement are used unchanged, and attached again when the manager had to start a
-new service.
-
-Each outcome (scored, failed) is recorded per phase in the worker's
-:class:`~verl_async_rm.integration.ledger.TrajectoryLedger`, which the v1 manager collects at the end of each
-training step and validation pass. If an RM fails for a trajectory (a dead service gives
-:class:`RMServiceLostError` at once), the trajectory has no reward, whatever the other RMs said:
-
-- v1 trainer: the trajectory's session raises the error whatever ``on_error`` says, so verl gives its group its own
-  ``failure`` path (the trajectory never reaches TransferQueue, so nothing trains on it); the manager then applies
-  ``on_error`` at the end of the step (``raise`` stops the run, ``drop`` counts it against ``drop_budget``);
-- v0 trainer: ``on_error='raise'`` fails the trajectory (and the step); ``on_error='drop'`` still runs the reward
-  manager (``rm_score`` NaN in its ``extra_info``: verl stacks the same keys for every sample), gives the trajectory a
-  NaN reward flagged ``rm_dropped``, and the v0 manager excludes it (``AsyncRMAgentLoopManagerV0``).
+- v1 trainer: its session raises whatever ``on_error`` says, so verl gives its group its own ``failure`` path; the
+  manager applies ``on_error`` at the end of the step, from the workers' ledgers;
+- v0 trainer: ``on_error='raise'`` fails the trajectory (and the step); ``'drop'`` still runs the reward manager
+  (``rm_score`` NaN: verl stacks the same keys for every sample) and gives it a NaN reward flagged ``rm_dropped``,
+  which the v0 manager excludes.
 """
 
 from __future__ import annotations
@@ -39,7 +25,7 @@ import ray
 from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
 
-from verl_async_rm.errors import AsyncRMError, RMServiceLostError
+from verl_async_rm.errors import AsyncRMError, RMServiceLostError, remote_cause
 from verl_async_rm.integration.ledger import Failure, PhaseRecord, TrajectoryLedger
 from verl_async_rm.integration.reward_mix import RewardMix, with_rm_scores
 from verl_async_rm.integration.token_rewards import TOKEN_REWARDS_KEY, token_placement, with_token_rewards
@@ -159,16 +145,18 @@ class AsyncRMWorkerMixin:
             if not isinstance(answer, BaseException):
                 scores[name] = answer
                 continue
-            if not isinstance(answer, (AsyncRMError, ray.exceptions.RayError)):
-                raise answer  # not an RM failure (a cancellation, a bug): never recorded as a dropped score
             if isinstance(answer, ray.exceptions.RayActorError):
                 lost = RMServiceLostError(
                     f"the RM service of RM {name!r} died while trajectory {request.uid} waited for its score "
                     f"({answer}); the agent-loop manager starts a new one at the next step"
                 )
                 lost.__cause__, answer = answer, lost
-            elif len(names) > 1:
-                answer.add_note(f"RM {name!r}")
+            elif isinstance(answer, (AsyncRMError, ray.exceptions.RayError)):
+                answer = remote_cause(answer)
+                if len(names) > 1:
+                    answer.add_note(f"RM {name!r}")
+            else:
+                raise answer  # not an RM failure (a cancellation, a bug): never recorded as a dropped score
             failure = failure or answer
         return scores, failure
 
@@ -199,12 +187,9 @@ class AsyncRMAgentLoopWorkerTQ(AsyncRMWorkerMixin, AgentLoopWorkerTQ.__ray_actor
 
 
 def _describe(err: BaseException) -> str:
-    """``Type: message`` of the error itself (a Ray task error names the remote exception, not Ray's traceback),
-    after the RM it came from when there are several (``RM 'safety': ...``)."""
-    cause = getattr(err, "cause", None)
-    cause = cause if isinstance(cause, BaseException) else err
+    """``Type: message``, after the RM it came from when there are several (``RM 'safety': ...``)."""
     where = "".join(f"{note}: " for note in getattr(err, "__notes__", ()))
-    return f"{where}{type(cause).__name__}: {cause}"[:500]
+    return f"{where}{type(err).__name__}: {err}"[:500]
 
 
 def _int_or_none(value: Any) -> int | None:

@@ -1,17 +1,6 @@
-"""Checks of verl's own keys that the plugin depends on; each failure is a ``ValueError`` naming the key and the fix.
-
-These are the mistakes that would otherwise fail late or silently:
-
-- ``reward.reward_model.enable=True`` makes verl start its own vLLM/SGLang RM servers on the reward GPUs;
-- without ``reward.reward_model.enable_resource_pool=True`` verl reserves no GPUs for the reward pool and overwrites
-  its size with the trainer's (v0 ``BaseTaskRunner.init_resource_pool_mgr``, v1 ``PPOTrainer._init_resource_pool_mgr``);
-- verl 0.9.1's ``main_ppo`` ignores the legacy top-level ``reward_model.*``, ``custom_reward_function.*`` and
-  ``sandbox_fusion.*`` keys (only ``fully_async_main`` migrates them), so a recipe written with them would silently
-  run without its RM pool or its rule function (``python -m verl_async_rm.main_ppo`` migrates them);
-- the ``async_rm.*`` keys and the reward pool's size are read (:meth:`verl_async_rm.config.AsyncRMConfig.from_verl`),
-  and, when the RM path is a directory on this machine, its ``config.json`` is checked
-  (:func:`verl_async_rm.scoring.checkpoint.check_rm_checkpoint`: a causal LM given as the RM, custom code without
-  ``trust_remote_code``), so these mistakes stop the run before any model is loaded.
+"""Checks of verl's own keys that the plugin depends on, before anything starts: each failure is a ``ValueError``
+naming the key and the fix, for mistakes that would otherwise fail late or silently (verl's own RM servers enabled,
+no separate reward pool, legacy keys verl 0.9.1's ``main_ppo`` ignores, an RM checkpoint that is not a reward model).
 """
 
 from __future__ import annotations
@@ -20,10 +9,7 @@ import logging
 import os
 from typing import Any
 
-from omegaconf import OmegaConf
-
-from verl_async_rm.config import MAIN
-from verl_async_rm.config import AsyncRMConfig
+from verl_async_rm.config import MAIN, AsyncRMConfig, select as _get
 
 logger = logging.getLogger(__name__)
 
@@ -46,10 +32,6 @@ LEGACY_KEYS: dict[str, str] = {
     "custom_reward_function.name": "reward.custom_reward_function.name",
     "sandbox_fusion.url": "reward.sandbox_fusion.url",
 }
-
-
-def _get(config: Any, key: str) -> Any:
-    return OmegaConf.select(config, key, default=None)
 
 
 def legacy_keys_set(config: Any) -> dict[str, Any]:
@@ -87,8 +69,8 @@ def check_verl_config(config: Any) -> AsyncRMConfig:
 
 
 def _check_reward_manager(config: Any) -> None:
-    """Any verl reward manager works (the RM scores reach it in ``extra_info``); it must resolve, as verl's reward
-    loop will resolve it (``trainer/ppo/reward.py:resolve_reward_manager_cls``), or the run would fail only there."""
+    """The reward manager must resolve now, as verl's reward loop will (``resolve_reward_manager_cls``), or the run
+    would fail only there."""
     from verl.trainer.ppo.reward import resolve_reward_manager_cls
 
     name, source = _get(config, "reward.reward_manager.name"), _get(config, "reward.reward_manager.source")
@@ -115,13 +97,9 @@ V1_TRAINER_MODES = ("sync", "colocate_async", "separate_async")
 
 
 def check_v1_trainer(config: Any, on_error: str) -> str:
-    """``trainer.v1.trainer_mode``, checked against what the plugin's ``on_error`` needs from verl's v1 trainer.
-
-    A mode verl 0.9.1 does not ship (a user's registered trainer) is logged. ``on_error=drop`` with the ``sync`` mode
-    needs ``trainer.v1.sampler.sync_refill_failed_groups=True``: verl's sync replay buffer stops the run when every
-    trajectory of a group failed and refilling is off (``ReplayBuffer.sample``), which a step
-    with dropped trajectories can reach.
-    """
+    """``trainer.v1.trainer_mode``, checked against what ``on_error`` needs: ``drop`` with the ``sync`` mode needs
+    ``sync_refill_failed_groups=True`` (verl's sync replay buffer stops the run when every trajectory of a group
+    failed and refilling is off). A mode verl 0.9.1 does not ship is logged."""
     mode = str(_get(config, "trainer.v1.trainer_mode") or "sync")
     if mode not in V1_TRAINER_MODES:
         logger.warning(

@@ -1,23 +1,10 @@
-"""What a failed RM score does to a step: :func:`check_failures` (v1) and :func:`apply_drops` (v0).
+"""What a failed RM score does to a step: :func:`check_failures` (v1, at the end of a step or validation pass: verl
+already gave the trajectory's group its ``failure`` path) and :func:`apply_drops` (v0, ``on_error='drop'``).
 
-v1 (:func:`check_failures`, at the end of each training step or validation pass): the failed trajectory's session
-raised, so verl already gave its group the ``failure`` path (the trajectory is absent from TransferQueue; its group is
-padded, or refilled with ``trainer.v1.sampler.sync_refill_failed_groups``), and nothing trains on it. ``on_error=
-'raise'`` then stops the run with :class:`RMScoreError`; ``'drop'`` stops it only past ``drop_budget``.
-
-v0 (:func:`apply_drops`, ``on_error='drop'``): exclude the trajectories whose RM score failed from a generated batch.
-
-The reward manager marks such a trajectory (``rm_dropped=1``, ``rm_error``, a NaN reward at its last token).
-:func:`apply_drops` then, on the whole batch returned by ``generate_sequences``:
-
-- fails the step with :class:`TrajectoryDroppedError` if more than ``drop_budget`` of it was dropped;
-- zeroes the dropped trajectory's ``response_mask``: verl leaves fully masked sequences out of the policy loss
-  (``verl.trainer.ppo.core_algos.agg_loss``), so it trains nothing;
-- replaces its NaN reward by the mean reward of the scored trajectories of its group (same ``uid``; the whole batch
-  without uids), so the group's mean, which GRPO-style advantages subtract, does not move. A group with no scored
-  trajectory left is masked out entirely and gets 0.0, which then reaches no loss.
-
-No reward of a dropped trajectory is ever a silent 0.0 standing in for a score.
+:func:`apply_drops` zeroes a dropped trajectory's ``response_mask`` (verl's ``agg_loss`` leaves fully masked sequences
+out of the policy loss) and replaces its NaN reward by the mean reward of the scored trajectories of its group, so the
+group's mean, which GRPO-style advantages subtract, does not move; a group with none left gets 0.0, which then reaches
+no loss. No reward of a dropped trajectory is ever a silent 0.0 standing in for a score.
 """
 
 from __future__ import annotations
@@ -36,12 +23,8 @@ __all__ = ["apply_drops", "check_failures"]
 
 
 def check_failures(record: Any, integration: Any, where: str) -> None:
-    """Apply ``on_error`` to a phase's record (:class:`~verl_async_rm.integration.ledger.PhaseRecord`).
-
-    Raises:
-        RMScoreError: ``on_error='raise'`` and a trajectory of the phase got no RM score.
-        TrajectoryDroppedError: ``on_error='drop'`` and more than ``drop_budget`` of the phase got none.
-    """
+    """Apply ``on_error`` to a phase's record: :class:`RMScoreError` (``raise``) if a trajectory got no RM score,
+    :class:`TrajectoryDroppedError` (``drop``) if more than ``drop_budget`` of the phase got none."""
     if not record.failed:
         return
     first = "; ".join(str(f) for f in record.failures[:3])
@@ -64,15 +47,9 @@ def check_failures(record: Any, integration: Any, where: str) -> None:
 
 
 def apply_drops(output: Any, drop_budget: float, uids: Any = None) -> int:
-    """Exclude the dropped trajectories of ``output`` (a verl ``DataProto``) in place; returns how many there were.
-
-    ``uids`` are the group ids of the rows (the input batch's ``uid``: verl's v0 output does not carry the input's
-    non-tensor fields when a reward loop runs, ``AgentLoopWorker._postprocess``); default: ``output``'s own ``uid``,
-    if any.
-
-    Raises:
-        TrajectoryDroppedError: more than ``drop_budget`` (a fraction) of the batch was dropped.
-    """
+    """Exclude the dropped trajectories of ``output`` (a verl ``DataProto``) in place; returns how many there were
+    (:class:`TrajectoryDroppedError` past ``drop_budget``). ``uids``: the rows' groups (the input batch's ``uid``:
+    verl's v0 output does not carry it when a reward loop runs); default: ``output``'s own ``uid``, if any."""
     ntb = output.non_tensor_batch
     if "rm_dropped" not in ntb:
         return 0

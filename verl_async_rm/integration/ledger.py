@@ -1,13 +1,6 @@
-"""What happened to each trajectory's RM score in one agent-loop worker, per phase, until the manager collects it.
-
-On verl's v1 trainer a trajectory whose RM score failed is not written to TransferQueue: its session raises, and verl
-marks the prompt's group ``failure`` (``AgentLoopWorkerTQ._run_prompt``). The worker records the outcome
-here first, and the manager collects every worker's record at the end of the training step (or of the validation
-pass), where it applies ``on_error``: ``raise`` stops the run with the recorded error, ``drop`` counts it against
-``drop_budget``. Phases: ``train`` and ``val`` (verl's ``validate`` flag), kept apart so validation never mixes
-into a training step's figures. A trajectory is counted when its outcome is known (scored or failed), so in the async
-trainer modes, where a trajectory may be sent in one step and answered in the next, it counts once, in the step of
-its answer.
+"""What happened to each trajectory's RM score in one agent-loop worker, per phase (``train``, ``val``), until the
+manager collects it at the end of the step (v1: a failed trajectory never reaches TransferQueue, so this is where it
+is counted). A trajectory counts when its outcome is known: in the async trainer modes, in the step of its answer.
 """
 
 from __future__ import annotations
@@ -25,8 +18,8 @@ _KEEP_FAILURES = 32
 
 @dataclass(frozen=True)
 class Failure:
-    """One trajectory that got no RM score: its id (``<uid>/<session>``), the step it was dispatched in, the error
-    (``Type: message``) and, where it survives pickling, the exception itself (the cause of ``RMScoreError``)."""
+    """One trajectory that got no RM score: its id (``<uid>/<session>``), its step, the error (``Type: message``)
+    and, where it survives pickling, the exception itself (the cause of ``RMScoreError``)."""
 
     trajectory: str
     global_steps: int | None
@@ -35,15 +28,12 @@ class Failure:
 
     @staticmethod
     def portable(err: BaseException) -> BaseException | None:
-        """The exception to keep as ``cause``: the remote exception itself rather than Ray's wrapper (whose class
-        exists only in this process), or None if it does not pickle (the record travels to the manager)."""
-        cause = getattr(err, "cause", None)
-        cause = cause if isinstance(cause, BaseException) else err
+        """``err``, or None if it does not pickle (the record travels to the manager)."""
         try:
-            pickle.dumps(cause)
+            pickle.dumps(err)
         except Exception:  # noqa: BLE001 - an unpicklable exception keeps only its text
             return None
-        return cause
+        return err
 
     def __str__(self) -> str:
         step = "" if self.global_steps is None else f" (step {self.global_steps})"

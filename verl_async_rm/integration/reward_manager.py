@@ -1,16 +1,8 @@
-"""verl reward manager ``async_rm``: verl's rule score when the reward uses it, for users who have no manager.
+"""verl reward manager ``async_rm``, for users who have none (any verl manager works with the plugin).
 
-Any verl reward manager works with the plugin (``naive``, ``dapo``, a custom one): the agent-loop worker of
-:class:`verl_async_rm.AsyncRMAgentLoopManager` scores the trajectory with every RM as soon as its agent loop ends,
-puts the scores in the ``extra_info`` the manager's reward function receives (``rm_score``, ``rm_scores``), and mixes
-the manager's reward with them afterwards (:meth:`~verl_async_rm.integration.reward_mix.RewardMix.finish`).
-
-``async_rm`` is the manager for a user who has none: it is verl's ``NaiveRewardManager`` (``custom_reward_function``
-or ``default_compute_score``) that runs the rule only when the reward uses it (``async_rm.rule_weight`` or
-``combine_fn``), so data sources without a rule function work with the RM alone; its reward is 0.0 then.
-
-The class is registered as ``async_rm`` when verl's reward-manager registry is first imported (see
-:mod:`verl_async_rm.plugin`), so selecting it takes only ``reward.reward_manager.name=async_rm``.
+It is verl's ``NaiveRewardManager`` that runs the rule only when the reward uses it (``async_rm.rule_weight`` or
+``combine_fn``), so data sources without a rule function work with the RM alone (its reward is 0.0 then). Registered
+when verl's reward-manager registry is first imported (:mod:`verl_async_rm.plugin`).
 """
 
 from __future__ import annotations
@@ -24,12 +16,10 @@ from verl_async_rm.errors import RewardModelError
 from verl_async_rm.integration.reward_mix import RM_SCORE_KEY
 from verl_async_rm.config import ASYNC_RM_MANAGER
 
-__all__ = ["AsyncRMRewardManager", "REWARD_MANAGER_NAME"]
-
-REWARD_MANAGER_NAME = ASYNC_RM_MANAGER
+__all__ = ["AsyncRMRewardManager"]
 
 
-@register(REWARD_MANAGER_NAME)
+@register(ASYNC_RM_MANAGER)
 class AsyncRMRewardManager(NaiveRewardManager):
     """verl's naive manager, whose rule runs only when ``async_rm.*`` weights use it (see module doc)."""
 

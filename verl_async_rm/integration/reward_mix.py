@@ -10,13 +10,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from verl_async_rm.errors import ConfigValueError, NonFiniteScoreError
+from verl_async_rm.errors import ConfigValueError, RewardModelError
 from verl_async_rm.options import check_options, option
 
 #: Checks of a weight: any finite number.
 _WEIGHT = {"why": "must be a finite number", "fix": "e.g. {key}=1.0"}
 
-__all__ = ["MAIN", "RewardMix", "RM_SCORE_KEY", "RM_SCORES_KEY", "with_rm_scores", "load_callable"]
+__all__ = ["MAIN", "RewardMix", "RM_SCORE_KEY", "RM_SCORES_KEY", "with_rm_scores"]
 
 #: The name of the RM set by verl's ``reward.reward_model.*`` keys.
 MAIN = "main"
@@ -28,12 +28,7 @@ RM_SCORE_KEY, RM_SCORES_KEY = "rm_score", "rm_scores"
 @dataclass(frozen=True)
 class RewardMix:
     """Final reward = ``rule_weight * rule_score + sum over RMs of weight * score`` (``main`` weighted by
-    ``rm_weight``), or ``combine_fn(...)`` when set.
-
-    ``rule_score`` is the reward manager's own reward: verl's rule (``custom_reward_function`` or
-    ``default_compute_score``) with the ``async_rm`` manager, or whatever the user's manager returns, penalties
-    included (``dapo``'s overlong penalty, a custom manager's terms).
-    """
+    ``rm_weight``), or ``combine_fn(...)`` when set; ``rule_score`` is the reward manager's own reward."""
 
     rm_weight: float = option(1.0, "weight of the main RM's score (reward.reward_model.*)", **_WEIGHT)
     rule_weight: float = option(
@@ -82,23 +77,26 @@ class RewardMix:
     @property
     def weights(self) -> dict[str, float]:
         """RM name -> weight, ``main`` first."""
-        return {MAIN: float(self.rm_weight), **dict(self.extra_weights)}
+        return {MAIN: self.rm_weight, **dict(self.extra_weights)}
 
     def load_combine_fn(self) -> Optional[Callable[..., float]]:
-        """Import ``combine_fn`` (None when unset); a failure raises ``ValueError`` naming ``async_rm.combine_fn``.
-
-        A function without an ``rm_scores`` parameter (or ``**kwargs``) is called without it, and is refused when
-        there are several RMs: their scores would not reach it.
-        """
+        """Import ``combine_fn`` (None when unset; ``ValueError`` naming ``async_rm.combine_fn``). A function without an
+        ``rm_scores`` parameter is called without it, and refused when there are several RMs."""
         if self.combine_fn is None:
             return None
+        module_name, _, attr = self.combine_fn.partition(":")
         try:
-            fn = load_callable(self.combine_fn)
-        except ValueError as exc:
+            fn = getattr(importlib.import_module(module_name), attr)
+            problem = None if callable(fn) else "is not callable"
+        except ImportError as exc:
+            problem = f"cannot import module {module_name!r}: {exc}"
+        except AttributeError:
+            problem = f"module {module_name!r} has no attribute {attr!r}"
+        if problem is not None:
             raise ValueError(
-                f"async_rm.combine_fn={self.combine_fn!r}: {exc}; it must name an importable function "
-                "(its package on PYTHONPATH in every Ray worker), e.g. +async_rm.combine_fn=my_rewards.mix:combine"
-            ) from exc
+                f"async_rm.combine_fn={self.combine_fn!r}: {problem}; it must name an importable function (its package "
+                "on PYTHONPATH in every Ray worker), e.g. +async_rm.combine_fn=my_rewards.mix:combine"
+            )
         if _accepts(fn, "rm_scores"):
             return fn
         if self.extra_weights:
@@ -116,10 +114,8 @@ class RewardMix:
     def combine(self, rm_score: float, rule_score: float, *, rm_scores: Optional[Mapping[str, float]] = None,
                 data_source: Any = None, extra_info: Optional[Mapping] = None,
                 fn: Optional[Callable[..., float]] = None) -> float:
-        """The final reward of one trajectory (``fn`` is the loaded ``combine_fn``, if any).
-
-        ``rm_scores`` are every RM's raw scores by name (``main`` is ``rm_score``); default: ``main`` only.
-        """
+        """The final reward of one trajectory (``fn``: the loaded ``combine_fn``, if any; ``rm_scores``: every RM's
+        raw score by name, default ``main`` only)."""
         scores = dict(rm_scores) if rm_scores is not None else {MAIN: rm_score}
         if fn is None:
             return self.rm_total(scores) + self.rule_weight * rule_score
@@ -131,27 +127,27 @@ class RewardMix:
             )
         return float(value)
 
-
     def finish(self, manager_result: Mapping[str, Any], rm_scores: Mapping[str, float], *, data_source: Any = None,
                extra_info: Optional[Mapping] = None, fn: Optional[Callable[..., float]] = None,
                error: Optional[str] = None, flag_drops: bool = False) -> tuple[float, dict[str, Any]]:
         """The trajectory's reward and ``reward_extra_info`` from its reward manager's result and its RM scores.
 
-        ``reward_extra_info`` keeps the manager's own keys (one named like a key below becomes ``rule/<key>``) and
-        adds ``rm_score`` (main, raw), ``rm_score_<name>`` for every RM, ``rm_total`` (the weighted RM sum) and
-        ``rule_score`` (the manager's reward). ``error`` (an RM failed, ``on_error='drop'`` on v0): the reward is
-        NaN, never a partial sum, and ``rm_dropped``/``rm_error`` flag it; ``flag_drops`` adds them (0.0, "") to
-        every trajectory, since verl stacks the keys of all samples.
+        ``rm_scores`` are finite (the scorer refuses NaN/inf where the score is made). ``reward_extra_info`` keeps the
+        manager's own keys (one named like a key below becomes ``rule/<key>``) and adds ``rm_score`` (main, raw),
+        ``rm_score_<name>`` for every RM, ``rm_total`` (the weighted RM sum) and ``rule_score`` (the manager's
+        reward). ``error`` (an RM failed, ``on_error='drop'`` on v0): the reward is NaN, never a partial sum, and
+        ``rm_dropped``/``rm_error`` flag it; ``flag_drops`` adds them (0.0, "") to every trajectory, since verl stacks
+        the keys of all samples.
         """
         manager_info = dict(manager_result.get("reward_extra_info") or {})
         raw_rule = manager_result.get("reward_score")
-        scores = {name: rm_scores.get(name, math.nan) for name in self.weights}
-        bad = {name: s for name, s in scores.items() if not math.isfinite(s)}
-        if bad and error is None:
-            raise NonFiniteScoreError(
-                f"RM score not finite: {bad}; every RM of the run must score the trajectory (a NaN or inf score "
-                "never becomes a reward)"
+        missing = [name for name in self.weights if name not in rm_scores]
+        if missing and error is None:
+            raise RewardModelError(
+                f"no score from RM(s) {missing}: every RM of the run must score the trajectory (a partial sum never "
+                "becomes a reward)"
             )
+        scores = {name: rm_scores.get(name, math.nan) for name in self.weights}
         if error is not None:
             reward, total = math.nan, math.nan
             rule_score = _as_float(raw_rule)
@@ -203,19 +199,3 @@ def _accepts(fn: Callable[..., Any], name: str) -> bool:
     except (TypeError, ValueError):  # a builtin without a signature: pass everything
         return True
     return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
-
-
-def load_callable(spec: str) -> Callable[..., Any]:
-    """Import ``'package.module:attr'``; errors name the spec and what is wrong."""
-    module_name, _, attr = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ValueError(f"cannot import module {module_name!r} of {spec!r}: {exc}") from exc
-    try:
-        fn = getattr(module, attr)
-    except AttributeError:
-        raise ValueError(f"module {module_name!r} has no attribute {attr!r} (from {spec!r})") from None
-    if not callable(fn):
-        raise ValueError(f"{spec!r} is not callable")
-    return fn

@@ -1,13 +1,9 @@
 """Token-level rewards from process RMs (``process_reduction='none'``): each step's score on the response token where
-that step ends, in verl's per-token ``rm_scores``, so verl's advantage estimators see step rewards.
+that step ends, in verl's per-token ``rm_scores`` (where verl puts the whole reward on the last token).
 
-verl turns a trajectory's ``reward_score`` (a float) into ``rm_scores`` with the whole reward on the last response
-token (v1: ``AgentLoopOutput.as_dict``, ``AgentLoopOutput.as_dict``; v0: ``_postprocess``,
-``:1093-1099``). :func:`token_placement` spreads the same reward instead: every token-level RM's weighted step
-scores at their tokens, and the rest of the reward (verl's rule, outcome RMs) on the last token, so the per-token
-values always sum to ``reward_score``. On v1 the trajectory's output becomes a :class:`TokenRewardOutput` that builds
-``rm_scores`` from it; on v0 the placement travels in ``extra_fields`` and :func:`place_token_rewards` rewrites the
-batch's ``rm_scores``.
+:func:`token_placement` spreads the reward so the per-token values still sum to ``reward_score``. On v1 the
+trajectory's output becomes a :class:`TokenRewardOutput` that builds ``rm_scores`` from it; on v0 the placement
+travels in ``extra_fields`` and :func:`place_token_rewards` rewrites the batch's ``rm_scores``.
 """
 
 from __future__ import annotations

@@ -1,22 +1,10 @@
-"""The one place the plugin wraps verl methods: the v1 trainer's training step and validation, for metrics and failures.
+"""The one place the plugin wraps verl methods: the v1 trainer's ``PPOTrainer.step`` and ``_validate``.
 
-verl 0.9.1's v1 trainer gives the agent-loop manager no channel to its tracker and no step boundary: the manager only
-sees ``generate_sequences`` calls (training batches, refills, validation, warm-up batches of later steps). The fit loop
-(v1 ``PPOTrainer.fit``) runs ``batch = self.step(metrics, timing_raw)`` (sampling, which waits for
-the step's groups, then training), merges ``self._validate()``'s metrics when it validates, and logs ``metrics`` with
-its ``Tracking`` at ``self.global_steps`` (the initial validation is logged alone, at step 0). Wrapping those two
-methods of ``PPOTrainer`` is the narrowest channel that sees both ends of a step and its failures:
-
-- ``step``: the training step ends: the manager closes it, adds ``async_rm/*`` to the step's ``metrics``, and raises if
-  a trajectory of it lost its RM score under ``on_error=raise`` (or more than ``drop_budget`` under ``drop``);
-- ``_validate``: the same for the validation pass, under ``val-async_rm/*``.
-
-If verl's own code raises first (its sync replay buffer stops when every trajectory of a group failed and
-``sync_refill_failed_groups`` is off), the manager's error for the RM failure is raised from it, so the run stops naming
-the trajectory and the RM's cause. Both wrappers do nothing unless the trainer's ``agent_loop_manager`` is the
-plugin's v1 manager (it has :data:`CLOSE_METHOD`), and they are installed only when such a manager is built
-(:func:`install`), so importing the plugin changes nothing in verl. A user trainer class that overrides ``step`` or
-``_validate`` bypasses them (the figures then stay in ``manager.last_metrics``).
+verl 0.9.1's v1 trainer gives the agent-loop manager no step boundary and no channel to its tracker; its fit loop logs
+what ``step`` puts in ``metrics`` and what ``_validate`` returns. The wrappers close the phase on the manager there:
+its ``async_rm/*`` (``val-async_rm/*``) metrics join verl's, and a lost RM score raises (from verl's own error if verl
+raised first). They do nothing unless the trainer's manager is the plugin's (it has :data:`CLOSE_METHOD`) and are
+installed only when one is built; a trainer class that overrides ``step`` or ``_validate`` bypasses them.
 """
 
 from __future__ import annotations
@@ -45,12 +33,9 @@ def _close(trainer: Any, phase: str) -> dict[str, float]:
 
 
 def closing(trainer: Any, phase: str, body: Callable[[], T]) -> tuple[T, dict[str, float]]:
-    """Run ``body`` (a training step, ``phase='train'``, or a validation pass, ``'val'``), then close the phase.
-
-    Returns ``body``'s result and the phase's metrics ({} when the trainer's manager is not the plugin's). The close
-    raises the plugin's error when the phase lost RM scores (see the manager's ``async_rm_close``); if ``body`` raised,
-    that error is raised from ``body``'s, and ``body``'s own error otherwise.
-    """
+    """Run ``body`` (a training step, ``phase='train'``, or a validation pass, ``'val'``), then close the phase:
+    ``body``'s result and the phase's metrics ({} without the plugin's manager). If ``body`` raised, the close's RM
+    error is raised from it, and ``body``'s own error otherwise."""
     try:
         result = body()
     except Exception:

@@ -1,22 +1,8 @@
-"""Checks that the RM path holds a usable HuggingFace sequence-classification checkpoint, and its guarded loaders.
+"""Checks that the RM path holds a usable HuggingFace reward-model checkpoint, and its guarded loaders.
 
-Mistakes caught here would otherwise fail late, cryptically, or not at all:
-
-- a directory with no ``config.json`` (not a HuggingFace checkpoint);
-- a causal-LM checkpoint given as the RM: ``AutoModelForSequenceClassification`` loads it with a *randomly
-  initialised* score head and only logs a warning, so training would run on noise. :func:`check_rm_checkpoint`
-  refuses generation architectures from ``config.json``; :func:`load_reward_model` refuses any checkpoint
-  that leaves model parameters uninitialised;
-- a checkpoint with its own Python code (``auto_map``) while ``trust_remote_code`` is False: transformers' error
-  names its own argument, not the setting that feeds it;
-- a model type with no sequence-classification (or, for a process RM, token-classification) class.
-
-Which auto class loads an RM follows its ``config.json`` (:func:`auto_class_name`): sequence classification, or the
-checkpoint's own ``AutoModel`` code for custom reward models (InternLM2-Reward style), token classification for
-process RMs.
-
-:func:`check_rm_checkpoint` reads only ``config.json`` (no torch, no weights), so the driver can run it before any
-GPU is touched; each RM replica runs it again before loading.
+The worst mistake caught here fails silently otherwise: ``AutoModelForSequenceClassification`` loads a causal-LM
+checkpoint with a *randomly initialised* score head and only logs a warning, so training would run on noise.
+:func:`check_rm_checkpoint` reads only ``config.json`` (no torch), so the driver runs it before any GPU is touched.
 """
 
 from __future__ import annotations
@@ -44,12 +30,8 @@ _RM_FIX = (
 def _read_config(model_path: str) -> dict[str, Any]:
     path = os.path.join(model_path, "config.json")
     if not os.path.isfile(path):
-        raise ConfigValueError(
-            "model_path",
-            model_path,
-            "no config.json in that directory, so it is not a HuggingFace checkpoint",
-            _RM_FIX,
-        )
+        raise ConfigValueError("model_path", model_path, "no config.json in that directory, so it is not a "
+                               "HuggingFace checkpoint", _RM_FIX)
     try:
         with open(path, encoding="utf-8") as f:
             config = json.load(f)
@@ -67,14 +49,9 @@ def _native_model_type(model_type: Any) -> bool:
 
 
 def check_rm_checkpoint(model_path: str, trust_remote_code: bool, reward_kind: str = "outcome") -> None:
-    """Raise ``ValueError`` if ``model_path`` cannot be a sequence-classification RM (reads ``config.json`` only).
-
-    Raises:
-        ValueError: no ``config.json``; a generation architecture (causal LM) with no sequence-classification
-            head; custom code (``auto_map``) for a model type transformers does not know, while
-            ``trust_remote_code`` is False; an RM loaded by its own ``AutoModel`` code without it (transformers would
-            load the bare backbone of a known model type and drop the reward head).
-    """
+    """Raise ``ValueError`` if ``model_path`` cannot be an RM: no ``config.json``; a generation architecture with no
+    reward head; custom code (``auto_map``) without ``trust_remote_code`` for an unknown model type or an RM loaded
+    by its own ``AutoModel`` code (transformers would load the bare backbone and drop the reward head)."""
     config = _read_config(model_path)
     auto_map = config.get("auto_map") or {}
     model_type = config.get("model_type")
@@ -130,14 +107,9 @@ def load_tokenizer(path: str, key: str, trust_remote_code: bool) -> Any:
 
 
 def auto_class_name(config: dict[str, Any], reward_kind: str = "outcome") -> str:
-    """The transformers auto class that loads this RM: its ``config.json`` decides.
-
-    - a process RM: ``AutoModelForTokenClassification`` for a ``*ForTokenClassification`` architecture, else the
-      checkpoint's own ``AutoModel`` code (Qwen2.5-Math-PRM style), else ``AutoModelForTokenClassification``;
-    - an outcome RM: ``AutoModelForSequenceClassification`` for a native architecture or custom code registered
-      for it (ArmoRM style), else the checkpoint's own ``AutoModel`` code (InternLM2-Reward style: a value head and
-      ``get_score``), else ``AutoModelForSequenceClassification``.
-    """
+    """The transformers auto class that loads this RM: token (process RMs) or sequence classification when the
+    architecture or the checkpoint's code provides it, else the checkpoint's own ``AutoModel`` code (InternLM2-Reward,
+    Qwen2.5-Math-PRM style), else token or sequence classification."""
     auto_map = config.get("auto_map") or {}
     architectures = [str(a) for a in config.get("architectures") or []]
     wanted = "AutoModelForTokenClassification" if reward_kind == "process" else "AutoModelForSequenceClassification"
@@ -152,15 +124,9 @@ def auto_class_name(config: dict[str, Any], reward_kind: str = "outcome") -> str
 def load_reward_model(
     path: str, *, trust_remote_code: bool, attn_implementation: str, reward_kind: str = "outcome", **kwargs: Any
 ) -> Any:
-    """The RM at ``path`` loaded with the auto class its ``config.json`` calls for (:func:`auto_class_name`),
-    refusing a checkpoint that leaves parameters uninitialised (a causal LM's missing score head, a mismatched
-    architecture).
-
-    Raises:
-        ValueError: custom code without ``trust_remote_code``; no class of that kind for the model type; parameters
-            missing from the checkpoint.
-        RewardModelError: any other load failure (for example an unsupported ``attn_implementation``).
-    """
+    """The RM at ``path`` loaded with :func:`auto_class_name`'s class, refusing (``ValueError``) custom code without
+    ``trust_remote_code``, a model type with no such class and a checkpoint that leaves parameters uninitialised; any
+    other load failure is a ``RewardModelError``."""
     import transformers
 
     from verl_async_rm.errors import RewardModelError

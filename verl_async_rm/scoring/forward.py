@@ -1,12 +1,10 @@
 """The RM's forward passes: prepared token ids in, one float32 score per row out (no tokenizers, no Ray, no verl).
 
-:class:`RMForward` runs micro-batches either padded (rows right-padded to the longest, an attention mask) or packed
-(rows concatenated into one sequence, see :mod:`verl_async_rm.scoring.packing`), reads scores from the score head's
-per-token output (a forward hook; where: :mod:`verl_async_rm.scoring.readout`), and isolates failures: a micro-batch
-that runs out of memory or raises is halved until the failing row is alone (:meth:`RMForward.score_batch`).
-
-No per-shape stall on the padded path: on CUDA its forwards run without torch's cuDNN attention backend, which builds
-a plan for every new (rows, width) shape (0.3-1.9 s each on an H100; RL lengths change every step).
+Micro-batches run padded or packed (:mod:`~verl_async_rm.scoring.packing`); scores are read from the score head's
+per-token output (a forward hook; :mod:`~verl_async_rm.scoring.readout`); a micro-batch that runs out of memory or
+raises is halved until the failing row is alone. On CUDA the padded forwards run without torch's cuDNN attention
+backend, which builds a plan for every new (rows, width) shape (0.3-1.9 s each on an H100; RL lengths change each
+step).
 """
 
 from __future__ import annotations
@@ -56,20 +54,14 @@ _CHECK_GROUPS = ("g", "g", None, None)
 
 
 class RMForward:
-    """Forward passes of one loaded sequence-classification model.
+    """Forward passes of one loaded sequence-classification model (on ``device``, in eval mode).
 
     Args:
-        model: the model, on ``device``, in eval mode.
         head: the module whose per-token output holds the scores (hooked here), or None to use the model's own
             pooled ``logits`` (then forwards are always padded).
-        device: where ``model`` lives.
         pad_id: the token id padding positions get (masked out, so any valid id).
-        packing: ``'auto'``, ``'true'`` or ``'false'`` (see :func:`verl_async_rm.scoring.packing.choose_kernel`).
-        score_reduction, score_index: how a multi-output head becomes one score (:func:`reduce_outputs`).
-        share_prompts: ``'auto'``, ``'true'`` or ``'false'``: run the common prefix of siblings (same group) in a
-            micro-batch once (:mod:`verl_async_rm.scoring.sharing`); needs the ``varlen`` kernel, and ``auto`` only uses
-            it on CUDA (the CPU kernel pads attention to the longest segment, which makes sharing slower there).
-        min_shared_prefix: the shortest common prefix worth sharing.
+        share_prompts: run the common prefix of siblings (same group) in a micro-batch once; needs the ``varlen``
+            kernel, and ``auto`` only uses it on CUDA (the CPU kernel pads attention, which makes sharing slower).
         on_failure: called with the error of every failed forward before its rows are retried (a sharded replica's
             :class:`~verl_async_rm.scoring.sharding.FailureAgreement`, which raises when the ranks may not retry).
     """
@@ -182,14 +174,12 @@ class RMForward:
         groups: Sequence[Hashable | None] | None = None,
         reads: Sequence[Sequence[int]] | None = None,
     ) -> list[Any]:
-        """Scores of prepared inputs, in their order: micro-batches of at most ``max_tokens`` (:meth:`plan`, or with
-        shared prompts siblings kept together), each through :meth:`score_batch`, so a failure costs only the rows
-        that cause it. ``groups``: each input's group (siblings share one), or None. ``reads``: per input, the
-        positions to read (process RMs); each input then gets a list of values, one per position, instead of a float.
+        """Scores of prepared inputs, in their order, by micro-batches of at most ``max_tokens``; a failure costs only
+        the rows that cause it. ``groups``: each input's group (siblings share one), or None. ``reads``: per input,
+        the positions to read (process RMs), each input then getting a list of values instead of a float.
 
-        Scores stay on the device until every micro-batch has been launched and are copied to the host at once: one
-        device sync per call instead of one per micro-batch, so the host builds the next forward's input while the
-        device runs the previous one."""
+        Scores stay on the device until every micro-batch has been launched, then are copied at once: one device sync
+        per call, so the host builds the next forward's input while the device runs the previous one."""
         results: list[Any] = [None] * len(inputs)
         share = self._sharing(groups) and reads is None
         launched: list[tuple[list[int], torch.Tensor]] = []
@@ -203,17 +193,11 @@ class RMForward:
                 for j, value in zip(batch, self._recover(rows, batch_groups, err, batch_reads), strict=True):
                     results[j] = value
         if launched:
-            values = torch.cat([v for _, v in launched]).cpu().tolist()
             order = [j for batch, _ in launched for j in batch]
-            if reads is None:
-                for j, value in zip(order, values, strict=True):
-                    results[j] = value  # .tolist() gave Python floats: the one conversion of a score
-            else:
-                start = 0
-                for j in order:
-                    results[j] = values[start : start + len(reads[j])]
-                    start += len(reads[j])
-                assert start == len(values), "one value per read position"
+            values = torch.cat([v for _, v in launched]).cpu().tolist()
+            per_row = _per_row(values, None if reads is None else [reads[j] for j in order])
+            for j, value in zip(order, per_row, strict=True):
+                results[j] = value
         assert all(r is not None for r in results), "every input is in exactly one micro-batch"
         return results
 
@@ -224,8 +208,7 @@ class RMForward:
         reads: Sequence[Sequence[int]] | None = None,
     ) -> torch.Tensor:
         """Scores (float32, on the host, one per row; with ``reads`` one per read position, row after row) of
-        prepared input ids, in one forward pass; ``groups`` lets siblings share their common prefix (packed forwards
-        with shared prompts only)."""
+        prepared input ids, in one forward pass; ``groups`` lets siblings share their common prefix."""
         return self._forward(batch, groups, reads).cpu()
 
     def _forward(
@@ -236,12 +219,11 @@ class RMForward:
     ) -> torch.Tensor:
         """:meth:`forward_ids` with the scores left on the device (no sync)."""
         if self.packed:
-            return self.forward_packed(batch, groups, to_host=False, reads=reads)
-        return self.forward_padded(batch, False, reads=reads)
+            return self.forward_packed(batch, groups, reads)
+        return self.forward_padded(batch, reads)
 
-    def forward_padded(
-        self, batch: Sequence[Sequence[int]], to_host: bool = True, reads: Sequence[Sequence[int]] | None = None
-    ) -> torch.Tensor:
+    def forward_padded(self, batch: Sequence[Sequence[int]], reads: Sequence[Sequence[int]] | None = None
+                       ) -> torch.Tensor:
         """One right-padded forward; the score is read at each row's last unmasked token (or at ``reads``)."""
         lengths = np.fromiter((len(ids) for ids in batch), dtype=np.int64, count=len(batch))
         width = int(lengths.max())
@@ -254,8 +236,7 @@ class RMForward:
             output = self.model(input_ids=input_ids, attention_mask=attention_mask)
             per_token, self._captured = self._captured, None
             if self.output_field is not None:
-                scores = field_scores(output, self.output_field, len(batch), self.score_reduction, self.score_index)
-                return scores.cpu() if to_host else scores
+                return field_scores(output, self.output_field, len(batch), self.score_reduction, self.score_index)
             if per_token is None or per_token.dim() != 3 or per_token.shape[:2] != input_ids.shape:
                 per_token = per_token_logits(output, input_ids.shape) if reads is not None else None
             if reads is not None:
@@ -271,14 +252,12 @@ class RMForward:
                         "set score_head to the module that produces the scores, or score_output_field to the "
                         "output field that holds them"
                     )
-            scores = self._values(logits)
-        return scores.cpu() if to_host else scores
+            return self._values(logits)
 
     def forward_packed(
         self,
         batch: Sequence[Sequence[int]],
         groups: Sequence[Hashable | None] | None = None,
-        to_host: bool = True,
         reads: Sequence[Sequence[int]] | None = None,
     ) -> torch.Tensor:
         """One packed forward: rows concatenated, positions restarting per row, scores at each row's last token (or
@@ -314,7 +293,7 @@ class RMForward:
         computed = int(rows.input_ids.shape[1])
         self.computed_tokens += computed
         self.saved_tokens += sum(len(ids) for ids in batch) - computed
-        return scores.cpu() if to_host else scores
+        return scores
 
     def score_batch(
         self,
@@ -325,13 +304,9 @@ class RMForward:
         """Scores of one micro-batch. A failure (out of memory, or a row that makes the forward raise) halves the
         micro-batch until the failing row is alone: only that row gets the error."""
         try:
-            values = self.forward_ids(batch, groups, reads).tolist()
+            return _per_row(self.forward_ids(batch, groups, reads).tolist(), reads)
         except Exception as err:
             return self._recover(batch, groups, err, reads)
-        if reads is None:
-            return values
-        counts = np.cumsum([0, *(len(r) for r in reads)])
-        return [values[counts[i] : counts[i + 1]] for i in range(len(batch))]
 
     # -------------------------------------------------------------------------------------------------- helpers
 
@@ -347,9 +322,8 @@ class RMForward:
         return reduce_outputs(logits, self.score_reduction, self.score_index)
 
     def _check_output_field(self) -> None:
-        """Load-time check of ``output_field`` (:func:`~verl_async_rm.scoring.readout.check_output_field`), then: a
-        padded two-row batch must score as its rows do alone, else one row per forward (the model's own code may
-        pick its last token by ``pad_token_id`` or ignore the mask)."""
+        """Load-time check of ``output_field``, then: a padded two-row batch must score as its rows do alone, else one
+        row per forward (the model's own code may pick its last token by ``pad_token_id`` or ignore the mask)."""
         rows = check_rows(self.model, (7, 4))
         check_output_field(self.model, rows[0], self.output_field, self.score_reduction, self.score_index, self.device)
         single = torch.cat([self.forward_padded([ids]) for ids in rows])
@@ -405,13 +379,9 @@ class RMForward:
         return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
     def _switch_to_packing(self, mode: str, share_prompts: bool) -> None:
-        """Check on a few short rows that packed scores equal single-row padded ones; then pack, else pad. With
-        ``share_prompts`` (and the ``varlen`` kernel), check a sibling pair sharing its prefix the same way.
-
-        The reference is computed with the model's own attention, before a ``varlen`` kernel replaces it. A mismatch
-        or an error means this model's attention does not honour the packing (custom modelling code, a
-        bidirectional encoder, ...): ``auto`` falls back to padded forwards with a warning, ``true`` raises.
-        """
+        """Pack only if packed scores of a few short rows (and, with ``share_prompts``, of a sibling pair sharing its
+        prefix) equal single-row padded ones computed with the model's own attention. A mismatch or an error (custom
+        modelling code, a bidirectional encoder...): ``auto`` falls back to padded forwards, ``true`` raises."""
         rows = check_rows(self.model, _CHECK_ROWS)
         rows[1][:6] = rows[0][:6]
         original = self._original_attention
@@ -457,3 +427,12 @@ class RMForward:
             return None
         return f"{what} scores {got.tolist()} differ from single-row scores {reference.tolist()}"
 
+
+def _per_row(values: list[float], reads: Sequence[Sequence[int]] | None) -> list[Any]:
+    """Scores copied to the host by ``.tolist()`` (Python floats: the one conversion of a score), one entry per row:
+    a float, or with ``reads`` the values of the row's read positions."""
+    if reads is None:
+        return values
+    ends = np.cumsum([len(r) for r in reads]).tolist()
+    assert not ends or ends[-1] == len(values), "one value per read position"
+    return [values[end - len(r) : end] for r, end in zip(reads, ends, strict=True)]

@@ -1,20 +1,9 @@
-"""Turning trajectories into reward-model input: pure functions, no model, no Ray.
+"""Turning trajectories into reward-model input (:func:`prepare_input_ids`), and grouping inputs into forward
+passes (:func:`plan_micro_batches`, :func:`plan_packed_micro_batches`): pure functions, no model, no Ray.
 
-The steps, in the order :func:`prepare_input_ids` runs them:
-
-0. The token ids it reads must lie in the vocabulary they are read with (:func:`check_token_ids`): an id outside it
-   fails that trajectory with a clear error instead of an index error in the embedding or a silent drop in decoding.
-1. Same tokenizer and chat template as the policy (:func:`tokenizers_match`): reuse ``prompt_ids + response_ids``.
-   Otherwise re-template: strip the trailing end-of-sequence/pad ids of the response, decode it with the policy
-   tokenizer, append it as the assistant turn to ``raw_prompt`` (or take the full ``messages``), render with the RM's
-   chat template, tokenize with the RM tokenizer without adding special tokens (as ``apply_chat_template(...,
-   tokenize=True)`` does: the template writes the BOS it wants) and drop a duplicated leading BOS
-   (:func:`dedup_bos`).
-2. Truncate to ``max_length`` from the left (:func:`truncate_left`): the end of the response, which is where the
-   score is read, is kept; the prompt loses its start; a leading BOS survives.
-
-:func:`plan_micro_batches` then groups inputs into forward passes by a padded-token budget (rows x longest row);
-:func:`plan_packed_micro_batches` by real tokens, for packed (padding-free) forwards.
+Re-templating decodes the response with the policy tokenizer, appends it to ``raw_prompt`` as the assistant turn and
+renders the conversation with the RM's chat template; truncation cuts from the left, keeping the end of the response,
+where the score is read.
 """
 
 from __future__ import annotations
@@ -36,6 +25,7 @@ __all__ = [
     "prepare_input_ids",
     "plan_micro_batches",
     "plan_packed_micro_batches",
+    "first_fit",
 ]
 
 
@@ -59,11 +49,7 @@ def strip_trailing(ids: Sequence[int], drop: Iterable[int]) -> list[int]:
 
 
 def conversation_for(request: RMRequest, response_text: str | None) -> list[dict[str, Any]]:
-    """The chat messages to render for ``request``: its ``messages``, else ``raw_prompt`` + the response turn.
-
-    Raises:
-        RewardInputError: no ``raw_prompt``, or a multi-turn trajectory without its ``messages``.
-    """
+    """The chat messages to render for ``request``: its ``messages``, else ``raw_prompt`` + the response turn."""
     if request.messages is not None:
         return list(request.messages)
     if request.num_turns > 2:
@@ -102,11 +88,7 @@ def dedup_bos(ids: list[int], bos_id: int | None) -> list[int]:
 
 
 def truncate_left(ids: list[int], max_length: int | None, bos_id: int | None = None) -> tuple[list[int], bool]:
-    """Keep the last ``max_length`` tokens (the prompt loses its start); a leading BOS is kept in front.
-
-    Returns:
-        The ids and whether anything was cut.
-    """
+    """The last ``max_length`` tokens (a leading BOS kept in front), and whether anything was cut."""
     if max_length is None or len(ids) <= max_length:
         return ids, False
     if bos_id is not None and ids and ids[0] == bos_id and max_length >= 2:
@@ -125,23 +107,16 @@ def prepare_input_ids(
     id_limit: int | None = None,
     suffix_ids: Sequence[int] = (),
 ) -> tuple[list[int], bool]:
-    """The RM's input ids for one trajectory, and whether they were truncated.
+    """The RM's input ids for one trajectory, and whether they were truncated (``RewardInputError`` if it cannot be
+    turned into RM input).
 
     Args:
-        request: the trajectory.
-        rm_tokenizer: the RM's tokenizer (renders the chat template, tokenizes).
-        policy_tokenizer: decodes the response; needed only when ``retemplate``.
         retemplate: re-render with the RM's chat template (else reuse ``prompt_ids + response_ids``).
         response_stop_ids: ids stripped from the end of the response before decoding; default: the policy
             tokenizer's EOS and pad ids.
-        max_length: longest input; longer inputs are cut from the left.
         id_limit: token ids read from the request must lie in ``[0, id_limit)``: the policy tokenizer's size when
-            the response is decoded, the RM's embedding rows when the ids are reused (see :func:`check_token_ids`).
-        suffix_ids: ids appended after truncation, within ``max_length`` (the reward token of InternLM2-style RMs,
-            whose score is read there).
-
-    Raises:
-        RewardInputError: the trajectory cannot be turned into RM input.
+            the response is decoded, the RM's embedding rows when the ids are reused.
+        suffix_ids: ids appended after truncation, within ``max_length`` (the reward token of InternLM2-style RMs).
     """
     bos_id = rm_tokenizer.bos_token_id
     if not retemplate:
@@ -172,11 +147,8 @@ def prepare_input_ids(
 
 
 def check_token_ids(request: RMRequest, name: str, limit: int, vocabulary: str) -> None:
-    """Raise :class:`RewardInputError` if ``request.<name>`` holds an id outside ``[0, limit)``.
-
-    Such an id would otherwise be dropped without a word when decoded, or fail a whole micro-batch with an index
-    error inside the embedding.
-    """
+    """Raise :class:`RewardInputError` if ``request.<name>`` holds an id outside ``[0, limit)`` (else silently
+    dropped when decoded, or an index error failing a whole micro-batch inside the embedding)."""
     ids = getattr(request, name)
     bad = next((t for t in ids if not 0 <= t < limit), None)
     if bad is not None:
@@ -189,11 +161,8 @@ def check_token_ids(request: RMRequest, name: str, limit: int, vocabulary: str) 
 
 
 def plan_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """Group indices into micro-batches whose padded size (rows x longest row) stays within ``max_tokens``.
-
-    Indices are sorted by length, longest first, so rows of a micro-batch have similar lengths and padding stays
-    small; an input longer than the budget runs alone. Every index appears in exactly one micro-batch.
-    """
+    """Group indices, longest first (little padding), into micro-batches whose padded size (rows x longest row)
+    stays within ``max_tokens``; an input longer than the budget runs alone."""
     if max_tokens <= 0:
         raise ValueError(f"max_tokens={max_tokens!r}: must be positive")
     order = sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True)
@@ -214,23 +183,23 @@ def plan_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int
 
 
 def plan_packed_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """Group indices into packed forwards whose real tokens (the sum of their lengths) stay within ``max_tokens``.
+    """Group indices into packed forwards whose real tokens stay within ``max_tokens``, first-fit decreasing (few,
+    nearly full forwards); an input longer than the budget runs alone."""
+    return first_fit([(max(n, 1), [i]) for i, n in enumerate(lengths)], max_tokens)
 
-    First-fit decreasing: longest first, each input into the first forward it fits in, so few forwards run and each
-    is nearly full. An input longer than the budget runs alone. Every index appears in exactly one micro-batch.
-    """
+
+def first_fit(units: list[tuple[int, list[int]]], max_tokens: int) -> list[list[int]]:
+    """Place ``(cost, indices)`` units, costliest first, each into the first micro-batch it fits in."""
     if max_tokens <= 0:
         raise ValueError(f"max_tokens={max_tokens!r}: must be positive")
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True)
     batches: list[list[int]] = []
     room: list[int] = []  # tokens left in each batch
-    for i in order:
-        n = max(lengths[i], 1)
-        slot = next((b for b, left in enumerate(room) if n <= left), None)
+    for cost, rows in sorted(units, key=lambda unit: unit[0], reverse=True):
+        slot = next((b for b, left in enumerate(room) if cost <= left), None)
         if slot is None:
-            batches.append([i])
-            room.append(max_tokens - n)
+            batches.append(list(rows))
+            room.append(max_tokens - cost)
         else:
-            batches[slot].append(i)
-            room[slot] -= n
+            batches[slot].extend(rows)
+            room[slot] -= cost
     return batches

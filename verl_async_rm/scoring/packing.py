@@ -1,23 +1,12 @@
-"""Padding-free (packed) RM forwards: the rows of a micro-batch as one ``(1, T)`` sequence.
+"""Padding-free (packed) RM forwards: the rows of a micro-batch as one ``(1, T)`` sequence, positions restarting at
+0 for every row, attention kept inside each row; :func:`choose_kernel` picks how:
 
-Positions restart at 0 for every row and attention stays inside each row; a row's score is read at its last token.
-Two ways to keep attention inside each row, both through the model's own HF modules:
-
-- ``varlen``: an attention function registered with transformers' ``AttentionInterface`` as
-  :data:`VARLEN_ATTENTION` receives the rows' boundaries (``cu_seq_lens_q/k``, ``max_length_q/k``, which HF passes
-  down to every attention call) and runs a variable-length kernel: ``flash_attn.flash_attn_varlen_func`` when the
-  flash-attn package is installed, else torch's ``torch.nn.attention.varlen.varlen_attn`` (both CUDA only; causal,
-  grouped KV heads). Its cost is the rows' own attention, no mask, and the kernel needs no per-shape plan (no stall
-  on a never-seen set of lengths). On CPU the same function pads only the attention (``rows x longest row``, one
-  causal ``scaled_dot_product_attention``; exact, see :func:`_row_padded_sdpa`) while the rest of the model runs on
-  the real tokens; CPU tests so exercise the very wiring the GPU uses.
-- ``mask``: transformers' own packed-sequence detection. With no attention mask and no cache (``use_cache=False``),
-  ``masking_utils.create_causal_mask`` finds rows from restarting ``position_ids``
-  (``find_packed_sequence_indices``) and builds a causal block-diagonal mask for sdpa/eager/flex. Exact, but the
-  attention does the whole ``T x T`` work: only ``packing=true`` takes it, where no variable-length kernel exists.
-
-:func:`choose_kernel` picks one for a model and a device; :class:`verl_async_rm.scoring.forward.RMForward` checks at
-load that the packed scores equal padded ones before it trusts the choice.
+- ``varlen``: :func:`varlen_attention_forward`, registered with transformers' ``AttentionInterface``, receives the rows'
+  boundaries (``cu_seq_lens_q/k``, which HF passes down to every attention call) and runs a variable-length kernel
+  (flash-attn, else torch's ``varlen_attn``; CUDA only): the rows' own attention, no mask, no per-shape plan. On CPU
+  the same function pads only the attention (:func:`_row_padded_sdpa`), so CPU tests exercise the GPU's wiring;
+- ``mask``: transformers' own packed-sequence detection (restarting ``position_ids``, no mask, no cache) builds a
+  block-diagonal mask: exact, but ``T x T`` work, so only ``packing=true`` takes it.
 """
 
 from __future__ import annotations
@@ -47,15 +36,8 @@ VARLEN_ATTENTION = "verl_async_rm_varlen"
 
 @dataclass
 class PackedRows:
-    """One packed forward's inputs on the device.
-
-    Attributes:
-        input_ids: ``(1, T)``, the rows concatenated.
-        position_ids: ``(1, T)``, restarting at 0 for every row.
-        cu_seqlens: ``(N + 1,)`` int32 row boundaries (``cu_seqlens[i]:cu_seqlens[i + 1]`` is row ``i``).
-        last: ``(N,)`` int64 index of every row's last token.
-        max_length: the longest row.
-    """
+    """One packed forward's inputs on the device: ``(1, T)`` ids and positions, the ``(N + 1,)`` int32 row
+    boundaries, the ``(N,)`` index of every row's last token, and the longest row."""
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
@@ -212,11 +194,9 @@ def varlen_attention_forward(
 ) -> tuple[torch.Tensor, None]:
     """A transformers attention function for packed rows: ``query`` ``(1, H, T, D)`` -> ``((1, T, H, D), None)``.
 
-    Needs the rows' boundaries in ``kwargs`` (``cu_seq_lens_q``, ``max_length_q``; ``cu_seq_lens_k``, ``max_length_k``
-    and ``rm_key_index`` when segments read a shared prefix, see :mod:`verl_async_rm.scoring.sharing`: the keys and
-    values are then gathered by ``rm_key_index`` first). Raises on what it cannot honour
-    (a padding mask, a sliding window, logit soft-capping, attention sinks), so a model that needs them fails the
-    load-time check instead of scoring wrongly.
+    Needs the rows' boundaries in ``kwargs`` (and ``rm_key_index`` when segments read a shared prefix:
+    :mod:`~verl_async_rm.scoring.sharing`). Raises on what it cannot honour (a padding mask, a sliding window, logit
+    soft-capping, attention sinks), so such a model fails the load-time check instead of scoring wrongly.
     """
     unsupported = [k for k in ("sliding_window", "softcap", "s_aux") if kwargs.get(k) is not None]
     if not getattr(module, "is_causal", True):
@@ -255,15 +235,12 @@ def register_varlen_attention() -> None:
 
 
 def choose_kernel(model: torch.nn.Module, device: torch.device, mode: str, per_token_head: bool) -> tuple[str, str]:
-    """``(kernel, why)`` for ``packing=mode``: kernel is ``'varlen'``, ``'mask'`` or ``'padded'``.
+    """``(kernel, why)`` for ``packing=mode``: ``'varlen'``, ``'mask'`` or ``'padded'``.
 
-    Packing needs a decoder whose attention goes through transformers' ``AttentionInterface`` (it then takes
-    ``position_ids`` and the varlen keyword arguments), full attention in every layer (no sliding window), and a
-    per-token score head (the score is read at each row's last token). ``auto`` packs with ``varlen`` where a
-    variable-length kernel exists for the device (CUDA with flash-attn or torch's varlen_attn; the CPU row-padded
-    kernel), and pads otherwise: the ``mask`` kernel does ``T x T`` attention work (tiny RM on CPU, 8192 tokens per
-    forward: 7.5k tok/s packed with the mask against 90k padded).
-    ``true`` packs whenever the model allows it (``mask`` without a varlen kernel); ``false`` always pads.
+    Packing needs attention through transformers' ``AttentionInterface``, full attention in every layer, and a
+    per-token score head. ``auto`` packs only with ``varlen`` (the ``mask`` kernel's ``T x T`` work is slower than
+    padding: tiny RM on CPU, 8192 tokens per forward, 7.5k tok/s against 90k padded); ``true`` packs whenever the
+    model allows it; ``false`` always pads.
     """
     if mode == "false":
         return "padded", "packing=false"

@@ -1,19 +1,10 @@
 """Process reward models (PRMs): one score per reasoning step, read at a separator token after each step.
 
-The recipe of the public PRMs (Qwen2.5-Math-PRM's model card): split the response into steps, join them with the
-step separator and end with one (``"<extra_0>".join(steps) + "<extra_0>"``), render the conversation with the RM's
-chat template, run the token-classification model, and take, at every separator, the softmax over the labels; the
-probability of the "correct" label is the step's score.
-
-:func:`prepare_process_input` builds that input for one trajectory and maps each step back to the policy's response
-token where the step ends (:func:`step_token_ends`), from character offsets in the decoded response, so the mapping
-holds whatever the RM's tokenizer is. :func:`reduce_steps` turns step scores into one outcome score; with
-``process_reduction='none'`` they stay per step (:class:`StepRewards`) and become token-level rewards.
-
-Edge cases: empty (or whitespace-only) steps are skipped; a response without the delimiter is one step; a response
-with no non-empty step is one step (its whole text), placed on its last token; an input longer than ``max_length``
-loses the start of the prompt first and, if the steps alone are too long, its first steps (counted in
-:attr:`ProcessInput.dropped`, reported by the scorer).
+As the public PRMs do (Qwen2.5-Math-PRM's model card): the steps joined and ended by the separator, rendered with the
+RM's chat template; at every separator the probability of the "correct" label is the step's score. Each step maps back
+to the policy's response token where it ends, from character offsets in the decoded response (so whatever the RM's
+tokenizer is). An input longer than ``max_length`` loses the start of the prompt, then its first steps
+(:attr:`ProcessInput.dropped`).
 """
 
 from __future__ import annotations
@@ -40,13 +31,8 @@ __all__ = ["Score", "score_value", "StepRewards", "ProcessInput", "split_steps",
 
 @dataclass(frozen=True)
 class StepRewards:
-    """A process RM's token-level reward for one trajectory (``process_reduction='none'``).
-
-    Attributes:
-        scores: one score per scored step, in order.
-        token_index: for each score, the index in the policy's response ids of the token where that step ends.
-        dropped: leading steps left unscored because the input exceeded ``max_length``.
-    """
+    """A process RM's token-level reward for one trajectory (``process_reduction='none'``): one score per scored
+    step, the response token where each step ends, and the leading steps ``max_length`` left unscored."""
 
     scores: tuple[float, ...]
     token_index: tuple[int, ...]
@@ -61,12 +47,9 @@ class StepRewards:
         """The trajectory's reward: the sum of its step rewards (what verl's ``rm_scores.sum(-1)`` gives)."""
         return sum(self.scores, 0.0)
 
-    def __float__(self) -> float:
-        return self.total
 
-
-#: What an RM hands back for one trajectory, from the replica to the reward mix: its score (a finite float, read off
-#: the forward's output once and checked once by the scorer), or a token-level process RM's step rewards.
+#: What an RM hands back for one trajectory, from the replica to the reward mix: its score (a finite float, converted
+#: once by the forward's ``.tolist()`` and checked once by the scorer), or a token-level process RM's step rewards.
 Score = float | StepRewards
 
 
@@ -77,15 +60,8 @@ def score_value(score: Score) -> float:
 
 @dataclass(frozen=True)
 class ProcessInput:
-    """One trajectory's PRM input.
-
-    Attributes:
-        ids: the RM's input ids.
-        positions: the separator positions in ``ids`` whose scores are read (one per kept step).
-        token_index: the policy response token where each kept step ends.
-        dropped: leading steps whose separator was cut by ``max_length``.
-        truncated: whether ``ids`` were cut.
-    """
+    """One trajectory's PRM input: the RM's ids, the separator positions read (one per kept step), the response
+    token where each kept step ends, the leading steps cut by ``max_length``, and whether ``ids`` were cut."""
 
     ids: list[int]
     positions: list[int]
@@ -145,12 +121,8 @@ def prepare_process_input(
     max_length: int | None = None,
     id_limit: int | None = None,
 ) -> ProcessInput:
-    """The PRM input of one single-turn trajectory (see the module docstring).
-
-    Raises:
-        RewardInputError: no ``raw_prompt``, a multi-turn trajectory, a response that contains the separator, or a
-            rendering that does not hold one separator per step.
-    """
+    """The PRM input of one single-turn trajectory; ``RewardInputError`` for no ``raw_prompt``, a multi-turn
+    trajectory, a response that contains the separator, or a rendering without one separator per step."""
     if request.messages is not None or request.num_turns > 2:
         raise RewardInputError(
             f"trajectory {request.uid}: a process RM scores the steps of one response; multi-turn trajectories "
@@ -201,15 +173,15 @@ def prepare_process_input(
 
 
 def reduce_steps(scores: Sequence[float], reduction: str) -> float:
-    """One outcome score from step scores: ``min``, ``mean``, ``last`` or ``product``."""
+    """One outcome score from step scores (Python floats already): ``min``, ``mean``, ``last`` or ``product``."""
     if not scores:
         raise ValueError("no step scores to reduce")
     if reduction == "min":
-        return float(min(scores))
+        return min(scores)
     if reduction == "mean":
-        return float(sum(scores) / len(scores))
+        return sum(scores) / len(scores)
     if reduction == "last":
-        return float(scores[-1])
+        return scores[-1]
     if reduction == "product":
-        return float(math.prod(scores))
+        return math.prod(scores)
     raise ValueError(f"unknown process_reduction {reduction!r}")

@@ -1,12 +1,6 @@
-"""Where an RM's score is read: which positions, which output, and how outputs become one value.
-
-- outcome RMs: the score head's per-token output at each row's last real token (:mod:`verl_async_rm.scoring.forward`),
-  reduced over the head's outputs by :func:`reduce_outputs`;
-- custom outputs (ArmoRM style): a named field of the model's output (:func:`field_scores`), checked at load on a
-  one-row dry forward (:func:`check_output_field`);
-- process RMs: several positions per row (:func:`read_index`), from the head's output or the model's own per-token
-  logits (:func:`per_token_logits`).
-"""
+"""Where an RM's score is read: the head's output at each row's last real token (outcome RMs), a named field of the
+model's output (custom outputs, ArmoRM style), or several positions per row (process RMs); and how a head's outputs
+become one value (:func:`reduce_outputs`)."""
 
 from __future__ import annotations
 

@@ -1,24 +1,10 @@
-"""An RM replica larger than one GPU: its processes ("ranks"), their group, and the RM sharded over them.
+"""An RM replica larger than one GPU (``gpus_per_replica=k``): ``k`` processes ("ranks") in their own
+``torch.distributed`` group, the RM sharded over them (transformers' tensor-parallel plan where the architecture has
+one that divides by ``k``, else FSDP2), all running the same ``score`` on the same requests, in step.
 
-A sharded replica (``gpus_per_replica=k``) is ``k`` processes, one per GPU of its bundle. They form their own
-``torch.distributed`` group (rank 0 hosts the ``TCPStore``; NCCL on GPUs, gloo on CPU), load the RM sharded over the
-group, and all run the same :meth:`~verl_async_rm.scoring.scorer.RewardModelScorer.score` on the same requests: the
-collectives inside each forward keep them in step, and every rank ends with the same scores (rank 0's are returned).
-
-How the RM is sharded (:func:`sharding_method`, said in the replica's log and ``describe()``):
-
-- ``tensor_parallel``: transformers' tensor-parallel plan (``tp_plan="auto"``, PyTorch DTensor) where the
-  architecture has one and its heads and MLP width divide by ``k`` (Llama, Gemma 2, Qwen2/2.5/3, Mistral, and custom
-  RMs built on their configs): attention heads and MLP columns split over the ranks, activations all-reduced;
-- ``fsdp2``: otherwise, each decoder layer ``fully_shard``-ed (FSDP2): each rank holds ``1/k`` of the weights and
-  gathers one layer's at a time; every rank computes the same forward.
-
-The ranks must stay in step: a forward is a sequence of collectives that every rank issues in the same order.
-:class:`FailureAgreement` keeps the scorer's failure isolation (a micro-batch that fails is halved until the failing
-row is alone) safe: a rank whose forward failed retries only when every rank's forward failed too (then all of them
-stopped between the same two collectives, and all retry the same halves); otherwise it raises
-:class:`~verl_async_rm.errors.ShardDesyncError` and the replica ends. :func:`check_same_forward` refuses, at load, ranks
-that chose different forward paths (packing, shared prompts, rows per forward).
+A forward is a sequence of collectives every rank issues in the same order, so the scorer's failure isolation (a failed
+micro-batch halved and retried) is safe only when every rank failed: :class:`FailureAgreement` checks that, else
+:class:`~verl_async_rm.errors.ShardDesyncError` ends the replica.
 """
 
 from __future__ import annotations
@@ -73,9 +59,8 @@ def host_store(world_size: int, timeout_s: float, port: int = 0) -> tuple[str, i
 
 
 def join_group(group: ShardGroup, device: torch.device, store: Any = None) -> Any:
-    """Initialise this process's default ``torch.distributed`` group: the replica's ``world_size`` ranks, each on its
-    own ``device``. Returns the group's store (rank 0's, or this rank's client of it): :class:`FailureAgreement` uses it.
-    """
+    """Initialise this process's default ``torch.distributed`` group (the replica's ranks, each on its own
+    ``device``); returns the group's store, which :class:`FailureAgreement` uses."""
     if torch.distributed.is_initialized():
         raise RuntimeError("this process is already in a torch.distributed group: one sharded replica per process")
     timeout = timedelta(seconds=group.timeout_s)
@@ -98,16 +83,13 @@ def leave_group() -> None:
 
 
 class FailureAgreement:
-    """Lets a rank of a sharded replica retry a failed forward only when it failed on every rank.
+    """Lets a rank of a sharded replica retry a failed forward only when it failed on every rank (else
+    ``ShardDesyncError``).
 
-    Called (as the scorer's ``RMForward`` failure hook) with the error of each failed forward, in the order the rank
-    met them: the ranks of a failure shared by all call it the same number of times, so the ``n``-th call of every
-    rank is about the same forward. Each call marks this rank's failure in rank 0's store and waits up to ``AGREE_S``
-    for every rank's mark. Out-of-band on purpose: a rank whose forward succeeded may be waiting in the next
-    collective, where a collective of this rank's retry would pair with the wrong one.
-
-    Raises:
-        ShardDesyncError: a distributed error, or not every rank failed within ``AGREE_S``.
+    Called (as ``RMForward``'s failure hook) for each failed forward: the ``n``-th call of every rank is about the same
+    forward. Each call marks this rank's failure in rank 0's store and waits up to ``AGREE_S`` for every rank's mark.
+    Out-of-band on purpose: a rank whose forward succeeded may be waiting in the next collective, where a collective of
+    this rank's retry would pair with the wrong one.
     """
 
     def __init__(self, store: Any, rank: int, world_size: int) -> None:
@@ -167,13 +149,8 @@ def sharding_method(model_config: Any, world_size: int) -> tuple[str, str]:
 
 def load_sharded(load: Any, path: str, trust_remote_code: bool, device: torch.device, world_size: int,
                  method: str | None = None) -> tuple[Any, dict[str, str]]:
-    """Load the RM at ``path`` sharded over the (initialised) group: ``(model, {"sharding", "sharding_reason"})``.
-
-    Args:
-        load: ``load(**extra_from_pretrained_kwargs) -> model`` (the scorer's checkpoint loader).
-        device: this rank's device.
-        method: ``tensor_parallel`` or ``fsdp2`` regardless of the model (benchmarks); default: :func:`sharding_method`.
-    """
+    """Load the RM sharded over the (initialised) group with ``load(**from_pretrained_kwargs)``: ``(model,
+    {"sharding", "sharding_reason"})``. ``method`` forces ``tensor_parallel`` or ``fsdp2`` (benchmarks)."""
     from torch.distributed.device_mesh import init_device_mesh
     from transformers import AutoConfig
 
@@ -218,15 +195,9 @@ def weights_bytes(path: str) -> tuple[int, str | None] | None:
 
 
 def check_replica_memory(config: Any, device_bytes: int | None = None) -> None:
-    """Refuse, before loading, an RM whose weights cannot fit its replica's ``gpus_per_replica`` GPUs.
-
-    Args:
-        config: the ``RMConfig`` (``model_path``, ``dtype``, ``gpus_per_replica``, ``n_gpus_per_node``).
-        device_bytes: one GPU's memory; default: this process's CUDA device (no check on CPU).
-
-    Raises:
-        ConfigValueError: on ``gpus_per_replica``, with the weights' size and the ``gpus_per_replica`` that fits.
-    """
+    """Refuse, before loading, an RM whose weights cannot fit its replica's ``gpus_per_replica`` GPUs of
+    ``device_bytes`` each (default: this process's CUDA device; no check on CPU): a ``ConfigValueError`` on
+    ``gpus_per_replica`` naming the value that fits."""
     from verl_async_rm.errors import ConfigValueError
 
     if device_bytes is None:

@@ -1,17 +1,11 @@
-"""Shared prompts computed once: the common prefix of sibling RM inputs runs once per packed forward.
+"""Shared prompts computed once: the common prefix of sibling RM inputs (same ``RMRequest.group``) runs once per
+packed forward.
 
-GRPO samples ``n`` responses per prompt; after (re-)templating, the siblings' RM inputs (same
-:attr:`~verl_async_rm.scoring.RMRequest.group`) share a long prefix. It is found as the longest common prefix of their
-token ids (:func:`common_prefix`), so template quirks cannot break it, and capped one token short of the shortest
-sibling so every row keeps a token of its own to read its score at.
-
-In a packed forward (:func:`shared_layout`) each such prefix is one segment with positions ``0..P-1``, followed by
-each sibling's own tokens as a segment with positions ``P..``; a row without siblings is one whole segment. The
-attention of a sibling's segment reads ``[its prefix's keys/values ; its own]``: the variable-length attention
-function gathers them with one ``index_select`` per layer (``rm_key_index``) and runs with separate query and key
-boundaries, causal from the bottom right (query ``i`` of a segment with ``Lq`` queries and ``Lk`` keys sees keys
-``0..i + Lk - Lq``), which is exactly what the sibling's tokens see in its full sequence. Scores equal the unshared
-path's up to summation order.
+The prefix is the longest common prefix of their token ids (so template quirks cannot break it), one token short of the
+shortest sibling (every row keeps a token to read its score at). In :func:`shared_layout` it is one segment with
+positions ``0..P-1``, each sibling's own tokens a segment with positions ``P..``; a sibling's attention reads its
+prefix's keys then its own (one ``index_select`` per layer, ``rm_key_index``), causal from the bottom right: exactly
+what its tokens see in its full sequence.
 """
 
 from __future__ import annotations
@@ -23,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from verl_async_rm.scoring.inputs import first_fit
 from verl_async_rm.scoring.packing import concat_ranges, flat_ids, to_device
 
 __all__ = ["MIN_SHARED_PREFIX", "common_prefix", "plan_shared_micro_batches", "SharedLayout", "shared_layout"]
@@ -32,10 +27,8 @@ MIN_SHARED_PREFIX = 16
 
 
 def common_prefix(rows: Sequence[Sequence[int]]) -> int:
-    """Length of the longest common prefix of ``rows``, at most one less than the shortest row.
-
-    A binary search over the length with slice comparisons (done in C): ``log2(shortest)`` passes over the rows.
-    """
+    """Length of the longest common prefix of ``rows``, at most one less than the shortest row (a binary search over
+    the length with slice comparisons, done in C)."""
     first = rows[0]
     low, high = 0, min(len(r) for r in rows) - 1
     while low < high:
@@ -67,15 +60,9 @@ def plan_shared_micro_batches(
     inputs: Sequence[Sequence[int]], groups: Sequence[Hashable | None], max_tokens: int,
     min_prefix: int = MIN_SHARED_PREFIX,
 ) -> list[list[int]]:
-    """Micro-batches (index lists) for packed forwards that keep siblings together, within ``max_tokens`` of
-    computed tokens (a shared prefix counted once).
-
-    Siblings with a common prefix of at least ``min_prefix`` tokens form a unit (split into several when prefix plus
-    their own tokens exceed the budget); every other input is a unit alone. Units are placed first-fit decreasing by
-    cost. Every index appears in exactly one micro-batch.
-    """
-    if max_tokens <= 0:
-        raise ValueError(f"max_tokens={max_tokens!r}: must be positive")
+    """Micro-batches for packed forwards within ``max_tokens`` computed tokens (a shared prefix counted once): siblings
+    with a common prefix of at least ``min_prefix`` tokens form a unit (split when over the budget), placed first-fit
+    decreasing with every other input."""
     units: list[tuple[int, list[int]]] = []  # (cost, indices)
     for rows in _sibling_sets(groups):
         prefix = common_prefix([inputs[i] for i in rows]) if len(rows) > 1 else 0
@@ -92,33 +79,14 @@ def plan_shared_micro_batches(
             chunk.append(i)
             cost += own
         units.append((cost if len(chunk) > 1 else len(inputs[chunk[0]]), chunk))
-    units.sort(key=lambda unit: unit[0], reverse=True)
-    batches: list[list[int]] = []
-    room: list[int] = []
-    for cost, rows in units:
-        slot = next((b for b, left in enumerate(room) if cost <= left), None)
-        if slot is None:
-            batches.append(list(rows))
-            room.append(max_tokens - cost)
-        else:
-            batches[slot].extend(rows)
-            room[slot] -= cost
-    return batches
+    return first_fit(units, max_tokens)
 
 
 @dataclass
 class SharedLayout:
-    """A packed forward with shared prefixes, on the device.
-
-    Attributes:
-        input_ids, position_ids: ``(1, T)`` query tokens (each prefix once, then the rows' own tokens).
-        cu_q, cu_k: ``(S + 1,)`` int32 boundaries of the ``S`` segments' queries and of their gathered keys.
-        key_index: ``(sum of key lengths,)`` int64: for each segment, its prefix's token positions (if any), then its
-            own.
-        max_q, max_k: the longest segment's queries and keys.
-        last: ``(N,)`` int64 index of every row's last token, in the order of the rows given.
-        computed: query tokens (``T``); saved: tokens a plain packed forward would have computed on top.
-    """
+    """A packed forward with shared prefixes, on the device: ``(1, T)`` query tokens (each prefix once), the
+    segments' query and gathered-key boundaries, each segment's key positions (its prefix's, then its own), each row's
+    last token, and the tokens computed and saved."""
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor

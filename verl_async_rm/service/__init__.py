@@ -1,15 +1,5 @@
 """The RM service: one Ray actor per reward model that owns its pool, replicas, batcher and statistics.
 
-- :mod:`~verl_async_rm.service.service`: :class:`RMService` and :func:`start_rm_service`;
-- :mod:`~verl_async_rm.service.client`: :func:`score_with_timeout`, the only call an agent-loop worker makes;
-- :mod:`~verl_async_rm.service.placement`: the reward pool (node-pinned placement groups reserved with a timeout)
-  and the replicas' verl ``RayWorkerGroup``, at start and for a stand-in (:class:`ReplicaFactory`);
-- :mod:`~verl_async_rm.service.replica`: :class:`RMReplica`, one replica (a verl ``Worker`` holding a
-  :class:`~verl_async_rm.scoring.RewardModelScorer`);
-- :mod:`~verl_async_rm.service.replica_call`: :class:`ReplicaCall`, one batch on one replica (the batcher's
-  ``batch_fn``);
-- :mod:`~verl_async_rm.service.metrics`: one step's figures.
-
 Everything here imports Ray and verl, so it loads on first attribute access.
 """
 

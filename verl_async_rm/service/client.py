@@ -16,15 +16,10 @@ __all__ = ["score_with_timeout"]
 
 async def score_with_timeout(
     service: Any, request: RMRequest, *, timeout_s: float, transport_grace_s: float = 2.0
-) -> float:
-    """Score ``request`` on an RM service and wait at most about ``timeout_s`` for it.
-
-    The service-side deadline is ``timeout_s``, so a request that cannot be served in time leaves the queue and
-    raises ``RequestTimeoutError`` from the service. If the service does not answer within ``timeout_s +
-    transport_grace_s`` (dead, stuck, unreachable), the call is cancelled and ``RequestTimeoutError`` is raised here.
-    Other exceptions of the request propagate (as Ray task errors that are also instances of the original class); a
-    dead service raises ``ray.exceptions.RayActorError``.
-    """
+) -> Any:
+    """Score ``request`` on an RM service; its deadline there is ``timeout_s`` (``RequestTimeoutError`` from the
+    service). A service that does not answer within ``timeout_s + transport_grace_s`` (dead, stuck) has the call
+    cancelled and ``RequestTimeoutError`` raised here; the request's other errors propagate as Ray task errors."""
     import ray
 
     if not timeout_s > 0:
@@ -32,7 +27,7 @@ async def score_with_timeout(
     ref = service.score.remote(request, deadline_s=timeout_s)
     # Not asyncio.wait_for: the request's own RequestTimeoutError is a TimeoutError too (asyncio.TimeoutError is
     # TimeoutError since Python 3.11) and must reach the caller as it is, not as "the service did not answer".
-    answer = asyncio.ensure_future(_await(ref))
+    answer = asyncio.wrap_future(ref.future())
     try:
         done, _ = await asyncio.wait({answer}, timeout=timeout_s + transport_grace_s)
     except asyncio.CancelledError:  # the caller gave up: take the request out of the service's queue too
@@ -47,10 +42,6 @@ async def score_with_timeout(
         f"the RM service did not answer within {timeout_s + transport_grace_s:g} s "
         f"(timeout_s={timeout_s:g} + transport_grace_s={transport_grace_s:g}); is it alive?"
     )
-
-
-async def _await(ref: Any) -> Any:
-    return await ref
 
 
 def _cancel_quietly(ray: Any, ref: Any) -> None:

@@ -1,10 +1,5 @@
-"""Every RM of a run started together, one RM service each: all pools reserved, or one ``ValueError`` naming them all.
-
-The plugin reserves every RM's pool itself (verl counts only ``reward.reward_model.*``'s GPUs in its own resource
-check, and reserves none of them). Before anything starts, the pools' total ask is compared with what the cluster has
-free now, so a run that cannot fit fails at once; a run that fits in total but not node by node fails when a pool's
-placement groups are not placed within ``placement_timeout_s``. Either way the error is a ``ValueError`` that names
-each pool's keys and size and the GPUs (or CPUs) the cluster has, and nothing started is left running.
+"""Every RM of a run started together, one RM service each: all pools reserved, or one ``ValueError`` naming each
+pool's keys and size and what the cluster has, with nothing started left running (verl reserves none of these pools).
 """
 
 from __future__ import annotations
@@ -15,7 +10,7 @@ from typing import Any
 
 import ray
 
-from verl_async_rm.errors import ResourcePoolError
+from verl_async_rm.errors import ResourcePoolError, remote_cause
 from verl_async_rm.config import RMEntry
 from verl_async_rm.service.placement import kill_and_wait, remove_pool_groups, replica_bundle
 from verl_async_rm.service.service import kill_quietly, launch_rm_service, start_timeout_s
@@ -29,16 +24,9 @@ _STOP_WAIT_S = 30.0
 def start_rm_services(
     entries: Sequence[RMEntry], names: Mapping[str, str], *, replace_replicas: bool, max_concurrency: int
 ) -> dict[str, Any]:
-    """Start one RM service per entry, all at once, and wait until every RM is loaded: ``{rm name: handle}``.
-
-    Args:
-        entries: the run's RMs (``AsyncRMConfig.models``).
-        names: the service name of each RM (it names the pool's placement groups and the replicas).
-
-    Raises:
-        ValueError: the pools do not fit in the cluster (now, or within ``placement_timeout_s``).
-        Whatever else kept an RM from starting (``RewardModelError`` when it cannot load), noted with the RM's name.
-    """
+    """Start one RM service per entry (``names``: each one's service name), all at once, and wait until every RM is
+    loaded: ``{rm name: handle}``. Raises ``ValueError`` when the pools do not fit (now, or within
+    ``placement_timeout_s``), else what kept an RM from starting, noted with its name."""
     check_pools_fit(entries)
     launched = {
         e.name: launch_rm_service(e.rm, e.batching, name=names[e.name], replace_replicas=replace_replicas,
@@ -56,7 +44,7 @@ def start_rm_services(
         return {name: service for name, (service, _) in launched.items()}
     for entry in entries:
         _stop(launched[entry.name][0], names[entry.name], entry.rm.nnodes)
-    cause = getattr(failure, "cause", None) or failure  # a Ray task error carries the service's own exception
+    cause = remote_cause(failure)
     if isinstance(cause, ResourcePoolError):
         notes = "".join(f" ({note})" for note in getattr(failure, "__notes__", ()))
         raise ValueError(f"the RM pools could not be reserved: {pools_text(entries)}. The first failure{notes}: "

@@ -1,53 +1,61 @@
-"""One step of an RM service in flat figures: the batcher's step figures and the replicas' own counters."""
+"""The per-step ``async_rm/*`` metrics: one RM service's step in flat figures (the batcher's step figures and the
+replicas' own counters), then prefixed, with the trajectory counts of the phase, by the manager."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from verl_async_rm.batching.stats import StepStats
+
 if TYPE_CHECKING:
     from verl_async_rm.scoring.scorer import ScorerStats
 
-__all__ = ["service_step_metrics"]
+__all__ = ["service_step_metrics", "step_metrics", "PREFIX", "VAL_PREFIX"]
+
+PREFIX = "async_rm/"
+#: Validation passes on the v1 trainer (verl names its own validation metrics ``val-core/``, ``val-aux/``).
+VAL_PREFIX = "val-async_rm/"
 
 
-def service_step_metrics(
-    executor_step: Mapping[str, Any], replica_steps: Sequence[ScorerStats] = ()
-) -> dict[str, float]:
+def service_step_metrics(step: StepStats, replica_steps: Sequence[ScorerStats] = ()) -> dict[str, float]:
     """Flat ``{name: number}`` for one step; figures with no value this step (no batch ran) are left out.
 
-    ``executor_step`` is ``PendingRequestExecutor.pop_step_stats()``; ``replica_steps`` are the replicas' step
-    counters (``RMReplica.pop_step_stats``): inputs truncated to ``max_length`` and items the RM failed (bad
-    input, NaN score...). ``reward_tail_s`` runs from the step's last request reaching the service (right after its
-    agent loop ended) to the last score handed back, on the service's one clock.
+    ``replica_steps`` are the replicas' step counters (``RMReplica.pop_step_stats``): inputs truncated to
+    ``max_length``, items the RM failed (bad input, NaN score...) and, for process RMs, leading steps left unscored.
+    ``reward_tail_s`` runs from the step's last request reaching the service (right after its agent loop ended) to the
+    last score handed back, on the service's one clock.
     """
-    wait, exe = executor_step.get("wait_ms") or {}, executor_step.get("exec_ms") or {}
     values = {
-        "requests": executor_step.get("submitted"),
-        "scored": executor_step.get("completed"),
-        "errors": (executor_step.get("failed") or 0) + (executor_step.get("timed_out") or 0),
-        "batches": executor_step.get("batches"),
-        "mean_batch_size": executor_step.get("mean_batch_size"),
-        "mean_fill": executor_step.get("mean_fill"),
-        "queue_wait_ms/mean": wait.get("mean"),
-        "queue_wait_ms/p99": wait.get("p99"),
-        "rm_exec_ms/mean": exe.get("mean"),
-        "rm_exec_ms/p99": exe.get("p99"),
-        "rm_utilization": executor_step.get("rm_utilization"),
-        "reward_tail_s": executor_step.get("tail_s"),
-        "requeued": executor_step.get("requeued"),
-        "replicas_usable": _usable(executor_step),
-        "replicas_replaced_total": executor_step.get("slots_replaced_total"),
-        "truncated": sum(r.truncated for r in replica_steps) if replica_steps else None,
-        "rm_failed_items": sum(r.failed for r in replica_steps) if replica_steps else None,
-        # process RMs only: leading steps left unscored because the input exceeded max_length
-        "steps_dropped": sum(r.steps_dropped for r in replica_steps if r.steps_dropped is not None)
-        if any(r.steps_dropped is not None for r in replica_steps) else None,
+        "requests": step.submitted,
+        "scored": step.completed,
+        "errors": step.failed + step.timed_out,
+        "batches": step.batches,
+        "mean_batch_size": step.mean_batch_size,
+        "mean_fill": step.mean_fill,
+        "queue_wait_ms/mean": step.wait_ms.mean,
+        "queue_wait_ms/p99": step.wait_ms.p99,
+        "rm_exec_ms/mean": step.exec_ms.mean,
+        "rm_exec_ms/p99": step.exec_ms.p99,
+        "rm_utilization": step.rm_utilization,
+        "reward_tail_s": step.tail_s,
+        "requeued": step.requeued,
+        "replicas_usable": step.usable_slots,
+        "replicas_replaced_total": step.replaced_slots_total,
     }
+    if replica_steps:
+        values["truncated"] = sum(r.truncated for r in replica_steps)
+        values["rm_failed_items"] = sum(r.failed for r in replica_steps)
+        dropped = [r.steps_dropped for r in replica_steps if r.steps_dropped is not None]
+        if dropped:
+            values["steps_dropped"] = sum(dropped)
     return {name: float(value) for name, value in values.items() if value is not None}
 
 
-def _usable(executor_step: Mapping[str, Any]) -> int | None:
-    """Replicas that can take a batch now or soon (all but the lost ones)."""
-    states = [executor_step.get(f"slots_{state}") for state in ("free", "busy", "late", "replacing")]
-    return None if any(v is None for v in states) else sum(states)
+def step_metrics(service_step: Mapping[str, float], trajectories: Any = None, prefix: str = PREFIX) -> dict[str, float]:
+    """``{prefix + name: number}`` from :meth:`RMService.end_step`'s figures; ``trajectories`` (a ``PhaseRecord``,
+    v1) gives ``requests``/``scored``/``errors`` as the agent-loop workers counted them for one phase instead."""
+    values = dict(service_step)
+    if trajectories is not None:
+        values.update(requests=trajectories.requests, scored=trajectories.scored, errors=trajectories.failed)
+    return {prefix + name: float(value) for name, value in values.items()}

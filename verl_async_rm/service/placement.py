@@ -1,25 +1,13 @@
-"""The reward pool: the RM's own Ray resources, and the RM worker group ("rm_wg") built on them.
+"""The reward pool (the RM's own Ray resources) and the RM worker group ("rm_wg") built on it.
 
-:class:`RMResourcePool` is a verl ``RayResourcePool`` with one bundle per replica
-(``process_on_nodes=[n_gpus_per_node // gpus_per_replica] * nnodes``, ``max_colocate_count=1``): a bundle holds the
-replica's ``gpus_per_replica`` GPUs (and as many CPUs), so they are always on one node. It reserves its placement
-groups differently from verl's:
+:class:`RMResourcePool` is a verl ``RayResourcePool`` with one bundle per replica (``gpus_per_replica`` GPUs and as
+many CPUs, so a replica is always on one node; not verl's 10 CPUs per GPU). Unlike verl's, each node's placement group
+is pinned to a distinct node free now (two ``STRICT_PACK`` groups could otherwise share one big node), and the
+reservation waits at most ``placement_timeout_s`` (verl waits on ``pg.ready()`` forever: a hang on a small cluster).
 
-- each node's placement group is pinned to a distinct node chosen from the resources free right now, so replicas
-  spread over ``nnodes`` nodes (two ``STRICT_PACK`` groups could otherwise share one big node);
-- the reservation waits at most ``placement_timeout_s``; verl's ``get_placement_groups`` waits on ``pg.ready()``
-  forever, which hangs when the cluster is too small. Missing resources raise :class:`ResourcePoolError` saying what
-  was asked and what each node has;
-- a bundle asks ``gpus_per_replica`` CPUs (plus as many GPUs unless ``use_gpu=False``), not verl's default 10 CPUs
-  per GPU (``max_colocate_count=10``).
-
-Every replica is spawned the same way, at start and when one is replaced (:func:`replica_group`): a verl
-``RayWorkerGroup`` of :class:`RMReplica` on the pool's bundles, so verl sets each replica's environment. At start it
-spans every bundle (the "rm_wg", :func:`create_rm_worker_group`, which also loads the RM on each replica); a stand-in
-for a lost replica (:class:`ReplicaFactory`) is a one-replica group on a verl ``SubRayResourcePool`` of the lost
-replica's bundle, with the rm_wg's master address. ``wg.workers`` are the replicas' actor handles, one executor slot
-each (rank 0 of a sharded replica, which starts its other ranks in its bundle). :func:`shutdown_rm_worker_group` kills
-the replicas and frees the placement groups.
+Every replica is spawned by :func:`replica_group`, a verl ``RayWorkerGroup`` of :class:`RMReplica` (verl sets each
+replica's environment): of every bundle at start (the rm_wg), or of the lost replica's bundle alone for a stand-in
+(:class:`ReplicaFactory`). ``wg.workers`` are the replicas' actor handles, one executor slot each.
 """
 
 from __future__ import annotations
@@ -47,8 +35,9 @@ from verl.single_controller.ray.base import (
     sort_placement_group_by_node_ip,
 )
 
-from verl_async_rm.errors import ResourcePoolError, RewardModelError
-from verl_async_rm.errors import ConfigValueError
+from verl.utils.device import get_device_name
+
+from verl_async_rm.errors import ConfigValueError, ResourcePoolError, RewardModelError, remote_cause
 from verl_async_rm.scoring.rm_config import RMConfig
 from verl_async_rm.service.replica import RMReplica
 
@@ -71,16 +60,8 @@ _NODE_ID_LABEL = "ray.io/node-id"
 
 
 class RMResourcePool(RayResourcePool):
-    """verl ``RayResourcePool`` for the RM: node-pinned placement groups reserved with a timeout.
-
-    Args:
-        n_gpus_per_node: GPUs (CPU bundles with ``use_gpu=False``) per node.
-        nnodes: nodes.
-        gpus_per_replica: GPUs of one replica (one bundle); divides ``n_gpus_per_node`` (``RMConfig`` checks it).
-        use_gpu: bundles ask gpus_per_replica accelerators each; False gives CPU-only bundles (tests, demo).
-        placement_timeout_s: how long to wait for the placement groups.
-        name_prefix: placement group name prefix.
-    """
+    """verl ``RayResourcePool`` for the RM: node-pinned placement groups reserved within ``placement_timeout_s``;
+    ``use_gpu=False`` gives CPU-only bundles (tests, demo)."""
 
     def __init__(
         self,
@@ -106,7 +87,6 @@ class RMResourcePool(RayResourcePool):
 
     @classmethod
     def from_config(cls, config: RMConfig, name_prefix: str | None = None) -> RMResourcePool:
-        """The pool described by ``config`` (``n_gpus_per_node``, ``nnodes``, ``use_gpu``, ``placement_timeout_s``)."""
         return cls(
             config.n_gpus_per_node,
             config.nnodes,
@@ -115,10 +95,6 @@ class RMResourcePool(RayResourcePool):
             placement_timeout_s=config.placement_timeout_s,
             name_prefix=name_prefix,
         )
-
-    def bundle(self) -> dict[str, float]:
-        """Resources of one replica's bundle."""
-        return replica_bundle(self.gpus_per_replica, self.use_gpu)
 
     def replica_bundles(self) -> list[tuple[PlacementGroup, int]]:
         """``(placement group, bundle index)`` of each replica, in the rank order of verl's ``RayWorkerGroup``
@@ -133,7 +109,7 @@ class RMResourcePool(RayResourcePool):
         """Reserve (once) one placement group per node, each pinned to its own node; raises ResourcePoolError."""
         if self.pgs is not None:
             return self.pgs
-        bundle = self.bundle()
+        bundle = replica_bundle(self.gpus_per_replica, self.use_gpu)
         nodes = _pick_nodes(bundle, self.replicas_per_node, self.nnodes)
         prefix = name or f"{self.name_prefix}verl_async_rm_pool:"
         self.pgs = reserve_placement_groups(
@@ -159,7 +135,9 @@ def replica_bundle(gpus_per_replica: int, use_gpu: bool) -> dict[str, float]:
     """What one replica's bundle asks: ``gpus_per_replica`` CPUs, and as many accelerators unless CPU-only."""
     bundle = {"CPU": float(gpus_per_replica)}
     if use_gpu:
-        bundle[_accelerator_resource()] = float(gpus_per_replica)
+        from verl.plugin.platform import get_platform
+
+        bundle[get_platform().ray_resource_name()] = float(gpus_per_replica)
     return bundle
 
 
@@ -171,11 +149,8 @@ def reserve_placement_groups(
     name_prefix: str,
     timeout_s: float,
 ) -> list[PlacementGroup]:
-    """Create placement groups (group ``i`` pinned to ``node_ids[i]`` when given) and wait at most ``timeout_s``.
-
-    Raises:
-        ResourcePoolError: not all groups were placed in time; every group created here is removed first.
-    """
+    """Create placement groups (group ``i`` pinned to ``node_ids[i]`` when given) and wait at most ``timeout_s``;
+    ``ResourcePoolError`` (every group created here removed first) if they are not all placed in time."""
     pin = node_ids is not None and "bundle_label_selector" in inspect.signature(placement_group).parameters
     if node_ids is not None and not pin and len(bundles_per_group) > 1:
         logger.warning(
@@ -209,24 +184,12 @@ def reserve_placement_groups(
 def create_rm_worker_group(
     config: RMConfig, pool: RMResourcePool | None = None, name_prefix: str | None = None
 ) -> RayWorkerGroup:
-    """Reserve the reward pool, start one :class:`RMReplica` per bundle and load the RM on each.
+    """Reserve the reward pool (default: ``RMResourcePool.from_config(config)``), start one :class:`RMReplica` per
+    bundle and load the RM on each: the verl ``RayWorkerGroup`` (``wg.workers``, ``wg.resource_pool``).
 
-    Args:
-        config: the RM settings.
-        pool: a pool to use; default: ``RMResourcePool.from_config(config)``.
-        name_prefix: prefix of the replicas' actor names and of the pool's placement groups (verl picks a random one
-            by default); placement groups of the same names left by a dead predecessor are removed first.
-
-    Returns:
-        The verl ``RayWorkerGroup``; ``wg.workers`` are the replicas' actor handles (executor slots) and
-        ``wg.resource_pool`` the pool.
-
-    Raises:
-        ResourcePoolError: the pool cannot be reserved.
-        ValueError: the RM's weights cannot fit a replica's ``gpus_per_replica`` GPUs (a replica checks before it
-            loads); the group is shut down first.
-        RewardModelError: a replica failed to load the RM, or took longer than ``init_timeout_s``; the group is
-            shut down first.
+    ``name_prefix`` names the replicas and the placement groups (those left by a dead predecessor are removed first).
+    Raises ``ResourcePoolError``, ``ValueError`` (the weights cannot fit ``gpus_per_replica`` GPUs) or
+    ``RewardModelError`` (a replica failed to load, or took longer than ``init_timeout_s``), the group shut down first.
     """
     pool = pool if pool is not None else RMResourcePool.from_config(config, name_prefix=name_prefix)
     pool.get_placement_groups()
@@ -250,16 +213,12 @@ def create_rm_worker_group(
             infos.append(ray.get(ref))
         except Exception as err:
             shutdown_rm_worker_group(wg)
-            cause = getattr(err, "cause", None) or err  # RayTaskError carries the replica's own exception
+            cause = remote_cause(err)
             if isinstance(cause, ConfigValueError) and cause.key == "gpus_per_replica":  # too large for its GPUs
                 raise cause from err
             raise RewardModelError(f"RM replica {rank} failed to load {config.model_path}: {cause}") from err
-    logger.info(
-        "RM worker group ready: %d replica(s) of %s on nodes %s",
-        len(infos),
-        config.model_path,
-        sorted({info["node_ip"] for info in infos}),
-    )
+    logger.info("RM worker group ready: %d replica(s) of %s on nodes %s", len(infos), config.model_path,
+                sorted({info["node_ip"] for info in infos}))
     return wg
 
 
@@ -274,10 +233,9 @@ def shutdown_rm_worker_group(wg: RayWorkerGroup) -> None:
 
 def replica_group(pool: RMResourcePool, config: RMConfig, *, name_prefix: str | None, index: int | None = None,
                   master: tuple[str, str] | None = None) -> RayWorkerGroup:
-    """The one way a replica is spawned: a verl ``RayWorkerGroup`` of :class:`RMReplica` on the pool's bundles (verl
-    sets each replica's environment), of every bundle (``index`` None: the rm_wg) or of bundle ``index`` alone (a
-    stand-in, rank 0 of its own one-replica group; ``master``: the rm_wg's master address, so nothing waits for the
-    bundle before the replica is created). Creates the actors without waiting for them."""
+    """The one way a replica is spawned: a ``RayWorkerGroup`` of :class:`RMReplica` of every bundle (``index`` None:
+    the rm_wg) or of bundle ``index`` alone (a stand-in; ``master``: the rm_wg's master address, so nothing waits for
+    the bundle before the replica is created). Creates the actors without waiting for them."""
     sub = None if index is None else SubRayResourcePool(
         placement_groups=sort_placement_group_by_node_ip(pool.pgs), start_bundle_index=index, subgroup_world_size=1,
         process_on_nodes=pool.store, use_gpu=pool.use_gpu, max_colocate_count=pool.max_colocate_count,
@@ -288,19 +246,16 @@ def replica_group(pool: RMResourcePool, config: RMConfig, *, name_prefix: str | 
         resource_pool=sub or pool,
         ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(RMReplica), config=config),
         name_prefix=name_prefix,
-        device_name="cpu" if not pool.use_gpu else _device_name(),
+        device_name=get_device_name() if pool.use_gpu else "cpu",
         master_addr=addr,
         master_port=port,
     )
 
 
 class ReplicaFactory:
-    """``async factory(old_replica, index) -> new replica`` (the executor's ``replace_slot``): a stand-in for a lost
-    replica, spawned by :func:`replica_group` in the lost replica's own bundle of the rm_wg ``worker_group`` (so it
-    never competes with the policy for resources; it starts as soon as Ray has freed the dead actor's bundle, or
-    re-placed the group after a node loss), loaded within ``init_timeout_s``. A sharded replica is replaced whole: the
-    stand-in is a new rank 0, which starts new other ranks in the bundle. It is owned by the process that calls it (the
-    RM service actor), so it goes away with it."""
+    """``async factory(old_replica, index) -> new replica`` (the executor's ``replace_slot``): a stand-in in the lost
+    replica's own bundle of the rm_wg (it never competes with the policy for resources), loaded within
+    ``init_timeout_s``; a sharded replica is replaced whole. Owned by its caller (the RM service actor)."""
 
     def __init__(self, config: RMConfig, worker_group: RayWorkerGroup) -> None:
         self.config = config
@@ -365,33 +320,20 @@ def kill_and_wait(actors: Iterable[Any], timeout_s: float) -> None:
 
 
 def remove_pool_groups(name_prefix: str, nnodes: int) -> None:
-    """Remove the placement groups of a pool made by ``create_rm_worker_group(..., name_prefix=name_prefix)`` whose
-    owner died before releasing them (placement groups live as long as the job, not the actor that made them)."""
+    """Remove the placement groups of a pool made with ``name_prefix`` whose owner died before releasing them."""
     for i in range(nnodes):
         _remove_stale(f"{name_prefix}verl_async_rm_pool:{i}")
 
 
 def _remove_stale(name: str) -> None:
-    """Remove a placement group of this name left by a dead predecessor (a restarted RM service reuses its pool's
-    names; placement groups live as long as the job, not the actor that made them)."""
+    """Remove a placement group of this name left by a dead predecessor: placement groups live as long as the job,
+    not the actor that made them, and a restarted RM service reuses its pool's names."""
     try:
         stale = get_placement_group(name)
     except ValueError:  # none of that name: the usual case
         return
     logger.warning("removing placement group %s left by a previous RM service", name)
     remove_placement_group(stale)
-
-
-def _accelerator_resource() -> str:
-    from verl.plugin.platform import get_platform
-
-    return get_platform().ray_resource_name()
-
-
-def _device_name() -> str:
-    from verl.utils.device import get_device_name
-
-    return get_device_name()
 
 
 def _pick_nodes(bundle: dict[str, float], per_node: int, nnodes: int) -> list[str]:

@@ -1,15 +1,9 @@
-"""The other ranks of a sharded RM replica (``gpus_per_replica=k > 1``), as its rank 0 runs them.
+"""The other ranks of a sharded RM replica (``gpus_per_replica=k > 1``), as its rank 0 (the ``RMReplica`` verl
+placed, the only rank the service calls) runs them: actors it owns in its own bundle, so they die with it.
 
-Rank 0 is the :class:`~verl_async_rm.service.replica.RMReplica` verl placed: the executor's slot, the only
-rank the service calls. It starts ranks ``1..k-1`` (:class:`RankWorker`) in its own placement-group bundle (which
-holds the replica's ``k`` GPUs, all on one node), as actors it owns: when rank 0 dies, Ray kills them with it, so a
-replica is always replaced as a whole.
-
-Every batch goes to every rank (:meth:`Ranks.run`): all ``k`` run the same deterministic ``score`` on the same
-requests, kept in step by the collectives inside each forward. Rank 0 answers only when every rank has finished the
-batch. A rank that dies or fails (its collectives would then fail or hang rank 0's forward), rank 0 included (a
-forward that failed on some ranks only, :class:`~verl_async_rm.errors.ShardDesyncError`), makes rank 0 exit at once:
-the service sees a lost replica, re-queues its batch on the other replicas and replaces all ``k`` ranks.
+Every batch goes to every rank; rank 0 answers when all have finished it. Any rank that dies or fails makes rank 0
+exit at once (its collectives would otherwise fail or hang): the service sees a lost replica, re-queues its batch and
+replaces all ``k`` ranks.
 """
 
 from __future__ import annotations
@@ -60,13 +54,8 @@ class RankWorker:
 
 
 class Ranks:
-    """Rank 0's handle on ranks ``1..k-1`` of its replica.
-
-    Args:
-        config: the RM settings (``gpus_per_replica`` ranks).
-        placement: ``(placement group, bundle index)`` of rank 0's bundle; the other ranks take its other GPUs.
-        name: rank 0's actor name; rank ``r`` is named ``<name>:rank<r>`` (None: unnamed).
-    """
+    """Rank 0's handle on ranks ``1..k-1`` of its replica, in rank 0's bundle ``placement`` (``(placement group,
+    bundle index)``); rank ``r`` is named ``<name>:rank<r>``."""
 
     def __init__(self, config: RMConfig, placement: tuple[Any, int], name: str | None) -> None:
         pg, bundle = placement
@@ -92,11 +81,8 @@ class Ranks:
         self._store: Any = None  # the group's TCPStore, which rank 0 hosts for the group's whole life
 
     def start(self, load: Callable[[ShardGroup, Any], _T]) -> _T:
-        """Form the group and load the RM on every rank: ``load(group, store)`` is rank 0's own load (its scorer).
-
-        Raises what rank 0's own load raised (the other ranks are killed first). Another rank that fails, or is not
-        loaded ``init_timeout_s`` after rank 0, ends this process (its error logged): the replica fails to start.
-        """
+        """Form the group and load the RM on every rank (``load(group, store)``: rank 0's own scorer). Raises what rank
+        0's load raised; another rank failing, or not loaded ``init_timeout_s`` after rank 0, ends this process."""
         timeout_s = self.config.init_timeout_s
         host, port, store = host_store(self.world_size, timeout_s)
         self._store = store

@@ -1,4 +1,4 @@
-"""``ReplicaCall``: the executor's batch function for the RM service: one batch scored on one replica (slot)."""
+"""``ReplicaCall``: the RM service's batch function: one batch scored on one replica (slot)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import ray
 
-from verl_async_rm.errors import ReplicaLostError, RewardModelError
+from verl_async_rm.errors import AsyncRMError, ReplicaLostError, RewardModelError, remote_cause
 from verl_async_rm.request import RMRequest
 
 logger = logging.getLogger(__name__)
@@ -18,24 +18,14 @@ __all__ = ["ReplicaCall"]
 
 
 class ReplicaCall:
-    """``async batch_fn(items, replica) -> list``: ``replica.score(items)``, with Ray's failures mapped to the
-    executor's contract.
+    """``async batch_fn(items, replica) -> list``: ``replica.score(items)``, one score or per-item exception each.
 
-    Returns one entry per item, in order: a float score, or the exception that failed that item (the replica isolates
-    bad inputs, non-finite scores and failing forwards per item itself). A failure of the whole call raises:
+    A failure of the whole call raises: :class:`ReplicaLostError` (a ``SlotLostError``: re-queued, replica replaced)
+    when the replica died; the replica's own error when it raised a typed one, else :class:`RewardModelError`.
 
-    - the replica died: :class:`ReplicaLostError` (a ``SlotLostError``): the executor re-queues the batch on the other
-      replicas and replaces this one;
-    - the replica's ``score`` raised: :class:`RewardModelError` for the whole batch.
-
-    The call has no timeout of its own: the executor's ``batch_timeout_s`` is the one bound on a batch. When the
-    executor gives up on a call (timeout, or closing) it cancels this coroutine; a synchronous replica cannot be
-    interrupted, so the coroutine then waits for the late answer, at most ``late_limit_s``, and the executor gives the
-    replica no new batch meanwhile. A replica still silent after that, or dead, raises :class:`ReplicaLostError`: the
-    executor kills and replaces it.
-
-    Args:
-        late_limit_s: how long a replica may go on with a call that was given up on before it counts as lost.
+    No timeout of its own: ``batch_timeout_s`` is the one bound on a batch. A synchronous replica cannot be
+    interrupted, so a call the executor gave up on (cancelled) waits for the late answer, at most ``late_limit_s``,
+    during which the executor gives the replica no new batch; still silent after that, it is lost.
     """
 
     def __init__(self, late_limit_s: float) -> None:
@@ -56,7 +46,9 @@ class ReplicaCall:
         except ray.exceptions.RayActorError as err:
             raise ReplicaLostError(f"RM replica is gone: {err}") from err
         except ray.exceptions.RayError as err:
-            cause = getattr(err, "cause", None) or err  # RayTaskError carries the replica's own exception
+            cause = remote_cause(err)
+            if isinstance(cause, AsyncRMError):  # already typed where it happened
+                raise cause from err
             raise RewardModelError(f"RM replica failed on a batch of {len(items)}: {cause!r}") from err
         return results  # the executor checks there is one entry per item
 

@@ -1,14 +1,8 @@
 """``RMService``: one reward model as a Ray actor that owns its pool, its replicas, the batcher and the statistics.
 
-The agent-loop manager starts one service per RM (:func:`start_rm_service`), marks the steps and closes it; the
-agent-loop workers call only :meth:`RMService.score` (through :func:`verl_async_rm.service.client.score_with_timeout`).
-Nothing outside the service holds a replica handle.
-
-Inside, one event loop serves every caller: each ``score`` waits in the
-:class:`~verl_async_rm.batching.PendingRequestExecutor`, whose slots are the replicas (one batch per replica at a
-time, :class:`~verl_async_rm.service.replica_call.ReplicaCall`) and whose ``replace_slot`` starts a stand-in for a
-replica that died (:class:`~verl_async_rm.service.placement.ReplicaFactory`). The replicas and any replacement are
-owned by this actor, so they go with it.
+Agent-loop workers call only :meth:`RMService.score` (through :func:`~verl_async_rm.service.client.score_with_timeout`);
+the manager starts the service, marks the steps and closes it. Nothing outside the service holds a replica handle: the
+replicas and their stand-ins are owned by this actor, so they go with it.
 """
 
 from __future__ import annotations
@@ -47,17 +41,12 @@ _REPLICA_STOP_WAIT_S = 30.0  # how long close waits for its killed replicas to b
 
 
 class RMService:
-    """One RM: its reward pool, replicas, batcher and statistics (a Ray async actor; see :func:`start_rm_service`).
+    """One RM as a Ray async actor (see :func:`start_rm_service`).
 
-    Args:
-        rm: where the RM is and how each replica loads and feeds it; the pool's size and placement.
-        batching: how requests become batches; ``batch_timeout_s`` bounds one batch on a replica (a replica still
-            busy with a given-up call ``2 * batch_timeout_s`` later is killed and replaced).
-        name: names the pool's placement groups, the replicas and the log lines. A service started again under the
-            same name (after its predecessor died) removes the placement groups the predecessor left.
-        replace_replicas: start a stand-in for a replica that died; False retires it.
-        late_limit_s: how long a replica may go on with a call given up on before it is killed and replaced;
-            default ``2 * batch_timeout_s`` (:data:`DEFAULT_LATE_LIMIT_S` without a batch timeout).
+    ``name`` names the pool's placement groups, the replicas and the log lines (a service started again under the
+    same name removes what its dead predecessor left). ``replace_replicas``: a stand-in for a replica that died, else
+    it is retired. ``late_limit_s``: how long a replica may go on with a call given up on before it is killed and
+    replaced; default ``2 * batch_timeout_s`` (:data:`DEFAULT_LATE_LIMIT_S` without a batch timeout).
     """
 
     def __init__(self, rm: RMConfig, batching: BatchPolicy, *, name: str, replace_replicas: bool = True,
@@ -73,11 +62,8 @@ class RMService:
         self._abandoned: set[asyncio.Task] = set()  # whole-batch calls given up on, still waiting for late answers
 
     async def start(self) -> list[dict[str, Any]]:
-        """Reserve the pool, load the RM on every replica and start the batcher; returns each replica's ``describe``.
-
-        Raises what kept the pool or a replica from starting (``ResourcePoolError``, ``RewardModelError``), after
-        releasing what was reserved.
-        """
+        """Reserve the pool, load the RM on every replica and start the batcher; returns each replica's ``describe``
+        (raises what kept them from starting, after releasing what was reserved)."""
         if self._executor is not None:
             return await self.describe()
         # Placement and loading block on Ray calls: a thread keeps this actor's loop free to answer meanwhile.
@@ -94,11 +80,8 @@ class RMService:
         return await self.describe()
 
     async def score(self, request: RMRequest, deadline_s: float | None = None) -> float:
-        """The RM score of one trajectory, or the exception that kept it from being scored.
-
-        ``deadline_s``: seconds from now after which the request fails with ``RequestTimeoutError`` wherever it is.
-        A caller that gives up (``ray.cancel``) takes its request out of the queue.
-        """
+        """The RM score of one trajectory, or the exception that kept it from being scored (``RequestTimeoutError``
+        past ``deadline_s``). A caller that gives up (``ray.cancel``) takes its request out of the queue."""
         return await self._require().submit(request, num_tokens=request.num_tokens, deadline_s=deadline_s)
 
     async def begin_step(self, expected: int | None = None) -> None:
@@ -112,11 +95,8 @@ class RMService:
         self._require().expect(int(n))
 
     async def end_step(self) -> dict[str, float]:
-        """End a step: flush what is pending and return the step's figures (see ``service_step_metrics``).
-
-        Each replica's own counters (inputs truncated to ``max_length``, items it failed) are included; a replica
-        that does not answer in time is left out of them.
-        """
+        """End a step: flush what is pending and return the step's figures (``service_step_metrics``), with the
+        replicas' own counters (a replica that does not answer in time is left out)."""
         executor = self._require()
         executor.drain()
         executor_step = executor.pop_step_stats()
@@ -196,11 +176,8 @@ async def _bounded(ref: Any) -> Any:
 
 
 def start_rm_service(rm: RMConfig, batching: BatchPolicy, *, name: str, **options: Any) -> Any:
-    """Start an :class:`RMService` actor, wait until its RM is loaded, and return its handle.
-
-    Waits at most :func:`start_timeout_s` ``(rm)``; on any failure the actor is killed and the error raised (the
-    service's own error, for example ``ResourcePoolError``). ``options``: those of :func:`launch_rm_service`.
-    """
+    """Start an :class:`RMService` actor and wait (at most :func:`start_timeout_s`) until its RM is loaded; on any
+    failure the actor is killed and the error raised. ``options``: those of :func:`launch_rm_service`."""
     service, started = launch_rm_service(rm, batching, name=name, **options)
     try:
         ray.get(started, timeout=start_timeout_s(rm))
@@ -220,13 +197,10 @@ def launch_rm_service(
     actor_name: str | None = None,
     late_limit_s: float | None = None,
 ) -> tuple[Any, Any]:
-    """Create an :class:`RMService` actor and call its ``start``, without waiting: ``(handle, start's ObjectRef)``
-    (see :func:`start_rm_service`; the caller waits at most :func:`start_timeout_s` and kills it on failure).
+    """Create an :class:`RMService` actor and call its ``start``, without waiting: ``(handle, start's ObjectRef)``.
 
-    Args:
-        rm, batching, name, replace_replicas, late_limit_s: see :class:`RMService`.
-        max_concurrency: how many calls may wait in the actor at once (each waiting ``score`` holds one).
-        actor_name: a Ray actor name, for other processes to find it; default: unnamed.
+    ``max_concurrency``: how many calls may wait in the actor at once (each waiting ``score`` holds one);
+    ``actor_name``: a Ray actor name (default: unnamed).
     """
     options: dict[str, Any] = {"max_concurrency": max_concurrency, "num_cpus": 0}
     if actor_name is not None:
