@@ -106,7 +106,7 @@ class RewardModelScorer:
         self.rm_tokenizer = load_tokenizer(config.model_path, "model_path", config.trust_remote_code)
         load = functools.partial(
             load_reward_model, config.model_path, trust_remote_code=config.trust_remote_code,
-            attn_implementation=config.attn_implementation, reward_kind=config.reward_kind, **_dtype_kwarg(self.dtype),
+            attn_implementation=config.attn_implementation, reward_kind=config.reward_kind, dtype=self.dtype,
         )
         #: How the weights are split over a sharded replica's ranks (``sharding``: none, tensor_parallel, fsdp2).
         self.sharding = {"sharding": "none"}
@@ -543,15 +543,6 @@ def _default_device(use_gpu: bool) -> torch.device:
     if name == "cpu":
         raise RewardModelError("use_gpu=True but this process sees no accelerator. Fix: use_gpu=False for CPU runs")
     return torch.device(name, get_device_id())
-
-
-def _dtype_kwarg(dtype: torch.dtype) -> dict[str, torch.dtype]:
-    import transformers
-    from packaging.version import Version
-
-    # transformers renamed torch_dtype to dtype in 4.56.
-    key = "dtype" if Version(transformers.__version__) >= Version("4.56") else "torch_dtype"
-    return {key: dtype}
 
 
 def _check_dir(path: str | None, key: str) -> None:
