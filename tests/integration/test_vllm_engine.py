@@ -193,3 +193,30 @@ def test_settings_vllm_does_not_serve_are_refused_or_fall_back_before_any_load(t
     process = config(tiny_models.rm, tiny_models.policy, engine="auto", reward_kind="process", step_separator="<s>")
     assert "process RMs" in vllm_unsupported(process)  # auto: transformers, this reason in describe()
     assert vllm_unsupported(config(tiny_models.rm, tiny_models.policy, engine="auto")) is None
+
+
+@ray.remote(num_cpus=0, max_calls=1)  # a process of its own, which exits after: vLLM's in-process state goes with it
+def _broken_engine_probe(rm_path: str) -> tuple[list, str]:
+    import torch
+
+    from verl_async_rm.errors import EngineDeadError
+    from verl_async_rm.scoring.vllm_forward import VLLMForward
+
+    forward = VLLMForward(RMConfig(model_path=rm_path, retemplate="never", use_gpu=False), max_length=256,
+                          dtype=torch.float32, device=torch.device("cpu"))
+    forward.canary = [5, 6, 7]
+    before = forward.score_all([[5, 6, 7], [8, 9]], 1024)
+    forward.llm.llm_engine.engine_core.shutdown()  # the engine breaks under the replica
+    try:
+        forward.score_all([[5, 6, 7], [8, 9]], 1024)
+    except EngineDeadError as err:
+        return before, str(err)
+    return before, "no EngineDeadError"
+
+
+def test_a_broken_engine_is_a_dead_replica_not_failed_rows(ray_local, vllm_required, tiny_models):
+    """An in-process engine that breaks fails every row: the rows are not at fault, so the forward raises
+    EngineDeadError (the replica then ends and is replaced, as a killed one) instead of failing them one by one."""
+    before, outcome = ray.get(_broken_engine_probe.remote(str(tiny_models.rm)), timeout=HANG_S)
+    assert all(isinstance(v, float) for v in before)
+    assert outcome.startswith("the vLLM engine of this replica fails on a known-good input too")

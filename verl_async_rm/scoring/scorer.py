@@ -362,6 +362,7 @@ class RewardModelScorer:
                 diff = max(abs(a - b) / max(1.0, abs(b)) for a, b in zip(got, reference, strict=True))
                 tolerance = check_tolerance(self.dtype)
                 if diff <= tolerance:  # False for NaN too
+                    engine.canary = rows[0]
                     self._use_engine(engine, f"vLLM {vllm_version()} scores the {len(rows)} load-time check "
                                              f"inputs as transformers within {diff:.2g} (tolerance {tolerance:g})")
                     return

@@ -6,8 +6,9 @@
 deadlines and metrics are the same on both engines.
 
 - The engine runs in the replica's own process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): a killed replica takes its
-  engine with it, and an engine that dies (:class:`~verl_async_rm.errors.EngineDeadError`) ends the replica, which is
-  then replaced as any lost replica.
+  engine with it, and an engine that is broken (vLLM's ``EngineDeadError``, or a row that fails alone while a
+  known-good input fails too: :class:`~verl_async_rm.errors.EngineDeadError`) ends the replica, which is then
+  replaced as any lost replica.
 - Raw scores: ``classify`` with ``use_activation=False`` gives the score head's outputs at the last token (vLLM's
   ``LAST`` pooling, where the transformers path reads them too), before any sigmoid or softmax.
 - A call whose rows vLLM refuses or fails on is halved until the failing row is alone; the other rows keep scores.
@@ -89,6 +90,9 @@ class VLLMForward:
             **options,
         )
         self._params = PoolingParams(use_activation=False)
+        #: Ids the engine is known to score (the scorer sets the load-time check's first input): when a row fails
+        #: alone and this fails too, the engine is dead, not the row.
+        self.canary: list[int] | None = None
         self.start_s = time.perf_counter() - start
 
     def describe(self) -> dict[str, Any]:
@@ -132,6 +136,7 @@ class VLLMForward:
             raise
         except Exception as err:  # noqa: BLE001 - a row vLLM refuses or fails on: find it, score the others
             if len(rows) == 1:
+                self._check_alive(err)
                 logger.error("vLLM failed on a %d-token RM input: %r", len(rows[0]), err)
                 failure = RewardModelError(f"vLLM failed on this {len(rows[0])}-token input: {err}")
                 failure.__cause__ = err
@@ -139,6 +144,18 @@ class VLLMForward:
             logger.warning("vLLM failed on %d rows (%r); retrying in halves", len(rows), err)
             half = len(rows) // 2
             return self._rows(rows[:half]) + self._rows(rows[half:])
+
+    def _check_alive(self, err: Exception) -> None:
+        """After a row failed alone: if the known-good :attr:`canary` fails too, the engine is broken, not the row
+        (an in-process engine does not say so itself): raise :class:`EngineDeadError`."""
+        if self.canary is None:
+            return
+        try:
+            self._classify([self.canary])
+        except Exception as probe:  # noqa: BLE001 - any failure on the known-good input
+            raise EngineDeadError(
+                f"the vLLM engine of this replica fails on a known-good input too ({probe!r}), after {err!r}"
+            ) from probe
 
     def _classify(self, rows: Sequence[Sequence[int]]) -> list[float]:
         from vllm.inputs import TokensPrompt
