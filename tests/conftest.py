@@ -73,6 +73,18 @@ def ray_runtime_env() -> dict:
     return {"env_vars": env}
 
 
+def require_vllm() -> None:
+    """Skip the calling test where vLLM cannot run, saying why; fail instead under ``VERL_ASYNC_RM_REQUIRE_VLLM=1``
+    (set by ``.ci/run``), so CI never passes without the vLLM tests."""
+    from verl_async_rm.vllm_cpu import vllm_unavailable_reason
+
+    reason = vllm_unavailable_reason()
+    if reason:
+        if os.environ.get("VERL_ASYNC_RM_REQUIRE_VLLM") == "1":
+            pytest.fail(f"VERL_ASYNC_RM_REQUIRE_VLLM=1 but {reason}")
+        pytest.skip(reason)
+
+
 @pytest.fixture(scope="module")
 def ray_local():
     """A local Ray cluster (8 logical CPUs, no GPU), started on first use and kept for the whole session.

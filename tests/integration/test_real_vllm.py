@@ -13,12 +13,10 @@ that skip into a failure, so CI never passes without them.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 import torch
-from conftest import ray_runtime_env
+from conftest import ray_runtime_env, require_vllm
 from manager_cases import RM_W, RULE_W, overrides
 
 pytestmark = pytest.mark.integration
@@ -31,13 +29,7 @@ N = 2  # rollout.n
 @pytest.fixture(scope="module")
 def vllm_ray():
     """A Ray cluster of its own with 2 logical GPUs (the rollout replica, one served-RM engine)."""
-    from verl_async_rm.vllm_cpu import vllm_unavailable_reason
-
-    reason = vllm_unavailable_reason()
-    if reason:
-        if os.environ.get("VERL_ASYNC_RM_REQUIRE_VLLM") == "1":
-            pytest.fail(f"VERL_ASYNC_RM_REQUIRE_VLLM=1 but {reason}")
-        pytest.skip(reason)
+    require_vllm()
     import ray
 
     from verl_async_rm.testing.vllm_rollout import set_vllm_env

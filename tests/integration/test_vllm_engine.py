@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import shutil
 import time
 
 import pytest
 import ray
+from conftest import require_vllm
 from rm_cases import ANSWERS, QUESTIONS, direct_score, hf_model, make_request, wait_stats
 
 from verl_async_rm.batching import BatchPolicy
@@ -35,13 +35,7 @@ HANG_S = 180.0
 
 @pytest.fixture(scope="module")
 def vllm_required():
-    from verl_async_rm.vllm_cpu import vllm_unavailable_reason
-
-    reason = vllm_unavailable_reason()
-    if reason:
-        if os.environ.get("VERL_ASYNC_RM_REQUIRE_VLLM") == "1":
-            pytest.fail(f"VERL_ASYNC_RM_REQUIRE_VLLM=1 but {reason}")
-        pytest.skip(reason)
+    require_vllm()
 
 
 def config(model_path, policy_path, replicas: int = 2, **kwargs) -> RMConfig:

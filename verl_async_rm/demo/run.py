@@ -209,7 +209,8 @@ def _run_with_transfer_queue(config: DemoConfig, configs: dict[str, Any], tiny: 
         pin = _CorePinning(config.split_cores)
         pin("rollout", generators)
         bar.set_description("start RM replicas, agent loops")
-        manager, plain = _start_managers(trainer_config, client, actors, managers, config.step_timeout_s)
+        manager, plain, reward_loop_handles = _start_managers(trainer_config, client, actors, managers,
+                                                              config.step_timeout_s)
         pin("rm", pids=_replica_pids(manager))
         async_loop, sync_loop = fit_loop(trainer_config, manager), fit_loop(trainer_config, plain)
         mix = manager.async_rm_config.mix  # parsed once, by the manager
@@ -221,8 +222,7 @@ def _run_with_transfer_queue(config: DemoConfig, configs: dict[str, Any], tiny: 
         }
         if "plugin_vllm" in configs:
             bar.set_description("start the plugin's vLLM replicas")
-            on_vllm = _start_plugin_manager(configs["plugin_vllm"], client, actors, managers,
-                                            manager.demo_reward_loop_handles)
+            on_vllm, _ = _start_plugin_manager(configs["plugin_vllm"], client, actors, managers, reward_loop_handles)
             pin("rm", pids=_replica_pids(on_vllm))
             vllm_loop = fit_loop(configs["plugin_vllm"], on_vllm)
             steps["async_vllm"] = lambda step, size, tag: run_async_step(
@@ -251,10 +251,11 @@ def _run_with_transfer_queue(config: DemoConfig, configs: dict[str, Any], tiny: 
 
 
 def _start_plugin_manager(trainer_config: Any, client: Any, actors: list[Any], managers: list[Any],
-                          reward_loop_handles: Any = None) -> Any:
-    """The plugin's v1 manager, after verl's ``RewardLoopManager`` as verl's trainer builds it; what it starts is
-    appended to ``actors`` / ``managers``. ``reward_loop_handles``: another plugin manager's reward-loop workers (verl
-    names them ``reward_loop_worker_{i}``, once per namespace; they run the rule only, the same for both)."""
+                          reward_loop_handles: Any = None) -> tuple[Any, Any]:
+    """``(manager, reward_loop_handles)``: the plugin's v1 manager, after verl's ``RewardLoopManager`` as verl's
+    trainer builds it; what it starts is appended to ``actors`` / ``managers``. ``reward_loop_handles``: another
+    plugin manager's reward-loop workers (verl names them ``reward_loop_worker_{i}``, once per namespace; they run the
+    rule only, the same for both)."""
     from verl.experimental.reward_loop import RewardLoopManager
 
     from verl_async_rm import AsyncRMAgentLoopManager
@@ -266,10 +267,9 @@ def _start_plugin_manager(trainer_config: Any, client: Any, actors: list[Any], m
     manager = AsyncRMAgentLoopManager.create(
         config=trainer_config, llm_client=client, teacher_client=None, reward_loop_worker_handles=reward_loop_handles,
     )
-    manager.demo_reward_loop_handles = reward_loop_handles
     managers.append(manager)
     actors += manager.agent_loop_workers
-    return manager
+    return manager, reward_loop_handles
 
 
 def _replica_pids(manager: Any) -> list[int]:
@@ -279,19 +279,19 @@ def _replica_pids(manager: Any) -> list[int]:
 
 
 def _start_managers(trainer_config: Any, client: Any, actors: list[Any], managers: list[Any],
-                    timeout_s: float) -> tuple[Any, Any]:
-    """The plugin's v1 manager (:func:`_start_plugin_manager`) and verl's plain ``AgentLoopManagerTQ`` with no
-    reward-loop workers (verl's v1 trainer then scores after sampling, ``_compute_reward_colocate``). What they start
-    is appended to ``actors`` / ``managers`` as it is started."""
+                    timeout_s: float) -> tuple[Any, Any, Any]:
+    """``(manager, plain, reward_loop_handles)``: the plugin's v1 manager (:func:`_start_plugin_manager`) and verl's
+    plain ``AgentLoopManagerTQ`` with no reward-loop workers (verl's v1 trainer then scores after sampling,
+    ``_compute_reward_colocate``). What they start is appended to ``actors`` / ``managers`` as it is started."""
     import ray
     from verl.trainer.ppo.v1 import AgentLoopManagerTQ
 
-    manager = _start_plugin_manager(trainer_config, client, actors, managers)
+    manager, reward_loop_handles = _start_plugin_manager(trainer_config, client, actors, managers)
     plain = AgentLoopManagerTQ.create(config=trainer_config, llm_client=client, teacher_client=None,
                                       reward_loop_worker_handles=None)
     actors += plain.agent_loop_workers
     ray.get([w.__ray_ready__.remote() for w in plain.agent_loop_workers], timeout=timeout_s)
-    return manager, plain
+    return manager, plain, reward_loop_handles
 
 
 def _start_rollout(config: DemoConfig, trainer_config: Any, tiny: Any, actors: list[Any], *,
