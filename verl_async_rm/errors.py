@@ -8,6 +8,7 @@ from typing import Any
 __all__ = [
     "ConfigValueError",
     "ConfigTypeError",
+    "JudgeVerdictError",
     "AsyncRMError",
     "ExecutorClosedError",
     "ExecutorCrashedError",
@@ -131,6 +132,11 @@ class RMScoreError(RewardModelError):
 
 class NonFiniteScoreError(RewardModelError):
     """Raised when the reward model returns NaN or an infinite score for a trajectory."""
+
+
+class JudgeVerdictError(RewardModelError):
+    """Raised for one trajectory when a judge RM's written verdict does not parse into a score (``judge_pattern``
+    finds no match, or the match is neither a number nor one of ``judge_labels``)."""
 
 
 class RewardInputError(RewardModelError, ValueError):

@@ -5,6 +5,7 @@ field's name."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -12,13 +13,15 @@ from verl_async_rm.errors import ConfigTypeError, ConfigValueError
 
 __all__ = ["option", "check_options", "Rule"]
 
-_NAMES = {int: "an integer", float: "a finite number", str: "a non-empty string", bool: "true or false"}
+_NAMES = {int: "an integer", float: "a finite number", str: "a non-empty string", bool: "true or false",
+          tuple: "a list of non-empty strings", dict: "a mapping from names to finite numbers"}
 
 
 @dataclass(frozen=True)
 class Rule:
     """What a field accepts: ``kind`` (int, float, str, bool; a float field takes ints and stores a float; strings
-    must not be empty), None when ``optional``, ``choices``, and bounds ``least <= value <= most``, ``value > above``.
+    must not be empty; ``tuple``: a list of strings, stored as a tuple; ``dict``: a mapping from strings to numbers,
+    stored as a tuple of ``(name, float)`` pairs, so the dataclass stays hashable), None when ``optional``, ``choices``, and bounds ``least <= value <= most``, ``value > above``.
     ``why``/``fix`` replace the generated words (``{key}`` in them becomes the key reported)."""
 
     kind: type
@@ -35,6 +38,8 @@ class Rule:
         if value is None and self.optional:
             return None
         kind = self.kind
+        if kind in (tuple, dict):
+            return self._collection(key, value)
         if kind is float:
             ok = isinstance(value, int | float) and not isinstance(value, bool)
         else:
@@ -49,6 +54,24 @@ class Rule:
             why = "unknown value" if self.choices is not None else f"{{key}} must be {self._bounds()}, got {value!r}"
             raise ConfigValueError(key, value, self.why or why, self._fix())
         return value
+
+    def _collection(self, key: str, value: Any) -> tuple:
+        """A list of non-empty strings as a tuple, or a mapping (or its pairs) of strings to finite numbers as
+        ``((name, float), ...)``; an OmegaConf ``ListConfig``/``DictConfig`` is read as a list/mapping."""
+        items = list(value.items()) if isinstance(value, Mapping) else value
+        ok = isinstance(items, Sequence) and not isinstance(items, str | bytes) and len(items) > 0
+        if ok and self.kind is tuple:
+            ok = all(isinstance(v, str) and v for v in items)
+            converted = tuple(items) if ok else ()
+        elif ok:
+            pairs = [tuple(p) if isinstance(p, Sequence) and not isinstance(p, str) else None for p in items]
+            ok = all(p is not None and len(p) == 2 and isinstance(p[0], str) and p[0]
+                     and isinstance(p[1], int | float) and not isinstance(p[1], bool) and math.isfinite(p[1])
+                     for p in pairs)
+            converted = tuple((p[0], float(p[1])) for p in pairs) if ok else ()  # type: ignore[index]
+        if not ok:
+            raise ConfigTypeError(key, value, self.why or f"must be {self._expected()}", self._fix())
+        return converted
 
     def _expected(self) -> str:
         bounds = self._bounds()

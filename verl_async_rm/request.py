@@ -22,6 +22,7 @@ class RMRequest:
         messages: optional full conversation, rendered as is instead (multi-turn trajectories need it whenever the RM
             re-templates: ``num_turns > 2`` without it fails that item).
         group: the GRPO group (verl's prompt ``uid``), shared by the responses to one prompt; None: no group.
+        ground_truth: the dataset's reference answer (``reward_model.ground_truth``), as text, for judge RMs.
     """
 
     uid: str
@@ -31,6 +32,7 @@ class RMRequest:
     messages: list[dict[str, Any]] | None = None
     num_turns: int = 2
     group: str | None = None
+    ground_truth: str | None = None
 
     def __post_init__(self) -> None:
         self.uid = str(self.uid)
@@ -39,6 +41,8 @@ class RMRequest:
         self.raw_prompt = _message_list(self.raw_prompt, "raw_prompt", self.uid)
         self.messages = _message_list(self.messages, "messages", self.uid)
         self.num_turns = int(self.num_turns)
+        if self.ground_truth is not None and not isinstance(self.ground_truth, str):
+            self.ground_truth = str(self.ground_truth)  # verl's datasets hold numbers too (GSM8K: "72" or 72)
 
     @property
     def num_tokens(self) -> int:
@@ -54,6 +58,7 @@ class RMRequest:
         raw_prompt: Sequence[Mapping[str, Any]] | None,
         messages: Sequence[Mapping[str, Any]] | None = None,
         group: str | None = None,
+        ground_truth: Any = None,
     ) -> RMRequest:
         """Build a request from a verl ``AgentLoopOutput`` (``prompt_ids``, ``response_ids``, ``num_turns``)."""
         return cls(
@@ -64,6 +69,7 @@ class RMRequest:
             messages=messages,
             num_turns=output.num_turns or 2,
             group=group,
+            ground_truth=ground_truth,
         )
 
 

@@ -30,6 +30,7 @@ from verl_async_rm.integration.ledger import Failure, PhaseRecord, TrajectoryLed
 from verl_async_rm.integration.reward_mix import RewardMix, with_rm_scores
 from verl_async_rm.integration.token_rewards import TOKEN_REWARDS_KEY, token_placement, with_token_rewards
 from verl_async_rm.request import RMRequest
+from verl_async_rm.scoring.judge_text import Verdict
 from verl_async_rm.scoring.process import Score, StepRewards, score_value
 from verl_async_rm.service.client import score_with_timeout
 
@@ -88,6 +89,7 @@ class AsyncRMWorkerMixin:
         trajectory = f"{kwargs.get('uid', '?')}/{kwargs.get('session_id', 0)}"
         answers, failure = await self._async_rm_scores(final, kwargs, trajectory)
         steps = {name: s for name, s in answers.items() if isinstance(s, StepRewards)}
+        verdicts = {name: s.text for name, s in answers.items() if isinstance(s, Verdict)}
         scores = {name: score_value(s) for name, s in answers.items()}
         error = None
         if failure is not None:
@@ -106,7 +108,7 @@ class AsyncRMWorkerMixin:
         final.reward_score, final.extra_fields["reward_extra_info"] = self._async_rm_mix.finish(
             {"reward_score": final.reward_score, "reward_extra_info": final.extra_fields.get("reward_extra_info")},
             scores, data_source=kwargs.get("data_source"), extra_info=extra_info, fn=self._async_rm_combine,
-            error=error, flag_drops=self._async_rm_on_error == "drop",
+            error=error, flag_drops=self._async_rm_on_error == "drop", verdicts=verdicts,
         )
         # verl times only its own reward-loop call (AgentLoopWorker._compute_score): count the RM wait there too
         final.metrics.compute_score = (final.metrics.compute_score or 0.0) + rm_s
@@ -131,8 +133,11 @@ class AsyncRMWorkerMixin:
                 "this agent-loop worker has no RM service attached: build it through "
                 "verl_async_rm.AsyncRMAgentLoopManager.create(...)"
             )
-        request = RMRequest.from_agent_loop_output(final, uid=trajectory, raw_prompt=kwargs.get("raw_prompt"),
-                                                   group=str(kwargs.get("uid", "?")))
+        reference = kwargs.get("reward_model")  # verl's datasets: {"ground_truth": ..., "style": ...}
+        request = RMRequest.from_agent_loop_output(
+            final, uid=trajectory, raw_prompt=kwargs.get("raw_prompt"), group=str(kwargs.get("uid", "?")),
+            ground_truth=reference.get("ground_truth") if isinstance(reference, Mapping) else None,
+        )
         names = list(self._async_rm_services)
         answers = await asyncio.gather(
             *(score_with_timeout(service, request, timeout_s=self._async_rm_timeout_s)

@@ -49,6 +49,9 @@ class RewardMix:
     extra_weights: tuple[tuple[str, float], ...] = field(default=(), metadata={"internal": True})
     #: Names of the RMs whose scores are token-level (process RMs with ``process_reduction='none'``); not a user key.
     token_level_rms: tuple[str, ...] = field(default=(), metadata={"internal": True})
+    #: Names of the judges that write their verdict (``judge_readout='generate'``), whose text goes into
+    #: ``reward_extra_info`` as ``rm_verdict_<name>``; not a user key.
+    verdict_rms: tuple[str, ...] = field(default=(), metadata={"internal": True})
 
     def __post_init__(self) -> None:
         check_options(self, prefix="async_rm.")
@@ -129,13 +132,15 @@ class RewardMix:
 
     def finish(self, manager_result: Mapping[str, Any], rm_scores: Mapping[str, float], *, data_source: Any = None,
                extra_info: Optional[Mapping] = None, fn: Optional[Callable[..., float]] = None,
-               error: Optional[str] = None, flag_drops: bool = False) -> tuple[float, dict[str, Any]]:
+               error: Optional[str] = None, flag_drops: bool = False,
+               verdicts: Optional[Mapping[str, str]] = None) -> tuple[float, dict[str, Any]]:
         """The trajectory's reward and ``reward_extra_info`` from its reward manager's result and its RM scores.
 
         ``rm_scores`` are finite (the scorer refuses NaN/inf where the score is made). ``reward_extra_info`` keeps the
         manager's own keys (one named like a key below becomes ``rule/<key>``) and adds ``rm_score`` (main, raw),
         ``rm_score_<name>`` for every RM, ``rm_total`` (the weighted RM sum) and ``rule_score`` (the manager's
-        reward). ``error`` (an RM failed, ``on_error='drop'`` on v0): the reward is NaN, never a partial sum, and
+        reward), and ``rm_verdict_<name>`` for every judge that writes its verdict (``verdicts``: its text's end; ""
+        when it has none, as verl stacks the keys of all samples). ``error`` (an RM failed, ``on_error='drop'`` on v0): the reward is NaN, never a partial sum, and
         ``rm_dropped``/``rm_error`` flag it; ``flag_drops`` adds them (0.0, "") to every trajectory, since verl stacks
         the keys of all samples.
         """
@@ -158,6 +163,7 @@ class RewardMix:
                                   extra_info=extra_info, fn=fn)
         own = {RM_SCORE_KEY: scores[MAIN], **{f"rm_score_{name}": s for name, s in scores.items()},
                "rm_total": total, "rule_score": rule_score}
+        own.update({f"rm_verdict_{name}": (verdicts or {}).get(name, "") for name in self.verdict_rms})
         if flag_drops or error is not None:
             own.update(rm_dropped=float(error is not None), rm_error=error or "")
         extra = {(f"rule/{k}" if k in own else k): v for k, v in manager_info.items()}

@@ -50,7 +50,7 @@ def _native_model_type(model_type: Any) -> bool:
 
 def check_rm_checkpoint(model_path: str, trust_remote_code: bool, reward_kind: str = "outcome") -> None:
     """Raise ``ValueError`` if ``model_path`` cannot be an RM: no ``config.json``; a generation architecture with no
-    reward head; custom code (``auto_map``) without ``trust_remote_code`` for an unknown model type or an RM loaded
+    reward head (a judge, ``reward_kind='judge'``, needs one instead); custom code (``auto_map``) without ``trust_remote_code`` for an unknown model type or an RM loaded
     by its own ``AutoModel`` code (transformers would load the bare backbone and drop the reward head)."""
     config = _read_config(model_path)
     auto_map = config.get("auto_map") or {}
@@ -65,6 +65,17 @@ def check_rm_checkpoint(model_path: str, trust_remote_code: bool, reward_kind: s
             _TRUST_FIX,
         )
     architectures = [str(a) for a in config.get("architectures") or []]
+    if reward_kind == "judge":
+        if architectures and not any(a.endswith(_GENERATION_HEADS[:3]) for a in architectures) and not (
+            {"AutoModelForCausalLM", "AutoModelForImageTextToText"} & set(auto_map)
+        ):
+            raise ConfigValueError(
+                "model_path", model_path, f"its config.json lists architectures={architectures}, not a causal LM, so "
+                "it has no next-token output for a judge to read",
+                "point it at a causal LM (e.g. an instruct model, or Llama-3.1-Nemotron-70B-Reward-HF), or set "
+                "reward_kind='outcome' for a sequence-classification RM",
+            )
+        return
     has_cls_code = bool({"AutoModelForSequenceClassification", "AutoModelForTokenClassification"} & set(auto_map))
     if (
         architectures
@@ -107,11 +118,14 @@ def load_tokenizer(path: str, key: str, trust_remote_code: bool) -> Any:
 
 
 def auto_class_name(config: dict[str, Any], reward_kind: str = "outcome") -> str:
-    """The transformers auto class that loads this RM: token (process RMs) or sequence classification when the
+    """The transformers auto class that loads this RM: causal LM for judges; token (process RMs) or sequence
+    classification when the
     architecture or the checkpoint's code provides it, else the checkpoint's own ``AutoModel`` code (InternLM2-Reward,
     Qwen2.5-Math-PRM style), else token or sequence classification."""
     auto_map = config.get("auto_map") or {}
     architectures = [str(a) for a in config.get("architectures") or []]
+    if reward_kind == "judge":
+        return "AutoModelForCausalLM"
     wanted = "AutoModelForTokenClassification" if reward_kind == "process" else "AutoModelForSequenceClassification"
     suffix = "ForTokenClassification" if reward_kind == "process" else "ForSequenceClassification"
     if wanted in auto_map or any(a.endswith(suffix) for a in architectures):

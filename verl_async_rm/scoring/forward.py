@@ -81,8 +81,14 @@ class RMForward:
         output_field: str | None = None,
         label_index: int | None = None,
         on_failure: Callable[[BaseException], None] | None = None,
+        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        forward_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.model, self.head, self.device, self.pad_id = model, head, device, pad_id
+        #: Applied to the head's output at each read row before the reduction (a judge's LM-head rows,
+        #: :class:`~verl_async_rm.scoring.judge.JudgeLogits`); ``forward_kwargs`` go to every model call (a judge's
+        #: ``logits_to_keep=1``).
+        self.transform, self.forward_kwargs = transform, dict(forward_kwargs or {})
         self.on_failure = on_failure
         self.score_reduction, self.score_index = score_reduction, score_index
         #: Read scores from this field of the model's output (custom outputs); forwards are then padded.
@@ -233,7 +239,7 @@ class RMForward:
         input_ids, attention_mask = to_device(ids, self.device), to_device(mask.astype(np.int64), self.device)
         self._captured = None
         with torch.no_grad(), self._no_shape_plans():
-            output = self.model(input_ids=input_ids, attention_mask=attention_mask)
+            output = self.model(input_ids=input_ids, attention_mask=attention_mask, **self.forward_kwargs)
             per_token, self._captured = self._captured, None
             if self.output_field is not None:
                 return field_scores(output, self.output_field, len(batch), self.score_reduction, self.score_index)
@@ -268,7 +274,8 @@ class RMForward:
             if layout.saved == 0:
                 layout = None  # nothing shared: the plain layout needs no key gather
         rows = layout or pack_rows(batch, self.device)
-        kwargs: dict[str, Any] = {"input_ids": rows.input_ids, "position_ids": rows.position_ids, "use_cache": False}
+        kwargs: dict[str, Any] = {"input_ids": rows.input_ids, "position_ids": rows.position_ids, "use_cache": False,
+                                  **self.forward_kwargs}
         if layout is not None:
             kwargs.update(layout.attention_kwargs())
         elif self.kernel == "varlen":
@@ -319,6 +326,8 @@ class RMForward:
         :func:`reduce_outputs`."""
         if self.label_index is not None:
             return torch.softmax(logits.float(), dim=-1)[:, self.label_index]
+        if self.transform is not None:
+            logits = self.transform(logits)
         return reduce_outputs(logits, self.score_reduction, self.score_index)
 
     def _check_output_field(self) -> None:

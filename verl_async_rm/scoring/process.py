@@ -16,6 +16,7 @@ from typing import Any
 
 from verl_async_rm.errors import RewardInputError
 from verl_async_rm.request import RMRequest
+from verl_async_rm.scoring.judge_text import Verdict
 from verl_async_rm.scoring.inputs import (
     check_token_ids,
     conversation_for,
@@ -49,13 +50,16 @@ class StepRewards:
 
 
 #: What an RM hands back for one trajectory, from the replica to the reward mix: its score (a finite float, converted
-#: once by the forward's ``.tolist()`` and checked once by the scorer), or a token-level process RM's step rewards.
-Score = float | StepRewards
+#: once by the forward's ``.tolist()`` and checked once by the scorer), a token-level process RM's step rewards, or a
+#: judge's parsed verdict with its text.
+Score = float | StepRewards | Verdict
 
 
 def score_value(score: Score) -> float:
-    """The trajectory-level value of a score: the float itself, or the sum of the step rewards."""
-    return score.total if isinstance(score, StepRewards) else score
+    """The trajectory-level value of a score: the float itself, the sum of the step rewards, or the verdict's score."""
+    if isinstance(score, StepRewards):
+        return score.total
+    return score.score if isinstance(score, Verdict) else score
 
 
 @dataclass(frozen=True)

@@ -89,8 +89,49 @@ class RMConfig:
         "outcome",
         "'outcome': one score per trajectory; 'process': a process RM (PRM) that scores every reasoning "
         "step at a separator token (token classification, e.g. Qwen2.5-Math-PRM); see the step_* and process_* "
-        "keys.",
-        choices=("outcome", "process"), why="unknown kind",
+        "keys; 'judge': a causal LM asked about the trajectory in judge_prompt, scored at its next token or by the "
+        "verdict it writes (see the judge_* keys).",
+        choices=("outcome", "process", "judge"), why="unknown kind",
+    )
+    judge_prompt: str | None = option(
+        None,
+        "reward_kind='judge': a Jinja text rendered with prompt (the last user message's text), response (the "
+        "decoded response), messages (the prompt's chat messages) and ground_truth (the dataset's, or ''); it "
+        "becomes the user turn of a one-turn conversation rendered with the judge's chat template and its "
+        "generation prompt. None: a yes/no correctness question (logits) or a 0-10 grade ending in 'Verdict: <n>' "
+        "(generate).",
+        str, optional=True, fix="write it in Jinja, e.g. 'Question: {{ prompt }} Answer: {{ response }} Correct?'",
+    )
+    judge_readout: str = option(
+        "logits",
+        "reward_kind='judge': 'logits' (one forward; the score is read at the judge's next token, see "
+        "judge_tokens) or 'generate' (the judge writes up to judge_max_tokens tokens on a vLLM engine in the "
+        "replica, greedy; the verdict is parsed by judge_pattern).",
+        choices=("logits", "generate"), why="unknown readout",
+    )
+    judge_tokens: tuple[str, ...] | None = option(
+        None,
+        "judge_readout='logits': the next-token strings read, each one token of the judge's vocabulary. Two or "
+        "more (e.g. [Yes,No]): the score is the first one's probability renormalised over the listed tokens; one "
+        "(e.g. Nemotron-70B-Reward's): that token's raw logit. None: [Yes,No].",
+        tuple, optional=True, fix="e.g. +async_rm.judge_tokens='[Yes,No]'",
+    )
+    judge_pattern: str | None = option(
+        None,
+        "judge_readout='generate': a regular expression with one group; its last match in the judge's text gives "
+        "the verdict, a number or one of judge_labels. None: 'Verdict:\\s*(-?[0-9]+(?:\\.[0-9]+)?)'.",
+        str, optional=True, fix="e.g. +async_rm.judge_pattern='Verdict: *([0-9]+)'",
+    )
+    judge_labels: tuple[tuple[str, float], ...] | None = option(
+        None,
+        "judge_readout='generate': label -> score for verdicts that are words (matched as written, then "
+        "ignoring case), e.g. {correct: 1, wrong: 0}. None: the verdict must be a number.",
+        dict, optional=True, fix="e.g. +async_rm.judge_labels='{correct:1,wrong:0}'",
+    )
+    judge_max_tokens: int = option(
+        256,
+        "judge_readout='generate': the most tokens the judge writes per trajectory (its verdict must be in them).",
+        least=1, why="must be a positive integer", fix="set e.g. {key}=256",
     )
     step_delimiter: str = option(
         "\n\n",
@@ -208,6 +249,7 @@ class RMConfig:
             )
         if self.reward_kind == "process":
             self._check_process()
+        self._check_judge()
         if self.engine == "vllm" and (reason := vllm_unsupported(self)) is not None:
             raise ConfigValueError(
                 "engine", "vllm", reason,
@@ -244,6 +286,42 @@ class RMConfig:
                 "remove score_output_field, or set reward_kind='outcome'",
             )
 
+    def _check_judge(self) -> None:
+        """Judge keys only with ``reward_kind='judge'``; their values checked and their defaults filled in."""
+        from verl_async_rm.scoring import judge_text as judge
+
+        keys = ("judge_prompt", "judge_tokens", "judge_pattern", "judge_labels")
+        if self.reward_kind != "judge":
+            if (key := next((k for k in keys if getattr(self, k) is not None), None)) is not None:
+                raise ConfigValueError(key, getattr(self, key), f"it is read only by judge RMs, and reward_kind is "
+                                       f"{self.reward_kind!r}", "set reward_kind='judge', or remove the key")
+            return
+        refusals = {
+            "retemplate": (self.retemplate == "never", "a judge always reads its own prompt, rendered with its chat "
+                           "template", "use retemplate='auto' (the default)"),
+            "score_output_field": (self.score_output_field is not None, "a judge is read at its next token or from "
+                                   "its written verdict", "remove score_output_field"),
+        }
+        generate = self.judge_readout == "generate"
+        other = ("judge_pattern", "judge_labels") if not generate else ("judge_tokens",)
+        for key in other:
+            refusals[key] = (getattr(self, key) is not None, f"it is read only with judge_readout="
+                             f"{'generate' if key != 'judge_tokens' else 'logits'}, and judge_readout is "
+                             f"{self.judge_readout!r}", "remove it, or set judge_readout accordingly")
+        refusals["gpus_per_replica"] = (self.gpus_per_replica > 1, "a judge replica holds one GPU (the plugin "
+                                        "does not shard judges yet)", "set gpus_per_replica=1")
+        for key, (bad, why, fix) in refusals.items():
+            if bad:
+                raise ConfigValueError(key, getattr(self, key), why, fix)
+        defaults = judge.defaults(self.judge_readout)
+        for key, value in defaults.items():
+            if getattr(self, key) is None:
+                object.__setattr__(self, key, value)
+        judge.compile_prompt(self.judge_prompt)
+        if generate:
+            judge.compile_pattern(self.judge_pattern)
+            judge.require_vllm()
+
     @property
     def token_level(self) -> bool:
         """True when each step's score becomes a token-level reward (``reward_kind='process'``, no reduction)."""
@@ -262,6 +340,10 @@ class RMConfig:
 
 def vllm_unsupported(config: RMConfig) -> str | None:
     """Why the plugin cannot score this RM on vLLM, from its settings alone (None: it may; the load decides)."""
+    if config.reward_kind == "judge":
+        if config.judge_readout == "generate":
+            return None  # a judge that writes its verdict always runs on vLLM
+        return "a judge's logits readout runs on transformers (judge_readout='generate' runs on vLLM)"
     if config.reward_kind != "outcome":
         return "the plugin scores process RMs on transformers only (their steps are read at separator tokens)"
     if config.score_output_field is not None:

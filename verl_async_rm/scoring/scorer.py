@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from verl_async_rm.errors import NonFiniteScoreError, RewardInputError, RewardModelError
+from verl_async_rm.errors import JudgeVerdictError, NonFiniteScoreError, RewardInputError, RewardModelError
 from verl_async_rm.scoring.checkpoint import check_rm_checkpoint, load_reward_model, load_tokenizer
 from verl_async_rm.errors import ConfigValueError
 from verl_async_rm.scoring.rm_config import RMConfig, vllm_unsupported
@@ -42,6 +42,8 @@ from verl_async_rm.scoring.sharding import (
     join_group,
     load_sharded,
 )
+from verl_async_rm.scoring.judge_text import Generated, Verdict
+from verl_async_rm.scoring.packing import pack_rows
 from verl_async_rm.scoring.process import ProcessInput, StepRewards, prepare_process_input, reduce_steps
 from verl_async_rm.request import RMRequest
 
@@ -68,10 +70,13 @@ class ScorerStats:
     tokens: int = 0  #: RM input tokens built
     busy_s: float = 0.0  #: seconds inside score()
     steps_dropped: int | None = None  #: process RMs only: leading steps left unscored (input beyond max_length)
+    judge_tokens: int | None = None  #: judges that write their verdict only: tokens the judge wrote
+    judge_parse_failures: int | None = None  #: judges that write their verdict only: verdicts that did not parse
 
     @classmethod
-    def zero(cls, process: bool) -> ScorerStats:
-        return cls(steps_dropped=0 if process else None)
+    def zero(cls, process: bool, generate: bool = False) -> ScorerStats:
+        return cls(steps_dropped=0 if process else None, judge_tokens=0 if generate else None,
+                   judge_parse_failures=0 if generate else None)
 
 
 def resolve_dtype(name: str, on_gpu: bool) -> torch.dtype:
@@ -104,6 +109,48 @@ class RewardModelScorer:
 
         check_rm_checkpoint(config.model_path, config.trust_remote_code, config.reward_kind)
         self.rm_tokenizer = load_tokenizer(config.model_path, "model_path", config.trust_remote_code)
+        self.process = config.reward_kind == "process"
+        self.judge = config.reward_kind == "judge"
+        #: A judge that writes its verdict: no transformers model, a vLLM generation engine (set up below).
+        self.generate = self.judge and config.judge_readout == "generate"
+        if self.generate:
+            self._init_generate_judge()
+        else:
+            self._init_model(shard, store)
+        self._init_policy_side()
+        self._stats = ScorerStats.zero(self.process, self.generate)
+        self._step = ScorerStats.zero(self.process, self.generate)
+        self._warned_truncation = False
+        #: What runs the forwards ('hf' or 'vllm') and why (config.engine, vLLM's support, the load-time check).
+        self.engine, self.engine_reason = "hf", "engine='hf'"
+        if self.generate:
+            self._start_judge_engine()
+        elif self.judge:
+            self._check_judge_logits()
+            self.engine_reason = "a judge's logits readout runs on transformers"
+        elif config.engine != "hf":
+            self._start_vllm()
+        logger.info(
+            "RM %s (%s, %s) loaded on %s (%s, %s attention, %d output(s), head=%s, max_length=%s, retemplate=%s, "
+            "forwards %s%s, engine %s)",
+            config.model_path,
+            type(self.model).__name__ if self.model is not None else "vLLM",
+            config.reward_kind,
+            self.device,
+            self.dtype,
+            config.attn_implementation,
+            self.num_labels,
+            self.head_name,
+            self.max_length,
+            self.retemplate,
+            self.forward.describe()["packing"],
+            f", reward token {self.suffix_ids} appended" if self.suffix_ids else "",
+            self.engine,
+        )
+
+    def _init_model(self, shard: ShardGroup | None, store: Any) -> None:
+        """Load the transformers model (sharded over ``shard``'s ranks if given) and its forwards."""
+        config = self.config
         load = functools.partial(
             load_reward_model, config.model_path, trust_remote_code=config.trust_remote_code,
             attn_implementation=config.attn_implementation, reward_kind=config.reward_kind, dtype=self.dtype,
@@ -138,14 +185,22 @@ class RewardModelScorer:
         self.pad_id = next(
             (i for i in (self.rm_tokenizer.pad_token_id, self.rm_tokenizer.eos_token_id) if i is not None), 0
         )
-        self.process = config.reward_kind == "process"
-        if config.score_output_field is not None:
+        transform, forward_kwargs = None, None
+        if self.judge:  # the final norm's output, read at the last token through the judge tokens' LM-head rows
+            from verl_async_rm.scoring.judge import JudgeLogits, final_norm, judge_token_ids
+
+            self.head_name, self.head = "final norm -> judge_tokens", final_norm(model)
+            self.judge_token_ids = judge_token_ids(self.rm_tokenizer, config.judge_tokens, self.rm_vocab_size,
+                                                   config.model_path)
+            transform, forward_kwargs = JudgeLogits(model, self.judge_token_ids), {"logits_to_keep": 1}
+        elif config.score_output_field is not None:
             self.head_name, self.head = f"output.{config.score_output_field}", None
         else:
             self.head_name, self.head = self._find_head(config.score_head)
         #: Ids appended to every outcome input: the reward token of InternLM2-style RMs (``config.reward_token_id``),
         #: whose score is read there.
-        self.suffix_ids = _reward_token(model.config) if not self.process and self.head is not None else []
+        outcome = config.reward_kind == "outcome"
+        self.suffix_ids = _reward_token(model.config) if outcome and self.head is not None else []
         #: Process RMs: the step separator's id (checked to be one token of the RM's vocabulary).
         self.separator_id = self._separator_id() if self.process else None
         if self.head is not None and getattr(text_config, "pad_token_id", None) is None:
@@ -164,9 +219,15 @@ class RewardModelScorer:
             output_field=config.score_output_field,
             label_index=config.process_label_index if self.process else None,
             on_failure=agreement,
+            transform=transform,
+            forward_kwargs=forward_kwargs,
         )
         if shard is not None:
             check_same_forward(self.forward.describe())
+
+    def _init_policy_side(self) -> None:
+        """The policy's tokenizer (to decode responses) and whether inputs are re-rendered for the RM."""
+        config = self.config
 
         self.policy_tokenizer = None
         self.response_stop_ids: set[int] = set()
@@ -177,6 +238,20 @@ class RewardModelScorer:
             self.response_stop_ids = _stop_ids(self.policy_tokenizer, config.policy_tokenizer_path)
         #: Response ids the policy may produce: its tokenizer's ids, and the padded embedding rows past them (no text).
         self.policy_id_limit = _policy_id_limit(self.policy_tokenizer, config.policy_tokenizer_path)
+        if self.judge:  # a judge always reads its own prompt, rendered with its chat template
+            from verl_async_rm.scoring.judge_text import compile_pattern, compile_prompt
+
+            self.judge_template = compile_prompt(config.judge_prompt)
+            self.judge_pattern = compile_pattern(config.judge_pattern) if self.generate else None
+            self.judge_labels = dict(config.judge_labels or ())
+            self.retemplate = True
+            if not getattr(self.rm_tokenizer, "chat_template", None):
+                raise ConfigValueError(
+                    "model_path", config.model_path, "the judge's tokenizer has no chat template to render "
+                    "judge_prompt with", "give it one (chat_template in tokenizer_config.json, or a chat_template.jinja "
+                    "next to it), e.g. an instruct model's",
+                )
+            return
         if config.retemplate == "always":
             self.retemplate = True
         elif config.retemplate == "never":
@@ -194,34 +269,23 @@ class RewardModelScorer:
                 "the RM was trained on the policy's exact tokenizer and chat format, set retemplate='never' (verl: "
                 "+async_rm.retemplate=never) to feed it the policy's token ids",
             )
-        self._stats, self._step = ScorerStats.zero(self.process), ScorerStats.zero(self.process)
-        self._warned_truncation = False
-        #: What runs the forwards ('hf' or 'vllm') and why (config.engine, vLLM's support, the load-time check).
-        self.engine, self.engine_reason = "hf", "engine='hf'"
-        if config.engine != "hf":
-            self._start_vllm()
-        logger.info(
-            "RM %s (%s, %s) loaded on %s (%s, %s attention, %d output(s), head=%s, max_length=%s, retemplate=%s, "
-            "forwards %s%s, engine %s)",
-            config.model_path,
-            type(model).__name__,
-            config.reward_kind,
-            self.device,
-            self.dtype,
-            config.attn_implementation,
-            self.num_labels,
-            self.head_name,
-            self.max_length,
-            self.retemplate,
-            self.forward.describe()["packing"],
-            f", reward token {self.suffix_ids} appended" if self.suffix_ids else "",
-            self.engine,
-        )
 
     # ----------------------------------------------------------------------------------------------------- scoring
 
     def prepare(self, request: RMRequest) -> tuple[list[int], bool]:
         """The RM input ids for ``request`` and whether they were truncated (raises :class:`RewardInputError`)."""
+        if self.judge:
+            from verl_async_rm.scoring.judge_text import judge_input_ids
+
+            room = self.max_length
+            if self.generate and room is not None:
+                room -= self.config.judge_max_tokens  # the verdict must fit in the engine's context too
+            ids = judge_input_ids(
+                request, template=self.judge_template, tokenizer=self.rm_tokenizer,
+                policy_tokenizer=self.policy_tokenizer, response_stop_ids=self.response_stop_ids, max_length=room,
+                id_limit=self.policy_id_limit,
+            )
+            return ids, False
         return prepare_input_ids(
             request,
             rm_tokenizer=self.rm_tokenizer,
@@ -249,7 +313,7 @@ class RewardModelScorer:
             id_limit=self.policy_id_limit,
         )
 
-    def score(self, requests: Sequence[RMRequest]) -> list[float | StepRewards | RewardModelError]:
+    def score(self, requests: Sequence[RMRequest]) -> list[float | StepRewards | Verdict | RewardModelError]:
         """One entry per request: its score, or the error that kept that request from being scored. A process RM
         with ``process_reduction='none'`` gives :class:`StepRewards` (a score per step and where it goes).
 
@@ -304,7 +368,10 @@ class RewardModelScorer:
         return results  # type: ignore[return-value]
 
     def _result(self, request: RMRequest, value: Any, steps: ProcessInput | None) -> Any:
-        """A forward's value as the request's result: a finite score, :class:`StepRewards`, or the error."""
+        """A forward's value as the request's result: a finite score, :class:`StepRewards`, a judge's
+        :class:`Verdict`, or the error."""
+        if isinstance(value, Generated):
+            return self._verdict(request, value)
         values = value if steps is not None else [value]
         if not all(math.isfinite(v) for v in values):
             return NonFiniteScoreError(f"trajectory {request.uid}: the RM returned {value}")
@@ -313,6 +380,22 @@ class RewardModelScorer:
         if self.config.process_reduction == "none":
             return StepRewards(tuple(values), tuple(steps.token_index), steps.dropped)
         return reduce_steps(values, self.config.process_reduction)
+
+    def _verdict(self, request: RMRequest, generated: Generated) -> Verdict | JudgeVerdictError:
+        """A ``generate`` judge's text parsed into its :class:`Verdict`, or the error that fails this trajectory."""
+        from verl_async_rm.scoring.judge_text import VERDICT_CHARS, parse_verdict
+
+        for counters in (self._stats, self._step):
+            counters.judge_tokens += generated.tokens  # type: ignore[operator]
+        try:
+            score = parse_verdict(generated.text, self.judge_pattern, self.judge_labels)
+        except JudgeVerdictError as err:
+            for counters in (self._stats, self._step):
+                counters.judge_parse_failures += 1  # type: ignore[operator]
+            failure = JudgeVerdictError(f"judge {self.config.model_path}: trajectory {request.uid}: {err}")
+            failure.__cause__ = err
+            return failure
+        return Verdict(score, generated.text[-VERDICT_CHARS:])
 
     def forward_ids(self, batch: Sequence[Sequence[int]]) -> torch.Tensor:
         """Scores (float32, one per row) of already prepared input ids, in one forward pass (packed or padded)."""
@@ -328,6 +411,7 @@ class RewardModelScorer:
             "num_labels": self.num_labels,
             "engine": self.engine,
             "engine_reason": self.engine_reason,
+            **({"judge_readout": self.config.judge_readout} if self.judge else {}),
             **self.sharding,
             **self.forward.describe(),
         }
@@ -378,6 +462,77 @@ class RewardModelScorer:
         self.engine_reason = f"engine='auto' chose transformers: {reason}"
         logger.warning("RM %s: %s", self.config.model_path, self.engine_reason)
 
+    def _init_generate_judge(self) -> None:
+        """A judge that writes its verdict: what the scorer needs from the checkpoint's config, no transformers model
+        (its vLLM engine starts once the policy side is ready: :meth:`_start_judge_engine`)."""
+        from transformers import AutoConfig
+
+        config = self.config
+        model_config = AutoConfig.from_pretrained(config.model_path, trust_remote_code=config.trust_remote_code)
+        text_config = model_config.get_text_config() if hasattr(model_config, "get_text_config") else model_config
+        self.model, self.forward, self.sharding = None, None, {"sharding": "none"}
+        self.num_labels, self.head_name, self.head = 1, "vLLM generate -> judge_pattern", None
+        self.suffix_ids, self.separator_id = [], None
+        self.rm_vocab_size = int(text_config.vocab_size)
+        self.pad_id = self.rm_tokenizer.pad_token_id or 0
+        self.max_length = config.max_length or getattr(text_config, "max_position_embeddings", None)
+        if self.max_length is not None and self.max_length <= config.judge_max_tokens:
+            raise ConfigValueError(
+                "judge_max_tokens", config.judge_max_tokens, f"the judge's context is max_length={self.max_length} "
+                "tokens, which must hold its input and its verdict", "set judge_max_tokens below max_length (or "
+                "raise max_length)",
+            )
+
+    def _start_judge_engine(self) -> None:
+        """Start the ``generate`` judge's vLLM engine and write one verdict at load: the engine runs, and that input
+        is its known-good probe (a row failing alone while the probe fails too means a dead engine)."""
+        from verl_async_rm.scoring.judge import VLLMJudge
+
+        self.forward = VLLMJudge(self.config, max_length=self.max_length, dtype=self.dtype, device=self.device)
+        probe = RMRequest(uid="load-check", prompt_ids=[], response_ids=self.policy_tokenizer(_CHECK_TEXTS[1])[
+            "input_ids"], raw_prompt=[{"role": "user", "content": "How many apples are three plus four apples?"}],
+                          ground_truth="7")
+        ids, _ = self.prepare(probe)
+        first = self.forward.score_all([ids], self.config.micro_batch_max_tokens)[0]
+        if isinstance(first, Exception):
+            self.forward.close()
+            raise RewardModelError(f"the judge's vLLM engine failed on the load-time input: {first!r}") from first
+        self.forward.canary = ids
+        self.engine = "vllm"
+        self.engine_reason = f"judge_readout='generate' (vLLM {self.forward.describe()['vllm']})"
+        logger.info("judge %s wrote at load (%d tokens): %r", self.config.model_path, first.tokens, first.text[-200:])
+
+    def _check_judge_logits(self) -> None:
+        """The ``logits`` readout (final norm, judge tokens' LM-head rows) must give what the model's own next-token
+        logits give, on the load-time texts; else ``ConfigValueError`` (an output scaling the plugin does not know)."""
+        from verl_async_rm.scoring.judge import JudgeLogits
+        from verl_async_rm.scoring.vllm_forward import check_tolerance
+
+        readout = self.forward.transform
+        assert isinstance(readout, JudgeLogits)
+        rows = self._check_rows()
+        got = torch.cat([self.forward.forward_ids([ids]) for ids in rows])
+        with torch.no_grad():
+            reference = []
+            for ids in rows:
+                kwargs: dict[str, Any] = {"input_ids": torch.tensor([ids], device=self.device)}
+                if self.forward.kernel == "varlen":  # the model's attention is the packed kernel now
+                    packed = pack_rows([ids], self.device)
+                    kwargs = {"input_ids": packed.input_ids, "position_ids": packed.position_ids,
+                              **packed.varlen_kwargs()}
+                logits = self.model(**kwargs, use_cache=False).logits[0, -1].float()
+                chosen = logits[self.judge_token_ids].unsqueeze(0)
+                value = chosen if chosen.shape[-1] == 1 else torch.softmax(chosen, dim=-1)[:, :1]
+                reference.append(float(value[0, 0]))
+        reference_t = torch.tensor(reference)
+        tolerance = check_tolerance(self.dtype) * (1 + reference_t.abs())
+        if not bool(((got - reference_t).abs() <= tolerance).all()):
+            raise ConfigValueError(
+                "judge_readout", "logits", f"reading {type(self.model).__name__} at its final norm gives {got.tolist()}"
+                f" where its own next-token logits give {reference} (an output scaling the plugin does not apply)",
+                "use judge_readout='generate'",
+            )
+
     def _use_engine(self, engine: Any, why: str) -> None:
         """Score on ``engine`` from now on and free the transformers model."""
         self.forward.close()
@@ -412,7 +567,7 @@ class RewardModelScorer:
 
     def pop_step_stats(self) -> ScorerStats:
         """Counters since the last call (one training step); truncations are logged here, once; then reset."""
-        step, self._step = self._step, ScorerStats.zero(self.process)
+        step, self._step = self._step, ScorerStats.zero(self.process, self.generate)
         if step.truncated:
             logger.warning(
                 "RM step: %d of %d inputs truncated to max_length=%s (prompt start cut, response end kept); "

@@ -65,6 +65,9 @@ class VLLMForward:
         prefix_caching: vLLM's prefix cache (GRPO siblings' common prompt computed once); off for benchmarks.
     """
 
+    #: vLLM's runner: ``pooling`` here (scores), ``generate`` for a judge that writes its verdict.
+    runner = "pooling"
+
     def __init__(self, config: RMConfig, *, max_length: int | None, dtype: torch.dtype, device: torch.device,
                  prefix_caching: bool = True) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine lives and dies with this replica
@@ -80,7 +83,7 @@ class VLLMForward:
             options["gpu_memory_utilization"] = GPU_MEMORY_UTILIZATION
         self.llm = LLM(
             model=config.model_path,
-            runner="pooling",
+            runner=self.runner,
             dtype=str(dtype).removeprefix("torch."),
             max_model_len=max_length,
             max_num_batched_tokens=max(config.micro_batch_max_tokens, max_length or 0),
@@ -127,11 +130,11 @@ class VLLMForward:
 
     def forward_ids(self, batch: Sequence[Sequence[int]], *_: Any) -> torch.Tensor:
         """Scores (float32, one per row) of prepared input ids, in one engine call (raises on any failure)."""
-        return torch.tensor(self._classify(batch), dtype=torch.float32)
+        return torch.tensor(self._run(batch), dtype=torch.float32)
 
     def _rows(self, rows: list[list[int]]) -> list[Any]:
         try:
-            return self._classify(rows)
+            return self._run(rows)
         except EngineDeadError:
             raise
         except Exception as err:  # noqa: BLE001 - a row vLLM refuses or fails on: find it, score the others
@@ -151,27 +154,32 @@ class VLLMForward:
         if self.canary is None:
             return
         try:
-            self._classify([self.canary])
+            self._run([self.canary])
         except Exception as probe:  # noqa: BLE001 - any failure on the known-good input
             raise EngineDeadError(
                 f"the vLLM engine of this replica fails on a known-good input too ({probe!r}), after {err!r}"
             ) from probe
 
-    def _classify(self, rows: Sequence[Sequence[int]]) -> list[float]:
+    def _run(self, rows: Sequence[Sequence[int]]) -> list[Any]:
+        """One engine call for ``rows``: their raw scores (raises on any failure)."""
         from vllm.inputs import TokensPrompt
 
+        outputs = self._engine_call(lambda llm: llm.classify(
+            [TokensPrompt(prompt_token_ids=list(ids)) for ids in rows], pooling_params=self._params, use_tqdm=False
+        ))
+        logits = torch.tensor([out.outputs.probs for out in outputs], dtype=torch.float32)
+        return reduce_outputs(logits, self.config.score_reduction, self.config.score_index).tolist()
+
+    def _engine_call(self, call: Any) -> Any:
+        """``call(llm)``; a closed or dead engine raises :class:`EngineDeadError`."""
         if self.llm is None:
             raise EngineDeadError("the vLLM engine of this replica is closed")
         try:
-            outputs = self.llm.classify(
-                [TokensPrompt(prompt_token_ids=list(ids)) for ids in rows], pooling_params=self._params, use_tqdm=False
-            )
+            return call(self.llm)
         except Exception as err:
             if _engine_dead(err):
                 raise EngineDeadError(f"the vLLM engine of this replica died: {err!r}") from err
             raise
-        logits = torch.tensor([out.outputs.probs for out in outputs], dtype=torch.float32)
-        return reduce_outputs(logits, self.config.score_reduction, self.config.score_index).tolist()
 
 
 def _engine_dead(err: BaseException) -> bool:

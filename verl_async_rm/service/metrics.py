@@ -22,7 +22,8 @@ def service_step_metrics(step: StepStats, replica_steps: Sequence[ScorerStats] =
     """Flat ``{name: number}`` for one step; figures with no value this step (no batch ran) are left out.
 
     ``replica_steps`` are the replicas' step counters (``RMReplica.pop_step_stats``): inputs truncated to
-    ``max_length``, items the RM failed (bad input, NaN score...) and, for process RMs, leading steps left unscored.
+    ``max_length``, items the RM failed (bad input, NaN score...), for process RMs leading steps left unscored, and for
+    judges that write their verdict the tokens they wrote and the verdicts that did not parse.
     ``reward_tail_s`` runs from the step's last request reaching the service (right after its agent loop ended) to the
     last score handed back, on the service's one clock.
     """
@@ -49,6 +50,10 @@ def service_step_metrics(step: StepStats, replica_steps: Sequence[ScorerStats] =
         dropped = [r.steps_dropped for r in replica_steps if r.steps_dropped is not None]
         if dropped:
             values["steps_dropped"] = sum(dropped)
+        judged = [r for r in replica_steps if r.judge_tokens is not None]  # judges that write their verdict
+        if judged:
+            values["judge_tokens"] = sum(r.judge_tokens for r in judged)
+            values["judge_parse_failures"] = sum(r.judge_parse_failures or 0 for r in judged)
     return {name: float(value) for name, value in values.items() if value is not None}
 
 
