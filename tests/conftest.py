@@ -48,6 +48,15 @@ def tiny_models():
 
 
 @pytest.fixture(scope="session")
+def tiny_judges():
+    """The tiny judges (causal LMs: ``lm`` for the logits readout, ``digit`` for the generate readout), built offline
+    next to the tiny models."""
+    from verl_async_rm.testing.judges import build_tiny_judges
+
+    return build_tiny_judges(os.environ.get("VERL_ASYNC_RM_CACHE") or str(REPO_ROOT / ".cache"))
+
+
+@pytest.fixture(scope="session")
 def policy_tok(tiny_models):
     """The tiny policy's tokenizer (ChatML template, pad id 0)."""
     from transformers import AutoTokenizer

@@ -7,10 +7,11 @@ runs them (head dimension 32):
   probabilities differ visibly between judge prompts (the ``logits`` readout's tests).
 - ``digit``: a one-layer ``Qwen2ForCausalLM`` whose next token is a fixed function of the current token, with a
   margin no numerical path can flip: one-hot embeddings, attention and MLP outputs zeroed (the residual stream is the
-  embedding), and LM-head rows that map every token to a digit (``DIGIT_OF``) and every digit to EOS. Greedy, it
-  writes one digit and stops; which digit depends only on the judge input's last token. Its chat template writes the
-  messages' text as it is, with an empty generation prompt, so that token is the end of ``judge_prompt`` as rendered
-  (the ``generate`` readout's tests: verdicts known in advance, some of them outside a pattern).
+  embedding), and LM-head rows that map every other token to a digit (:func:`digit_of`) and each digit to the next
+  one (9 to 0). Greedy, it counts up from the first digit until ``max_tokens`` ("7890..."); which digit comes first
+  depends only on the judge input's last token. Its chat template writes the messages' text as it is, with an empty
+  generation prompt, so that token is the end of ``judge_prompt`` as rendered (the ``generate`` readout's tests:
+  verdicts known in advance, and a pattern such as ``^([0-4])`` that leaves some of them unparseable).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from verl_async_rm.testing.models import _chatml_tokenizer, _special_ids, build_
 
 __all__ = ["TinyJudges", "build_tiny_judges", "digit_of", "RAW_TEMPLATE"]
 
-_RECIPE_VERSION = "1"
+_RECIPE_VERSION = "2"
 #: The ``digit`` judge's chat template: the messages' text, nothing around it, and no generation prompt.
 RAW_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 
@@ -38,7 +39,7 @@ class TinyJudges:
 
 
 def digit_of(token_id: int) -> int:
-    """The digit the ``digit`` judge writes after a non-digit token."""
+    """The digit the ``digit`` judge writes first after a non-digit token."""
     return (token_id * 7 + 3) % 10
 
 
@@ -81,7 +82,8 @@ def _build_into(root: Path, seed: int) -> None:
         layer.mlp.down_proj.weight.zero_()
         head = torch.zeros(vocab, hidden)
         for token in range(vocab):
-            head[tok.eos_token_id if token in digits else digits[digit_of(token)], token] = 1.0
+            after = digits[(digits.index(token) + 1) % 10] if token in digits else digits[digit_of(token)]
+            head[after, token] = 1.0
         digit.lm_head.weight.copy_(head)
     digit.generation_config = GenerationConfig(**_special_ids(tok))
     digit.save_pretrained(root / "digit")

@@ -1,0 +1,186 @@
+"""Judge RMs in-process (no Ray): the judge keys' checks, verdict parsing, and the ``logits`` readout against a plain
+transformers forward of the same judge prompt (fp32, 1e-4), padded and packed. The ``generate`` readout runs on real
+vLLM in ``tests/integration/test_judge_rms.py``."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+
+import pytest
+from judge_cases import LOGITS_PROMPT, TOKENS, judge_ids, logits_reference, response_text
+from omegaconf import OmegaConf
+from rm_cases import make_request
+
+from verl_async_rm.errors import ConfigValueError, JudgeVerdictError, RewardInputError
+from verl_async_rm.request import RMRequest
+from verl_async_rm.scoring import RMConfig
+from verl_async_rm.scoring.judge_text import compile_pattern, parse_verdict
+from verl_async_rm.scoring.process import score_value
+from verl_async_rm.scoring.judge_text import Verdict
+
+pytestmark = pytest.mark.unit
+
+ATOL = 1e-4
+PAIRS = [("how many apples does the farmer have", "the farmer has 7 apples"),
+         ("what is the total cost of two books", "two books cost 12 dollars so the answer is 12"),
+         ("how many eggs are left", "no eggs are left"),
+         ("what is half of ten", "half of ten is five")]
+
+
+def judge_config(path, policy, **kwargs) -> RMConfig:
+    return RMConfig(model_path=str(path), policy_tokenizer_path=str(policy), use_gpu=False, reward_kind="judge",
+                    **kwargs)
+
+
+def judge_requests(policy_tok, ground_truth="7"):
+    requests = []
+    for i, (question, answer) in enumerate(PAIRS):
+        request = make_request(policy_tok, question, answer, uid=f"j{i}", group=f"g{i // 2}")
+        requests.append(RMRequest(**{**vars(request), "ground_truth": ground_truth}))
+    return requests
+
+
+# ------------------------------------------------------------------------------------------------- the judge keys
+
+
+@pytest.mark.parametrize(("values", "key", "words"), [
+    ({"judge_readout": "generate", "judge_pattern": "a(b)(c)"}, "judge_pattern", "2 groups"),
+    ({"judge_readout": "generate", "judge_pattern": "Verdict: [0-9]+"}, "judge_pattern", "0 groups"),
+    ({"judge_readout": "generate", "judge_pattern": "(unclosed"}, "judge_pattern", "not a regular expression"),
+    ({"judge_prompt": "{{ answer }}"}, "judge_prompt", "'answer' is undefined"),
+    ({"judge_prompt": "{% if prompt %}"}, "judge_prompt", "TemplateSyntaxError"),
+    ({"judge_tokens": ["Yes", 3]}, "judge_tokens", "list of non-empty strings"),
+    ({"judge_readout": "generate", "judge_labels": {"a": 1, "b": "x"}}, "judge_labels", "finite numbers"),
+    ({"judge_pattern": "(x)"}, "judge_pattern", "read only with judge_readout=generate"),
+    ({"judge_readout": "generate", "judge_tokens": ["Yes"]}, "judge_tokens", "read only with judge_readout=logits"),
+    ({"retemplate": "never"}, "retemplate", "always reads its own prompt"),
+    ({"gpus_per_replica": 2, "n_gpus_per_node": 2}, "gpus_per_replica", "one GPU"),
+    ({"judge_readout": "generate", "judge_max_tokens": 0}, "judge_max_tokens", "positive integer"),
+    ({"engine": "vllm"}, "engine", "logits readout runs on transformers"),
+])
+def test_bad_judge_keys_name_the_key_the_value_and_the_fix(values, key, words):
+    with pytest.raises(ConfigValueError) as err:
+        judge_config("rm", "policy", **values)
+    assert err.value.key == key and words in str(err.value) and "Fix:" in str(err.value)
+
+
+def test_judge_keys_need_reward_kind_judge():
+    with pytest.raises(ConfigValueError, match="read only by judge RMs") as err:
+        RMConfig(model_path="rm", policy_tokenizer_path="p", judge_tokens=["Yes", "No"])
+    assert err.value.key == "judge_tokens"
+
+
+def test_generate_without_vllm_installed_is_refused_at_config_time(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    with pytest.raises(ConfigValueError, match="vLLM, which is not installed") as err:
+        judge_config("rm", "policy", judge_readout="generate")
+    assert err.value.key == "judge_readout" and "judge_readout='logits'" in str(err.value)
+
+
+def test_defaults_and_hydra_lists_and_mappings():
+    logits = judge_config("rm", "policy")
+    assert logits.judge_tokens == ("Yes", "No") and "{{ response }}" in logits.judge_prompt
+    assert logits.judge_pattern is None and logits.judge_labels is None
+    node = OmegaConf.create({"tokens": [" correct", " no"], "labels": {"correct": 1, "wrong": 0}})
+    assert judge_config("rm", "policy", judge_tokens=node.tokens).judge_tokens == (" correct", " no")
+    generate = judge_config("rm", "policy", judge_readout="generate", judge_labels=node.labels,
+                            judge_pattern="(correct|wrong)")
+    assert generate.judge_labels == (("correct", 1.0), ("wrong", 0.0)) and generate.judge_tokens is None
+    hash(generate)  # frozen and hashable, lists included
+    assert judge_config("rm", "policy", judge_readout="generate").judge_pattern.startswith("Verdict:")
+
+
+def test_a_judge_needs_a_causal_lm_and_an_outcome_rm_still_refuses_one(tiny_models, tiny_judges):
+    from verl_async_rm.scoring.checkpoint import check_rm_checkpoint
+
+    with pytest.raises(ConfigValueError, match="not a causal LM"):
+        check_rm_checkpoint(str(tiny_models.rm), False, "judge")
+    with pytest.raises(ConfigValueError, match="generation model with no trained reward head"):
+        check_rm_checkpoint(str(tiny_judges.lm), False, "outcome")
+    check_rm_checkpoint(str(tiny_judges.lm), False, "judge")
+
+
+# ---------------------------------------------------------------------------------------------- verdict parsing
+
+
+def test_verdicts_parse_from_the_last_match_as_numbers_or_labels():
+    number = compile_pattern(r"Verdict:\s*(-?[0-9.]+)")
+    assert parse_verdict("Verdict: 3 ... on reflection Verdict: 8.5", number, None) == 8.5
+    label = compile_pattern(r"\b(correct|wrong|CORRECT)\b")
+    assert parse_verdict("this is Correct", re.compile(r"(?i)\b(correct|wrong)\b"), {"correct": 1.0}) == 1.0
+    assert parse_verdict("wrong", label, {"correct": 1.0, "wrong": -1.0}) == -1.0
+    with pytest.raises(JudgeVerdictError, match=r"no match .*\(its end: 'I cannot say'\)"):
+        parse_verdict("I cannot say", number, None)
+    with pytest.raises(JudgeVerdictError, match="not one of judge_labels"):
+        parse_verdict("CORRECT", label, {"wrong": 0.0})
+    with pytest.raises(JudgeVerdictError, match="not a number"):
+        parse_verdict("Verdict: .", number, None)
+    assert score_value(Verdict(2.5, "Verdict: 2.5")) == 2.5
+
+
+# ---------------------------------------------------------------------------------------------- logits readout
+
+
+@pytest.fixture(scope="module")
+def lm_judge(tiny_judges):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return (AutoModelForCausalLM.from_pretrained(tiny_judges.lm, dtype=torch.float32).eval(),
+            AutoTokenizer.from_pretrained(tiny_judges.lm))
+
+
+@pytest.mark.parametrize("packing", ["false", "true"])
+@pytest.mark.parametrize("tokens", [TOKENS, TOKENS[:1]])
+def test_logits_readout_equals_a_plain_forward_of_the_judge_prompt(tiny_models, tiny_judges, policy_tok, lm_judge,
+                                                                     packing, tokens):
+    from verl_async_rm.scoring.scorer import RewardModelScorer
+
+    scorer = RewardModelScorer(judge_config(tiny_judges.lm, tiny_models.policy, judge_prompt=LOGITS_PROMPT,
+                                            judge_tokens=tokens, packing=packing))
+    assert scorer.describe()["packing"].startswith("packed" if packing == "true" else "padded")
+    requests = judge_requests(policy_tok)
+    scores = scorer.score(requests)
+    model, judge_tok = lm_judge
+    expected = [logits_reference(model, judge_tok, judge_ids(judge_tok, LOGITS_PROMPT, q, response_text(
+        policy_tok, r.response_ids), "7"), tokens) for r, (q, _) in zip(requests, PAIRS, strict=True)]
+    assert scores == pytest.approx(expected, abs=ATOL)
+    assert max(expected) - min(expected) > 5 * ATOL  # the judge tells these trajectories apart
+    if len(tokens) == 2:
+        assert all(0.0 < s < 1.0 for s in scores)
+
+
+def test_the_ground_truth_reaches_the_judge(tiny_models, tiny_judges, policy_tok, lm_judge):
+    from verl_async_rm.scoring.scorer import RewardModelScorer
+
+    scorer = RewardModelScorer(judge_config(tiny_judges.lm, tiny_models.policy, judge_prompt=LOGITS_PROMPT,
+                                            judge_tokens=TOKENS))
+    with_7, with_12 = scorer.score(judge_requests(policy_tok, "7")), scorer.score(judge_requests(policy_tok, "12"))
+    model, judge_tok = lm_judge
+    q, _ = PAIRS[0]
+    response = response_text(policy_tok, judge_requests(policy_tok)[0].response_ids)
+    assert with_12[0] == pytest.approx(logits_reference(model, judge_tok, judge_ids(
+        judge_tok, LOGITS_PROMPT, q, response, "12")), abs=ATOL)
+    assert with_7[0] != pytest.approx(with_12[0], abs=ATOL)
+
+
+def test_a_verdict_token_of_two_tokens_is_refused_at_load(tiny_models, tiny_judges):
+    from verl_async_rm.scoring.scorer import RewardModelScorer
+
+    with pytest.raises(ConfigValueError, match="reads ' yes' as 2 tokens") as err:
+        RewardModelScorer(judge_config(tiny_judges.lm, tiny_models.policy, judge_tokens=[" yes", " no"]))
+    assert err.value.key == "judge_tokens" and "single tokens" in str(err.value)
+
+
+def test_a_judge_input_over_max_length_fails_only_its_trajectory(tiny_models, tiny_judges, policy_tok):
+    from verl_async_rm.scoring.scorer import RewardModelScorer
+
+    scorer = RewardModelScorer(judge_config(tiny_judges.lm, tiny_models.policy, judge_prompt=LOGITS_PROMPT,
+                                            judge_tokens=TOKENS, max_length=40))
+    short = make_request(policy_tok, "hi", "7", uid="short")
+    long = make_request(policy_tok, "hi", " ".join(["apples"] * 60), uid="long")
+    scores = scorer.score([short, long])
+    assert isinstance(scores[0], float)
+    assert isinstance(scores[1], RewardInputError) and "max_length=40" in str(scores[1]) and "long" in str(scores[1])
