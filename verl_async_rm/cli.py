@@ -17,13 +17,17 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     # `bench executor [...]`: the executor micro-benchmark; `bench rm [...]`: the RM scorer's forwards on this
-    # device; `bench [...]`: the overlap benchmark (each its own parser).
+    # device; `bench judge [...]`: a judge's two readouts; `bench [...]`: the overlap benchmark (each its own parser).
     if args.rest[:1] == ["executor"]:
         from verl_async_rm.bench.executor import main as bench_main
 
         rest = args.rest[1:]
     elif args.rest[:1] == ["rm"]:
         from verl_async_rm.bench.rm import main as bench_main
+
+        rest = args.rest[1:]
+    elif args.rest[:1] == ["judge"]:
+        from verl_async_rm.bench.judge import main as bench_main
 
         rest = args.rest[1:]
     else:

@@ -80,6 +80,9 @@ RECIPES: dict[str, Layout] = {
     # an outcome RM and a process RM with token-level step rewards (async_rm.models.prm.*), verl's naive manager
     "grpo_gsm8k_prm_steps.sh": Layout(VERL_ENTRY, 1, 6, 1, 1, rm_weight=0.1, rule_weight=1.0,
                                       extra_rms={"prm": (1, 1, 0.5)}),
+    # an RM and an instruct model as a yes/no judge (async_rm.models.judge.*, logits readout), verl's naive manager
+    "grpo_gsm8k_judge.sh": Layout(VERL_ENTRY, 1, 6, 1, 1, rm_weight=0.1, rule_weight=1.0,
+                                  extra_rms={"judge": (1, 1, 0.5)}),
     # the same with a 72B process RM: one replica of 4 GPUs (gpus_per_replica=4), the policy on 3
     "grpo_gsm8k_prm72b_sharded.sh": Layout(VERL_ENTRY, 1, 3, 1, 1, rm_weight=0.1, rule_weight=1.0,
                                            extra_rms={"prm": (4, 1, 0.5)}, sharded_rms={"prm": 4}),
@@ -91,7 +94,7 @@ def dry_run(recipe: str, *args: str, **env: str) -> list[str]:
     bash = shutil.which("bash")
     assert bash is not None, "bash is needed to expand the recipes"
     base = {k: v for k, v in os.environ.items()
-            if k not in ("POLICY_PATH", "RM_PATH", "RM2_PATH", "PRM_PATH", "DATA_DIR")}
+            if k not in ("POLICY_PATH", "RM_PATH", "RM2_PATH", "PRM_PATH", "JUDGE_PATH", "DATA_DIR")}
     proc = subprocess.run(
         [bash, str(RECIPES_DIR / recipe), *args],
         check=False,
@@ -275,6 +278,13 @@ def test_the_legacy_recipe_needs_the_entry_module():
     from omegaconf import OmegaConf
 
     assert OmegaConf.to_container(legacy_config.reward) == OmegaConf.to_container(new_config.reward)
+
+
+def test_the_judge_recipe_reads_yes_against_no_at_the_judges_next_token():
+    _, settings = validate(dry_run("grpo_gsm8k_judge.sh"))
+    judge = {e.name: e.rm for e in settings.models}["judge"]
+    assert (judge.reward_kind, judge.judge_readout, judge.judge_tokens) == ("judge", "logits", ("Yes", "No"))
+    assert judge.model_path == f"{HOME}/models/Qwen2.5-7B-Instruct" and "{{ ground_truth }}" in judge.judge_prompt
 
 
 def test_the_rule_of_the_rm_plus_rule_recipe_is_verls_gsm8k_rule():
