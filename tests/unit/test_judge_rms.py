@@ -184,3 +184,14 @@ def test_a_judge_input_over_max_length_fails_only_its_trajectory(tiny_models, ti
     scores = scorer.score([short, long])
     assert isinstance(scores[0], float)
     assert isinstance(scores[1], RewardInputError) and "max_length=40" in str(scores[1]) and "long" in str(scores[1])
+
+
+def test_a_trajectory_without_raw_prompt_fails_alone_naming_it(tiny_models, tiny_judges, policy_tok):
+    from verl_async_rm.scoring.scorer import RewardModelScorer
+
+    scorer = RewardModelScorer(judge_config(tiny_judges.lm, tiny_models.policy, judge_tokens=TOKENS))
+    good = make_request(policy_tok, "hi", "7", uid="good")
+    bare = RMRequest(uid="bare", prompt_ids=good.prompt_ids, response_ids=good.response_ids)
+    scores = scorer.score([good, bare])
+    assert isinstance(scores[0], float)
+    assert isinstance(scores[1], RewardInputError) and "raw_prompt is missing" in str(scores[1])

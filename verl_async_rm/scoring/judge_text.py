@@ -130,11 +130,17 @@ def judge_input_ids(
     """The judge's input ids for one trajectory: ``judge_prompt`` rendered, as the user turn of the judge's chat
     template with its generation prompt. ``RewardInputError`` when it is longer than ``max_length`` (cutting it would
     cut the judge's instructions or its generation prompt)."""
+    if not request.raw_prompt:
+        raise RewardInputError(
+            f"trajectory {request.uid}: raw_prompt is missing; the judge's prompt needs the question as text. verl's "
+            "RLHFDataset always provides it: a custom dataset or agent loop must keep the prompt's chat messages "
+            "under 'raw_prompt'"
+        )
     if id_limit is not None:
         check_token_ids(request, "response_ids", id_limit, "the policy tokenizer's vocabulary")
     response = policy_tokenizer.decode(strip_trailing(request.response_ids, response_stop_ids),
                                        skip_special_tokens=True)
-    messages = request.raw_prompt or []
+    messages = request.raw_prompt
     text = template.render(prompt=_last_user_text(messages), response=response, messages=messages,
                            ground_truth="" if request.ground_truth is None else request.ground_truth)
     rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,

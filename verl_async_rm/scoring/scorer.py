@@ -192,7 +192,7 @@ class RewardModelScorer:
             self.head_name, self.head = "final norm -> judge_tokens", final_norm(model)
             self.judge_token_ids = judge_token_ids(self.rm_tokenizer, config.judge_tokens, self.rm_vocab_size,
                                                    config.model_path)
-            transform, forward_kwargs = JudgeLogits(model, self.judge_token_ids), {"logits_to_keep": 1}
+            transform, forward_kwargs = JudgeLogits(model, self.judge_token_ids), _keep_last_logits(model)
         elif config.score_output_field is not None:
             self.head_name, self.head = f"output.{config.score_output_field}", None
         else:
@@ -675,6 +675,15 @@ def _reward_token(config: Any) -> list[int]:
     and reads the score there), else ``[]``."""
     token = getattr(config, "reward_token_id", None)
     return [token] if isinstance(token, int) and not isinstance(token, bool) else []
+
+
+def _keep_last_logits(model: Any) -> dict[str, Any]:
+    """``{"logits_to_keep": 1}`` where the model's forward takes it (its LM head then runs at one position, not at
+    every token: a judge reads the final norm's output instead), else nothing."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    return {"logits_to_keep": 1} if "logits_to_keep" in params else {}
 
 
 def _uid(request: Any) -> str:
