@@ -17,7 +17,10 @@ by up to 0.078 (2,928 tokens, score std 1.28), a packed varlen row and the row a
   as the plain scorer (bf16 tolerance);
 - the Ray worker group with ``use_gpu=True`` loads the RM in bf16 on ``cuda`` and scores like the scorer (skipped
   where verl or Ray is not installed);
-- ``engine='vllm'`` (vLLM's GPU build) scores like the transformers scorer (skipped where vLLM is not installed).
+- ``engine='vllm'`` (vLLM's GPU build) scores like the transformers scorer (skipped where vLLM is not installed);
+- judge RMs on a ~0.5B causal LM: the ``logits`` readout equals single-row bf16 forwards, and a ``generate`` judge
+  on vLLM's GPU build writes within its budget and parses (skipped where vLLM is not installed). Never run on a GPU
+  yet.
 """
 
 from __future__ import annotations
@@ -316,3 +319,81 @@ def test_engine_vllm_scores_as_transformers_on_the_gpu(big_rm, scorer):
         assert on_vllm.score(requests) == pytest.approx(scorer.score(requests), abs=BF16_TOL, rel=BF16_TOL)
     finally:
         on_vllm.forward.close()
+
+
+@pytest.fixture(scope="module")
+def big_judge(tiny_models, tmp_path_factory):
+    """A ~0.5B Qwen2ForCausalLM (random weights, bf16 on disk) with the tiny ChatML tokenizer, as a judge."""
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    tok = AutoTokenizer.from_pretrained(tiny_models.policy)
+    config = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, max_position_embeddings=4096,
+                         tie_word_embeddings=True, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+                         eos_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = Qwen2ForCausalLM(config)
+    path = tmp_path_factory.mktemp("judge_0p5b")
+    model.to(torch.bfloat16).save_pretrained(path)
+    tok.save_pretrained(path)
+    del model
+    torch.cuda.empty_cache()
+    return path
+
+
+def judge_requests(policy_tok, n: int, seed: int) -> list[RMRequest]:
+    rng = random.Random(seed)
+    words = "the farmer has apples and the answer is seven so we buy eggs".split()
+    out = []
+    for i in range(n):
+        question = " ".join(rng.choice(words) for _ in range(rng.randint(8, 40)))
+        answer = " ".join(rng.choice(words) for _ in range(rng.randint(16, 400)))
+        prompt = policy_tok.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                                tokenize=False)
+        out.append(RMRequest(f"j{i}", policy_tok(prompt, add_special_tokens=False)["input_ids"],
+                             policy_tok(answer, add_special_tokens=False)["input_ids"],
+                             raw_prompt=[{"role": "user", "content": question}], ground_truth="7"))
+    return out
+
+
+def test_a_logits_judge_on_the_gpu_equals_single_row_forwards(big_judge, tiny_models, policy_tok):
+    """The ``logits`` readout (final norm, judge tokens' LM-head rows, ``logits_to_keep=1``) in bf16 on CUDA, packed
+    where a varlen kernel exists, against a single-row bf16 forward of each judge input's full next-token logits."""
+    from transformers import AutoModelForCausalLM
+
+    from verl_async_rm.scoring.scorer import RewardModelScorer
+
+    judge = RewardModelScorer(RMConfig(model_path=str(big_judge), policy_tokenizer_path=str(tiny_models.policy),
+                                       use_gpu=True, reward_kind="judge", judge_tokens=[" correct", " no"]))
+    requests = judge_requests(policy_tok, 24, seed=5)
+    scores = judge.score(requests)
+    model = AutoModelForCausalLM.from_pretrained(big_judge, dtype=torch.bfloat16).to("cuda").eval()
+    expected = []
+    with torch.inference_mode():
+        for request in requests:
+            ids, _ = judge.prepare(request)
+            logits = model(input_ids=torch.tensor([ids], device="cuda")).logits[0, -1].float()
+            expected.append(float(torch.softmax(logits[judge.judge_token_ids], -1)[0]))
+    assert scores == pytest.approx(expected, abs=BF16_TOL, rel=BF16_TOL)
+
+
+def test_a_generate_judge_on_the_gpu_writes_and_parses(big_judge, tiny_models, policy_tok):
+    """``judge_readout='generate'`` on vLLM's GPU build: every trajectory gets a verdict or a parse error, never
+    anything else, and the tokens written stay within the budget. Skipped where vLLM is not installed."""
+    pytest.importorskip("vllm", reason="vLLM is not installed on this machine")
+    from verl_async_rm.errors import JudgeVerdictError
+    from verl_async_rm.scoring.judge_text import Verdict
+    from verl_async_rm.scoring.scorer import RewardModelScorer
+
+    judge = RewardModelScorer(RMConfig(model_path=str(big_judge), policy_tokenizer_path=str(tiny_models.policy),
+                                       use_gpu=True, reward_kind="judge", judge_readout="generate",
+                                       judge_max_tokens=64, judge_pattern="([0-9]+)"))
+    try:
+        requests = judge_requests(policy_tok, 32, seed=6)
+        results = judge.score(requests)
+        assert all(isinstance(r, Verdict | JudgeVerdictError) for r in results), results
+        step = judge.pop_step_stats()
+        assert len(requests) <= step.judge_tokens <= 64 * len(requests)
+    finally:
+        judge.forward.close()
