@@ -6,7 +6,9 @@
 - :mod:`~verl_async_rm.scoring.scorer`: :class:`RewardModelScorer`: load the RM, build inputs, count;
 - :mod:`~verl_async_rm.scoring.forward`: padded or packed forwards, score extraction, per-item failure isolation;
 - :mod:`~verl_async_rm.scoring.packing`: packed rows and the variable-length attention kernels;
-- :mod:`~verl_async_rm.scoring.sharing`: GRPO siblings' common prompt computed once per packed forward.
+- :mod:`~verl_async_rm.scoring.sharing`: GRPO siblings' common prompt computed once per packed forward;
+- :mod:`~verl_async_rm.scoring.judge_text`, :mod:`~verl_async_rm.scoring.judge`: judge RMs' prompt and verdict, and
+  their two readouts (next-token logits, or a verdict written on vLLM).
 
 Usage::
 

@@ -87,7 +87,9 @@ def resolve_dtype(name: str, on_gpu: bool) -> torch.dtype:
 
 
 class RewardModelScorer:
-    """A HF sequence-classification RM, ready to score :class:`RMRequest` batches.
+    """A HF RM, ready to score :class:`RMRequest` batches: a sequence-classification (outcome), token-classification
+    (process) or causal-LM judge RM (``reward_kind='judge'``: read at its next token through the forwards, or by the
+    verdict a vLLM engine writes; :mod:`~verl_async_rm.scoring.judge`).
 
     Args:
         config: the RM settings.
