@@ -249,3 +249,10 @@ def test_the_preset_table_in_the_docs_is_the_models_output():
     docs = (REPO_ROOT / "docs" / "layouts.md").read_text(encoding="utf-8")
     missing = [row for row in rows if row not in docs]
     assert rows and missing == [], "docs/layouts.md is stale: paste `verl-async-rm bench layout`'s table"
+
+
+def test_the_cli_runs_bench_layout(tmp_path, capsys):
+    from verl_async_rm.cli import main as cli_main
+
+    assert cli_main(["bench", "layout", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "bench_layout.json").is_file() and "overlapped" in capsys.readouterr().out

@@ -77,7 +77,8 @@ def test_the_site_builds_strict_with_every_page(site):
     pages = ["index.html", "guide/install/index.html", "guide/opt-in/index.html", "guide/options/index.html",
              "guide/metrics/index.html", "guide/recipes/index.html", "guide/sizing/index.html",
              "rm-kinds/index.html", "faults/index.html", "comparison/index.html", "architecture/index.html",
-             "benchmarks/index.html", "testing/index.html", "versions/index.html", "reference/options/index.html"]
+             "benchmarks/index.html", "layouts/index.html", "testing/index.html", "versions/index.html",
+             "reference/options/index.html"]
     assert [p for p in pages if not (site / p).is_file()] == []
     assert not (site / "hooks").exists(), "the generator is not a page of the site"
 
