@@ -47,3 +47,13 @@ def test_a_causal_lm_as_the_rm_stops_start_up_with_the_reason(ray_local, tiny_mo
                        r".*Fix: point the RM path"):
         create_rm_worker_group(cfg, pool=pool)
     assert pool.pgs is None
+
+
+def test_a_judge_token_of_two_tokens_stops_start_up_naming_judge_tokens(ray_local, tiny_models, tiny_judges):
+    cfg = RMConfig(model_path=str(tiny_judges.lm), policy_tokenizer_path=str(tiny_models.policy), use_gpu=False,
+                   reward_kind="judge", judge_tokens=[" yes", " no"])
+    pool = RMResourcePool.from_config(cfg)
+    with pytest.raises(RewardModelError, match=r"RM replica 0 failed to load .*judge_tokens=\[' yes', ' no'\]: the "
+                       r"judge's tokenizer .* reads ' yes' as 2 tokens.*Fix: list strings that are single tokens"):
+        create_rm_worker_group(cfg, pool=pool)
+    assert pool.pgs is None
