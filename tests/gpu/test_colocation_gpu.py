@@ -43,7 +43,7 @@ from typing import Any
 import pytest
 import torch
 
-from verl_async_rm.bench.rm_model import SHAPES, build_random_rm
+from verl_async_rm.bench.rm_model import build_random_causal_lm, build_random_rm
 
 pytestmark = [pytest.mark.gpu, pytest.mark.timeout(1800)]
 
@@ -59,21 +59,8 @@ RM_REPS = 5
 
 
 def build_causal_lm(shape: str, device: torch.device, dtype: torch.dtype) -> Any:
-    """A random-weight causal LM of a ``SHAPES`` shape, built on ``device`` (as ``build_random_rm`` builds the RM)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    fields = dict(SHAPES[shape])
-    fields.update(pad_token_id=0, bos_token_id=1, eos_token_id=2)
-    config = AutoConfig.for_model(fields.pop("model_type"), **fields)
-    torch.manual_seed(0)
-    default = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device(device):
-            model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
-    finally:
-        torch.set_default_dtype(default)
-    return model.to(dtype).eval().requires_grad_(False)
+    """A random-weight causal LM of a ``SHAPES`` shape, built on ``device``."""
+    return build_random_causal_lm(shape, device, dtype)
 
 
 def _new_stream(device: torch.device) -> Any:

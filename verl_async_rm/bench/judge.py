@@ -45,19 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
 def _save_model(shape: str, path: Path) -> int:
     """A random causal LM of ``shape`` and the tiny ChatML tokenizer in ``path``; returns its parameter count."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
 
-    from verl_async_rm.bench.rm_model import SHAPES
+    from verl_async_rm.bench.rm_model import build_random_causal_lm
     from verl_async_rm.testing.models import _chatml_tokenizer
 
-    if shape not in SHAPES:
-        raise ValueError(f"--shape {shape!r}: unknown. Fix: use one of {sorted(SHAPES)}")
     tok = _chatml_tokenizer(0)
-    fields = dict(SHAPES[shape])
-    fields.update(vocab_size=max(fields["vocab_size"], len(tok)), pad_token_id=tok.pad_token_id,
-                  bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(AutoConfig.for_model(fields.pop("model_type"), **fields))
+    model = build_random_causal_lm(shape, "cpu", torch.float32, vocab_size=len(tok), pad_token_id=tok.pad_token_id,
+                                   bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return sum(p.numel() for p in model.parameters())

@@ -12,7 +12,7 @@ import random
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SHAPES", "build_random_rm", "rl_workload", "peak_flops", "count_parameters"]
+__all__ = ["SHAPES", "build_random_rm", "build_random_causal_lm", "rl_workload", "peak_flops", "count_parameters"]
 
 #: Public config shapes (``config.json`` fields), sequence classification with one output.
 SHAPES: dict[str, dict[str, Any]] = {
@@ -60,23 +60,42 @@ def _config_fields(shape: str | None, config_path: str | None) -> tuple[str, dic
 def build_random_rm(shape: str | None, config_path: str | None, device: Any, dtype: Any,
                     attn_implementation: str = "sdpa") -> tuple[Any, str]:
     """(model, name): a sequence-classification model with one output and random weights, built on ``device``."""
-    import torch
-    from transformers import AutoConfig, AutoModelForSequenceClassification
+    from transformers import AutoModelForSequenceClassification
 
     name, fields = _config_fields(shape, config_path)
     for key in ("architectures", "auto_map", "torch_dtype", "dtype", "quantization_config"):
         fields.pop(key, None)
     fields.update(num_labels=1, pad_token_id=0, bos_token_id=1, eos_token_id=2, use_cache=False)
+    return _random_model(AutoModelForSequenceClassification, fields, device, dtype, attn_implementation), name
+
+
+def build_random_causal_lm(shape: str, device: Any, dtype: Any, **special_ids: int) -> Any:
+    """A causal LM of ``SHAPES[shape]`` with random weights, built on ``device`` (judges, decode measurements);
+    ``special_ids`` (pad/bos/eos token ids) default to 0, 1, 2, and a ``vocab_size`` given there widens the shape's."""
+    from transformers import AutoModelForCausalLM
+
+    _, fields = _config_fields(shape, None)
+    fields.update({"pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2, **special_ids})
+    fields["vocab_size"] = max(SHAPES[shape]["vocab_size"], fields["vocab_size"])
+    return _random_model(AutoModelForCausalLM, fields, device, dtype, "sdpa")
+
+
+def _random_model(auto_class: Any, fields: dict[str, Any], device: Any, dtype: Any, attn_implementation: str) -> Any:
+    """``auto_class.from_config`` of ``fields`` (``model_type`` among them), seeded, built directly on ``device`` in
+    ``dtype``, in eval mode without gradients."""
+    import torch
+    from transformers import AutoConfig
+
     config = AutoConfig.for_model(fields.pop("model_type"), **fields)
     torch.manual_seed(0)
     default = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device(device):
-            model = AutoModelForSequenceClassification.from_config(config, attn_implementation=attn_implementation)
+            model = auto_class.from_config(config, attn_implementation=attn_implementation)
     finally:
         torch.set_default_dtype(default)
-    return model.to(dtype).eval().requires_grad_(False), name
+    return model.to(dtype).eval().requires_grad_(False)
 
 
 def count_parameters(model: Any) -> int:
