@@ -23,7 +23,7 @@ from verl_async_rm.options import Rule, check_options, option
 from verl_async_rm.scoring.rm_config import RMConfig
 
 __all__ = ["AsyncRMConfig", "IntegrationConfig", "RMEntry", "MAIN", "CONFIG_GROUP", "ON_ERROR_MODES",
-           "option_groups", "rm_config_from_verl", "extra_rm_entries", "build", "select"]
+           "option_groups", "rm_config_from_verl", "placement_values", "extra_rm_entries", "build", "select"]
 
 CONFIG_GROUP = "async_rm"
 MODELS_KEY = "models"
@@ -166,8 +166,9 @@ class AsyncRMConfig:
         batching_values = {**_PLUGIN_BATCHING_DEFAULTS, **sections[BatchPolicy]}
         batching = build(BatchPolicy, batching_values, _under(CONFIG_GROUP, batching_values))
         rm = rm_config_from_verl(config, sections[RMConfig], overrides_key=CONFIG_GROUP)
+        base = {"policy_tokenizer_path": rm.policy_tokenizer_path, "use_gpu": rm.use_gpu, **placement_values(config)}
         extras = extra_rm_entries(
-            models, base={"policy_tokenizer_path": rm.policy_tokenizer_path, "use_gpu": rm.use_gpu},
+            models, base=base,
             shared_rm=sections[RMConfig], shared_batching=batching_values, group=CONFIG_GROUP,
         )
         mix_values = sections[RewardMix]
@@ -210,17 +211,29 @@ def rm_config_from_verl(config: Any, overrides: Mapping[str, Any] | None = None,
             "reward.reward_model.model_path", None, "the RM worker group needs a reward model",
             "set reward.reward_model.model_path=/path/to/rm (legacy: reward_model.model.path)",
         )
-    enable_pool, pool_key = _first_set(
-        config, "reward_model.enable_resource_pool", "reward.reward_model.enable_resource_pool"
-    )
-    if values.get("use_gpu", True) and pool_key is not None and not enable_pool:
-        raise ConfigValueError(
-            pool_key, enable_pool,
-            "the RM worker group runs on its own GPUs, and verl reserves them only with a separate reward pool "
-            "(without it verl overwrites reward.reward_model.n_gpus_per_node/nnodes with the trainer's)",
-            f"set {pool_key}=True and reward.reward_model.n_gpus_per_node / nnodes to the RM's GPUs",
-        )
+    values.update(placement_values(config))
     return build(RMConfig, values, keys)
+
+
+def placement_values(config: Any) -> dict[str, Any]:
+    """RMConfig fields of where the replicas run, from ``reward.reward_model.enable_resource_pool``: nothing for a
+    pool of their own; for ``False``, the policy's pool: one replica per GPU of ``trainer.n_gpus_per_node`` x
+    ``trainer.nnodes`` (verl's ``init_resource_pool_mgr`` copies those into the reward keys too) and the memory
+    check's inputs (:mod:`~verl_async_rm.scoring.colocation`)."""
+    from verl_async_rm.scoring.colocation import actor_resident_bytes
+
+    enable_pool, key = _first_set(config, "reward_model.enable_resource_pool",
+                                  "reward.reward_model.enable_resource_pool")
+    if key is None or enable_pool:
+        return {}
+    utilization = select(config, "actor_rollout_ref.rollout.gpu_memory_utilization")
+    return {
+        "placement": "policy_pool",
+        "n_gpus_per_node": int(select(config, "trainer.n_gpus_per_node") or 1),
+        "nnodes": int(select(config, "trainer.nnodes") or 1),
+        "rollout_memory_utilization": None if utilization is None else float(utilization),
+        "actor_resident_bytes": actor_resident_bytes(config),
+    }
 
 
 def extra_rm_entries(
@@ -274,8 +287,17 @@ def extra_rm_entries(
                 f"{key}.model_path={options.get('model_path')!r}: each extra RM needs its path; "
                 f"set +{key}.model_path=/path/to/rm"
             )
-        rm_values.setdefault("n_gpus_per_node", 1)  # the top of async_rm never sizes a pool (verl's keys do)
-        rm_values.setdefault("nnodes", 1)
+        if base.get("placement") == "policy_pool":  # every RM on the policy's GPUs, one replica on each
+            for own in ("n_gpus_per_node", "nnodes"):
+                if own in options:
+                    raise ValueError(
+                        f"{key}.{own}={options[own]!r}: with reward.reward_model.enable_resource_pool=False every RM "
+                        "has one replica on each of the policy's GPUs (trainer.n_gpus_per_node x trainer.nnodes). "
+                        f"Fix: remove {key}.{own}, or give the RMs pools of their own "
+                        "(reward.reward_model.enable_resource_pool=True)")
+        # the top of async_rm never sizes a pool (verl's keys do)
+        rm_values.setdefault("n_gpus_per_node", base.get("n_gpus_per_node", 1))
+        rm_values.setdefault("nnodes", base.get("nnodes", 1))
         keys = {**_under(group, shared_rm), **_under(key, {**options, **dict.fromkeys(_OWN_KEYS)})}
         rm = build(RMConfig, {**base, **rm_values}, keys)
         batching = build(BatchPolicy, batching_values, _under(key, batching_values))

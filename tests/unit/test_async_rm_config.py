@@ -240,17 +240,24 @@ def test_a_valid_config_passes(tiny_models, trainer):
             r"reward\.reward_model\.enable=True makes verl start its own vLLM/SGLang .* "
             r"Set reward\.reward_model\.enable=False",
         ),
-        (
-            ["reward.reward_model.enable_resource_pool=False"],
-            r"reward\.reward_model\.enable_resource_pool=False: the RM needs its own resource pool.* "
-            r"Set reward\.reward_model\.enable_resource_pool=True",
-        ),
     ],
 )
 @pytest.mark.parametrize("trainer", ["v0", "v1"])
 def test_each_verl_key_mistake_is_refused(tiny_models, trainer, overrides, message):
     with pytest.raises(ValueError, match=message):
         check_verl_config(compose(tiny_models, *overrides, trainer=trainer))
+
+
+def test_no_reward_pool_puts_the_rm_on_the_policys_gpus_with_v1_only(tiny_models):
+    policy_pool = ("reward.reward_model.enable_resource_pool=False", "trainer.n_gpus_per_node=4")
+    with pytest.raises(ValueError, match=r"reward pool sized \(reward\.reward_model\.n_gpus_per_node=2, nnodes=1\).*"
+                                         r"Fix: add reward\.reward_model\.enable_resource_pool=True"):
+        check_verl_config(compose(tiny_models, *policy_pool, trainer="v1"))
+    settings = check_verl_config(compose(tiny_models, *policy_pool, "reward.reward_model.nnodes=0", trainer="v1"))
+    assert settings.rm.placement == "policy_pool" and settings.rm.num_replicas == 4
+    with pytest.raises(ValueError, match=r"enable_resource_pool=False with trainer\.use_v1=False.*"
+                                         r"Fix: use the v1 trainer"):
+        check_verl_config(compose(tiny_models, "reward.reward_model.enable_resource_pool=False", trainer="v0"))
 
 
 @pytest.mark.parametrize("trainer", ["v0", "v1"])

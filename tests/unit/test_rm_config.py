@@ -128,10 +128,11 @@ def test_from_verl_missing_model_path():
         rm_config_from_verl(_verl(reward={"reward_model": {"model_path": None}}))
 
 
-def test_from_verl_refuses_gpu_rm_without_its_own_pool():
+def test_from_verl_without_a_reward_pool_places_the_rm_on_the_policys_gpus():
     config = _verl(reward={"reward_model": {"enable_resource_pool": False}})
-    with pytest.raises(ValueError, match=r"reward\.reward_model\.enable_resource_pool=False.*Fix: set"):
-        rm_config_from_verl(config)
+    config.trainer.n_gpus_per_node, config.trainer.nnodes = 4, 2
+    rm = rm_config_from_verl(config)
+    assert (rm.placement, rm.n_gpus_per_node, rm.nnodes, rm.num_replicas) == ("policy_pool", 4, 2, 8)
     config.trainer.device = "cpu"
     assert rm_config_from_verl(config).use_gpu is False
 

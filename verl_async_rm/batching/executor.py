@@ -70,6 +70,7 @@ class PendingRequestExecutor:
         self._supervisor: asyncio.Task | None = None
         self._crash_streak = 0
         self._closed = False
+        self._held = False  # hold(): no new batch until resume()
 
     # ------------------------------------------------------------------ public API
 
@@ -158,6 +159,30 @@ class PendingRequestExecutor:
         self._expect_n = n + (self._expect_n or 0)
         if self._step_count >= n:
             self._start_drain("expect")
+
+    async def hold(self, timeout_s: float) -> bool:
+        """Start no new batch until :meth:`resume` (requests keep queueing, their deadlines running) and wait, at most
+        ``timeout_s``, for the running batches to end: True when none is running (the slots may sleep)."""
+        self._held = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self._runner.running and (left := deadline - loop.time()) > 0:
+            await asyncio.wait(set(self._runner.running), timeout=left)
+        return not self._runner.running
+
+    def resume(self) -> None:
+        """Form batches again (after :meth:`hold`); what queued meanwhile flushes by the usual rule."""
+        self._held = False
+        self._changed.set()
+
+    @property
+    def held(self) -> bool:
+        return self._held
+
+    def lose_slot(self, index: int, cause: BaseException) -> bool:
+        """Slot ``index``, free, is gone (its replica died between batches): replace or retire it as a slot lost in
+        a batch is. False when the slot is not free (a batch or a replacement will notice)."""
+        return self._slots.lose_idle(index, cause)
 
     @property
     def slots(self) -> tuple[Any, ...]:
@@ -260,7 +285,7 @@ class PendingRequestExecutor:
         while not self._closed:
             changed.clear()
             wake_at = None
-            if free:
+            if free and not self._held:
                 now = loop.time()
                 reason, wake_at = room.next_flush(now)
                 if reason is not None:

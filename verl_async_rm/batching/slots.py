@@ -77,6 +77,14 @@ class SlotTable:
         self.state[index] = "replacing"
         self._spawn(self._do_replace(index), f"{self._name}-replace-slot-{index}")
 
+    def lose_idle(self, index: int, cause: BaseException) -> bool:
+        """A free slot is gone (found between batches): :meth:`lose` it; False (nothing done) when it is not free."""
+        if self.state[index] != "free":
+            return False
+        self.free.remove(index)
+        self.lose(index, cause)
+        return True
+
     def summary(self) -> dict[str, int]:
         """How many slots are in each state, and the lost / replaced / late counters."""
         states = Counter(self.state)

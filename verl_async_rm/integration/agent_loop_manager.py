@@ -194,6 +194,7 @@ class AsyncRMAgentLoopManagerV1(_AsyncRMSide, AgentLoopManagerTQ):
         self._async_rm_build(config)
         self.last_val_metrics: dict[str, float] = {}
         self._dispatched = False
+        self._on_policy_pool = self.async_rm_config.rm.placement == "policy_pool"
         v1_hooks.install()
 
     def _async_rm_check(self, config: Any) -> None:
@@ -234,6 +235,19 @@ class AsyncRMAgentLoopManagerV1(_AsyncRMSide, AgentLoopManagerTQ):
         where = f"step {global_steps}" if phase == "train" else f"the validation at step {global_steps}"
         check_failures(record, integration, where)
         return metrics
+
+    @auto_await
+    async def async_rm_sleep(self) -> None:
+        """The policy is about to train: the RMs on the policy's GPUs release them (``placement='policy_pool'``;
+        a no-op otherwise). Called by :func:`~verl_async_rm.integration.v1_hooks.hook_phases` after the sampling."""
+        if self._on_policy_pool:
+            await self._async_rm_control("sleep")
+
+    @auto_await
+    async def async_rm_wake(self) -> None:
+        """The next rollout is about to start: the RMs take the policy's GPUs back (see :meth:`async_rm_sleep`)."""
+        if self._on_policy_pool:
+            await self._async_rm_control("wake")
 
     async def _async_rm_collect(self, phase: str) -> PhaseRecord:
         records = await asyncio.wait_for(

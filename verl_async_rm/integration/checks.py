@@ -1,6 +1,6 @@
 """Checks of verl's own keys that the plugin depends on, before anything starts: each failure is a ``ValueError``
 naming the key and the fix, for mistakes that would otherwise fail late or silently (verl's own RM servers enabled,
-no separate reward pool, legacy keys verl 0.9.1's ``main_ppo`` ignores, an RM checkpoint that is not a reward model).
+the RM on the policy's GPUs with a trainer that cannot put it to sleep, legacy keys verl 0.9.1's ``main_ppo`` ignores, an RM checkpoint that is not a reward model).
 """
 
 from __future__ import annotations
@@ -57,15 +57,53 @@ def check_verl_config(config: Any) -> AsyncRMConfig:
             "GPUs, next to this plugin's RM worker group. Set reward.reward_model.enable=False (the plugin serves "
             "the RM) and keep reward.reward_model.enable_resource_pool=True"
         )
-    if not _get(config, "reward.reward_model.enable_resource_pool"):
-        raise ValueError(
-            f"reward.reward_model.enable_resource_pool={_get(config, 'reward.reward_model.enable_resource_pool')}: "
-            "the RM needs its own resource pool, and without this verl overwrites reward.reward_model.n_gpus_per_node"
-            "/nnodes with the trainer's. Set reward.reward_model.enable_resource_pool=True and "
-            "reward.reward_model.n_gpus_per_node / nnodes to the RM's GPUs"
-        )
     _check_reward_manager(config)
-    return _check_async_rm_settings(config)
+    settings = _check_async_rm_settings(config)
+    if settings.rm.placement == "policy_pool":
+        _check_policy_pool(config, settings)
+    return settings
+
+
+def _check_policy_pool(config: Any, settings: AsyncRMConfig) -> None:
+    """``reward.reward_model.enable_resource_pool=False``: the RMs' replicas go in the bundles of verl's actor/rollout
+    pool, beside the actor's worker (verl's ``ResourcePoolManager.max_colocate_count`` processes fit in a bundle)."""
+    from verl.single_controller.ray.base import ResourcePoolManager
+
+    if _get(config, "trainer.use_v1") is False:
+        raise ValueError(
+            "reward.reward_model.enable_resource_pool=False with trainer.use_v1=False: the RM on the policy's GPUs "
+            "sleeps and wakes at the v1 trainer's step boundaries (on_sample_end, on_step_end), which verl's v0 "
+            "trainer does not have. Fix: use the v1 trainer (trainer.use_v1=True, verl's default), or give the RM "
+            "its own pool (reward.reward_model.enable_resource_pool=True)"
+        )
+    sized = (_get(config, "reward.reward_model.n_gpus_per_node"), _get(config, "reward.reward_model.nnodes"))
+    trainer = (_get(config, "trainer.n_gpus_per_node"), _get(config, "trainer.nnodes"))
+    if sized[1] and sized != trainer:  # verl's default nnodes=0; verl copies the trainer's there at start
+        raise ValueError(
+            f"reward.reward_model.enable_resource_pool=False with a reward pool sized "
+            f"(reward.reward_model.n_gpus_per_node={sized[0]}, nnodes={sized[1]}): without a pool of its own verl "
+            f"replaces that size with the trainer's ({trainer[0]} x {trainer[1]}) and the RM runs on the policy's "
+            "GPUs, one replica on each. Fix: add reward.reward_model.enable_resource_pool=True to give the RM those "
+            "GPUs, or remove reward.reward_model.n_gpus_per_node / nnodes to share the policy's"
+        )
+    mode = str(_get(config, "trainer.v1.trainer_mode") or "sync")
+    if mode == "separate_async":
+        raise ValueError(
+            "reward.reward_model.enable_resource_pool=False with trainer.v1.trainer_mode=separate_async: that mode "
+            "keeps the rollout on GPUs of its own, running through the policy's updates, so there is no rollout "
+            "phase for the RM to share the trainer's GPUs with (verl refuses its own colocated RM there too). Fix: "
+            "use trainer.v1.trainer_mode=sync or colocate_async, or give the RM its own pool "
+            "(reward.reward_model.enable_resource_pool=True)"
+        )
+    room = ResourcePoolManager.max_colocate_count - 1  # the actor's worker takes one place in each bundle
+    if len(settings.models) > room:
+        raise ValueError(
+            f"reward.reward_model.enable_resource_pool=False with {len(settings.models)} RMs "
+            f"({', '.join(e.name for e in settings.models)}): a bundle of verl's policy pool holds "
+            f"{ResourcePoolManager.max_colocate_count} processes (verl's ResourcePoolManager.max_colocate_count), one "
+            f"of them the actor's, so at most {room} RMs fit beside it. Fix: score with at most {room} RMs, or give "
+            "the RMs pools of their own (reward.reward_model.enable_resource_pool=True)"
+        )
 
 
 def _check_reward_manager(config: Any) -> None:

@@ -1,4 +1,5 @@
-"""The one place the plugin wraps verl methods: the v1 trainer's ``PPOTrainer.step`` and ``_validate``.
+"""The one place the plugin wraps verl methods: the v1 trainer's ``PPOTrainer.step`` and ``_validate``, and (from the
+first step) the trainer's own ``on_sample_end`` / ``on_step_end`` (:func:`hook_phases`).
 
 verl 0.9.1's v1 trainer gives the agent-loop manager no step boundary and no channel to its tracker; its fit loop logs
 what ``step`` puts in ``metrics`` and what ``_validate`` returns. The wrappers close the phase on the manager there:
@@ -18,11 +19,15 @@ from verl_async_rm.errors import RMScoreError, TrajectoryDroppedError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["install", "installed", "closing", "CLOSE_METHOD"]
+__all__ = ["install", "installed", "closing", "hook_phases", "CLOSE_METHOD", "SLEEP_METHOD", "WAKE_METHOD"]
 
 #: The manager method the wrappers call: ``close(phase, global_steps) -> metrics``.
 CLOSE_METHOD = "async_rm_close"
+#: The manager methods the trainer's phase hooks call (:func:`hook_phases`): the RMs on the policy's GPUs sleep
+#: while the policy trains and wake before the next rollout.
+SLEEP_METHOD, WAKE_METHOD = "async_rm_sleep", "async_rm_wake"
 _MARK = "__async_rm_wrapped__"
+_PHASES_MARK = "_async_rm_phases_hooked"
 T = TypeVar("T")
 
 
@@ -49,6 +54,37 @@ def closing(trainer: Any, phase: str, body: Callable[[], T]) -> tuple[T, dict[st
     return result, _close(trainer, phase)
 
 
+def hook_phases(trainer: Any) -> None:
+    """Wrap this trainer's ``on_sample_end`` and ``on_step_end`` (idempotent): after the last sampling of a step
+    (every trajectory of the step's batch is scored by then) the manager's RMs sleep, and once the step has ended
+    (the policy updated, verl's rollout woken by its own ``on_step_end``) they wake, before the next rollout. A no-op
+    unless the RMs are on the policy's GPUs (the manager decides). Each verl trainer mode defines its own hooks, so
+    the instance's methods are wrapped, whatever its class."""
+    if getattr(trainer, _PHASES_MARK, False):
+        return
+    sample_end, step_end = trainer.on_sample_end, trainer.on_step_end
+
+    def on_sample_end() -> None:
+        sample_end()
+        last = getattr(trainer, "parameter_sync_step", 1) - 1
+        if getattr(trainer, "local_trigger_step", last) >= last:  # the step's last local update samples now
+            _call(trainer, SLEEP_METHOD)
+
+    def on_step_end() -> None:
+        step_end()
+        _call(trainer, WAKE_METHOD)
+
+    trainer.on_sample_end, trainer.on_step_end = on_sample_end, on_step_end
+    setattr(trainer, _PHASES_MARK, True)
+
+
+def _call(trainer: Any, method: str) -> None:
+    manager = getattr(trainer, "agent_loop_manager", None)
+    call = getattr(manager, method, None)
+    if callable(call):
+        call()
+
+
 def installed() -> bool:
     """Whether :func:`install` has wrapped verl's ``PPOTrainer`` in this process."""
     from verl.trainer.ppo.v1.trainer_base import PPOTrainer
@@ -66,6 +102,7 @@ def install() -> None:
 
     @functools.wraps(original_step)
     def step(self: Any, metrics: dict, timing_raw: dict) -> Any:
+        hook_phases(self)
         batch, extra = closing(self, "train", lambda: original_step(self, metrics, timing_raw))
         metrics.update(extra)
         return batch

@@ -6,12 +6,16 @@ follow in ``__post_init__``. It is read from verl's config once, at the boundary
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from verl_async_rm.errors import ConfigValueError
 from verl_async_rm.options import check_options, option
 
-__all__ = ["RMConfig", "ConfigValueError", "vllm_unsupported"]
+__all__ = ["RMConfig", "ConfigValueError", "vllm_unsupported", "PLACEMENTS"]
+
+#: Where the replicas run: ``own_pool`` (a reward pool of their own, ``reward.reward_model.enable_resource_pool=True``)
+#: or ``policy_pool`` (the bundles of verl's actor/rollout pool, asleep while the policy trains; ``=False``).
+PLACEMENTS = ("own_pool", "policy_pool")
 
 _POOL_FIX = "set {key} to a positive integer (one RM replica on one GPU: n_gpus_per_node=1, nnodes=1)"
 _SECONDS = {"above": 0, "why": "must be a positive number of seconds", "fix": "set {key}=300"}
@@ -226,6 +230,14 @@ class RMConfig:
         "How long a replica may take to load the RM.",
         **_SECONDS,
     )
+    placement: str = field(default="own_pool", metadata={"internal": True, "help": (
+        "Where the replicas run (PLACEMENTS): 'own_pool', or 'policy_pool' (verl's actor/rollout pool, asleep while "
+        "the policy trains); from reward.reward_model.enable_resource_pool.")})
+    rollout_memory_utilization: float | None = field(default=None, metadata={"internal": True, "help": (
+        "placement='policy_pool': verl's actor_rollout_ref.rollout.gpu_memory_utilization, for the memory check.")})
+    actor_resident_bytes: int = field(default=0, metadata={"internal": True, "help": (
+        "placement='policy_pool': bytes of the policy kept on each GPU while the rollout runs "
+        "(scoring.colocation.actor_resident_bytes), for the memory check.")})
 
     def __post_init__(self) -> None:
         for name in ("packing", "share_prompts"):  # Hydra reads +async_rm.packing=true as a boolean
@@ -250,6 +262,10 @@ class RMConfig:
         if self.reward_kind == "process":
             self._check_process()
         self._check_judge()
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"RMConfig.placement={self.placement!r}: one of {PLACEMENTS}")
+        if self.placement == "policy_pool":
+            self._check_policy_pool()
         if self.engine == "vllm" and (reason := vllm_unsupported(self)) is not None:
             raise ConfigValueError(
                 "engine", "vllm", reason,
@@ -266,6 +282,24 @@ class RMConfig:
                 f"{'smaller than' if k > per_node else 'not a multiple of'} gpus_per_replica",
                 f"set n_gpus_per_node to a multiple of {k} (e.g. {k * max(1, -(-per_node // k))}), or {{key}} to "
                 f"one of {fits}",
+            )
+
+    def _check_policy_pool(self) -> None:
+        """What the RM on the policy's GPUs cannot do (yet): each refusal names the key and the way out."""
+        why_pool = "with reward.reward_model.enable_resource_pool=False the RM shares the policy's GPUs"
+        if self.gpus_per_replica > 1:
+            raise ConfigValueError(
+                "gpus_per_replica", self.gpus_per_replica,
+                f"{why_pool}, one replica on each of them; the plugin does not shard an RM across the policy's GPUs",
+                "set gpus_per_replica=1, or give the RM its own pool (reward.reward_model.enable_resource_pool=True)",
+            )
+        if self.reward_kind == "judge" and self.judge_readout == "generate":
+            raise ConfigValueError(
+                "judge_readout", "generate",
+                f"{why_pool} and sleeps while the policy trains; a judge that writes its verdict runs on a vLLM "
+                "engine, which the plugin does not put to sleep",
+                "use judge_readout=logits, or give the judge its own pool "
+                "(reward.reward_model.enable_resource_pool=True)",
             )
 
     def _check_process(self) -> None:
@@ -340,6 +374,9 @@ class RMConfig:
 
 def vllm_unsupported(config: RMConfig) -> str | None:
     """Why the plugin cannot score this RM on vLLM, from its settings alone (None: it may; the load decides)."""
+    if config.placement == "policy_pool":
+        return ("the RM on the policy's GPUs sleeps while the policy trains, its weights moved by the plugin's "
+                "transformers path (a vLLM engine in the replica is not put to sleep)")
     if config.reward_kind == "judge":
         if config.judge_readout == "generate":
             return None  # a judge that writes its verdict always runs on vLLM

@@ -43,6 +43,7 @@ from verl_async_rm.scoring.sharding import (
     load_sharded,
 )
 from verl_async_rm.scoring.judge_text import Generated, Verdict
+from verl_async_rm.scoring.offload import Move, WeightOffload
 from verl_async_rm.scoring.packing import pack_rows
 from verl_async_rm.scoring.process import ProcessInput, StepRewards, prepare_process_input, reduce_steps
 from verl_async_rm.request import RMRequest
@@ -123,6 +124,7 @@ class RewardModelScorer:
         self._stats = ScorerStats.zero(self.process, self.generate)
         self._step = ScorerStats.zero(self.process, self.generate)
         self._warned_truncation = False
+        self._offloader: WeightOffload | None = None  # made at the first sleep (placement='policy_pool')
         #: What runs the forwards ('hf' or 'vllm') and why (config.engine, vLLM's support, the load-time check).
         self.engine, self.engine_reason = "hf", "engine='hf'"
         if self.generate:
@@ -562,6 +564,27 @@ class RewardModelScorer:
         return rows
 
     # ------------------------------------------------------------------------------------------------------- stats
+
+    def sleep(self) -> Move:
+        """Release the device's memory: the RM's weights to host memory (``placement='policy_pool'``, while the
+        policy trains); :meth:`score` must not run until :meth:`wake`."""
+        return self._offload().sleep()
+
+    def wake(self) -> Move:
+        """Take the weights back onto the device (a no-op when awake)."""
+        return self._offload().wake()
+
+    @property
+    def asleep(self) -> bool:
+        return self._offloader is not None and self._offloader.asleep
+
+    def _offload(self) -> WeightOffload:
+        if self.model is None:
+            raise RewardModelError(f"the RM at {self.config.model_path} runs on a vLLM engine ({self.engine_reason}),"
+                                   " which the plugin does not put to sleep")
+        if self._offloader is None:
+            self._offloader = WeightOffload(self.model, self.device)
+        return self._offloader
 
     def stats(self) -> ScorerStats:
         """Counters since load (a copy)."""

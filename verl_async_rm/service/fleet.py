@@ -56,6 +56,8 @@ def check_pools_fit(entries: Sequence[RMEntry]) -> None:
     """Raise ``ValueError`` when the pools ask more, in total, than the cluster has free now."""
     need: dict[str, float] = {}
     for entry in entries:
+        if entry.rm.placement == "policy_pool":  # in the bundles verl reserved for the policy
+            continue
         for resource, amount in _bundle(entry).items():
             need[resource] = need.get(resource, 0.0) + amount * entry.rm.num_replicas
     free = ray.available_resources()

@@ -39,6 +39,7 @@ from verl.utils.device import get_device_name
 
 from verl_async_rm.errors import ConfigValueError, ResourcePoolError, RewardModelError, remote_cause
 from verl_async_rm.scoring.rm_config import RMConfig
+from verl_async_rm.service.policy_pool import PolicyPool
 from verl_async_rm.service.replica import RMReplica
 
 logger = logging.getLogger(__name__)
@@ -188,10 +189,14 @@ def create_rm_worker_group(
     bundle and load the RM on each: the verl ``RayWorkerGroup`` (``wg.workers``, ``wg.resource_pool``).
 
     ``name_prefix`` names the replicas and the placement groups (those left by a dead predecessor are removed first).
-    Raises ``ResourcePoolError``, ``ValueError`` (the weights cannot fit ``gpus_per_replica`` GPUs) or
+    With ``config.placement='policy_pool'`` the pool is verl's actor/rollout pool (:class:`PolicyPool`).
+    Raises ``ResourcePoolError``, ``ValueError`` (the weights cannot fit ``gpus_per_replica`` GPUs, or beside the
+    policy) or
     ``RewardModelError`` (a replica failed to load, or took longer than ``init_timeout_s``), the group shut down first.
     """
-    pool = pool if pool is not None else RMResourcePool.from_config(config, name_prefix=name_prefix)
+    if pool is None:
+        pool = PolicyPool(config) if config.placement == "policy_pool" else RMResourcePool.from_config(
+            config, name_prefix=name_prefix)
     pool.get_placement_groups()
     try:
         wg = replica_group(pool, config, name_prefix=name_prefix)
@@ -214,7 +219,7 @@ def create_rm_worker_group(
         except Exception as err:
             shutdown_rm_worker_group(wg)
             cause = remote_cause(err)
-            if isinstance(cause, ConfigValueError) and cause.key == "gpus_per_replica":  # too large for its GPUs
+            if isinstance(cause, ConfigValueError):  # too large for its GPUs (or beside the policy): the fix
                 raise cause from err
             raise RewardModelError(f"RM replica {rank} failed to load {config.model_path}: {cause}") from err
     logger.info("RM worker group ready: %d replica(s) of %s on nodes %s", len(infos), config.model_path,
@@ -231,7 +236,7 @@ def shutdown_rm_worker_group(wg: RayWorkerGroup) -> None:
         pool.release()
 
 
-def replica_group(pool: RMResourcePool, config: RMConfig, *, name_prefix: str | None, index: int | None = None,
+def replica_group(pool: RMResourcePool | PolicyPool, config: RMConfig, *, name_prefix: str | None, index: int | None = None,
                   master: tuple[str, str] | None = None) -> RayWorkerGroup:
     """The one way a replica is spawned: a ``RayWorkerGroup`` of :class:`RMReplica` of every bundle (``index`` None:
     the rm_wg) or of bundle ``index`` alone (a stand-in; ``master``: the rm_wg's master address, so nothing waits for

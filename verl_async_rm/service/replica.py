@@ -15,10 +15,12 @@ from collections import deque
 from typing import Any
 
 import ray
+import torch
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 
 from verl_async_rm.errors import EngineDeadError, RewardModelError
+from verl_async_rm.scoring.colocation import check_colocated_memory
 from verl_async_rm.scoring.rm_config import RMConfig
 from verl_async_rm.request import RMRequest
 from verl_async_rm.scoring.scorer import RewardModelScorer, ScorerStats
@@ -60,6 +62,9 @@ class RMReplica(Worker):
         if self._scorer is not None:
             return self.describe()
         check_replica_memory(self.config)
+        if self.config.placement == "policy_pool" and self.config.use_gpu and torch.cuda.is_available():
+            device = torch.cuda.current_device()
+            check_colocated_memory(self.config, torch.cuda.get_device_properties(device).total_memory)
         if self.config.gpus_per_replica == 1:
             self._scorer = RewardModelScorer(self.config)
             return self.describe()
@@ -77,6 +82,9 @@ class RMReplica(Worker):
         Each call is recorded (wall-clock start and end, number of requests) for :meth:`pop_batch_records`.
         """
         scorer = self._require_scorer()
+        if scorer.asleep:  # the RM service holds batches while its replicas sleep: this is a stray call
+            logger.warning("RM replica %s got a batch while asleep; waking it first", self.rank)
+            scorer.wake()
         start = time.time()
         try:
             if self._ranks is None:
@@ -88,6 +96,16 @@ class RMReplica(Worker):
             os._exit(1)
         finally:
             self._batch_records.append({"start": start, "end": time.time(), "size": len(requests)})
+
+    def sleep(self) -> dict[str, float]:
+        """Release the device's memory (weights to host memory): ``{"bytes", "seconds"}`` moved."""
+        move = self._require_scorer().sleep()
+        return {"bytes": float(move.bytes), "seconds": move.seconds}
+
+    def wake(self) -> dict[str, float]:
+        """Weights back on the device: ``{"bytes", "seconds"}`` moved (0 when it was awake)."""
+        move = self._require_scorer().wake()
+        return {"bytes": float(move.bytes), "seconds": move.seconds}
 
     def pop_batch_records(self) -> list[dict[str, float]]:
         """The scoring calls since the previous call, oldest first: ``{"start", "end", "size"}`` each, then forgets.
@@ -111,12 +129,15 @@ class RMReplica(Worker):
             "node_id": context.get_node_id(),
             "node_ip": ray.util.get_node_ip_address(),
             "actor_name": context.get_actor_name(),
+            "placement_group_id": context.get_placement_group_id(),
             "pid": os.getpid(),
             "model_path": self.config.model_path,
             "loaded": self._scorer is not None,
         }
+        info["placement"] = self.config.placement
         if self._scorer is not None:
-            info.update(self._scorer.describe())  # device, dtype, retemplate, max_length, num_labels, packing
+            info.update(self._scorer.describe())
+            info["asleep"] = self._scorer.asleep  # device, dtype, retemplate, max_length, num_labels, packing
         info["gpus_per_replica"] = self.config.gpus_per_replica
         if self._ranks is not None:
             info["ranks"] = self._ranks.infos  # ranks 1..k-1: pid, actor_name, node_ip, device

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import ray
 
 from verl_async_rm.batching import BatchPolicy, PendingRequestExecutor
-from verl_async_rm.errors import AsyncRMError
+from verl_async_rm.errors import AsyncRMError, ReplicaLostError
 from verl_async_rm.request import RMRequest
 from verl_async_rm.scoring.rm_config import RMConfig
 from verl_async_rm.scoring.scorer import ScorerStats
@@ -27,6 +28,7 @@ from verl_async_rm.service.placement import (
     shutdown_rm_worker_group,
 )
 from verl_async_rm.service.replica_call import ReplicaCall
+from verl_async_rm.service.sleep import SleepLedger
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +62,11 @@ class RMService:
         self._group: Any = None
         self._executor: PendingRequestExecutor | None = None
         self._abandoned: set[asyncio.Task] = set()  # whole-batch calls given up on, still waiting for late answers
+        #: placement='policy_pool': awake or asleep, and the step's sleep/wake figures; None for a pool of its own.
+        self._sleep = SleepLedger() if rm.placement == "policy_pool" else None
+        #: Replicas that did not answer the sleep, by slot: lost at the wake if the slot still holds them (a slot
+        #: being replaced then holds a dead replica, and its stand-in loads awake).
+        self._failed_sleep: dict[int, Any] = {}
 
     async def start(self) -> list[dict[str, Any]]:
         """Reserve the pool, load the RM on every replica and start the batcher; returns each replica's ``describe``
@@ -103,7 +110,67 @@ class RMService:
         replica_steps = await asyncio.gather(
             *(_bounded(replica.pop_step_stats.remote()) for replica in executor.slots), return_exceptions=True
         )
-        return service_step_metrics(executor_step, [r for r in replica_steps if isinstance(r, ScorerStats)])
+        figures = service_step_metrics(executor_step, [r for r in replica_steps if isinstance(r, ScorerStats)])
+        if self._sleep is not None:
+            figures.update(self._sleep.pop())
+        return figures
+
+    async def sleep(self) -> dict[str, float]:
+        """Put the replicas to sleep (``placement='policy_pool'``, before the policy's update): no new batch starts,
+        the running ones end (at most ``batch_timeout_s``), then each replica moves its weights to host memory.
+        Requests that arrive meanwhile wait for :meth:`wake` (their deadlines running). ``{"bytes", "seconds"}``;
+        a no-op for a pool of its own, or when asleep."""
+        executor, ledger = self._require(), self._sleep
+        if ledger is None or ledger.asleep:
+            return {"bytes": 0.0, "seconds": 0.0}
+        start = time.monotonic()
+        if not await executor.hold(self._batching.batch_timeout_s or DEFAULT_LATE_LIMIT_S):
+            logger.warning("RM service %s: batches still running at the sleep; each replica sleeps after its call",
+                           self._name)
+        replicas = executor.slots
+        answers = await self._each_replica("sleep", replicas)
+        moved = 0.0
+        for index, answer in enumerate(answers):
+            if isinstance(answer, dict):
+                moved += answer["bytes"]
+            else:
+                self._failed_sleep[index] = replicas[index]
+                logger.error("RM service %s: replica %d did not sleep (%r); it is replaced at the wake",
+                             self._name, index, answer)
+        seconds = time.monotonic() - start
+        ledger.slept(seconds, moved)
+        return {"bytes": moved, "seconds": seconds}
+
+    async def wake(self) -> dict[str, float]:
+        """Wake the replicas (weights back on the device) and let batches start again; a replica that does not wake
+        (it died asleep) is replaced as a replica lost in a batch is. ``{"bytes", "seconds"}``; a no-op when awake."""
+        executor, ledger = self._require(), self._sleep
+        if ledger is None or not ledger.asleep:
+            return {"bytes": 0.0, "seconds": 0.0}
+        start = time.monotonic()
+        replicas = executor.slots
+        answers = await self._each_replica("wake", replicas)
+        moved = 0.0
+        for index, answer in enumerate(answers):
+            if isinstance(answer, dict) and self._failed_sleep.get(index) is not replicas[index]:
+                moved += answer["bytes"]
+                continue
+            cause = answer if isinstance(answer, BaseException) else RuntimeError("it did not answer the sleep")
+            if executor.lose_slot(index, ReplicaLostError(f"RM replica {index} did not wake: {cause!r}")):
+                logger.error("RM service %s: replica %d did not wake (%r); replacing it", self._name, index, cause)
+        self._failed_sleep.clear()
+        executor.resume()
+        seconds = time.monotonic() - start
+        ledger.woke(seconds, moved)
+        return {"bytes": moved, "seconds": seconds}
+
+    async def _each_replica(self, method: str, replicas: tuple[Any, ...]) -> list[Any]:
+        """``replica.<method>()`` on every replica at once, each within ``init_timeout_s`` (a wake reloads the
+        weights): its answer, or the exception."""
+        async def call(replica: Any) -> Any:
+            return await asyncio.wait_for(getattr(replica, method).remote(), self._rm.init_timeout_s)
+
+        return await asyncio.gather(*(call(r) for r in replicas), return_exceptions=True)
 
     async def score_batch(self, requests: list[RMRequest], timeout_s: float) -> list[float | Exception]:
         """Score a whole batch at once, the synchronous way (after rollout): contiguous, even chunks, one per replica,

@@ -11,6 +11,9 @@ real methods and classes, borrowed from ``PPOTrainer`` (``trainer/ppo/v1/trainer
   refilled with ``trainer.v1.sampler.sync_refill_failed_groups``);
 - the step's end: the plugin's hook of ``PPOTrainer.step`` (:func:`verl_async_rm.integration.v1_hooks.closing`),
   then ``Tracking.log`` at ``global_steps`` when a tracker is given;
+- the trainer's phase hooks where verl's sync trainer calls them: ``on_sample_end`` right after the sampling, and
+  ``on_step_end`` after the step (verl sleeps and wakes its rollout there), wrapped as the plugin wraps a real
+  trainer's (:func:`verl_async_rm.integration.v1_hooks.hook_phases`: the RM on the policy's GPUs sleeps and wakes);
 - validation: the dispatch and sampling of ``PPOTrainer._validate`` (partition ``val``, ``validate=True``), closed
   with the same hook as ``_validate``.
 
@@ -88,6 +91,15 @@ class V1FitLoop:
         self._make_prompts = make_prompts or (lambda n: prompt_batch(["refill question"] * n))
         self.replay_buffer = PPOTrainer._build_replay_buffer(self)
         self.replay_buffer.poll_interval = poll_interval_s
+        from verl_async_rm.integration.v1_hooks import hook_phases
+
+        hook_phases(self)
+
+    def on_sample_end(self) -> None:
+        """verl's trainers sleep their rollout here; this loop has none (the plugin's hook adds the RM's sleep)."""
+
+    def on_step_end(self) -> None:
+        """verl's trainers wake their rollout here (see :meth:`on_sample_end`)."""
 
     # verl's PPOTrainer methods that _build_replay_buffer and _submit_batch_to_rollout call on ``self``
     def _resolve_filter_groups_metric(self) -> Any:
@@ -130,6 +142,7 @@ class V1FitLoop:
             meta, eviction = self.replay_buffer.sample(global_steps=self.global_steps, partition_id="train",
                                                        batch_size=size)
             sampled_at = time.time()
+            self.on_sample_end()
             try:
                 return meta, tq.kv_batch_get(keys=meta.keys, partition_id=meta.partition_id,
                                              select_fields=list(fields)), eviction, sampled_at
@@ -137,6 +150,7 @@ class V1FitLoop:
                 tq.kv_clear(keys=meta.keys, partition_id=meta.partition_id)
 
         (meta, data, metrics, sampled_at), extra = closing(self, "train", body)
+        self.on_step_end()
         metrics = {**metrics, **extra}
         if self.logger is not None:
             self.logger.log(data=metrics, step=self.global_steps)

@@ -1,0 +1,60 @@
+"""``WeightOffload`` and the scorer's sleep/wake: weights leave the device and come back bit for bit, the scores
+are the same before and after a cycle, tied weights move once, and a second sleep or wake moves nothing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from rm_cases import make_batch
+
+from verl_async_rm.scoring.offload import WeightOffload
+from verl_async_rm.scoring.rm_config import RMConfig
+from verl_async_rm.scoring.scorer import RewardModelScorer
+
+pytestmark = pytest.mark.unit
+
+
+def test_a_cycle_restores_every_weight_exactly_and_frees_the_devices_copy(tiny_models):
+    from transformers import AutoModelForSequenceClassification
+
+    model = AutoModelForSequenceClassification.from_pretrained(tiny_models.rm, dtype=torch.float32).eval()
+    before = {name: t.clone() for name, t in model.state_dict().items()}
+    ids = torch.tensor([[5, 9, 14, 3, 7]])
+    with torch.no_grad():
+        reference = model(input_ids=ids).logits.clone()
+    offload = WeightOffload(model, torch.device("cpu"))
+    total = offload.device_bytes()
+    slept = offload.sleep()
+    assert offload.asleep and slept.bytes == total > 0 and offload.device_bytes() == 0
+    assert all(p.numel() == 0 for p in model.parameters())  # the device's copy is gone
+    assert offload.sleep().bytes == 0  # already asleep
+    woke = offload.wake()
+    assert woke.bytes == total and not offload.asleep and offload.wake().bytes == 0
+    after = model.state_dict()
+    assert all(torch.equal(before[name], after[name]) for name in before)
+    with torch.no_grad():
+        assert torch.equal(model(input_ids=ids).logits, reference)
+
+
+def test_tied_weights_move_once_and_stay_tied():
+    torch.manual_seed(0)
+    embed = torch.nn.Embedding(10, 4)
+    head = torch.nn.Linear(4, 10, bias=False)
+    head.weight = embed.weight  # tied, as a causal LM's head often is
+    model = torch.nn.ModuleDict({"embed": embed, "head": head})
+    offload = WeightOffload(model, torch.device("cpu"))
+    assert offload.sleep().bytes == 10 * 4 * 4
+    offload.wake()
+    assert head.weight is embed.weight and head.weight.shape == (10, 4)
+
+
+def test_the_scorer_scores_the_same_after_a_sleep_and_wake(tiny_models, policy_tok):
+    config = RMConfig(model_path=str(tiny_models.rm), policy_tokenizer_path=str(tiny_models.policy), use_gpu=False,
+                      placement="policy_pool")
+    scorer = RewardModelScorer(config)
+    requests = make_batch(policy_tok)
+    before = scorer.score(requests)
+    moved = scorer.sleep()
+    assert scorer.asleep and moved.bytes > 0
+    assert scorer.wake().bytes == moved.bytes and not scorer.asleep
+    assert scorer.score(requests) == before

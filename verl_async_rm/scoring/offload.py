@@ -1,0 +1,91 @@
+"""``WeightOffload``: an RM's weights off its device and back (the sleep and wake of the RM on the policy's GPUs).
+
+``sleep`` copies every parameter and buffer to host memory (pinned on CUDA, for a fast copy back) and frees the
+device's copy (each tensor's ``data`` becomes an empty tensor, then CUDA's cache is emptied); ``wake`` copies them
+back. The module objects stay, so the scorer's forwards, hooks and heads keep their references. Tied weights (one
+``Parameter`` in two places) move once. On a CPU replica the "device" is host memory: the weights still go to a
+separate copy and back, so a sleep/wake cycle is exercised, and measured, the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+__all__ = ["WeightOffload", "Move"]
+
+
+@dataclass(frozen=True)
+class Move:
+    """One sleep or wake: the bytes moved and the seconds it took (device synchronised)."""
+
+    bytes: int
+    seconds: float
+
+
+class WeightOffload:
+    """Sleep and wake the tensors of ``model`` on ``device`` (module doc). Not thread-safe; the replica calls it
+    between forwards."""
+
+    def __init__(self, model: torch.nn.Module, device: torch.device) -> None:
+        self.model = model
+        self.device = torch.device(device)
+        #: While asleep: (the module's tensor, its host copy, the device it goes back to).
+        self._host: list[tuple[torch.Tensor, torch.Tensor, torch.device]] | None = None
+
+    @property
+    def asleep(self) -> bool:
+        return self._host is not None
+
+    def _tensors(self) -> list[torch.Tensor]:
+        seen: set[int] = set()
+        out = []
+        for tensor in (*self.model.parameters(), *self.model.buffers()):
+            if id(tensor) not in seen and tensor.numel() > 0:
+                seen.add(id(tensor))
+                out.append(tensor)
+        return out
+
+    def sleep(self) -> Move:
+        """Weights to host memory, the device's copy freed; a no-op (0 bytes) when already asleep."""
+        if self._host is not None:
+            return Move(0, 0.0)
+        start = time.perf_counter()
+        pin = self.device.type == "cuda"
+        host = []
+        moved = 0
+        for tensor in self._tensors():
+            copy = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=pin)
+            copy.copy_(tensor.detach(), non_blocking=pin)
+            host.append((tensor, copy, tensor.device))
+            moved += tensor.numel() * tensor.element_size()
+        self._synchronize()
+        for tensor, _, _ in host:
+            tensor.data = torch.empty(0, dtype=tensor.dtype, device=tensor.device)
+        self._host = host
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return Move(moved, time.perf_counter() - start)
+
+    def wake(self) -> Move:
+        """Weights back on the device; a no-op (0 bytes) when awake."""
+        if self._host is None:
+            return Move(0, 0.0)
+        start = time.perf_counter()
+        moved = 0
+        for tensor, copy, device in self._host:
+            tensor.data = copy.to(device, non_blocking=True, copy=True)
+            moved += copy.numel() * copy.element_size()
+        self._synchronize()
+        self._host = None
+        return Move(moved, time.perf_counter() - start)
+
+    def device_bytes(self) -> int:
+        """Bytes of the model's tensors held on its device now (0 when asleep)."""
+        return sum(t.numel() * t.element_size() for t in self._tensors())
+
+    def _synchronize(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)

@@ -1,0 +1,98 @@
+"""The policy's pool as the RM's: verl's own placement groups of its actor/rollout pool, found by name.
+
+With ``reward.reward_model.enable_resource_pool=False`` the RM replicas go in the bundles of verl's ``global_pool`` (the
+actor's and the rollout's), one replica per GPU, as verl's own colocated RM would (``init_resource_pool_mgr`` maps
+``Role.RewardModel`` to ``global_pool``). verl hands the agent-loop manager no resource pool, so this module finds
+the pool's placement groups the way verl names them: ``ResourcePoolManager.create_resource_pool`` makes a
+``RayResourcePool`` with ``name_prefix="global_pool"``, and ``RayResourcePool.get_placement_groups`` names group
+``i`` ``f"{name_prefix}verl_group_{'_'.join(process_on_nodes)}:{i}"``. That naming is verl's, not an API: if a verl
+release changes it, :meth:`PolicyPool.get_placement_groups` fails at start-up with the names it looked for.
+
+A replica takes ``1 / ResourcePoolManager.max_colocate_count`` of its bundle's GPU (verl's ``RayWorkerGroup`` share
+for a process colocated in a bundle) and one of its CPUs. The groups are verl's: :meth:`PolicyPool.release` leaves
+them alone.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import ray
+from ray.util.placement_group import PlacementGroup, get_placement_group
+from verl.single_controller.ray.base import RayResourcePool, ResourcePoolManager, sort_placement_group_by_node_ip
+
+from verl_async_rm.errors import ResourcePoolError
+from verl_async_rm.scoring.rm_config import RMConfig
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["PolicyPool", "policy_group_names", "POLICY_POOL_PREFIX"]
+
+#: ``name_prefix`` of verl's actor/rollout pool (``init_resource_pool_mgr``'s ``global_pool_id``).
+POLICY_POOL_PREFIX = "global_pool"
+
+
+def policy_group_names(n_gpus_per_node: int, nnodes: int, prefix: str = POLICY_POOL_PREFIX) -> list[str]:
+    """The names verl gives the policy pool's placement groups, one per node (module doc)."""
+    store = "_".join(str(n_gpus_per_node) for _ in range(nnodes))
+    return [f"{prefix}verl_group_{store}:{i}" for i in range(nnodes)]
+
+
+class PolicyPool(RayResourcePool):
+    """verl's actor/rollout pool, seen by the RM: its placement groups (found by name, within
+    ``placement_timeout_s``), one replica per bundle."""
+
+    def __init__(self, config: RMConfig, name_prefix: str = POLICY_POOL_PREFIX) -> None:
+        super().__init__(
+            process_on_nodes=[config.n_gpus_per_node] * config.nnodes,
+            use_gpu=config.use_gpu,
+            name_prefix=name_prefix,
+            max_colocate_count=ResourcePoolManager.max_colocate_count,
+        )
+        self.replicas_per_node = config.n_gpus_per_node
+        self.placement_timeout_s = config.placement_timeout_s
+
+    def get_placement_groups(self, strategy: str = "STRICT_PACK", name: str | None = None,
+                             device_name: str | None = None) -> list[PlacementGroup]:
+        """verl's placement groups of the policy pool, ready, sorted as verl ranks them; ``ResourcePoolError`` if
+        they are not there (verl's trainer reserves them before it builds the agent-loop manager)."""
+        if self.pgs is not None:
+            return self.pgs
+        names = policy_group_names(self.store[0], len(self.store), self.name_prefix)
+        deadline = time.monotonic() + self.placement_timeout_s
+        groups = []
+        for group_name in names:
+            while True:
+                try:
+                    groups.append(get_placement_group(group_name))
+                    break
+                except ValueError:
+                    if time.monotonic() >= deadline:
+                        raise ResourcePoolError(
+                            f"the policy pool's placement group {group_name!r} does not exist (looked for "
+                            f"{', '.join(names)} for {self.placement_timeout_s:g}s). With "
+                            "reward.reward_model.enable_resource_pool=False the RM goes in verl's actor/rollout pool, "
+                            "which verl's trainer reserves (RayResourcePool 'global_pool') before it builds the "
+                            "agent-loop manager. Fix: launch through verl's trainer with trainer.n_gpus_per_node / "
+                            "nnodes as its pool, or give the RM its own pool "
+                            "(reward.reward_model.enable_resource_pool=True)"
+                        ) from None
+                    time.sleep(0.2)
+        ready, _ = ray.wait([pg.ready() for pg in groups], num_returns=len(groups),
+                            timeout=max(1.0, deadline - time.monotonic()))
+        if len(ready) < len(groups):
+            raise ResourcePoolError(f"the policy pool's placement groups {names} were not ready within "
+                                    f"{self.placement_timeout_s:g}s")
+        self.pgs = sort_placement_group_by_node_ip(groups)
+        logger.info("RM replicas go in the policy pool's %d group(s) %s", len(groups), ", ".join(names))
+        return self.pgs
+
+    def replica_bundles(self) -> list[tuple[PlacementGroup, int]]:
+        """``(placement group, bundle index)`` of each replica, in verl's rank order (one per GPU)."""
+        if not self.pgs:
+            raise ValueError("the policy pool's placement groups are not found yet: call get_placement_groups first")
+        return [(pg, i) for pg in self.pgs for i in range(self.replicas_per_node)]
+
+    def release(self) -> None:
+        """Nothing: the placement groups are verl's, and outlive the RM."""
