@@ -17,8 +17,9 @@ sequence-classification model is the RM. In bf16 they take ~31 GB together.
 - The model's parameter: ``s = (1 - D1 / D0) / (R1 / R0)``: the fraction of the decode's time lost per second of RM
   work (``D``: decode tokens/s, ``R``: RM tokens/s, ``0`` alone, ``1`` side by side). 1 is time-slicing, 0 a free RM;
   above 1 sharing is worse than taking turns.
-- Sleep and wake: every weight to pinned host memory and back (what a sleep mode does), and the naive
-  ``model.to('cpu')`` / ``model.to('cuda')`` (pageable memory); the weights are checked unchanged after the wake.
+- Sleep and wake: the plugin's own :class:`~verl_async_rm.scoring.offload.WeightOffload` (every weight to pinned
+  host memory, the device's copy freed, and back), and the naive ``model.to('cpu')`` / ``model.to('cuda')``
+  (pageable memory); the weights are checked unchanged after the wake.
 
 Figures are logged and written to ``colocation_gpu.json`` (in ``$VERL_ASYNC_RM_GPU_OUT`` if set, else a pytest temp
 folder: the log names it). Only sanity is asserted (positive, finite figures; weights back intact): never a time.
@@ -257,33 +258,23 @@ def _figures(kind: str, batch: int, alone: dict[str, float], beside: dict[str, f
     }
 
 
-def sleep_and_wake(model: Any, device: torch.device, pin: bool) -> dict[str, Any]:
-    """Every parameter and buffer to host memory (pinned or not) and the device copy freed (a sleep), then back (a
-    wake); the first tensor's values checked unchanged. Seconds and GB/s each way."""
+def sleep_and_wake(model: Any, device: torch.device) -> dict[str, Any]:
+    """The plugin's own sleep and wake (:class:`~verl_async_rm.scoring.offload.WeightOffload`, what an RM replica on
+    the policy's GPUs does): seconds and GB/s each way, the device memory it frees, the weights checked unchanged."""
+    from verl_async_rm.scoring.offload import WeightOffload
+
     tensors = [t for t in (*model.parameters(), *model.buffers()) if t.device.type == device.type]
-    size = sum(t.numel() * t.element_size() for t in tensors)
     probe = tensors[0].detach().flatten()[:4096].clone()
-    start = time.monotonic()
-    host = [torch.empty(t.shape, dtype=t.dtype, pin_memory=pin) for t in tensors]
-    alloc_s = time.monotonic() - start
+    offload = WeightOffload(model, device)
     _sync(device)
-    start = time.monotonic()
-    for h, t in zip(host, tensors):
-        h.copy_(t.detach(), non_blocking=pin)
-    _sync(device)
-    sleep_s = time.monotonic() - start
-    for t in tensors:
-        t.data = torch.empty(0, dtype=t.dtype, device=device)
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
-    start = time.monotonic()
-    for h, t in zip(host, tensors):
-        t.data = h.to(device, non_blocking=pin)
-    _sync(device)
-    wake_s = time.monotonic() - start
+    held = torch.cuda.memory_allocated(device)
+    slept = offload.sleep()
+    freed = held - torch.cuda.memory_allocated(device)
+    woke = offload.wake()
     intact = bool(torch.equal(tensors[0].detach().flatten()[:4096], probe))
-    return {"pinned": pin, "bytes": size, "host_alloc_s": alloc_s, "sleep_s": sleep_s, "wake_s": wake_s,
-            "sleep_gbps": size / sleep_s / 1e9, "wake_gbps": size / wake_s / 1e9, "weights_intact": intact}
+    return {"pinned": True, "bytes": slept.bytes, "freed_bytes": freed, "sleep_s": slept.seconds,
+            "wake_s": woke.seconds, "sleep_gbps": slept.bytes / slept.seconds / 1e9,
+            "wake_gbps": woke.bytes / woke.seconds / 1e9, "weights_intact": intact}
 
 
 def naive_to_and_back(model: Any, device: torch.device) -> dict[str, Any]:
@@ -388,13 +379,13 @@ def test_decode_beside_rm_forwards_in_another_process(policy, device, record, ba
     assert figures["rm_forwards_in_window"] >= 1 and figures["share_slowdown"] >= 0
 
 
-@pytest.mark.parametrize("pin", [True, False], ids=["pinned", "pageable"])
-def test_rm_sleep_and_wake_through_host_memory(rm, device, record, pin):
-    figures = sleep_and_wake(rm, device, pin)
-    record["sleep_wake"]["pinned" if pin else "pageable"] = figures
-    logger.info("8B RM sleep and wake (%s): %s", "pinned" if pin else "pageable", figures)
+def test_rm_sleep_and_wake_through_host_memory(rm, device, record):
+    figures = sleep_and_wake(rm, device)
+    record["sleep_wake"]["pinned"] = figures
+    logger.info("8B RM sleep and wake (the plugin's WeightOffload): %s", figures)
     assert figures["weights_intact"]
     assert figures["bytes"] > 14e9  # the 8B shape: 7.5e9 bf16 parameters
+    assert figures["freed_bytes"] >= 0.95 * figures["bytes"]  # the device's copy is really released
     for key in ("sleep_s", "wake_s", "sleep_gbps", "wake_gbps"):
         assert _positive(figures[key]), (key, figures)
 

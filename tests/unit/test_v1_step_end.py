@@ -219,3 +219,20 @@ def test_verls_fit_loop_still_logs_what_step_and_validate_return_at_the_steps_nu
              "metrics.update(val_metrics)", "self.logger.log(data=metrics, step=self.global_steps)"]
     positions = [fit.find(line) for line in order]
     assert -1 not in positions and positions == sorted(positions), dict(zip(order, positions, strict=True))
+
+
+def test_the_wrapped_step_hooks_verls_own_phase_hooks_rm_after_rollout(wrapped_trainer):
+    """verl's sync trainer sleeps its rollout in ``on_sample_end`` and wakes it in ``on_step_end``; once a step has run
+    through the wrapper, the RM's sleep follows the rollout's, and its wake follows the rollout's."""
+    calls = []
+    trainer = wrapped_trainer
+    trainer.agent_loop_manager = _Recorder()
+    trainer.agent_loop_manager.async_rm_sleep = lambda: calls.append("rm sleep")
+    trainer.agent_loop_manager.async_rm_wake = lambda: calls.append("rm wake")
+    trainer.checkpoint_manager = SimpleNamespace(sleep_replicas=lambda: calls.append("rollout sleep"),
+                                                 update_weights=lambda step: calls.append("rollout wake"))
+    trainer.curr_step_profile, trainer.timing_raw = False, {}
+    trainer.step({}, {})
+    trainer.on_sample_end()
+    trainer.on_step_end()
+    assert calls == ["rollout sleep", "rm sleep", "rollout wake", "rm wake"]

@@ -13,7 +13,7 @@ import ray
 from verl_async_rm.errors import ResourcePoolError, remote_cause
 from verl_async_rm.config import RMEntry
 from verl_async_rm.service.placement import kill_and_wait, remove_pool_groups, replica_bundle
-from verl_async_rm.service.service import kill_quietly, launch_rm_service, start_timeout_s
+from verl_async_rm.service.service import launch_rm_service, start_timeout_s
 
 __all__ = ["start_rm_services", "check_pools_fit", "pools_text"]
 
