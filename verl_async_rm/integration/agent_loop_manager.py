@@ -108,15 +108,17 @@ class _AsyncRMSide:
         self.service_restarts += 1
         await self._async_rm_attach(CONTROL_TIMEOUT_S)
 
-    async def _async_rm_control(self, method: str, *args: Any) -> dict[str, Any]:
-        """A call to every RM service at a step boundary, by RM name; a dead service is replaced and asked again."""
+    async def _async_rm_control(self, method: str, *args: Any, timeout_s: float = CONTROL_TIMEOUT_S
+                                ) -> dict[str, Any]:
+        """A call to every RM service at a step boundary, by RM name; a dead (or silent past ``timeout_s``) service
+        is replaced and asked again."""
 
         async def call(name: str) -> Any:
             try:
-                return await asyncio.wait_for(getattr(self.rm_services[name], method).remote(*args), CONTROL_TIMEOUT_S)
+                return await asyncio.wait_for(getattr(self.rm_services[name], method).remote(*args), timeout_s)
             except (ray.exceptions.RayActorError, asyncio.TimeoutError) as err:
                 await self._async_rm_restart_service(name, err)
-            return await asyncio.wait_for(getattr(self.rm_services[name], method).remote(*args), CONTROL_TIMEOUT_S)
+            return await asyncio.wait_for(getattr(self.rm_services[name], method).remote(*args), timeout_s)
 
         names = list(self.rm_services)
         return dict(zip(names, await asyncio.gather(*(call(name) for name in names)), strict=True))
@@ -241,13 +243,19 @@ class AsyncRMAgentLoopManagerV1(_AsyncRMSide, AgentLoopManagerTQ):
         """The policy is about to train: the RMs on the policy's GPUs release them (``placement='policy_pool'``;
         a no-op otherwise). Called by :func:`~verl_async_rm.integration.v1_hooks.hook_phases` after the sampling."""
         if self._on_policy_pool:
-            await self._async_rm_control("sleep")
+            await self._async_rm_control("sleep", timeout_s=self._sleep_timeout_s())
 
     @auto_await
     async def async_rm_wake(self) -> None:
         """The next rollout is about to start: the RMs take the policy's GPUs back (see :meth:`async_rm_sleep`)."""
         if self._on_policy_pool:
-            await self._async_rm_control("wake")
+            await self._async_rm_control("wake", timeout_s=self._sleep_timeout_s())
+
+    def _sleep_timeout_s(self) -> float:
+        """Longest a sleep or a wake of every RM may take: the running batches' end (``batch_timeout_s``), then each
+        replica's move of its weights (``init_timeout_s``), and a minute for the calls."""
+        return max((e.batching.batch_timeout_s or 60.0) + e.rm.init_timeout_s + CONTROL_TIMEOUT_S
+                   for e in self._entries.values())
 
     async def _async_rm_collect(self, phase: str) -> PhaseRecord:
         records = await asyncio.wait_for(

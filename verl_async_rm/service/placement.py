@@ -236,8 +236,8 @@ def shutdown_rm_worker_group(wg: RayWorkerGroup) -> None:
         pool.release()
 
 
-def replica_group(pool: RMResourcePool | PolicyPool, config: RMConfig, *, name_prefix: str | None, index: int | None = None,
-                  master: tuple[str, str] | None = None) -> RayWorkerGroup:
+def replica_group(pool: RMResourcePool | PolicyPool, config: RMConfig, *, name_prefix: str | None,
+                  index: int | None = None, master: tuple[str, str] | None = None) -> RayWorkerGroup:
     """The one way a replica is spawned: a ``RayWorkerGroup`` of :class:`RMReplica` of every bundle (``index`` None:
     the rm_wg) or of bundle ``index`` alone (a stand-in; ``master``: the rm_wg's master address, so nothing waits for
     the bundle before the replica is created). Creates the actors without waiting for them."""
