@@ -58,6 +58,9 @@ __all__ = [
 ]
 
 _NODE_ID_LABEL = "ray.io/node-id"
+#: Keys of a replica's size check before it loads (``check_replica_memory``, ``check_colocated_memory``): their
+#: ``ConfigValueError`` is raised as is, the fix being a setting; any other load failure is a ``RewardModelError``.
+_SIZE_KEYS = ("gpus_per_replica", "actor_rollout_ref.rollout.gpu_memory_utilization")
 
 
 class RMResourcePool(RayResourcePool):
@@ -219,7 +222,7 @@ def create_rm_worker_group(
         except Exception as err:
             shutdown_rm_worker_group(wg)
             cause = remote_cause(err)
-            if isinstance(cause, ConfigValueError):  # too large for its GPUs (or beside the policy): the fix
+            if isinstance(cause, ConfigValueError) and cause.key in _SIZE_KEYS:  # too large for its GPUs: the fix
                 raise cause from err
             raise RewardModelError(f"RM replica {rank} failed to load {config.model_path}: {cause}") from err
     logger.info("RM worker group ready: %d replica(s) of %s on nodes %s", len(infos), config.model_path,
