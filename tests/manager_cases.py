@@ -130,3 +130,21 @@ def wait_until_busy(service, wait_s: float = 120.0) -> None:
         if stats["submitted"] > 0 and (stats["in_flight_requests"] or stats["queue_len"]):
             return
         time.sleep(0.01)
+
+
+def direct_scores(batch, rm_path, policy_path):
+    """(RM score, rule score) of each sampled v1 trajectory (a ``V1Batch``), computed with plain transformers and the
+    tests' rule (``assets/rule.py``: response length mod 7, over 7)."""
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    rm = AutoModelForSequenceClassification.from_pretrained(rm_path, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(policy_path)
+    out = []
+    for i in range(len(batch.keys)):
+        prompt, response = batch.data["prompts"][i], batch.data["responses"][i]
+        with torch.no_grad():
+            ids = torch.cat([prompt, response]).unsqueeze(0)
+            direct = float(rm.score(rm.model(input_ids=ids).last_hidden_state)[0, -1, 0])
+        out.append((direct, (len(tok.decode(response, skip_special_tokens=True)) % 7) / 7.0))
+    return out

@@ -166,7 +166,10 @@ class AsyncRMConfig:
         batching_values = {**_PLUGIN_BATCHING_DEFAULTS, **sections[BatchPolicy]}
         batching = build(BatchPolicy, batching_values, _under(CONFIG_GROUP, batching_values))
         rm = rm_config_from_verl(config, sections[RMConfig], overrides_key=CONFIG_GROUP)
-        base = {"policy_tokenizer_path": rm.policy_tokenizer_path, "use_gpu": rm.use_gpu, **placement_values(config)}
+        base = {"policy_tokenizer_path": rm.policy_tokenizer_path, "use_gpu": rm.use_gpu}
+        if rm.placement == "policy_pool":  # every RM where the main one is (placement_values, read once)
+            base.update({k: getattr(rm, k) for k in ("placement", "n_gpus_per_node", "nnodes",
+                                                     "rollout_memory_utilization", "actor_resident_bytes")})
         extras = extra_rm_entries(
             models, base=base,
             shared_rm=sections[RMConfig], shared_batching=batching_values, group=CONFIG_GROUP,

@@ -16,8 +16,7 @@ import time
 
 import pytest
 import ray
-import torch
-from manager_cases import RM_W, RULE_W, replicas_of, running_manager, wait_until_busy
+from manager_cases import direct_scores, RM_W, RULE_W, replicas_of, running_manager, wait_until_busy
 
 pytestmark = pytest.mark.integration
 
@@ -30,22 +29,6 @@ def v1_loop(ray_local, tiny_models, nan_rm):
 
     with running_manager(ray_local, tiny_models, "v1", rm_path=nan_rm[0]) as (manager, config):
         yield V1FitLoop(config, manager), manager
-
-
-def _direct_scores(batch, rm_path, tiny_models):
-    """(RM score, rule score) of each sampled trajectory, computed with plain transformers and the test's rule."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    rm = AutoModelForSequenceClassification.from_pretrained(rm_path, dtype=torch.float32).eval()
-    tok = AutoTokenizer.from_pretrained(tiny_models.policy)
-    out = []
-    for i in range(len(batch.keys)):
-        prompt, response = batch.data["prompts"][i], batch.data["responses"][i]
-        with torch.no_grad():
-            ids = torch.cat([prompt, response]).unsqueeze(0)
-            direct = float(rm.score(rm.model(input_ids=ids).last_hidden_state)[0, -1, 0])
-        out.append((direct, (len(tok.decode(response, skip_special_tokens=True)) % 7) / 7.0))
-    return out
 
 
 def test_scores_and_metrics_reach_verls_tracker_at_their_steps(v1_loop, tiny_models, nan_rm, tmp_path, monkeypatch):
@@ -68,7 +51,7 @@ def test_scores_and_metrics_reach_verls_tracker_at_their_steps(v1_loop, tiny_mod
         loop.logger = None
 
     assert len(first.keys) == 3 * N and len(second.keys) == N
-    for (direct, rule), i in zip(_direct_scores(first, nan_rm[0], tiny_models), range(len(first.keys)), strict=True):
+    for (direct, rule), i in zip(direct_scores(first, nan_rm[0], tiny_models.policy), range(len(first.keys)), strict=True):
         info = first.reward_extra_info(i)
         assert info["rm_score"] == pytest.approx(direct, abs=1e-4) and info["rule_score"] == pytest.approx(rule)
         assert first.reward(i) == pytest.approx(RM_W * direct + RULE_W * rule, abs=1e-4)

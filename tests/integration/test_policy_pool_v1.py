@@ -14,8 +14,7 @@ import time
 
 import pytest
 import ray
-import torch
-from manager_cases import RM_W, RULE_W, replicas_of, running_manager
+from manager_cases import direct_scores, RM_W, RULE_W, replicas_of, running_manager
 
 pytestmark = pytest.mark.integration
 
@@ -52,24 +51,8 @@ def colocated(ray_local, tiny_models, policy_pool):
         yield V1FitLoop(config, manager), manager
 
 
-def _direct_scores(batch, tiny_models):
-    """(RM score, rule score) of each sampled trajectory, with plain transformers and the test's rule."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    rm = AutoModelForSequenceClassification.from_pretrained(tiny_models.rm, dtype=torch.float32).eval()
-    tok = AutoTokenizer.from_pretrained(tiny_models.policy)
-    out = []
-    for i in range(len(batch.keys)):
-        prompt, response = batch.data["prompts"][i], batch.data["responses"][i]
-        with torch.no_grad():
-            ids = torch.cat([prompt, response]).unsqueeze(0)
-            direct = float(rm.score(rm.model(input_ids=ids).last_hidden_state)[0, -1, 0])
-        out.append((direct, (len(tok.decode(response, skip_special_tokens=True)) % 7) / 7.0))
-    return out
-
-
 def _check_exact(batch, tiny_models):
-    for i, (direct, rule) in enumerate(_direct_scores(batch, tiny_models)):
+    for i, (direct, rule) in enumerate(direct_scores(batch, tiny_models.rm, tiny_models.policy)):
         info = batch.reward_extra_info(i)
         assert info["rm_score"] == pytest.approx(direct, abs=1e-4)
         assert batch.reward(i) == pytest.approx(RM_W * direct + RULE_W * rule, abs=1e-4)
