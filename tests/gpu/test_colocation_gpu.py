@@ -21,6 +21,8 @@ sequence-classification model is the RM. In bf16 they take ~31 GB together.
   host memory, the device's copy freed, and back), and the naive ``model.to('cpu')`` / ``model.to('cuda')``
   (pageable memory); the weights are checked unchanged after the wake.
 
+The sleep and wake tests come first: they take seconds, the decode runs take most of the module's time.
+
 Figures are logged and written to ``colocation_gpu.json`` (in ``$VERL_ASYNC_RM_GPU_OUT`` if set, else a pytest temp
 folder: the log names it). Only sanity is asserted (positive, finite figures; weights back intact): never a time.
 """
@@ -53,7 +55,7 @@ logger = logging.getLogger(__name__)
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SHAPE = "llama8b"
 PROMPT = 512
-DECODE_STEPS = 256
+DECODE_STEPS = 128
 DECODE_BATCHES = {"tail": 4, "saturated": 64}  # -> --share-slowdown-tail, --share-slowdown
 RM_ROWS, RM_WIDTH = 8, 1024
 RM_REPS = 5
@@ -357,6 +359,26 @@ def rm(device):
     torch.cuda.empty_cache()
 
 
+def test_rm_sleep_and_wake_through_host_memory(rm, device, record):
+    figures = sleep_and_wake(rm, device)
+    record["sleep_wake"]["pinned"] = figures
+    logger.info("8B RM sleep and wake (the plugin's WeightOffload): %s", figures)
+    assert figures["weights_intact"]
+    assert figures["bytes"] > 14e9  # the 8B shape: 7.5e9 bf16 parameters
+    assert figures["freed_bytes"] >= 0.95 * figures["bytes"]  # the device's copy is really released
+    for key in ("sleep_s", "wake_s", "sleep_gbps", "wake_gbps"):
+        assert _positive(figures[key]), (key, figures)
+
+
+def test_rm_naive_offload_to_cpu_and_back(rm, device, record):
+    figures = naive_to_and_back(rm, device)
+    record["sleep_wake"]["model_to"] = figures
+    logger.info("8B RM model.to('cpu') and back: %s", figures)
+    assert next(rm.parameters()).device.type == "cuda"
+    for key in ("sleep_s", "wake_s", "sleep_gbps", "wake_gbps"):
+        assert _positive(figures[key]), (key, figures)
+
+
 @pytest.mark.parametrize("batch", sorted(DECODE_BATCHES.values()))
 def test_decode_beside_rm_forwards_in_another_stream(policy, rm, device, record, batch):
     figures = beside_a_thread(policy, rm, batch, device)
@@ -377,23 +399,3 @@ def test_decode_beside_rm_forwards_in_another_process(policy, device, record, ba
     for key in ("decode_alone_tok_s", "decode_beside_tok_s", "rm_alone_tok_s", "rm_beside_tok_s", "decode_window_s"):
         assert _positive(figures[key]), (key, figures)
     assert figures["rm_forwards_in_window"] >= 1 and figures["share_slowdown"] >= 0
-
-
-def test_rm_sleep_and_wake_through_host_memory(rm, device, record):
-    figures = sleep_and_wake(rm, device)
-    record["sleep_wake"]["pinned"] = figures
-    logger.info("8B RM sleep and wake (the plugin's WeightOffload): %s", figures)
-    assert figures["weights_intact"]
-    assert figures["bytes"] > 14e9  # the 8B shape: 7.5e9 bf16 parameters
-    assert figures["freed_bytes"] >= 0.95 * figures["bytes"]  # the device's copy is really released
-    for key in ("sleep_s", "wake_s", "sleep_gbps", "wake_gbps"):
-        assert _positive(figures[key]), (key, figures)
-
-
-def test_rm_naive_offload_to_cpu_and_back(rm, device, record):
-    figures = naive_to_and_back(rm, device)
-    record["sleep_wake"]["model_to"] = figures
-    logger.info("8B RM model.to('cpu') and back: %s", figures)
-    assert next(rm.parameters()).device.type == "cuda"
-    for key in ("sleep_s", "wake_s", "sleep_gbps", "wake_gbps"):
-        assert _positive(figures[key]), (key, figures)

@@ -154,8 +154,8 @@ def test_shared_prompts_score_like_the_unshared_path(scorer, big_rm):
     requests = []
     for g in range(4):
         prompt = [rng.randrange(5, 600) for _ in range(rng.randint(64, 512))]
-        requests += [RMRequest(f"p{g}/{s}", prompt, [rng.randrange(5, 600) for _ in range(rng.randint(16, 512))])
-                     for s in range(8)]
+        requests += [RMRequest(f"p{g}/{s}", prompt, [rng.randrange(5, 600) for _ in range(rng.randint(16, 512))],
+                               group=f"p{g}") for s in range(8)]
     unshared = RewardModelScorer(gpu_config(big_rm, share_prompts="false"))
     before = scorer.forward.saved_tokens
     assert scorer.score(requests) == pytest.approx(unshared.score(requests), abs=BF16_TOL, rel=BF16_TOL)

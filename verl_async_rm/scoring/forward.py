@@ -431,7 +431,9 @@ class RMForward:
     def _check(self, got: torch.Tensor, reference: torch.Tensor, what: str) -> str | None:
         """None when ``got`` equals ``reference`` within the dtype's tolerance, else what differs."""
         half = next(p.dtype for p in self.model.parameters()) in (torch.bfloat16, torch.float16)
-        tolerance = (3e-2 if half else 1e-4) * (1 + reference.abs())
+        # bf16: a padded batch and single rows of an 8B-shaped RM already differ by up to 0.078 (docs/gpu-results.md);
+        # a packing that mixes rows or ignores positions moves scores by the scores' own spread.
+        tolerance = (1e-1 if half else 1e-4) * (1 + reference.abs())
         if bool(((got - reference).abs() <= tolerance).all()):
             return None
         return f"{what} scores {got.tolist()} differ from single-row scores {reference.tolist()}"

@@ -162,6 +162,9 @@ def load_sharded(load: Any, path: str, trust_remote_code: bool, device: torch.de
     mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("tp",))
     if method == "tensor_parallel":
         model = load(tp_plan="auto", device_mesh=mesh)
+        if next(model.parameters()).device.type != device.type:
+            # transformers (5.17, seen on an H200) leaves a tensor-parallel load over a group of one on the host
+            model = model.to(device)
     else:
         from torch.distributed.fsdp import fully_shard
 
