@@ -48,6 +48,23 @@ def test_tied_weights_move_once_and_stay_tied():
     assert head.weight is embed.weight and head.weight.shape == (10, 4)
 
 
+def test_later_sleeps_reuse_the_host_buffers_and_copy_the_current_weights():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 3)
+    offload = WeightOffload(model, torch.device("cpu"))
+    offload.sleep()
+    buffers = {name: copy.data_ptr() for name, copy in zip(("weight", "bias"), offload._buffers.values(), strict=True)}
+    offload.wake()
+    with torch.no_grad():
+        model.weight.add_(1.0)  # changed while awake: the next sleep must carry the new values, not stale ones
+    expected = model.weight.detach().clone()
+    offload.sleep()
+    assert [c.data_ptr() for c in offload._buffers.values()] == list(buffers.values())  # no new allocation
+    offload.wake()
+    assert torch.equal(model.weight, expected)
+    assert model.weight.data_ptr() not in buffers.values()  # awake weights never alias the host buffers
+
+
 def test_the_scorer_scores_the_same_after_a_sleep_and_wake(tiny_models, policy_tok):
     config = RMConfig(model_path=str(tiny_models.rm), policy_tokenizer_path=str(tiny_models.policy), use_gpu=False,
                       placement="policy_pool")
