@@ -8,6 +8,7 @@ import importlib.util
 import re
 
 import pytest
+from conftest import require_vllm
 from judge_cases import LOGITS_PROMPT, TOKENS, judge_ids, logits_reference, response_text
 from omegaconf import OmegaConf
 from rm_cases import make_request
@@ -79,12 +80,17 @@ def test_generate_without_vllm_installed_is_refused_at_config_time(monkeypatch):
     assert err.value.key == "judge_readout" and "judge_readout='logits'" in str(err.value)
 
 
-def test_defaults_and_hydra_lists_and_mappings():
+def test_logits_defaults_and_hydra_lists():
     logits = judge_config("rm", "policy")
     assert logits.judge_tokens == ("Yes", "No") and "{{ response }}" in logits.judge_prompt
     assert logits.judge_pattern is None and logits.judge_labels is None
     node = OmegaConf.create({"tokens": [" correct", " no"], "labels": {"correct": 1, "wrong": 0}})
     assert judge_config("rm", "policy", judge_tokens=node.tokens).judge_tokens == (" correct", " no")
+
+
+def test_generate_defaults_and_hydra_mappings():
+    require_vllm()  # a generate judge's config refuses to build where vLLM is missing
+    node = OmegaConf.create({"labels": {"correct": 1, "wrong": 0}})
     generate = judge_config("rm", "policy", judge_readout="generate", judge_labels=node.labels,
                             judge_pattern="(correct|wrong)")
     assert generate.judge_labels == (("correct", 1.0), ("wrong", 0.0)) and generate.judge_tokens is None

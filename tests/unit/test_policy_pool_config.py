@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import require_vllm
 
 from verl_async_rm.config import AsyncRMConfig
 from verl_async_rm.errors import ConfigValueError
@@ -75,6 +76,7 @@ def test_an_extra_rm_cannot_size_a_pool_of_its_own_there(tiny_models):
 
 
 def test_engine_auto_stays_on_transformers_and_a_generate_judge_is_refused(tiny_models):
+    require_vllm()  # without vLLM a generate judge is refused earlier, for that reason
     rm = RMConfig(model_path=str(tiny_models.rm), retemplate="never", placement="policy_pool", engine="auto")
     assert "sleeps while the policy trains" in vllm_unsupported(rm)
     with pytest.raises(ConfigValueError, match="judge_readout='generate'.*judge_readout=logits"):
