@@ -4,7 +4,7 @@
 #   here:  bash ../shared/tools/gpu/make_kit.sh .whl          (the wheels it lacks; .whl/ is git-ignored)
 #   there: bash scripts/gpu_check.sh                          (device tool: carry [".whl"], timeout_s >= budget + 60)
 #
-# Installs the kit if .whl/ is here, then runs the stages of scripts/gpu_check.py within GPU_CHECK_BUDGET_S seconds
+# Installs the kit if .whl/ is here and verl is not, then runs the stages of scripts/gpu_check.py within GPU_CHECK_BUDGET_S seconds
 # (default 420), most important first: verl's platform with the plugin loaded, `bench rm` on the Llama-3.1-8B shape
 # (fresh and steady vs the dense bound, GRPO shared prompts), tests/gpu/test_rm_gpu.py (every CUDA path of the scorer,
 # sharded replica, Ray worker group with use_gpu=True, logits judge), tests/gpu/test_colocation_gpu.py (share slowdown,
@@ -17,10 +17,11 @@ OUT="${OUT:-$PWD/out/gpu_check}"
 export OUT
 mkdir -p "$OUT"
 exec > >(tee -a "$OUT/gpu_check.log") 2>&1
-if [ -d .whl ]; then
+PY="${PYTHON:-python3}"
+if [ -d .whl ] && ! "$PY" -c 'import verl' 2>/dev/null; then  # the GPU machine: no verl until the kit is in
   . .whl/install_kit.sh || exit 1
 fi
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false RAY_USAGE_STATS_ENABLED=0
 export VERL_ASYNC_RM_CACHE="${VERL_ASYNC_RM_CACHE:-/tmp/verl_async_rm_cache}"
 command -v nvidia-smi >/dev/null && nvidia-smi || true
-"${PYTHON:-python3}" scripts/gpu_check.py
+"$PY" scripts/gpu_check.py

@@ -238,8 +238,9 @@ PRESETS: dict[str, dict[str, tuple[Any, str]]] = {
         "rm_call_ms": (30.0, "assumed: bench's RMCostModel fixed cost per call"),
         "rm_weight_gb": (_RM_GB, "computed: Llama-3.1-8B seq-cls shape (SHAPES['llama8b']), 7.505e9 parameters, bf16"),
         "host_gbps": (25.0, "assumed: pinned copies over PCIe Gen5 x16 with 8 GPUs copying at once (one alone: ~50)"),
-        "share_slowdown": (0.5, "assumed, not measured: tests/gpu/test_colocation_gpu.py measures it"),
-        "share_slowdown_tail": (0.5, "assumed, not measured: = share_slowdown"),
+        "share_slowdown": (0.58, "measured (docs/gpu-results.md): H200, 8B shapes, decode batch 64 beside RM "
+                                 "forwards in another CUDA stream; eager HF decode, so a lower bound for vLLM's"),
+        "share_slowdown_tail": (0.45, "measured (docs/gpu-results.md): as share_slowdown, decode batch 4"),
     },
 }
 
