@@ -55,7 +55,7 @@ def cpu_trainer_overrides(
     rm_gpus: int = 1,
 ) -> list[str]:
     """GRPO with verl's v1 trainer on CPU (module doc); ``rm_gpus``: logical GPUs the RM pools take beside the
-    policy's one. Extra overrides given after these replace them (Hydra: the last value wins)."""
+    policy's one (0: none, the RM on the policy's GPU or no RM). Extra overrides given after these replace them (Hydra: the last value wins)."""
     max_model_len = max_prompt_length + max_response_length
     from verl_async_rm.testing.vllm_rollout import cpu_rollout_overrides
 
@@ -102,12 +102,16 @@ def cpu_trainer_overrides(
 
 
 def plugin_overrides(rm_path: str, *, rm_gpus: int = 1, extra: Sequence[str] = ()) -> list[str]:
-    """The README's opt-in: the plugin's manager and reward manager, the RM on a pool of ``rm_gpus`` of its own."""
-    return [
-        "+actor_rollout_ref.rollout.agent.agent_loop_manager_class=verl_async_rm.AsyncRMAgentLoopManager",
+    """The README's opt-in: the plugin's manager and reward manager, the RM on a pool of ``rm_gpus`` of its own, or
+    on the policy's GPUs (``rm_gpus=0``: ``enable_resource_pool=False``, one replica beside the actor on each)."""
+    pool = ["reward.reward_model.enable_resource_pool=False"] if rm_gpus == 0 else [
         "reward.reward_model.enable_resource_pool=True",
         f"reward.reward_model.n_gpus_per_node={rm_gpus}",
         "reward.reward_model.nnodes=1",
+    ]
+    return [
+        "+actor_rollout_ref.rollout.agent.agent_loop_manager_class=verl_async_rm.AsyncRMAgentLoopManager",
+        *pool,
         f"reward.reward_model.model_path={rm_path}",
         "reward.reward_manager.name=async_rm",
         *extra,
