@@ -20,6 +20,20 @@ RM_W, RULE_W = 2.0, 0.5
 PROMPTS, N = 4, 2
 
 
+def write_prompts(path: Path, questions: list[str], agent_names: list[str] | None = None) -> Path:
+    """A parquet file of ``questions`` in verl's RL dataset format (as the demo's), each with its ``agent_name``
+    (verl's ``RLHFDataset`` passes the column on, and the agent-loop worker runs that loop for the prompt)."""
+    import pandas as pd
+
+    from verl_async_rm.demo.data import DATA_SOURCE
+
+    rows = [{"data_source": DATA_SOURCE, "prompt": [{"role": "user", "content": q}], "ability": "math",
+             "reward_model": {"style": "rule", "ground_truth": "42"}, "extra_info": {"split": "train", "index": i},
+             **({"agent_name": agent_names[i]} if agent_names else {})} for i, q in enumerate(questions)]
+    pd.DataFrame(rows).to_parquet(path)
+    return path
+
+
 def compose(overrides: list[str]):
     """verl's ``ppo_trainer`` config with ``overrides``, as ``verl.trainer.main_ppo``'s ``@hydra.main`` composes it."""
     from hydra import compose as hydra_compose
@@ -37,10 +51,11 @@ def compose(overrides: list[str]):
 
 
 def trainer_overrides(assets, *extra: str, rm_path=None, steps: int = 3, rm_gpus: int = 1,
-                      short_poll: bool = True) -> list[str]:
+                      trainer_mode: str = "sync", short_poll: bool = True) -> list[str]:
     """The CPU trainer's overrides, the README's opt-in (RM on a pool of ``rm_gpus`` of its own), the tests' rule
-    and weights, ``steps`` training steps on ``PROMPTS`` x ``N`` trajectories; ``extra`` overrides go last (Hydra:
-    the last value of a key wins)."""
+    and weights, ``steps`` training steps on ``PROMPTS`` x ``N`` trajectories of verl's ``trainer_mode``, its replay
+    buffer polling every 50 ms (``short_poll``; else verl's own sampler); ``extra`` overrides go last (Hydra: the
+    last value of a key wins)."""
     from verl_async_rm.testing.cpu_trainer import cpu_trainer_overrides, plugin_overrides
     from verl_async_rm.testing.replay_buffer import short_poll_overrides
 
@@ -54,9 +69,9 @@ def trainer_overrides(assets, *extra: str, rm_path=None, steps: int = 3, rm_gpus
         "+async_rm.max_wait_ms=50",
         "+async_rm.placement_timeout_s=120",
     ])
-    run = [f"trainer.total_training_steps={steps}", "trainer.logger=[console,file]", "trainer.resume_mode=disable",
+    run = [f"trainer.v1.trainer_mode={trainer_mode}", f"trainer.total_training_steps={steps}", "trainer.logger=[console,file]", "trainer.resume_mode=disable",
            "trainer.val_before_train=False", "data.shuffle=False", "trainer.project_name=verl_async_rm_tests"]
-    return base + plugin + (short_poll_overrides() if short_poll else []) + run + list(extra)
+    return base + plugin + (short_poll_overrides(trainer_mode) if short_poll else []) + run + list(extra)
 
 
 @contextlib.contextmanager
@@ -161,5 +176,5 @@ def grpo_advantages(rewards: list[float], groups: dict[str, list[int]]) -> list[
     return out
 
 
-__all__ = ["N", "PROMPTS", "REPO_ROOT", "RM_W", "RULE", "RULE_W", "compose", "grpo_advantages", "logged_metrics",
+__all__ = ["N", "PROMPTS", "REPO_ROOT", "RM_W", "RULE", "RULE_W", "compose", "write_prompts", "grpo_advantages", "logged_metrics",
            "policy_log_probs", "rm_reference", "rule_reference", "running_trainer", "trainer_overrides"]
