@@ -69,7 +69,8 @@ def trainer_overrides(assets, *extra: str, rm_path=None, steps: int = 3, rm_gpus
         "+async_rm.max_wait_ms=50",
         "+async_rm.placement_timeout_s=120",
     ])
-    run = [f"trainer.v1.trainer_mode={trainer_mode}", f"trainer.total_training_steps={steps}", "trainer.logger=[console,file]", "trainer.resume_mode=disable",
+    run = [f"trainer.v1.trainer_mode={trainer_mode}", f"trainer.total_training_steps={steps}",
+           "trainer.logger=[console,file]", "trainer.resume_mode=disable",
            "trainer.val_before_train=False", "data.shuffle=False", "trainer.project_name=verl_async_rm_tests"]
     return base + plugin + (short_poll_overrides(trainer_mode) if short_poll else []) + run + list(extra)
 
@@ -176,5 +177,6 @@ def grpo_advantages(rewards: list[float], groups: dict[str, list[int]]) -> list[
     return out
 
 
-__all__ = ["N", "PROMPTS", "REPO_ROOT", "RM_W", "RULE", "RULE_W", "compose", "write_prompts", "grpo_advantages", "logged_metrics",
-           "policy_log_probs", "rm_reference", "rule_reference", "running_trainer", "trainer_overrides"]
+__all__ = ["N", "PROMPTS", "REPO_ROOT", "RM_W", "RULE", "RULE_W", "compose", "grpo_advantages", "logged_metrics",
+           "policy_log_probs", "rm_reference", "rule_reference", "running_trainer", "trainer_overrides",
+           "write_prompts"]

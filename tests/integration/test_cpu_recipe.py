@@ -27,8 +27,8 @@ def recipe_run(tmp_path_factory, tiny_models):
                VERL_ASYNC_RM_CACHE=str(tiny_models.root.parent), VERL_FILE_LOGGER_PATH=str(out / "metrics.jsonl"))
     start = time.monotonic()
     recipe = REPO_ROOT / "recipes" / "grpo_cpu_tiny.sh"
-    proc = subprocess.run(["bash", str(recipe), f"trainer.total_training_steps={STEPS}", "trainer.logger=[console,file]"],
-                          cwd=out, env=env, capture_output=True, text=True, timeout=840, check=False)
+    argv = ["bash", str(recipe), f"trainer.total_training_steps={STEPS}", "trainer.logger=[console,file]"]
+    proc = subprocess.run(argv, cwd=out, env=env, capture_output=True, text=True, timeout=840, check=False)
     return proc, time.monotonic() - start, out / "metrics.jsonl"
 
 

@@ -38,7 +38,8 @@ def dropping(tiny_models, nan_rm, tmp_path_factory):
     config = compose(trainer_overrides(
         assets, f"data.train_files={train}", f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}",
         f"actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_NAME}",
-        "+async_rm.on_error=drop", f"+async_rm.drop_budget={BUDGET}", "trainer.v1.sampler.sync_refill_failed_groups=True",
+        "+async_rm.on_error=drop", f"+async_rm.drop_budget={BUDGET}",
+        "trainer.v1.sampler.sync_refill_failed_groups=True",
         rm_path=nan_rm[0], steps=3, short_poll=False))  # verl's own sync sampler: it refills failed groups
     with running_trainer(config, out / "metrics.jsonl") as run:
         error = None

@@ -4,7 +4,8 @@
 - the policy: the tiny ``Qwen2ForCausalLM`` of :func:`verl_async_rm.testing.build_tiny_models` (ChatML template);
 - the RM: :func:`verl_async_rm.demo.models.build_demo_rm`, whose score the policy can raise;
 - ``train.parquet`` / ``val.parquet``: word problems in verl's RL dataset format (``data_source``, ``prompt`` as chat
-  messages, ``ability``, ``reward_model.ground_truth``, ``extra_info.index``), which ``RLHFDataset`` reads.
+  messages, ``ability``, ``reward_model.ground_truth``, ``extra_info.index`` and ``.question``), which
+  ``RLHFDataset`` reads.
 
 ``python -m verl_async_rm.demo.data [CACHE_DIR]`` builds them (seconds, once) and prints ``KEY=path`` lines for the
 recipe.
@@ -26,7 +27,7 @@ __all__ = ["DATA_SOURCE", "DemoAssets", "RM_HIDDEN_SIZE", "RM_LAYERS", "demo_ass
 DATA_SOURCE = "demo/word_problems"
 #: The demo RM's default size: about the cost of scoring a response, against the tiny policy's rollout, of a real RM.
 RM_HIDDEN_SIZE, RM_LAYERS = 256, 4
-_DATA_VERSION = "1"
+_DATA_VERSION = "2"
 _QUESTIONS = (
     "a farmer has {a} apples and sells {b}; how many are left?",
     "a book costs {a} dollars and a pen {b}; what is the total cost?",
@@ -80,7 +81,9 @@ def _rows(split: str, count: int, rng: random.Random) -> list[dict]:
             "prompt": [{"role": "user", "content": _QUESTIONS[kind].format(a=a, b=b)}],
             "ability": "math",
             "reward_model": {"style": "rule", "ground_truth": str(_ANSWERS[kind](a, b))},
-            "extra_info": {"split": split, "index": i},
+            # the question again, as verl's own GSM8K preprocessing keeps it: a custom reward function sees extra_info,
+            # not the prompt (the demo's verl_served mode renders the conversation for the RM from it)
+            "extra_info": {"split": split, "index": i, "question": _QUESTIONS[kind].format(a=a, b=b)},
         })
     return rows
 

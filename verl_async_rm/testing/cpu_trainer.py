@@ -55,7 +55,8 @@ def cpu_trainer_overrides(
     rm_gpus: int = 1,
 ) -> list[str]:
     """GRPO with verl's v1 trainer on CPU (module doc); ``rm_gpus``: logical GPUs the RM pools take beside the
-    policy's one (0: none, the RM on the policy's GPU or no RM). Extra overrides given after these replace them (Hydra: the last value wins)."""
+    policy's one (0: none, the RM on the policy's GPU or no RM). Extra overrides given after these replace them
+    (Hydra: the last value wins)."""
     max_model_len = max_prompt_length + max_response_length
     from verl_async_rm.testing.vllm_rollout import cpu_rollout_overrides
 
