@@ -23,8 +23,8 @@
 #   Sizes: 8 prompts x 4 responses per step, prompts up to 64 tokens, responses up to 32; one epoch of the
 #   training file; KL loss against the reference model; validation before training.
 #
-# Checked in CI: tests/unit/test_cpu_recipe.py compares this command with verl_async_rm.testing.cpu_trainer (the
-# demo's and the tests' overrides) and validates it; tests/integration/test_cpu_recipe.py runs it for two steps.
+# Checked in CI: tests/unit/test_cpu_recipe_command.py compares this command with verl_async_rm.testing.cpu_trainer
+# (the demo's and the tests' overrides) and validates it; tests/integration/test_cpu_recipe.py runs it for two steps.
 set -euo pipefail
 
 if [[ -z "${POLICY_PATH:-}" || -z "${RM_PATH:-}" || -z "${TRAIN_FILE:-}" || -z "${VAL_FILE:-}" ]]; then
@@ -101,7 +101,7 @@ overrides=(
 
 cmd=(python3 -m verl.trainer.main_ppo "${overrides[@]}" "$@")
 if [[ -n "${VERL_ASYNC_RM_RECIPE_DRY_RUN:-}" ]]; then
-    printf '%s\0' "${cmd[@]}"  # the exact command, NUL-separated (read by tests/unit/test_cpu_recipe.py)
+    printf '%s\0' "${cmd[@]}"  # the exact command, NUL-separated (read by tests/unit/test_cpu_recipe_command.py)
     exit 0
 fi
 exec "${cmd[@]}"

@@ -176,7 +176,7 @@ def validate(argv: list[str]):
     return config, settings
 
 
-#: Recipes for machines without GPUs, checked by their own test module (test_cpu_recipe.py).
+#: Recipes for machines without GPUs, checked by their own test module (test_cpu_recipe_command.py).
 CPU_RECIPES = ("grpo_cpu_tiny.sh",)
 
 
