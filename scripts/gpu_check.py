@@ -71,13 +71,14 @@ def environment() -> dict[str, Any]:
 
 
 # What verl sees on this machine once the plugin's entry point has loaded: on a GPU machine verl's own nvidia platform
-# (device cuda, backend nccl), whatever the plugin registers for CPU-only machines.
+# (device cuda, backend nccl) and the plugin's CPU platform off; on a CPU machine the CPU platform (cpu, gloo).
 VERL_PLATFORM = """
 import json, sys
 import verl
 from verl.utils.device import get_device_name, get_nccl_backend
+from verl_async_rm import cpu_platform
 print(json.dumps({"device_name": get_device_name(), "backend": get_nccl_backend(),
-                  "plugin_loaded": "verl_async_rm.plugin" in sys.modules}))
+                  "plugin_loaded": "verl_async_rm.plugin" in sys.modules, "cpu_platform": cpu_platform.is_active()}))
 """
 
 
@@ -89,7 +90,8 @@ def verl_platform(budget_s: float) -> dict[str, Any]:
 
         want = "cuda" if torch.cuda.is_available() else None
         result["unchanged_on_gpu"] = None if want is None else (
-            result["seen"]["device_name"] == want and result["seen"]["backend"] == "nccl")
+            result["seen"]["device_name"] == want and result["seen"]["backend"] == "nccl"
+            and not result["seen"]["cpu_platform"])
     return result
 
 

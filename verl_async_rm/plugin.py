@@ -1,8 +1,14 @@
 """Entry point of the ``verl.plugins`` group, imported on ``import verl`` in every process: cheap, never raises.
 
-It registers the ``async_rm`` reward manager the moment verl's reward-manager registry is imported (a one-shot hook on
-``sys.meta_path``), not before: importing that stack eagerly would roughly double the time of ``import verl`` in every
-process. A failure is logged (verl would only say ``Unknown reward manager: async_rm``).
+Two things happen here, each when the verl module it needs is imported (:func:`after_import`), not before:
+
+- the ``async_rm`` reward manager is registered when verl's reward-manager registry is imported (importing that stack
+  eagerly would roughly double the time of ``import verl`` in every process);
+- on a machine without an accelerator, verl's CPU platform and its workarounds are activated
+  (:mod:`verl_async_rm.cpu_platform`) when verl's platform registry is imported, which ``import verl`` does before it
+  loads this entry point; on a machine with one, nothing changes.
+
+A failure is logged (verl would only say ``Unknown reward manager: async_rm``, or fall back to its nvidia platform).
 """
 
 from __future__ import annotations
@@ -11,16 +17,22 @@ import importlib.abc
 import logging
 import sys
 import threading
+from collections.abc import Callable
+from typing import Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["REGISTRY_MODULE", "register_reward_manager"]
+__all__ = ["PLATFORM_MODULE", "REGISTRY_MODULE", "after_import", "pending_hooks", "register_reward_manager"]
 
 #: verl's reward-manager package; importing it registers verl's own managers.
 REGISTRY_MODULE = "verl.experimental.reward_loop.reward_manager"
+#: verl's platform registry (``PlatformRegistry``), imported by ``verl.utils.device`` early in ``import verl``.
+PLATFORM_MODULE = "verl.plugin.platform"
 
-_lock = threading.Lock()
+_lock = threading.RLock()
 _registered = False
+#: module name -> callbacks to run once it is imported
+_hooks: dict[str, list[Callable[[Any], None]]] = {}
 
 
 def register_reward_manager() -> bool:
@@ -38,36 +50,70 @@ def register_reward_manager() -> bool:
         return True
 
 
-class _LoaderProxy(importlib.abc.Loader):
-    """Runs the real loader, then the registration."""
+def after_import(name: str, fn: Callable[[Any], None]) -> None:
+    """Run ``fn(module)`` once module ``name`` has been imported: now if it is already, else right after its import
+    (a one-shot wrapper of its loader, through :class:`_PostImportHook` on ``sys.meta_path``). ``fn``'s errors are
+    logged, never raised into the import."""
+    with _lock:
+        module = sys.modules.get(name)
+        if module is None:
+            _hooks.setdefault(name, []).append(fn)
+            if not any(isinstance(f, _PostImportHook) for f in sys.meta_path):
+                sys.meta_path.insert(0, _PostImportHook())
+            return
+    _run(name, module, [fn])
 
-    def __init__(self, loader):
+
+def pending_hooks() -> list[str]:
+    """The modules whose import is still awaited by a hook."""
+    with _lock:
+        return sorted(_hooks)
+
+
+def _run(name: str, module: Any, callbacks: list[Callable[[Any], None]]) -> None:
+    for fn in callbacks:
+        try:
+            fn(module)
+        except Exception:  # never break an import
+            logger.exception("verl_async_rm: a hook on the import of %s failed", name)
+
+
+class _LoaderProxy(importlib.abc.Loader):
+    """Runs the real loader, then the module's hooks."""
+
+    def __init__(self, loader, name: str):
         self._loader = loader
+        self._name = name
 
     def create_module(self, spec):
         return self._loader.create_module(spec)
 
     def exec_module(self, module):
         self._loader.exec_module(module)
-        register_reward_manager()
+        with _lock:
+            callbacks = _hooks.pop(self._name, [])
+            if not _hooks:
+                _remove_hook()
+        _run(self._name, module, callbacks)
 
     def __getattr__(self, name):
         return getattr(self._loader, name)
 
 
 class _PostImportHook(importlib.abc.MetaPathFinder):
-    """One-shot finder: wraps the loader of :data:`REGISTRY_MODULE`, then removes itself."""
+    """Wraps the loader of each module a hook waits for; removes itself once none is left."""
 
     def find_spec(self, fullname, path, target=None):
-        if fullname != REGISTRY_MODULE:
+        if fullname not in _hooks:
             return None
-        _remove_hook()
         for finder in sys.meta_path:
+            if finder is self:
+                continue
             find_spec = getattr(finder, "find_spec", None)
             spec = find_spec(fullname, path, target) if find_spec else None
             if spec is not None:
                 if spec.loader is not None:
-                    spec.loader = _LoaderProxy(spec.loader)
+                    spec.loader = _LoaderProxy(spec.loader, fullname)
                 return spec
         return None
 
@@ -76,14 +122,18 @@ def _remove_hook() -> None:
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _PostImportHook)]
 
 
+def _activate_cpu_platform(_platform_module: Any) -> None:
+    from verl_async_rm import cpu_platform
+
+    cpu_platform.activate(after_import)
+
+
 def _install() -> None:
-    if REGISTRY_MODULE in sys.modules:
-        register_reward_manager()
-    elif not any(isinstance(f, _PostImportHook) for f in sys.meta_path):
-        sys.meta_path.insert(0, _PostImportHook())
+    after_import(REGISTRY_MODULE, lambda _module: register_reward_manager())
+    after_import(PLATFORM_MODULE, _activate_cpu_platform)
 
 
 try:
     _install()
 except Exception:  # never break `import verl`
-    logger.exception("verl_async_rm: could not install the reward-manager registration hook")
+    logger.exception("verl_async_rm: could not install the plugin's import hooks")

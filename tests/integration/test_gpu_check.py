@@ -33,6 +33,8 @@ def test_the_gpu_check_rehearses_every_stage_on_cpu(tmp_path):
     assert all(stage["status"] == "ok" for stage in stages.values()), stages
     assert stages["verl_platform"]["seen"]["plugin_loaded"] is True
     assert stages["verl_platform"]["unchanged_on_gpu"] is None  # only a CUDA machine can say
+    seen = stages["verl_platform"]["seen"]
+    assert (seen["device_name"], seen["backend"], seen["cpu_platform"]) == ("cpu", "gloo", True)
     report = stages["bench_rm_8b"]["report"]
     assert set(report["modes"]) == {"auto", "auto+shared", "false"}  # --rollout-n 8: the shared-prompt mode ran
     for name in ("tests_gpu_rm", "tests_gpu_colocation"):

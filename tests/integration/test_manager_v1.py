@@ -1,171 +1,155 @@
-"""AsyncRMAgentLoopManager on verl's v1 trainer (the default): trajectories scored in TransferQueue, the step's
-``async_rm/*`` metrics logged by a real verl ``Tracking`` at the step's number, validation apart, and the faults of
-docs/faults.md's table (replica killed, executor killed, poisoned trajectory, request timeout) under
-``on_error=raise``.
+"""The plugin inside verl's real v1 trainer on CPU (``PPOTrainerSync``, built as ``main_ppo`` builds it): three
+GRPO steps of verl's vLLM rollout, FSDP2 actor update and weight sync, with the RM on a pool of its own.
 
-The loop is :class:`verl_async_rm.testing.V1FitLoop`: verl's own dispatch (``_submit_batch_to_rollout``), replay
-buffer and the plugin's hook of ``PPOTrainer.step``, without the policy's GPU work. The RM is the
-NaN-RM (the tiny RM whose ``</s>`` embedding is NaN): it scores like the tiny RM unless a response ends in ``</s>``,
-which the ``poisoned`` agent loop (tests/integration/assets) makes happen.
+The RM is the Llama-template tiny RM with its own tokenizer (the trajectory is re-rendered with its chat template),
+mixed with the tests' rule (``2.0 * RM + 0.5 * rule``), ``on_error=raise``. One run serves the module:
+
+- validation before training, then step 1: untouched;
+- step 2: an RM replica is killed while the step's trajectories are being scored (the rollout running);
+- step 3: the agent-loop workers' request timeout is cut to 0.1 ms before the step's prompts are dispatched, so every
+  RM score of the step fails: verl's fit loop must stop there with the plugin's error.
 """
 
 from __future__ import annotations
 
-import json
-import time
-
 import pytest
 import ray
-from manager_cases import direct_scores, RM_W, RULE_W, replicas_of, running_manager, wait_until_busy
+from manager_cases import replicas_of, wait_until_busy
+from trainer_cases import (
+    N,
+    PROMPTS,
+    RM_W,
+    RULE_W,
+    compose,
+    grpo_advantages,
+    logged_metrics,
+    policy_log_probs,
+    rm_reference,
+    rule_reference,
+    running_trainer,
+    trainer_overrides,
+)
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-N = 2  # rollout.n
+STEPS = 3
 
 
 @pytest.fixture(scope="module")
-def v1_loop(ray_local, tiny_models, nan_rm):
-    from verl_async_rm.testing.v1 import V1FitLoop
+def trained(tiny_models, tmp_path_factory):
+    """The run (module doc): ``(run, error raised by fit, metrics file, replicas killed)``."""
+    from verl_async_rm.demo.data import demo_assets
 
-    with running_manager(ray_local, tiny_models, "v1", rm_path=nan_rm[0]) as (manager, config):
-        yield V1FitLoop(config, manager), manager
+    assets = demo_assets(tiny_models.root.parent)
+    out = tmp_path_factory.mktemp("trainer_v1")
+    config = compose(trainer_overrides(assets, "trainer.val_before_train=True", rm_path=tiny_models.rm_alt,
+                                       steps=STEPS))
+    killed = []
+    with running_trainer(config, out / "metrics.jsonl") as run:
+        manager = run.manager
 
+        def kill_a_replica_mid_step():
+            if run.trainer.global_steps == 2:
+                victim = replicas_of(manager)[0]
+                wait_until_busy(manager.rm_service)  # the step's trajectories are queued or being scored
+                ray.kill(victim, no_restart=True)
+                killed.append(victim)
 
-def test_scores_and_metrics_reach_verls_tracker_at_their_steps(v1_loop, tiny_models, nan_rm, tmp_path, monkeypatch):
-    from verl.utils.tracking import Tracking
+        def cut_the_request_timeout():
+            if run.trainer.global_steps == 3:
+                mix = manager.async_rm_config.mix
+                ray.get([w.async_rm_attach.remote(manager.rm_services, mix, 1e-4, "raise")
+                         for w in manager.agent_loop_workers], timeout=60)
 
-    from verl_async_rm.testing.v1 import prompt_batch
-
-    loop, manager = v1_loop
-    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "metrics.jsonl"))
-    loop.logger = Tracking(project_name="p", experiment_name="e", default_backend=["console", "file"])
-    try:
-        # step 1 dispatched as two batches (as verl's refills are): both count in step 1
-        loop.dispatch(prompt_batch(["how many apples are left?", "what is the total cost?"]))
-        first = loop.train_step(prompt_batch(["how fast is the train?"]), batch_size=3)
-        val = loop.validate(prompt_batch(["a validation question", "another one"]))
-        assert len(val.keys) == 2 and val.metrics["val-async_rm/scored"] == 2
-        second = loop.train_step(prompt_batch(["a new question"]))
-    finally:
-        loop.logger.finish()
-        loop.logger = None
-
-    assert len(first.keys) == 3 * N and len(second.keys) == N
-    for (direct, rule), i in zip(direct_scores(first, nan_rm[0], tiny_models.policy), range(len(first.keys)), strict=True):
-        info = first.reward_extra_info(i)
-        assert info["rm_score"] == pytest.approx(direct, abs=1e-4) and info["rule_score"] == pytest.approx(rule)
-        assert first.reward(i) == pytest.approx(RM_W * direct + RULE_W * rule, abs=1e-4)
-
-    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    logged = {(row["step"], key): value for row in lines for key, value in row["data"].items()}
-    # training figures at their step, validation (val_kwargs.n=1 per prompt) under its own prefix, never mixed in
-    assert logged[(1, "async_rm/requests")] == 3 * N and logged[(1, "async_rm/scored")] == 3 * N
-    assert logged[(1, "async_rm/errors")] == 0 and (1, "async_rm/rm_utilization") in logged
-    assert logged[(1, "val-async_rm/requests")] == 2 and logged[(1, "val-async_rm/scored")] == 2
-    assert logged[(2, "async_rm/requests")] == N and logged[(2, "async_rm/scored")] == N
-    assert not any(key.startswith("val-async_rm/") for step, key in logged if step == 2)
-    assert manager.last_metrics["async_rm/requests"] == N and manager.last_val_metrics["val-async_rm/requests"] == 2
-
-
-def test_a_poisoned_trajectory_stops_the_run_at_the_end_of_its_step(v1_loop):
-    import transfer_queue as tq
-
-    from verl_async_rm.errors import RMScoreError
-    from verl_async_rm.testing.v1 import prompt_batch
-
-    loop, manager = v1_loop
-    prompts = prompt_batch(["one", "two"], agent_names=["single_turn_agent", "poisoned"])
-    uids = list(prompts["uid"])
-    with pytest.raises(RMScoreError, match=rf"2 of 4 trajectories of step {loop.global_steps + 1}.*"
-                                            rf"trajectory {uids[1]}/\d.*NonFiniteScoreError"):
-        loop.train_step(prompts)
-    # verl's failure path: only the poisoned group is 'failure'; nothing of the step is left in TransferQueue
-    assert manager.last_metrics["async_rm/errors"] == 2 and manager.last_metrics["async_rm/scored"] == 2
-    assert not tq.kv_list(partition_id="train").get("train")
-
-
-def test_a_request_timeout_fails_the_step_under_raise(v1_loop):
-    from verl_async_rm.errors import RMScoreError
-    from verl_async_rm.testing.v1 import prompt_batch
-
-    loop, manager = v1_loop
-    integration = manager.async_rm_config.integration
-    mix = manager.async_rm_config.mix
-    ray.get([w.async_rm_attach.remote(manager.rm_services, mix, 1e-4, "raise") for w in manager.agent_loop_workers])
-    try:
-        with pytest.raises(RMScoreError, match="RequestTimeoutError"):
-            loop.train_step(prompt_batch(["slow"]))
-    finally:
-        ray.get([w.async_rm_attach.remote(manager.rm_services, mix, integration.request_timeout_s, "raise")
-                 for w in manager.agent_loop_workers])
-        _clear("train")  # the run would stop here: verl's replay buffer left the failed group in TransferQueue
-    assert loop.train_step(prompt_batch(["fast again"])).metrics["async_rm/scored"] == N
-
-
-def _clear(partition: str) -> None:
-    import transfer_queue as tq
-
-    keys = list(tq.kv_list(partition_id=partition).get(partition, {}))
-    if keys:
-        tq.kv_clear(keys=keys, partition_id=partition)
-
-
-def _wait_gone(actor, method: str = "ping") -> None:
-    for _ in range(600):  # ray.kill returns at once: wait until the actor is really gone
+        run.before("sample", kill_a_replica_mid_step, target=run.trainer.replay_buffer)
+        run.before("prepare_step", cut_the_request_timeout)
+        error = None
         try:
-            ray.get(getattr(actor, method).remote(), timeout=5)
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-            return
-        time.sleep(0.05)
+            run.fit()
+        except Exception as exc:  # noqa: BLE001 - what verl's fit loop raised is checked by a test
+            error = exc
+        yield run, error, out / "metrics.jsonl", killed
 
 
-def test_a_dead_rm_service_is_replaced_at_the_next_dispatch(v1_loop):
-    from verl_async_rm.testing.v1 import prompt_batch
+def test_it_is_verls_own_trainer_and_the_plugins_manager(trained):
+    from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-    loop, manager = v1_loop
-    old = manager.rm_service
-    ray.kill(old)
-    _wait_gone(old)
-    batch = loop.train_step(prompt_batch(["after the service died", "and another"]))
-    assert manager.rm_service is not old
-    assert batch.metrics["async_rm/scored"] == 2 * N and batch.metrics["async_rm/errors"] == 0
-    assert batch.metrics["async_rm/service_restarts_total"] >= 1
-    assert all(batch.reward_extra_info(i)["rm_score"] == batch.reward_extra_info(i)["rm_score"]  # not NaN
-               for i in range(len(batch.keys)))
+    from verl_async_rm.integration.agent_loop_manager import AsyncRMAgentLoopManagerV1
+
+    run, *_ = trained
+    assert type(run.trainer) is PPOTrainerSync and type(run.manager) is AsyncRMAgentLoopManagerV1
+    assert [s.step for s in run.steps] == [1, 2]  # step 3 stopped before verl logged it
 
 
-def test_a_replica_killed_mid_step_loses_no_trajectory(v1_loop):
-    """The first batch is held on replica 0 (a slow first call), killed there, re-queued and scored by the others."""
-    from verl_async_rm.testing.v1 import prompt_batch
-
-    loop, manager = v1_loop
-    victim = replicas_of(manager)[0]
-    loop.dispatch(prompt_batch([f"question {i}" for i in range(4)]))
-    wait_until_busy(manager.rm_service)  # kill it while it (or its queue) holds this step's work
-    ray.kill(victim)
-    batch = loop.train_step(None, batch_size=4)
-    assert len(batch.keys) == 4 * N
-    assert batch.metrics["async_rm/scored"] == 4 * N and batch.metrics["async_rm/errors"] == 0
-    assert all(batch.reward_extra_info(i)["rm_score"] == batch.reward_extra_info(i)["rm_score"]
-               for i in range(len(batch.keys)))
+def test_every_reward_is_the_rms_own_template_forward_plus_the_rule(trained, tiny_models):
+    run, *_ = trained
+    rm, rule = rm_reference(tiny_models.rm_alt, run.config.actor_rollout_ref.model.path), rule_reference(
+        run.config.actor_rollout_ref.model.path)
+    for step in run.steps:
+        assert len(step.keys) == PROMPTS * N
+        for i in range(len(step.keys)):
+            expected_rm, expected_rule = rm(step.raw_prompts[i], step.responses[i]), rule(step.responses[i])
+            assert step.extra_infos[i]["rm_score"] == pytest.approx(expected_rm, abs=1e-4)
+            assert step.extra_infos[i]["rule_score"] == pytest.approx(expected_rule, abs=1e-6)
+            assert step.rewards[i] == pytest.approx(RM_W * expected_rm + RULE_W * expected_rule, abs=1e-4)
+    assert len({round(r, 4) for s in run.steps for r in s.rewards}) > 1
 
 
-def test_replicas_dead_before_a_step_are_replaced_and_their_batches_requeued(v1_loop):
-    """Both replicas killed before the step: the batches sent to them come back, replacements load, all are scored."""
-    from verl_async_rm.testing.v1 import prompt_batch
+def test_verls_grpo_advantages_are_computed_from_those_rewards(trained):
+    run, *_ = trained
+    for step in run.steps:
+        expected = grpo_advantages(step.rewards, step.groups())
+        assert len(step.groups()) == PROMPTS and all(len(m) == N for m in step.groups().values())
+        for i, advantages in enumerate(step.advantages):
+            assert advantages and all(a == pytest.approx(expected[i], abs=1e-4) for a in advantages)
+        assert any(abs(a) > 0.1 for a in expected)  # the rewards of a group differ: there is something to learn
 
-    loop, manager = v1_loop
-    before = manager.last_metrics.get("async_rm/replicas_replaced_total", 0.0)
-    # Every replica that answers is killed. One an earlier test killed is dead already: the service finds a dead
-    # replica only when a batch is sent to it, so it may still be in its slot (describe() then shows an error).
-    for info in ray.get(manager.rm_service.describe.remote(), timeout=60):
-        if "actor_name" in info:
-            replica = ray.get_actor(info["actor_name"])
-            ray.kill(replica, no_restart=True)
-            _wait_gone(replica, method="describe")
-    batch = loop.train_step(prompt_batch(["after both replicas died", "and a second question"]))
-    m = batch.metrics
-    assert m["async_rm/scored"] == 2 * N and m["async_rm/errors"] == 0 and m["async_rm/requeued"] >= 1
-    assert m["async_rm/replicas_replaced_total"] - before >= 1  # the other may still be loading
-    assert all(batch.reward_extra_info(i)["rm_score"] == batch.reward_extra_info(i)["rm_score"]
-               for i in range(len(batch.keys)))
+
+def test_the_actor_is_updated_and_the_rollout_gets_its_weights(trained):
+    """Step 1's log-probs are the initial policy's (plain transformers); step 2's are not (the update changed the
+    actor's weights), and verl's vLLM rollout sampled step 2 with the updated weights (verl's ``rollout_corr/kl``
+    between the rollout's and the actor's log-probs stays at rounding level; without the weight sync it is ~0.1)."""
+    run, *_ = trained
+    initial = policy_log_probs(run.config.actor_rollout_ref.model.path)
+    first, second = run.steps
+    diff = [max(abs(a - b) for a, b in zip(first.old_log_probs[i], initial(first.prompts[i], first.responses[i]),
+                                            strict=True)) for i in range(len(first.keys))]
+    assert max(diff) < 1e-3
+    moved = [max(abs(a - b) for a, b in zip(second.old_log_probs[i], initial(second.prompts[i], second.responses[i]),
+                                             strict=True)) for i in range(len(second.keys))]
+    assert min(moved) > 1e-3, moved
+    for step in run.steps:
+        assert step.metrics["actor/grad_norm"] > 0 and step.metrics["timing_s/update_weights"] > 0
+        assert abs(step.metrics["rollout_corr/kl"]) < 1e-4
+
+
+def test_async_rm_metrics_reach_verls_tracking_at_their_steps(trained):
+    _, _, metrics_file, _ = trained
+    logged = logged_metrics(metrics_file)
+    for step in (1, 2):
+        assert logged[(step, "async_rm/requests")] == PROMPTS * N and logged[(step, "async_rm/scored")] == PROMPTS * N
+        assert logged[(step, "async_rm/errors")] == 0 and (step, "async_rm/reward_tail_s") in logged
+        assert (step, "critic/score/mean") in logged and not any(k.startswith("val-async_rm/") for s, k in logged
+                                                                 if s == step)
+    # validation before training (val_kwargs.n=1 per prompt), logged at step 0 under its own prefix
+    assert logged[(0, "val-async_rm/requests")] == logged[(0, "val-async_rm/scored")] > 0
+    assert not any(key.startswith("async_rm/") for step, key in logged if step == 0)
+
+
+def test_a_replica_killed_mid_step_loses_no_trajectory(trained):
+    run, _, _, killed = trained
+    assert len(killed) == 1
+    m = run.steps[1].metrics
+    assert m["async_rm/scored"] == PROMPTS * N and m["async_rm/errors"] == 0
+    assert m["async_rm/requeued"] + m["async_rm/replicas_replaced_total"] >= 1
+    assert all(r == r for r in run.steps[1].rewards)  # no NaN; exactness: the reward test above
+
+
+def test_on_error_raise_stops_verls_fit_at_the_failed_step(trained):
+    from verl_async_rm.errors import RMScoreError
+
+    run, error, *_ = trained
+    assert isinstance(error, RMScoreError), repr(error)
+    assert f"{PROMPTS * N} of {PROMPTS * N} trajectories of step 3 got no RM score" in str(error)
+    assert "RequestTimeoutError" in str(error)
+    assert run.manager.last_metrics["async_rm/errors"] == PROMPTS * N

@@ -2,7 +2,10 @@
 ``RequestTimeoutError`` on time, and under ``on_error=raise`` the run stops at the step's end naming that cause.
 
 Its own manager: ``batch_timeout_s`` is far below the tiny RM's time per batch, so every batch times out (the late
-replica is then killed and replaced, as the faults table of docs/faults.md says)."""
+replica is then killed and replaced, as the faults table of docs/faults.md says). It keeps the stubbed fit loop
+(:class:`~verl_async_rm.testing.V1FitLoop` with the synthetic generation server): it controls time against a deadline
+(every batch must outlast 1 ms, and nothing else may); verl's real trainer stopping at a failed step under
+``on_error=raise`` is ``test_manager_v1.py``'s."""
 
 from __future__ import annotations
 

@@ -1,152 +1,121 @@
-"""The RM on the policy's GPUs (``reward.reward_model.enable_resource_pool=False``) through verl's v1 fit loop.
+"""The RM on the policy's GPUs (``reward.reward_model.enable_resource_pool=False``) inside verl's real v1 trainer on
+CPU: its replica goes in the bundle of verl's own actor/rollout pool (``global_pool``, one logical GPU), beside
+verl's real FSDP2 actor and vLLM rollout; it scores every trajectory as it finishes, sleeps after the step's
+sampling (verl's ``on_sample_end``, wrapped by the plugin), stays asleep through verl's real ``update_actor``, and wakes
+after verl's weight sync (``on_step_end``). Three steps; during step 2's update the asleep replica is killed, and the
+wake replaces it in the same bundle before step 3's rollout.
 
-The policy pool is verl's own ``RayResourcePool`` named as verl's trainer names it (``global_pool``), holding a verl
-``Worker`` per bundle in the actor's place; on this CPU machine its bundles are CPU-only (``use_gpu=False``) and
-hold 2 processes each instead of verl's 3 (``ResourcePoolManager.max_colocate_count``), to leave the session's 8
-CPUs to the other actors. The loop is :class:`verl_async_rm.testing.V1FitLoop`, whose ``on_sample_end`` /
-``on_step_end`` the plugin wraps as it wraps a real trainer's: the RM sleeps after each step's sampling and wakes
-after the step. The generation is the synthetic server of the other manager tests (no rollout to sleep).
+The RM is the Llama-template tiny RM (re-rendered with its own chat template) mixed with the tests' rule.
 """
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import ray
-from manager_cases import direct_scores, RM_W, RULE_W, replicas_of, running_manager
+from manager_cases import replicas_of
+from trainer_cases import N, PROMPTS, RM_W, RULE_W, compose, rm_reference, rule_reference, running_trainer, \
+    trainer_overrides
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-N = 2  # rollout.n
-POLICY_GPUS = 2
+STEPS = 3
+
+
+def _describe(manager) -> list[dict]:
+    return ray.get(manager.rm_service.describe.remote(), timeout=60)
+
+
+def _placements(actors: dict) -> dict[str, str | None]:
+    """``name -> placement group id`` of each actor, asked inside the actor (``__ray_call__``)."""
+
+    def where(_self):
+        return ray.get_runtime_context().get_placement_group_id()
+
+    return dict(zip(actors, ray.get([a.__ray_call__.remote(where) for a in actors.values()], timeout=60),
+                    strict=True))
+
+
+def _verls_actors(trainer) -> dict:
+    """verl's actor worker(s) and its vLLM rollout replica's workers (the engine; its HTTP server is a CPU actor
+    outside the pool)."""
+    actors = {f"actor_worker_{i}": w for i, w in enumerate(trainer.actor_rollout_wg.workers)}
+    for r, replica in enumerate(trainer.llm_server_manager.get_replicas()):
+        actors.update({f"rollout_{r}_worker_{i}": a for i, a in enumerate(replica.workers)})
+    return actors
 
 
 @pytest.fixture(scope="module")
-def policy_pool(ray_local):
-    from verl.single_controller.base import Worker
-    from verl.single_controller.ray.base import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
+def colocated(tiny_models, tmp_path_factory):
+    """The run: ``(run, seen)``; ``seen[step]`` holds what the test looked at before verl's update of that step."""
+    from verl_async_rm.demo.data import demo_assets
 
-    pool = RayResourcePool(process_on_nodes=[POLICY_GPUS], use_gpu=False, max_colocate_count=2,
-                           name_prefix="global_pool")
-    pgs = pool.get_placement_groups()
-    actor_cls = type("PolicyStandIn", (Worker,), {"ping": lambda self: True})
-    actors = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(actor_cls)),
-                            name_prefix="policy_stand_in_", device_name="cpu")
-    ray.get([w.ping.remote() for w in actors.workers], timeout=120)
-    yield pgs, actors
-    for worker in actors.workers:
-        ray.kill(worker)
-    for pg in pgs:
-        ray.util.remove_placement_group(pg)
+    assets = demo_assets(tiny_models.root.parent)
+    out = tmp_path_factory.mktemp("policy_pool_v1")
+    config = compose(trainer_overrides(assets, rm_path=tiny_models.rm_alt, steps=STEPS, rm_gpus=0))
+    seen: dict[int, dict] = {}
+    with running_trainer(config, out / "metrics.jsonl") as run:
+        manager = run.manager
+        pool = run.trainer.resource_pool_manager.resource_pool_dict["global_pool"]
+        seen["pool"] = {"pgs": [pg.id.hex() for pg in pool.pgs], "replicas": _describe(manager),
+                        "bundles": [len(pg.bundle_specs) for pg in pool.pgs]}
+        seen["pool"]["verl"] = _placements(_verls_actors(run.trainer))
+        seen["pool"]["rm"] = _placements({"rm": replicas_of(manager)[0]})
 
+        def before_update():
+            step = run.trainer.global_steps
+            seen[step] = {"replicas": _describe(manager)}
+            if step == 2:
+                victim = replicas_of(manager)[0]
+                ray.kill(victim, no_restart=True)
+                seen[step]["killed"] = True
 
-@pytest.fixture(scope="module")
-def colocated(ray_local, tiny_models, policy_pool):
-    from verl_async_rm.testing.v1 import V1FitLoop
-
-    extra = ("reward.reward_model.enable_resource_pool=False", f"trainer.n_gpus_per_node={POLICY_GPUS}",
-             "trainer.nnodes=1")
-    with running_manager(ray_local, tiny_models, "v1", *extra) as (manager, config):
-        yield V1FitLoop(config, manager), manager
-
-
-def _check_exact(batch, tiny_models):
-    for i, (direct, rule) in enumerate(direct_scores(batch, tiny_models.rm, tiny_models.policy)):
-        info = batch.reward_extra_info(i)
-        assert info["rm_score"] == pytest.approx(direct, abs=1e-4)
-        assert batch.reward(i) == pytest.approx(RM_W * direct + RULE_W * rule, abs=1e-4)
+        run.before("_update_actor", before_update)
+        run.fit()
+        seen["end"] = {"replicas": _describe(manager), "rm": _placements({"rm": replicas_of(manager)[0]})}
+        yield run, seen
 
 
-def _placement_groups(infos) -> list[str]:
-    return [info["placement_group_id"] for info in infos]
+def test_the_replica_is_in_the_bundle_of_verls_actor_and_rollout(colocated):
+    _, seen = colocated
+    pool = seen["pool"]
+    assert len(pool["replicas"]) == 1  # one per GPU of trainer.n_gpus_per_node x nnodes
+    info = pool["replicas"][0]
+    assert info["placement"] == "policy_pool" and info["placement_group_id"] in pool["pgs"]
+    # verl's actor worker and its vLLM rollout's worker run in that group of one bundle (one logical GPU), and so
+    # does the replica (on CPU it takes a share of the bundle's CPUs only: trainer.device=cpu)
+    assert pool["bundles"] == [1]
+    assert any(name.startswith("actor_worker") for name in pool["verl"]) and any(
+        name.startswith("rollout_") for name in pool["verl"]), pool["verl"]
+    assert set(pool["verl"].values()) == {pool["pgs"][0]} == {pool["rm"]["rm"]}, pool
 
 
-def test_replicas_are_placed_in_the_policy_pools_bundles(colocated, policy_pool):
-    loop, manager = colocated
-    pgs, _ = policy_pool
-    infos = ray.get(manager.rm_service.describe.remote(), timeout=60)
-    assert len(infos) == POLICY_GPUS  # one replica per GPU of trainer.n_gpus_per_node x nnodes
-    assert all(info["placement"] == "policy_pool" and info["asleep"] is False for info in infos)
-    assert set(_placement_groups(infos)) == {pg.id.hex() for pg in pgs}
-
-
-def test_three_steps_sleep_and_wake_and_score_every_trajectory_exactly(colocated, tiny_models):
-    from verl_async_rm.testing.v1 import prompt_batch
-
-    loop, manager = colocated
-    batches = [loop.train_step(prompt_batch([f"question {step} a", f"question {step} b"])) for step in range(3)]
-    for batch in batches:
-        assert len(batch.keys) == 2 * N
-        _check_exact(batch, tiny_models)  # the same before the first cycle and after each one
-        metrics = batch.metrics
-        assert metrics["async_rm/scored"] == 2 * N and metrics["async_rm/errors"] == 0
-        assert metrics["async_rm/sleeps"] == 1  # after the step's sampling
-        assert metrics["async_rm/sleep_bytes"] > 0 and metrics["async_rm/rm_asleep_s"] > 0
-        assert 0 < metrics["async_rm/rm_awake_share"] < 1
-    # each wake (after a step) counts in the next step, before its rollout; it moves back what the sleep moved
-    for before, after in zip(batches, batches[1:]):
+def test_it_sleeps_through_every_real_update_and_wakes_for_the_next_rollout(colocated):
+    run, seen = colocated
+    for step in range(1, STEPS + 1):
+        assert all(r.get("asleep") for r in seen[step]["replicas"]), seen[step]
+        m = run.steps[step - 1].metrics
+        assert m["async_rm/sleeps"] == 1 and m["async_rm/sleep_bytes"] > 0 and 0 < m["async_rm/rm_awake_share"] < 1
+    for before, after in zip(run.steps, run.steps[1:]):
         assert after.metrics["async_rm/wakes"] == 1
-        assert after.metrics["async_rm/wake_bytes"] == before.metrics["async_rm/sleep_bytes"]
-    infos = ray.get(manager.rm_service.describe.remote(), timeout=60)
-    assert not any(info["asleep"] for info in infos)  # awake for the next rollout
+    assert not any(r.get("asleep") for r in seen["end"]["replicas"])  # awake for a next rollout
 
 
-def test_a_trajectory_that_arrives_while_asleep_waits_for_the_wake(colocated, tiny_models):
-    from verl_async_rm.testing.v1 import prompt_batch
-
-    loop, manager = colocated
-    manager.async_rm_sleep()
-    assert all(info["asleep"] for info in ray.get(manager.rm_service.describe.remote(), timeout=60))
-    loop.global_steps += 1
-    loop.dispatch(prompt_batch(["asked while the RM sleeps"]))
-    deadline = time.monotonic() + 120
-    while ray.get(manager.rm_service.stats.remote(), timeout=30)["queue_len"] < N:
-        assert time.monotonic() < deadline, "the trajectories never reached the RM service"
-        time.sleep(0.05)
-    time.sleep(0.5)  # longer than max_wait_ms: a batch would have formed by now if the RM were awake
-    stats = ray.get(manager.rm_service.stats.remote(), timeout=30)
-    assert stats["queue_len"] == N and stats["in_flight_requests"] == 0
-    manager.async_rm_wake()
-    loop.global_steps -= 1
-    batch = loop.train_step(None, batch_size=1)
-    assert len(batch.keys) == N and batch.metrics["async_rm/scored"] == N and batch.metrics["async_rm/errors"] == 0
-    _check_exact(batch, tiny_models)
+def test_a_replica_killed_asleep_is_replaced_in_its_bundle_at_the_wake(colocated):
+    run, seen = colocated
+    assert seen[2].get("killed")
+    third = run.steps[2].metrics
+    assert third["async_rm/scored"] == PROMPTS * N and third["async_rm/errors"] == 0
+    replica = seen["end"]["replicas"][0]
+    assert "stand_in" in replica["actor_name"] and seen["end"]["rm"]["rm"] == seen["pool"]["rm"]["rm"]
 
 
-def test_a_replica_killed_while_asleep_is_replaced_at_the_wake(colocated, tiny_models, policy_pool):
-    from verl_async_rm.testing.v1 import prompt_batch
-
-    loop, manager = colocated
-    pgs, _ = policy_pool
-    manager.async_rm_sleep()
-    victim = replicas_of(manager)[0]
-    ray.kill(victim, no_restart=True)
-    manager.async_rm_wake()
-    batch = loop.train_step(prompt_batch(["after a replica died asleep", "another"]))
-    assert batch.metrics["async_rm/scored"] == 2 * N and batch.metrics["async_rm/errors"] == 0
-    _check_exact(batch, tiny_models)
-    replicas_of(manager)  # the stand-in loads while the other replica scores: wait (bounded) until it answers
-    infos = ray.get(manager.rm_service.describe.remote(), timeout=60)
-    assert batch.metrics["async_rm/replicas_replaced_total"] + ray.get(
-        manager.rm_service.stats.remote(), timeout=30)["slots_replaced_total"] >= 1
-    assert sum("stand_in" in info["actor_name"] for info in infos) == 1  # the stand-in is in the victim's bundle
-    assert set(_placement_groups(infos)) == {pg.id.hex() for pg in pgs}
-
-
-def test_a_replica_killed_while_awake_is_replaced_and_nothing_is_lost(colocated, tiny_models):
-    from manager_cases import wait_until_busy
-
-    from verl_async_rm.testing.v1 import prompt_batch
-
-    loop, manager = colocated
-    loop.global_steps += 1
-    loop.dispatch(prompt_batch([f"awake question {i}" for i in range(3)]))
-    wait_until_busy(manager.rm_service)
-    for replica in replicas_of(manager):
-        ray.kill(replica, no_restart=True)
-        break
-    loop.global_steps -= 1
-    batch = loop.train_step(None, batch_size=3)
-    assert batch.metrics["async_rm/scored"] == 3 * N and batch.metrics["async_rm/errors"] == 0
-    _check_exact(batch, tiny_models)
+def test_every_trajectory_of_three_steps_is_scored_exactly(colocated, tiny_models):
+    run, _ = colocated
+    policy = run.config.actor_rollout_ref.model.path
+    rm, rule = rm_reference(tiny_models.rm_alt, policy), rule_reference(policy)
+    assert [s.step for s in run.steps] == [1, 2, 3]
+    for step in run.steps:
+        assert len(step.keys) == PROMPTS * N and step.metrics["async_rm/scored"] == PROMPTS * N
+        for i in range(len(step.keys)):
+            expected = RM_W * rm(step.raw_prompts[i], step.responses[i]) + RULE_W * rule(step.responses[i])
+            assert step.rewards[i] == pytest.approx(expected, abs=1e-4)

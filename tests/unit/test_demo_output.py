@@ -1,180 +1,101 @@
-"""The demo's JSON summary, table, PNG timeline, config checks and CLI options (no Ray)."""
+"""The demo's figures from what verl logs: each step's phases and RM score, the steady means, the RM's overhead
+against the no-RM run, the printed report and the figure. Rows in the shape verl's file logger and the demo's replay
+buffer write them; no Ray, no verl run."""
 
 from __future__ import annotations
 
-import argparse
 import json
-import math
-from pathlib import Path
 
 import pytest
 
 from verl_async_rm.demo.options import DemoConfig
-from verl_async_rm.demo.summary import SUMMARY_KEYS, build_summary, environment, format_table, write_summary
-from verl_async_rm.demo.timeline import MODE_KEYS, BatchRecord, StepTimeline
+from verl_async_rm.demo.run import ModeRun
+from verl_async_rm.demo.summary import PHASES, SUMMARY_KEYS, build_summary, format_report, overhead, step_record
 
 pytestmark = pytest.mark.unit
 
-
-def _step(mode, tail, replicas=2):
-    t0 = 100.0
-    finishes = [t0 + 0.5, t0 + 1.0, t0 + 3.0]
-    batches = [BatchRecord(0, t0 + 0.6, t0 + 0.9, 1), BatchRecord(1, t0 + 3.0, t0 + 3.0 + tail, 2)]
-    return StepTimeline(mode=mode, step=1, t0=t0, t_end=t0 + 3.0 + tail + 0.01, finishes=finishes, batches=batches,
-                        num_replicas=replicas, rewards=[1.0, 2.0, math.nan], rm_scores=[1.0, 2.0, 3.0],
-                        rule_scores=[0.0, 0.0, 0.0])
+TRAJ = 4
 
 
-def _summary():
-    modes = {"async": [_step("async", 0.2)], "sync": [_step("sync", 2.0)]}
-    return modes, build_summary(modes, config=DemoConfig().to_dict(), env=environment(), wall_s=12.5,
-                                files={"timeline_png": "t.png"}, ray_info={"left_behind": []})
+def _metrics(step: int, *, rollout: float, tail: float, score: float, extra: float = 0.0) -> dict:
+    """One row of verl's file logger: ``{"step": k, "data": {...}}``."""
+    data = {"training/global_step": step, "timing_s/step": rollout + tail + 0.3 + 0.4 + 0.05 + 0.1 + extra,
+            "demo/rollout_s": rollout, "demo/reward_tail_s": tail, "timing_s/old_log_prob": 0.2, "timing_s/ref": 0.1,
+            "timing_s/adv": 0.02, "timing_s/update_actor": 0.38, "timing_s/update_weights": 0.05,
+            "critic/score/mean": score}
+    return {"step": step, "data": data}
 
 
-def test_summary_has_stable_keys_and_the_speedup():
-    _, summary = _summary()
+def _trajectories(step: int, scores: list[float | None]) -> list[dict]:
+    return [{"step": step, "key": f"u{i}_{i % 2}_0", "reward": s if s is not None else 0.5,
+             "reward_extra_info": {} if s is None else {"rm_score": s, "rule_score": 0.0}, "response_tokens": 10 + i,
+             "digest": f"d{step}{i}"} for i, s in enumerate(scores)]
+
+
+def _run(mode: str, extra: float, rm: bool) -> ModeRun:
+    metrics, trajectories = [], []
+    for step in (1, 2, 3):
+        scores = [1.0 + 0.5 * step + 0.1 * i for i in range(TRAJ)] if rm else [None] * TRAJ
+        metrics.append(_metrics(step, rollout=1.0 + (2.0 if step == 1 else 0.0), tail=0.2 if rm else 0.05,
+                                score=1.0, extra=extra))
+        trajectories += _trajectories(step, scores)
+    return ModeRun(mode=mode, metrics=metrics, trajectories=trajectories, wall_s=100.0, left_behind=[])
+
+
+@pytest.fixture
+def summary():
+    runs = {"plugin": _run("plugin", 0.1, rm=True), "no_rm": _run("no_rm", 0.0, rm=False)}
+    return build_summary(DemoConfig(modes="plugin,no_rm", steps=3), runs, env={"cpu_count": 2}, wall_s=250.0,
+                         setup_s=10.0, files={})
+
+
+def test_a_step_is_split_into_its_phases_and_they_add_up():
+    record = step_record(_metrics(2, rollout=1.0, tail=0.2, score=3.0)["data"], _trajectories(2, [1.0, 3.0]),
+                         "plugin")
+    assert record["step"] == 2 and record["rollout_s"] == 1.0 and record["reward_tail_s"] == 0.2
+    assert record["log_prob_s"] == pytest.approx(0.3) and record["update_s"] == pytest.approx(0.4)
+    assert record["weight_sync_s"] == 0.05 and record["other_s"] == pytest.approx(0.1)
+    assert sum(record[f"{p}_s"] for p in PHASES) == pytest.approx(record["step_s"])
+    assert record["mean_rm_score"] == 2.0 and record["rm_scores"] == [1.0, 3.0] and record["trajectories"] == 2
+
+
+def test_without_an_rm_there_is_no_rm_score():
+    record = step_record(_metrics(1, rollout=1.0, tail=0.0, score=0.5)["data"], _trajectories(1, [None, None]),
+                         "no_rm")
+    assert record["mean_rm_score"] is None and record["rm_scores"] == [None, None] and record["rewards"] == [0.5, 0.5]
+
+
+def test_the_summary_keeps_every_trajectory_and_averages_the_steady_steps(summary):
     assert tuple(summary) == SUMMARY_KEYS
-    for name in ("async", "sync"):
-        assert set(MODE_KEYS) | {"per_step"} == set(summary["modes"][name])
-    expected = (3.0 + 2.0 + 0.01) / (3.0 + 0.2 + 0.01)
-    assert summary["speedup"] == pytest.approx(expected)
-    for key in ("verl_async_rm", "verl", "ray", "torch", "python", "cpu_count"):
-        assert key in summary["environment"]
-    assert summary["environment"]["verl"] is not None  # verl is installed where the tests run
+    plugin = summary["modes"]["plugin"]
+    assert plugin["steady_steps"] == [2, 3]  # step 1 starts vLLM's engine
+    assert plugin["rollout_s"] == pytest.approx(1.0) and plugin["reward_tail_s"] == pytest.approx(0.2)
+    assert [len(s["rm_scores"]) for s in plugin["per_step"]] == [TRAJ] * 3
+    assert plugin["rm_score_first"] == pytest.approx(1.65) and plugin["rm_score_gain"] == pytest.approx(1.0)
+    json.dumps(summary)  # summary.json
 
 
-def test_written_json_turns_nan_into_null(tmp_path):
-    _, summary = _summary()
-    path = write_summary(summary, tmp_path / "summary.json")
-    with open(path) as f:
-        loaded = json.loads(f.read())  # strict JSON: no NaN literal
-    assert loaded["modes"]["async"]["per_step"][0]["rewards"] == [1.0, 2.0, None]
-    assert loaded["modes"]["sync"]["reward_tail_s"] == pytest.approx(2.0)
+def test_the_rm_overhead_is_the_step_time_above_the_no_rm_run(summary):
+    over = summary["overhead_vs_no_rm"]
+    assert set(over) == {"plugin"}
+    assert over["plugin"]["per_step_s"] == {2: pytest.approx(0.25), 3: pytest.approx(0.25)}  # tail 0.15 + other 0.1
+    assert over["plugin"]["mean_s"] == pytest.approx(0.25)
+    assert over["plugin"]["share"] == pytest.approx(0.25 / summary["modes"]["no_rm"]["step_s"])
+    assert overhead({"plugin": summary["modes"]["plugin"]}) == {}  # no floor without a no-RM run
 
 
-def test_table_has_a_row_per_mode_and_the_speedup():
-    _, summary = _summary()
-    table = format_table(summary)
-    lines = table.splitlines()
-    assert lines[0].split()[:2] == ["mode", "steps"]
-    assert lines[1].split()[0] == "async" and lines[2].split()[0] == "sync"
-    assert "0.20" in lines[1] and "2.00" in lines[2]
-    assert f"{summary['speedup']:.2f}x" in lines[-1]
+def test_the_report_prints_the_mode_table_the_scores_per_step_and_every_steps_split(summary):
+    report = format_report(summary)
+    lines = report.splitlines()
+    assert "reward tail" in lines[1] and "RM overhead" in lines[1]
+    assert lines[2].startswith("plugin, own pool") and lines[2].rstrip().endswith("+0.25 (+13%)")  # of 1.90 s
+    assert lines[3].startswith("no RM (rule)") and lines[3].rstrip().endswith("-")
+    assert "plugin, own pool: RM score 1.65 at step 1 -> 2.65 at step 3 (+1.00)" in report
+    assert sum(line.startswith("  step ") for line in lines) == 6 and "overhead +0.25" in report
 
 
-def test_plot_writes_a_png_with_both_modes(tmp_path):
-    from verl_async_rm.demo.plot import plot_timeline
+def test_the_figure_is_a_png(summary, tmp_path):
+    from verl_async_rm.demo.plot import plot_training
 
-    modes, _ = _summary()
-    path = plot_timeline(modes, tmp_path / "timeline.png")
-    with open(path, "rb") as f:
-        data = f.read()
-    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
-    with pytest.raises(ValueError, match="at least one mode"):
-        plot_timeline({}, tmp_path / "empty.png")
-
-
-@pytest.mark.parametrize(
-    "kwargs, match",
-    [
-        ({"steps": 0}, "steps=0"),
-        ({"batch_size": 1.5}, "batch_size=1.5"),
-        ({"rm_hidden_size": 100}, "multiple of 64"),
-        ({"decode_s_per_token": -1.0}, "decode_s_per_token"),
-        ({"median_tokens": math.inf}, "median_tokens"),
-        ({"rm_weight": 0.0, "rule_weight": 0.0}, "both 0"),
-    ],
-)
-def test_bad_settings_name_the_setting(kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        DemoConfig(**kwargs)
-
-
-def test_cli_options_fill_the_config():
-    from verl_async_rm.cli import build_parser
-
-    args = build_parser().parse_args(["demo", "--steps", "1", "--batch-size", "8", "--out", "x", "--no-progress",
-                                      "--decode-s-per-token", "0.01"])
-    from verl_async_rm.demo.cli import config_from_args
-
-    config = config_from_args(args)
-    assert (config.steps, config.batch_size, config.out_dir, config.progress) == (1, 8, "x", False)
-    assert config.decode_s_per_token == 0.01 and config.rm_replicas == DemoConfig().rm_replicas
-    assert isinstance(args, argparse.Namespace)
-
-
-def test_summary_config_names_the_v1_trainer_and_its_polling_period():
-    from verl_async_rm.demo.cli import report
-    from verl_async_rm.demo.modes import POLL_INTERVAL_S
-    from verl_async_rm.demo.run import DemoResult, summary_config
-
-    config = summary_config(DemoConfig(steps=2))
-    assert config["trainer"] == "v1" and config["replay_buffer_poll_interval_s"] == POLL_INTERVAL_S
-    assert {k: config[k] for k in DemoConfig().to_dict()} == DemoConfig(steps=2).to_dict()
-    modes, _ = _summary()
-    summary = build_summary(modes, config=config, env=environment(), wall_s=1.0, files={},
-                            ray_info={"left_behind": []})
-    result = DemoResult(out_dir=Path("o"), summary_path=Path("o/s.json"), timeline_path=Path("o/t.png"),
-                        summary=summary)
-    assert f"verl v1 trainer, replay buffer polling TransferQueue every {POLL_INTERVAL_S:g} s in every mode" in (
-        report(result).splitlines())
-
-
-def test_both_modes_get_the_same_questions_under_their_own_uids():
-    from verl_async_rm.demo.workload import prompt_uids, prompts_batch
-
-    a, s = prompts_batch(3, 4, mode="async"), prompts_batch(3, 4, mode="sync")
-    assert list(a["raw_prompt"]) == list(s["raw_prompt"]) and len(a) == 4
-    assert list(a["uid"]) == prompt_uids(3, 4, mode="async") == [f"async-step3-{i}" for i in range(4)]
-    assert not set(a["uid"]) & set(s["uid"]) and not any("_" in u for u in a["uid"])
-    assert list(a["index"].tolist()) == [0, 1, 2, 3] and list(a["reward_model"])[0] == {"ground_truth": "42"}
-    assert list(prompts_batch(4, 4, mode="async")["raw_prompt"]) != list(a["raw_prompt"])  # a new step, new prompts
-    with pytest.raises(ValueError, match="may not contain '_'"):
-        prompt_uids(1, 2, mode="my_mode")
-
-
-def _tq_rows(policy_tok):
-    """Two trajectories as verl's v1 agent-loop worker puts them in TransferQueue (unpadded, different lengths)."""
-    import torch
-    from verl.utils.tensordict_utils import list_of_dict_to_tensordict
-
-    def row(question, answer):
-        prompt = policy_tok(question)["input_ids"]
-        response = policy_tok(answer, add_special_tokens=False)["input_ids"] + [policy_tok.eos_token_id]
-        return {"prompts": torch.tensor(prompt), "responses": torch.tensor(response),
-                "raw_prompt": [{"role": "user", "content": question}], "data_source": "demo",
-                "reward_model": {"ground_truth": "42"}}
-
-    return list_of_dict_to_tensordict([row("first question, a long one", "the answer is 42"), row("second", "no")])
-
-
-def test_sync_requests_are_the_unpadded_trajectories_in_the_given_order(policy_tok):
-    from verl_async_rm.demo.modes import requests_from_batch
-
-    data = _tq_rows(policy_tok)
-    requests = requests_from_batch(data, [1, 0], ["k1_0_0", "k0_0_0"])
-    assert [r.uid for r in requests] == ["k0_0_0", "k1_0_0"]
-    assert requests[0].prompt_ids == data["prompts"][1].tolist()
-    assert requests[1].response_ids == data["responses"][0].tolist()
-    assert len(requests[1].prompt_ids) != len(requests[0].prompt_ids)  # no padding to a common width
-    assert requests[1].raw_prompt == [{"role": "user", "content": "first question, a long one"}]
-    assert [r.group for r in requests] == ["k0", "k1"]  # verl's prompt uid: a GRPO group, as the workers set it
-
-
-def test_sync_rule_score_is_the_rule_on_the_decoded_response(policy_tok):
-    from verl_async_rm.demo import rule
-    from verl_async_rm.demo.modes import rule_scorer
-
-    data = _tq_rows(policy_tok)
-    score = rule_scorer(policy_tok)
-    assert score(data, 0) == pytest.approx(rule.compute_score("demo", "the answer is 42", "42")["score"])
-    assert score(data, 0) > 1.0 > score(data, 1)  # the ground truth found in the first response only
-    assert score(data, 1) == pytest.approx(0.5 * (1 - 2 / 1000))  # "no": the eos token is not part of the text
-
-
-def test_the_demo_loops_refuse_to_refill_failed_groups():
-    """A refill would put other prompts into one mode's step: the demo stops instead, saying why."""
-    from verl_async_rm.demo.modes import _no_refill
-
-    with pytest.raises(RuntimeError, match="2 prompt group\\(s\\) of the demo step failed"):
-        _no_refill(2)
+    path = plot_training(summary, tmp_path / "curve.png")
+    assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"

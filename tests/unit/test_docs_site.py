@@ -74,7 +74,7 @@ def site(tmp_path_factory) -> Path:
 
 
 def test_the_site_builds_strict_with_every_page(site):
-    pages = ["index.html", "guide/install/index.html", "guide/opt-in/index.html", "guide/options/index.html",
+    pages = ["index.html", "guide/install/index.html", "guide/train-on-cpu/index.html", "guide/opt-in/index.html", "guide/options/index.html",
              "guide/metrics/index.html", "guide/recipes/index.html", "guide/sizing/index.html",
              "rm-kinds/index.html", "faults/index.html", "comparison/index.html", "architecture/index.html",
              "benchmarks/index.html", "layouts/index.html", "testing/index.html", "versions/index.html",

@@ -13,7 +13,7 @@ _FLAGS = {"out_dir": "--out"}
 
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
-    """One option per :class:`DemoConfig` field (``--steps``, ``--batch-size``, ``--out``, ``--no-progress``...)."""
+    """One option per :class:`DemoConfig` field (``--modes``, ``--steps``, ``--out``, ``--no-progress``...)."""
     for f in dataclasses.fields(DemoConfig):
         help_text = f.metadata.get("help", "")
         if f.type in ("bool", bool):
@@ -31,33 +31,17 @@ def config_from_args(args: argparse.Namespace) -> DemoConfig:
 
 
 def report(result) -> str:
-    """What the CLI prints at the end: the table, the figures that matter, the output folder."""
+    """What the CLI prints at the end: the tables, the Ray clean-up, the wall time, the output folder."""
     summary = result.summary
     lines = [result.table(), ""]
-    if summary["config"].get("trainer"):
-        lines.append(_trainer_line(summary["config"]))
-    for name, mode in summary["modes"].items():
-        rewards = [r for s in mode["per_step"] for r in s["rewards"]]
-        lines.append(f"{name:>11}: {len(rewards)} trajectories scored, mean reward "
-                     f"{sum(rewards) / max(1, len(rewards)):.3f}")
+    left = {name: m["ray_left_behind"] for name, m in summary["modes"].items() if m["ray_left_behind"]}
+    lines.append("every mode's Ray cluster shut down, no process left" if not left
+                 else f"Ray processes left (terminated): {left}")
     env = summary["environment"]
     load = env.get("load_average")
-    lines.append(f"wall time {summary['wall_s']:.0f} s on {env['cpu_count']} CPU(s)"
-                 + (f", load average {load[0]:.2f}" if load else ""))
-    left = summary["ray"]["left_behind"]
-    lines.append("Ray cluster shut down, no process left" if not left else f"Ray processes left: {left}")
-    lines.append(f"wrote {result.timeline_path} and {result.summary_path}")
+    runs = ", ".join(f"{name} {m['wall_s']:.0f} s" for name, m in summary["modes"].items())
+    lines.append(f"demo time {summary['wall_s'] - summary['setup_s']:.0f} s ({runs}; set-up {summary['setup_s']:.0f} s"
+                 f") on {env['cpu_count']} CPU(s)" + (f", load average {load[0]:.2f}" if load else ""))
+    lines.append(f"wrote {result.plot_path} and {result.summary_path}")
     lines.append(f"output folder: {result.out_dir.resolve()}")
     return "\n".join(lines)
-
-
-def _trainer_line(config) -> str:
-    """Which verl trainer and rollout ran the modes, and how often the replay buffer polled TransferQueue."""
-    poll = config.get("replay_buffer_poll_interval_s")
-    line = f"verl {config['trainer']} trainer"
-    line = line if poll is None else f"{line}, replay buffer polling TransferQueue every {poll:g} s in every mode"
-    rollout = {"vllm": "verl's own vLLM rollout (vLLMReplica, vLLM's CPU build)",
-               "standin": "the CPU stand-in rollout server (simulated decode time)"}.get(config.get("rollout"))
-    if rollout:
-        line += f"\nrollout: {rollout}"
-    return line + (f"\nnote: {config['rollout_note']}" if config.get("rollout_note") else "")

@@ -1,54 +1,40 @@
-"""``verl-async-rm demo``: the same rollout steps scored four ways: the plugin (on transformers, on vLLM), after the
-rollout, verl's served RM.
+"""``verl-async-rm demo``: GRPO with verl's own trainer on this CPU machine, once per mode, with the same data, seeds
+and steps; the RM's cost per step against the run with no RM, and the RM score the policy learns to raise.
 
-On a CPU machine with nothing but this package (and vLLM's CPU build, which ``scripts/env.sh`` installs): builds the
-tiny models (and the demo RM) if missing, starts its own local Ray cluster (with logical GPUs for verl's vLLM pools)
-and verl's TransferQueue, starts verl's own ``vLLMReplica`` for the tiny policy behind verl's router, builds
-
-- the plugin's :class:`~verl_async_rm.AsyncRMAgentLoopManager` as verl's v1 trainer (the default,
-  ``trainer.use_v1=True``) does (after verl's ``RewardLoopManager``): mode ``async``; the same with its replicas on
-  vLLM's pooling engine (``+async_rm.engine=vllm``): mode ``async_vllm``;
-- verl's plain ``AgentLoopManagerTQ`` with no reward-loop workers, scored on the same RM replicas after the rollout:
-  mode ``sync``;
-- verl's plain ``AgentLoopManagerTQ`` with verl's own vLLM-served RM on a pool of its own, one engine per plugin
-  replica (:mod:`verl_async_rm.demo.served_rm`): mode ``verl_served``;
-
-gives each its own v1 fit loop (:class:`~verl_async_rm.testing.V1FitLoop`, same replay-buffer polling period), and
-runs each step once per mode on the same prompts. The demo's agent loop (:mod:`verl_async_rm.demo.agent_loop`) gives
-every trajectory a heavy-tailed length of its own and decodes greedily, so every mode scores the same responses.
-One warm-up step per mode is run first and not counted. It writes ``timeline.png`` and ``summary.json`` to the output
-folder, closes TransferQueue and shuts the cluster down. Without vLLM (``--rollout-backend standin``, or ``auto``
-where vLLM is missing) the CPU stand-in server generates and ``async_vllm`` and ``verl_served`` are skipped, with the
-reason printed.
-The rollout and the RM get half of the cores each (:mod:`verl_async_rm.demo.cores`), as a cluster gives them GPUs of
-their own.
+Each mode (:mod:`verl_async_rm.demo.modes`) is one ``python -m verl.trainer.main_ppo`` run in a subprocess, as a user
+launches verl: its own Ray cluster (logical GPUs for verl's pools), verl's v1 sync trainer, verl's vLLM rollout (the
+demo's agent loop: heavy-tailed response lengths, sampled), the FSDP2 actor and reference, the weight sync after each
+update, and the reward of the mode. verl's ``Tracking`` writes every step's metrics (``metrics.jsonl``, verl's file
+logger); the demo's replay buffer (:mod:`verl_async_rm.demo.sampler`) adds the rollout and reward-tail times and
+writes each trajectory's reward (``trajectories.jsonl``). Afterwards the demo checks that no process of the run's Ray
+cluster is left (by its temp dir; one left is terminated by pid and reported), and writes ``summary.json`` and
+``reward_curve.png`` (:mod:`verl_async_rm.demo.summary`, :mod:`verl_async_rm.demo.plot`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
-import warnings
-from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from verl_async_rm.demo.cluster import local_cluster
 from verl_async_rm.demo.options import DemoConfig
-from verl_async_rm.demo.timeline import StepTimeline
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DemoResult", "TRAINER", "default_out_dir", "run_demo", "summary_config"]
+__all__ = ["DemoResult", "ModeRun", "default_out_dir", "run_demo", "run_mode"]
 
-_WARMUP_SIZE = 2
-#: The verl trainer the demo runs (recorded in ``summary.json``'s config).
-TRAINER = "v1"
+#: Files each mode's folder gets.
+METRICS, TRAJECTORIES, LOG = "metrics.jsonl", "trajectories.jsonl", "main_ppo.log"
 
 
 @dataclass(frozen=True)
@@ -57,13 +43,25 @@ class DemoResult:
 
     out_dir: Path
     summary_path: Path
-    timeline_path: Path
+    plot_path: Path
     summary: dict[str, Any]
 
     def table(self) -> str:
-        from verl_async_rm.demo.summary import format_table
+        from verl_async_rm.demo.summary import format_report
 
-        return format_table(self.summary)
+        return format_report(self.summary)
+
+
+@dataclass
+class ModeRun:
+    """One mode's ``main_ppo`` run: verl's step metrics, the trajectories' rewards, its wall time, the Ray processes
+    that outlived it."""
+
+    mode: str
+    metrics: list[dict[str, Any]]
+    trajectories: list[dict[str, Any]]
+    wall_s: float
+    left_behind: list[int]
 
 
 def default_out_dir() -> Path:
@@ -71,339 +69,135 @@ def default_out_dir() -> Path:
     return Path("async_rm_demo") / datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-%f")
 
 
-def _fit_transfer_queue_threads() -> None:
-    """TransferQueue asks for 8 torch threads per call (``TQ_NUM_THREADS``) and warns at every call of a step when
-    the machine has fewer physical cores: ask for what there is (read at its import, here and in the Ray workers this
-    process starts). A value the user set is kept."""
-    import psutil
-
-    os.environ.setdefault("TQ_NUM_THREADS", str(min(8, psutil.cpu_count(logical=False) or 1)))
-
-
 def run_demo(config: DemoConfig | None = None) -> DemoResult:
-    """Run the demo (see module doc) and return what it wrote; raises on any failure, after shutting Ray down."""
+    """Run every mode of ``config`` (module doc) and return what the demo wrote; raises on a failed mode."""
+    from verl_async_rm.demo.agent_loop import write_agent_loop_config
+    from verl_async_rm.demo.data import demo_assets
+    from verl_async_rm.demo.plot import plot_training
+    from verl_async_rm.demo.summary import build_summary, environment
+    from verl_async_rm.vllm_cpu import vllm_unavailable_reason
+
+    import warnings
+
+    # verl announces every optional training engine it cannot import (megatron, torchtitan...): noise here
+    warnings.filterwarnings("ignore", message=".*engine is not available", category=UserWarning)
     config = config or DemoConfig()
+    reason = vllm_unavailable_reason()
+    if reason:
+        raise RuntimeError(f"the demo trains with verl's vLLM rollout, and {reason}")
     start = time.perf_counter()
     out_dir = Path(config.out_dir) if config.out_dir else default_out_dir()
     out_dir.mkdir(parents=True, exist_ok=True)
-    total = 4 + 3 * config.steps  # corrected once the rollout is chosen
-    _fit_transfer_queue_threads()
-    with warnings.catch_warnings(), _progress(total, config.progress) as bar:
-        # verl warns about every optional training engine it cannot import: noise next to the progress bar
-        warnings.filterwarnings("ignore", message=".*engine is not available", category=UserWarning)
-        bar.set_description("import verl")
-        import verl  # noqa: F401  (loads the verl.plugins entry point)
-
-        if "verl_async_rm.plugin" not in sys.modules:
-            raise RuntimeError(
-                "import verl did not load the verl_async_rm plugin: is the package installed (pip install -e .) and "
-                "VERL_USE_EXTERNAL_PLUGINS unset or 'auto'?"
-            )
-        from verl_async_rm.demo.models import build_demo_rm
-        from verl_async_rm.testing import build_tiny_models
-
-        rollout, why = choose_rollout(config.rollout_backend)
-        if why:
-            logger.warning("%s", why)
-        bar.total = 4 + (4 if rollout == "vllm" else 2) * config.steps  # the modes this run has
-        bar.set_description("build models")
-        tiny = build_tiny_models(config.cache_dir, seed=config.seed)
-        rm_path = build_demo_rm(tiny, hidden_size=config.rm_hidden_size, num_layers=config.rm_layers,
-                                seed=config.seed)
-        configs = _trainer_configs(config, tiny, str(rm_path), out_dir, vllm=rollout == "vllm")
-        bar.update(1)
-        bar.set_description("start Ray")
-        if rollout == "vllm":
-            from verl_async_rm.testing.vllm_rollout import set_vllm_env
-
-            set_vllm_env()
-        with local_cluster(num_gpus=1 + config.rm_replicas if rollout == "vllm" else 0) as cluster:
-            bar.update(1)
-            modes, cores = _run_modes(config, configs, tiny, bar)
-            cluster.track()
-        wall_s = time.perf_counter() - start
-        bar.set_description("write files")
-        result = _write(config, out_dir, modes, wall_s, cluster.to_dict(), rollout=rollout, rollout_note=why,
-                        cores=cores)
-        bar.update(1)
-        bar.set_description("done")
-    return result
+    modes = config.mode_list()
+    with _progress(len(modes) * config.steps, config.progress) as bar:
+        bar.set_description("build models and data")
+        assets = demo_assets(config.cache_dir, seed=config.seed, rm_hidden_size=config.rm_hidden_size,
+                             rm_layers=config.rm_layers, train_prompts=max(256, config.steps * config.prompts))
+        loops = write_agent_loop_config(out_dir / "agent_loops.yaml", median_tokens=config.median_tokens,
+                                        sigma=config.sigma, seed=config.seed, greedy=False)
+        setup_s = time.perf_counter() - start
+        runs = {mode: run_mode(mode, config, assets, loops, out_dir / mode, bar) for mode in modes}
+    plot_path, summary_path = out_dir / "reward_curve.png", out_dir / "summary.json"
+    summary = build_summary(config, runs, env=environment(), wall_s=time.perf_counter() - start, setup_s=setup_s,
+                            files={"reward_curve_png": str(plot_path), "summary_json": str(summary_path)})
+    plot_training(summary, plot_path)
+    summary_path.write_text(json.dumps(summary, indent=2) + "\n")
+    return DemoResult(out_dir=out_dir, summary_path=summary_path, plot_path=plot_path, summary=summary)
 
 
-def choose_rollout(asked: str) -> tuple[str, str | None]:
-    """``(rollout, note)``: ``vllm`` or ``standin`` for ``DemoConfig.rollout_backend``, and why vLLM is not used (or
-    None).
+def run_mode(mode: str, config: DemoConfig, assets: Any, agent_loops: Path, folder: Path, bar: Any = None) -> ModeRun:
+    """One mode's ``python -m verl.trainer.main_ppo`` run in ``folder`` (its log, metrics and trajectories there)."""
+    from verl_async_rm.demo.modes import mode_overrides
+    from verl_async_rm.testing.cpu_trainer import cpu_env
 
-    Raises ``RuntimeError`` for ``vllm`` where vLLM cannot run, naming the reason and the fix.
-    """
-    from verl_async_rm.vllm_cpu import vllm_unavailable_reason
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in (METRICS, TRAJECTORIES):
+        (folder / name).unlink(missing_ok=True)
+    # Ray's sockets live under its temp dir: a short path (a Unix socket path holds ~100 characters)
+    ray_dir = tempfile.mkdtemp(prefix="vard", dir="/tmp")
+    overrides = mode_overrides(mode, config, assets, agent_loops=agent_loops, record_path=folder / TRAJECTORIES,
+                               ray_temp_dir=ray_dir)
+    env = cpu_env()
+    env.update(VERL_FILE_LOGGER_PATH=str(folder / METRICS), RAY_DEDUP_LOGS="0", HF_HUB_OFFLINE="1",
+               TRANSFORMERS_OFFLINE="1")
+    (folder / "command.json").write_text(json.dumps([sys.executable, "-m", "verl.trainer.main_ppo", *overrides],
+                                                    indent=1) + "\n")
+    start = time.perf_counter()
+    done = 0
+    with open(folder / LOG, "w") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "verl.trainer.main_ppo", *overrides], cwd=folder, env=env,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            while proc.poll() is None:
+                if time.perf_counter() - start > config.mode_timeout_s:
+                    raise TimeoutError(f"demo mode {mode} ran past mode_timeout_s={config.mode_timeout_s:g}s; its "
+                                       f"log: {folder / LOG}")
+                steps = _count_lines(folder / METRICS)
+                if bar is not None:
+                    bar.set_description(f"{mode}: " + (f"step {steps}/{config.steps}" if steps else "start-up"))
+                    bar.update(steps - done)
+                done = steps
+                time.sleep(0.5)
+        finally:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, 15)
+                proc.wait(timeout=60)
+    wall_s = time.perf_counter() - start
+    left = _reap(ray_dir)
+    shutil.rmtree(ray_dir, ignore_errors=True)
+    if proc.returncode != 0:
+        tail = (folder / LOG).read_text(errors="replace")[-3000:]
+        raise RuntimeError(f"demo mode {mode}: main_ppo exited with {proc.returncode}; log {folder / LOG}:\n{tail}")
+    if bar is not None:
+        bar.update(config.steps - done)
+    return ModeRun(mode=mode, metrics=_read_jsonl(folder / METRICS), trajectories=_read_jsonl(folder / TRAJECTORIES),
+                   wall_s=wall_s, left_behind=left)
 
-    if asked == "standin":
-        return "standin", ("--rollout-backend standin: the CPU stand-in server generates; verl's served RM (vLLM) is "
-                           "skipped")
-    reason = vllm_unavailable_reason()
-    if reason is None:
-        return "vllm", None
-    if asked == "vllm":
-        raise RuntimeError(f"demo --rollout-backend vllm: {reason}")
-    return "standin", (f"vLLM cannot run here ({reason}): the CPU stand-in server generates and the verl_served mode "
-                       "is skipped")
 
-
-def _trainer_configs(config: DemoConfig, tiny: Any, rm_path: str, out_dir: Path, *, vllm: bool) -> dict[str, Any]:
-    """verl's trainer config of the plugin's modes (``plugin``) and, on vLLM, of verl's served RM (``served``)."""
-    from verl_async_rm.demo.agent_loop import write_agent_loop_config
-    from verl_async_rm.demo.workload import PROMPT_LENGTH, rollout_overrides, served_overrides, verl_overrides
-    from verl_async_rm.testing import compose_trainer_config
-
-    loops = write_agent_loop_config(out_dir / "agent_loops.yaml", median_tokens=config.median_tokens,
-                                    sigma=config.sigma, seed=config.seed)
-    rollout = rollout_overrides(config, str(loops), vllm=vllm)
-
-    def compose(overrides: list[str]) -> Any:
-        return compose_trainer_config(tiny.policy, trainer=TRAINER, prompt_length=PROMPT_LENGTH,
-                                      response_length=config.response_length, num_workers=1, overrides=overrides)
-
-    configs = {"plugin": compose(verl_overrides(config, rm_path) + rollout)}
-    if vllm:
-        served = served_overrides(config, rm_path)
-        replaced = {_key(o) for o in served}
-        plugin_only = [o for o in verl_overrides(config, rm_path)
-                       if _key(o) not in replaced and not _key(o).startswith("async_rm.")
-                       and "agent_loop_manager_class" not in o]
-        configs["served"] = compose(plugin_only + served + rollout)
-        configs["plugin_vllm"] = compose([*verl_overrides(config, rm_path), *rollout, "+async_rm.engine=vllm"])
-    return configs
-
-
-def _key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+")
-
-
-def _run_modes(config: DemoConfig, configs: dict[str, Any], tiny: Any,
-               bar: Any) -> tuple[dict[str, list[StepTimeline]], dict[str, Any]]:
-    import transfer_queue as tq
-
-    tq.init(configs["plugin"].transfer_queue)
+def _count_lines(path: Path) -> int:
     try:
-        return _run_with_transfer_queue(config, configs, tiny, bar)
-    finally:
-        tq.close()
+        return sum(1 for line in path.read_text().splitlines() if line.strip())
+    except FileNotFoundError:
+        return 0
 
 
-def _run_with_transfer_queue(config: DemoConfig, configs: dict[str, Any], tiny: Any,
-                             bar: Any) -> tuple[dict[str, list[StepTimeline]], dict[str, Any]]:
-    """Start everything, run the steps; returns the modes' steps and how the cores were split (``cores``)."""
-    import ray
-    from transformers import AutoTokenizer
-
-    from verl_async_rm.demo.modes import fit_loop, rule_scorer, run_async_step, run_served_step, run_sync_step
-    from verl_async_rm.demo.workload import prompts_batch
-
-    trainer_config = configs["plugin"]
-    actors: list[Any] = []
-    managers: list[Any] = []
-    try:
-        bar.set_description("start the rollout (vLLM)" if "served" in configs else "start the rollout (stand-in)")
-        client, reset, generators = _start_rollout(config, trainer_config, tiny, actors, vllm="served" in configs)
-        pin = _CorePinning(config.split_cores)
-        pin("rollout", generators)
-        bar.set_description("start RM replicas, agent loops")
-        manager, plain, reward_loop_handles = _start_managers(trainer_config, client, actors, managers,
-                                                              config.step_timeout_s)
-        pin("rm", pids=_replica_pids(manager))
-        async_loop, sync_loop = fit_loop(trainer_config, manager), fit_loop(trainer_config, plain)
-        mix = manager.async_rm_config.mix  # parsed once, by the manager
-        rule = rule_scorer(AutoTokenizer.from_pretrained(tiny.policy))
-        replicas = manager.async_rm_config.rm.num_replicas
-        steps: dict[str, Any] = {
-            "async": lambda step, size, tag: run_async_step(
-                async_loop, manager, prompts_batch(step, size, tag=tag, mode="async"), step, reset=reset),
-        }
-        if "plugin_vllm" in configs:
-            bar.set_description("start the plugin's vLLM replicas")
-            on_vllm, _ = _start_plugin_manager(configs["plugin_vllm"], client, actors, managers, reward_loop_handles)
-            pin("rm", pids=_replica_pids(on_vllm))
-            vllm_loop = fit_loop(configs["plugin_vllm"], on_vllm)
-            steps["async_vllm"] = lambda step, size, tag: run_async_step(
-                vllm_loop, on_vllm, prompts_batch(step, size, tag=tag, mode="asyncvllm"), step, reset=reset,
-                mode="async_vllm")
-        steps["sync"] = lambda step, size, tag: run_sync_step(
-            sync_loop, manager.rm_service, replicas,  # the same replicas
-            prompts_batch(step, size, tag=tag, mode="sync"), step,
-            rule_score=rule, mix=mix, timeout_s=config.step_timeout_s, reset=reset)
-        if "served" in configs:
-            bar.set_description("start verl's served RM (vLLM)")
-            served_rm, served = _start_served(configs["served"], client, actors, config.step_timeout_s)
-            pin("rm", [h for r in served_rm.reward_model_manager.rollout_replicas for h in r.servers])
-            served_loop = fit_loop(configs["served"], served)
-            steps["verl_served"] = lambda step, size, tag: run_served_step(
-                served_loop, served_rm.reward_loop_workers, replicas,
-                prompts_batch(step, size, tag=tag, mode="served"), step, rule_score=rule, mix=mix, reset=reset)
-        bar.update(1)
-        return _run_steps(config, steps, bar), pin.info()
-    finally:
-        for started in managers:
-            started.shutdown()
-        for actor in actors:
-            with contextlib.suppress(Exception):
-                ray.kill(actor)
+def _read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
 
 
-def _start_plugin_manager(trainer_config: Any, client: Any, actors: list[Any], managers: list[Any],
-                          reward_loop_handles: Any = None) -> tuple[Any, Any]:
-    """``(manager, reward_loop_handles)``: the plugin's v1 manager, after verl's ``RewardLoopManager`` as verl's
-    trainer builds it; what it starts is appended to ``actors`` / ``managers``. ``reward_loop_handles``: another
-    plugin manager's reward-loop workers (verl names them ``reward_loop_worker_{i}``, once per namespace; they run the
-    rule only, the same for both)."""
-    from verl.experimental.reward_loop import RewardLoopManager
+def _reap(ray_dir: str, wait_s: float = 30.0) -> list[int]:
+    """Pids of the run's Ray processes (their command lines name its temp dir) still alive ``wait_s`` after the run
+    ended; each is terminated (by pid). Other Ray clusters on the machine have other temp dirs."""
+    import psutil
 
-    from verl_async_rm import AsyncRMAgentLoopManager
+    def ours() -> list[psutil.Process]:
+        found = []
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            with contextlib.suppress(psutil.Error):
+                if ray_dir in " ".join(proc.info["cmdline"] or []):
+                    found.append(proc)
+        return found
 
-    if reward_loop_handles is None:
-        reward_loop = RewardLoopManager(config=trainer_config, rm_resource_pool=None)
-        actors += reward_loop.reward_loop_workers
-        reward_loop_handles = reward_loop.reward_loop_worker_handles
-    manager = AsyncRMAgentLoopManager.create(
-        config=trainer_config, llm_client=client, teacher_client=None, reward_loop_worker_handles=reward_loop_handles,
-    )
-    managers.append(manager)
-    actors += manager.agent_loop_workers
-    return manager, reward_loop_handles
-
-
-def _replica_pids(manager: Any) -> list[int]:
-    import ray
-
-    return [int(r["pid"]) for r in ray.get(manager.rm_service.describe.remote(), timeout=60) if "pid" in r]
-
-
-def _start_managers(trainer_config: Any, client: Any, actors: list[Any], managers: list[Any],
-                    timeout_s: float) -> tuple[Any, Any, Any]:
-    """``(manager, plain, reward_loop_handles)``: the plugin's v1 manager (:func:`_start_plugin_manager`) and verl's
-    plain ``AgentLoopManagerTQ`` with no reward-loop workers (verl's v1 trainer then scores after sampling,
-    ``_compute_reward_colocate``). What they start is appended to ``actors`` / ``managers`` as it is started."""
-    import ray
-    from verl.trainer.ppo.v1 import AgentLoopManagerTQ
-
-    manager, reward_loop_handles = _start_plugin_manager(trainer_config, client, actors, managers)
-    plain = AgentLoopManagerTQ.create(config=trainer_config, llm_client=client, teacher_client=None,
-                                      reward_loop_worker_handles=None)
-    actors += plain.agent_loop_workers
-    ray.get([w.__ray_ready__.remote() for w in plain.agent_loop_workers], timeout=timeout_s)
-    return manager, plain, reward_loop_handles
-
-
-def _start_rollout(config: DemoConfig, trainer_config: Any, tiny: Any, actors: list[Any], *,
-                   vllm: bool) -> tuple[Any, Any]:
-    """``(llm_client, reset, servers)``: verl's ``vLLMReplica`` on vLLM, else the stand-in server (``reset`` forgets
-    its repeat counts, so every mode gets the same tokens); ``servers`` are the actors that generate."""
-    import ray
-
-    if vllm:
-        from verl_async_rm.testing.vllm_rollout import rollout_actors, start_vllm_rollout
-
-        replica, client = start_vllm_rollout(trainer_config)
-        actors += rollout_actors(replica)
-        return client, None, list(replica.servers)
-    from verl_async_rm.demo.workload import server_kwargs
-    from verl_async_rm.testing import make_llm_client, start_generation_servers
-
-    servers = start_generation_servers(1, name_prefix="demo_gen", **server_kwargs(config, str(tiny.policy)))
-    actors += servers.values()
-    server = next(iter(servers.values()))
-    return make_llm_client(trainer_config, servers), lambda: ray.get(server.reset.remote(), timeout=60), [server]
-
-
-def _start_served(served_config: Any, client: Any, actors: list[Any], timeout_s: float) -> tuple[Any, Any]:
-    """verl's served RM (its pool, vLLM engines, timed reward-loop workers) and verl's plain manager in front."""
-    import ray
-    from verl.trainer.ppo.v1 import AgentLoopManagerTQ
-
-    from verl_async_rm.demo.served_rm import start_served_rm
-
-    served_rm = start_served_rm(served_config)
-    actors += served_rm.reward_loop_workers
-    manager = AgentLoopManagerTQ.create(config=served_config, llm_client=client, teacher_client=None,
-                                        reward_loop_worker_handles=served_rm.reward_loop_worker_handles)
-    actors += manager.agent_loop_workers
-    ray.get([w.__ray_ready__.remote() for w in manager.agent_loop_workers], timeout=timeout_s)
-    return served_rm, manager
-
-
-class _CorePinning:
-    """The demo's core split (:mod:`verl_async_rm.demo.cores`): pins the rollout's and the RM's processes as they
-    start; ``info()`` says what was done, for ``summary.json``."""
-
-    def __init__(self, enabled: bool) -> None:
-        from verl_async_rm.demo.cores import core_split
-
-        self.split = core_split() if enabled else None
-        self.pinned = {"rollout": 0, "rm": 0}
-        if enabled and self.split is None:
-            logger.warning("fewer than two cores (or no CPU affinity here): the rollout and the RM share the cores")
-
-    def __call__(self, role: str, handles: Sequence[Any] = (), pids: Sequence[int] = ()) -> None:
-        from verl_async_rm.demo.cores import actor_pid, pin_processes
-
-        if self.split is None:
-            return
-        cores = self.split[0] if role == "rollout" else self.split[1]
-        self.pinned[role] += pin_processes([*pids, *(actor_pid(h) for h in handles)], cores)
-
-    def info(self) -> dict[str, Any] | None:
-        if self.split is None:
-            return None
-        return {"rollout": sorted(self.split[0]), "rm": sorted(self.split[1]), "threads_pinned": dict(self.pinned)}
-
-
-def _run_steps(config: DemoConfig, steps: dict[str, Any], bar: Any) -> dict[str, list[StepTimeline]]:
-    """One untimed warm-up step per mode, then each step once per mode (in ``steps``' order), on the same prompts."""
-    bar.set_description("warm-up")
-    for run in steps.values():
-        run(0, _WARMUP_SIZE, "warmup")
-    modes: dict[str, list[StepTimeline]] = {name: [] for name in steps}
-    for step in range(1, config.steps + 1):
-        for name, run in steps.items():
-            bar.set_description(f"step {step}/{config.steps} {name}")
-            modes[name].append(run(step, config.batch_size, "step"))
-            bar.update(1)
-    return modes
-
-
-def summary_config(config: DemoConfig, *, rollout: str = "standin", rollout_note: str | None = None) -> dict[str, Any]:
-    """The ``config`` section of ``summary.json``: the demo's settings, the verl trainer, who generated (``vllm``:
-    verl's vLLM replicas; ``standin``: the CPU stand-in server, with the reason) and the polling period."""
-    from verl_async_rm.demo.modes import POLL_INTERVAL_S
-
-    return {**config.to_dict(), "trainer": TRAINER, "rollout": rollout, "rollout_note": rollout_note,
-            "replay_buffer_poll_interval_s": POLL_INTERVAL_S}
-
-
-def _write(config: DemoConfig, out_dir: Path, modes: dict[str, list[StepTimeline]], wall_s: float,
-           ray_info: dict[str, Any], *, rollout: str, rollout_note: str | None, cores: dict[str, Any]) -> DemoResult:
-    from verl_async_rm.demo.plot import plot_timeline
-    from verl_async_rm.demo.summary import build_summary, environment, write_summary
-
-    timeline_path = out_dir / "timeline.png"
-    summary_path = out_dir / "summary.json"
-    plot_timeline(modes, timeline_path)
-    summary = build_summary(
-        modes, config={**summary_config(config, rollout=rollout, rollout_note=rollout_note), "cores": cores},
-        env=environment(),
-        wall_s=wall_s,
-        files={"timeline_png": str(timeline_path), "summary_json": str(summary_path)}, ray_info=ray_info,
-    )
-    write_summary(summary, summary_path)
-    return DemoResult(out_dir=out_dir, summary_path=summary_path, timeline_path=timeline_path, summary=summary)
+    deadline = time.monotonic() + wait_s
+    while ours() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    left = ours()
+    for proc in left:
+        with contextlib.suppress(psutil.Error):
+            proc.terminate()
+    if left:
+        logger.warning("demo: %d Ray process(es) of %s outlived their run; terminated %s", len(left), ray_dir,
+                       [p.pid for p in left])
+    return [p.pid for p in left]
 
 
 @contextlib.contextmanager
 def _progress(total: int, enabled: bool):
     from tqdm import tqdm
 
-    bar = tqdm(total=total, file=sys.stderr, disable=not enabled, unit="phase", dynamic_ncols=True,
-               bar_format="{desc:<34} {bar} {n_fmt}/{total_fmt} [{elapsed}]")
+    bar = tqdm(total=total, file=sys.stderr, disable=not enabled, unit="step", dynamic_ncols=True,
+               bar_format="{desc:<28} {bar} {n_fmt}/{total_fmt} [{elapsed}]")
     try:
         yield bar
     finally:

@@ -1,4 +1,6 @@
-"""verl's own vLLM-served RM for the demo's third mode, built as verl's v1 trainer builds it, with request timings.
+"""verl's own vLLM-served RM built standalone, as verl's v1 trainer builds it, with request timings: for the real-vLLM
+tests (``tests/integration/test_real_vllm.py``), which compare the plugin's scores with verl's served RM's on the same
+trajectories. (The demo runs verl's served RM inside verl's own trainer: :mod:`verl_async_rm.demo.served_reward`.)
 
 verl's v1 trainer, with ``reward.reward_model.enable=True`` and ``enable_resource_pool=True``, creates a
 ``reward_pool`` of ``n_gpus_per_node x nnodes`` devices (``PPOTrainer`` in ``verl.trainer.ppo.v1.trainer_base``),
@@ -8,9 +10,8 @@ ends (``RewardLoopWorker.compute_score`` -> ``compute_score_disrm``: one ``/clas
 
 Two additions, both in :class:`TimedRewardLoopWorker` (verl's ``RewardLoopWorker``):
 
-- a clock: it records when each ``compute_score_disrm`` call started and ended, so the demo can measure the served
-  RM's busy time and reward tail the way it measures the plugin's (vLLM batches the requests inside its engine, out
-  of the client's sight);
+- a clock: it records when each ``compute_score_disrm`` call started and ended (vLLM batches the requests inside its
+  engine, out of the client's sight);
 - verl 0.9.1's one missing key: ``RewardLoopWorker.compute_score_disrm`` returns ``{"reward_score": ...}`` alone,
   while ``AgentLoopWorker._compute_score`` reads ``result["reward_extra_info"]``, so verl's served RM on its own pool
   fails every trajectory with ``KeyError: 'reward_extra_info'`` (verl issue 7368; the one-line fix proposed upstream,
@@ -53,8 +54,8 @@ class TimedRewardLoopWorker(RewardLoopWorker):
 class TimedRewardLoopManager(RewardLoopManager):
     """verl's ``RewardLoopManager`` whose reward-loop workers are :class:`TimedRewardLoopWorker`.
 
-    verl names its workers ``reward_loop_worker_{i}`` (``RewardLoopManager._init_reward_loop_workers``); the demo's
-    plugin modes already run a ``RewardLoopManager`` under those names in the same Ray namespace, so these are named
+    verl names its workers ``reward_loop_worker_{i}`` (``RewardLoopManager._init_reward_loop_workers``); a plugin
+    manager's ``RewardLoopManager`` may already run under those names in the same Ray namespace, so these are named
     ``served_reward_loop_worker_{i}``, placed as verl places them (round-robin over the nodes, soft affinity).
     """
 

@@ -1,23 +1,40 @@
-"""The demo's JSON summary (stable keys) and the text table the CLI prints."""
+"""The demo's figures, from what verl logged (pure functions): per step and mode, the step time split into phases and
+the mean RM score; per mode, the means over the steady steps and the RM's overhead against the run with no RM; the
+printed report.
+
+Phases of a step (seconds; verl's ``timing_s/*`` and the demo sampler's ``demo/*``):
+
+- ``rollout``: from the start of verl's ``gen`` phase to the last trajectory's generation end;
+- ``reward_tail``: from then until verl's replay buffer returned the batch, every reward known;
+- ``log_prob``: verl's ``old_log_prob`` + ``ref`` (the actor's and the reference's log-probs);
+- ``update``: verl's ``adv`` + ``update_actor``;
+- ``weight_sync``: verl's ``update_weights`` (the actor's weights into the vLLM rollout);
+- ``other``: the rest of verl's ``step`` (dispatch, rollout sleep, batch balance; the RM's sleep and wake on the
+  policy's GPU).
+
+The first step also starts vLLM's engine (its first generation is slow): the means and the overhead are taken over the
+steps after it (``STEADY_FROM``).
+"""
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import platform
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from statistics import mean
 from typing import Any
 
-from verl_async_rm.demo.timeline import MODE_KEYS, StepTimeline, mode_summary, speedup
+from verl_async_rm.demo.modes import LABELS
 
-__all__ = ["SCHEMA_VERSION", "SUMMARY_KEYS", "build_summary", "environment", "format_table", "score_agreement",
-           "write_summary"]
+__all__ = ["PHASES", "STEADY_FROM", "SUMMARY_KEYS", "build_summary", "environment", "format_report", "step_record"]
 
-SCHEMA_VERSION = 2
-#: Top-level keys of ``summary.json``.
-SUMMARY_KEYS = ("schema", "config", "environment", "modes", "speedup", "agreement", "wall_s", "files", "ray")
+#: Phase name -> how it is computed from one row of verl's step metrics.
+PHASES = ("rollout", "reward_tail", "log_prob", "update", "weight_sync", "other")
+#: Steps from this one on are averaged (the first starts vLLM's engine).
+STEADY_FROM = 2
+#: Top-level keys of ``summary.json``, in order.
+SUMMARY_KEYS = ("config", "environment", "wall_s", "setup_s", "modes", "overhead_vs_no_rm", "files")
 
 
 def environment() -> dict[str, Any]:
@@ -35,123 +52,148 @@ def environment() -> dict[str, Any]:
     except OSError:
         load = None
     return {
-        "verl_async_rm": version("verl-async-rm"),
-        "verl": version("verl"),
-        "ray": version("ray"),
-        "torch": version("torch"),
-        "vllm": version("vllm"),
-        "transformers": version("transformers"),
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "cpu_count": os.cpu_count(),
-        "load_average": load,
-        "argv": list(sys.argv),
+        "verl_async_rm": version("verl-async-rm"), "verl": version("verl"), "ray": version("ray"),
+        "torch": version("torch"), "vllm": version("vllm"), "transformers": version("transformers"),
+        "python": platform.python_version(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
+        "load_average": load, "argv": list(sys.argv),
     }
 
 
-def build_summary(
-    modes: Mapping[str, Sequence[StepTimeline]],
-    *,
-    config: Mapping[str, Any],
-    env: Mapping[str, Any],
-    wall_s: float,
-    files: Mapping[str, str],
-    ray_info: Mapping[str, Any],
-) -> dict[str, Any]:
-    """The summary dict (keys :data:`SUMMARY_KEYS`); per mode: :data:`MODE_KEYS` plus ``"per_step"``."""
-    mode_figures = {name: {**mode_summary(steps), "per_step": [s.to_dict() for s in steps]}
-                    for name, steps in modes.items()}
-    return {
-        "schema": SCHEMA_VERSION,
-        "config": dict(config),
-        "environment": dict(env),
-        "modes": mode_figures,
-        "speedup": speedup(mode_figures),
-        "agreement": {f"{a}_vs_{b}": score_agreement(modes[a], modes[b])
-                      for a, b in AGREEMENT_PAIRS if a in modes and b in modes},
-        "wall_s": wall_s,
-        "files": dict(files),
-        "ray": dict(ray_info),
+def _rm_score(trajectory: Mapping[str, Any], mode: str) -> float | None:
+    """A trajectory's RM score: the plugin's ``rm_score`` (also what the verl_served mode's reward function reports);
+    None without an RM."""
+    if mode == "no_rm":
+        return None
+    info = trajectory.get("reward_extra_info") or {}
+    return float(info["rm_score"]) if "rm_score" in info else None
+
+
+def step_record(metrics: Mapping[str, Any], trajectories: list[Mapping[str, Any]], mode: str) -> dict[str, Any]:
+    """One step of one mode: its phases (module doc), its mean RM score and reward, its trajectories."""
+    d = metrics
+    phases = {
+        "rollout": float(d["demo/rollout_s"]),
+        "reward_tail": float(d["demo/reward_tail_s"]),
+        "log_prob": float(d["timing_s/old_log_prob"]) + float(d.get("timing_s/ref", 0.0)),
+        "update": float(d.get("timing_s/adv", 0.0)) + float(d["timing_s/update_actor"]),
+        "weight_sync": float(d["timing_s/update_weights"]),
     }
+    step_s = float(d["timing_s/step"])
+    phases["other"] = max(0.0, step_s - sum(phases.values()))
+    rm_scores = [_rm_score(t, mode) for t in trajectories]
+    known = [s for s in rm_scores if s is not None]
+    record: dict[str, Any] = {
+        "step": int(d["training/global_step"]),
+        "step_s": step_s,
+        **{f"{name}_s": value for name, value in phases.items()},
+        "mean_reward": float(d["critic/score/mean"]),
+        "mean_rm_score": mean(known) if known else None,
+        "trajectories": len(trajectories),
+        "keys": [t["key"] for t in trajectories],
+        "rewards": [float(t["reward"]) for t in trajectories],
+        "rm_scores": rm_scores,
+        "response_tokens": [int(t["response_tokens"]) for t in trajectories],
+        "digests": [t.get("digest") for t in trajectories],
+    }
+    for key in ("async_rm/scored", "async_rm/errors", "async_rm/reward_tail_s", "async_rm/sleep_s", "async_rm/wake_s"):
+        if key in d:
+            record[key.replace("async_rm/", "plugin_")] = float(d[key])
+    return record
 
 
-#: Mode pairs whose RM scores are compared trajectory by trajectory (``summary["agreement"]``).
-AGREEMENT_PAIRS = (("async", "sync"), ("async", "verl_served"), ("async", "async_vllm"), ("async_vllm", "verl_served"))
-_AGREEMENT_TITLES = {
-    "async_vs_verl_served": "the plugin vs verl's served RM",
-    "async_vs_async_vllm": "the plugin on transformers vs on vLLM",
-    "async_vllm_vs_verl_served": "the plugin on vLLM vs verl's served RM",
-}
-
-
-def score_agreement(a: Sequence[StepTimeline], b: Sequence[StepTimeline]) -> dict[str, Any]:
-    """RM scores of two modes, trajectory by trajectory (same step, same place), where both scored the same response.
-
-    ``compared`` of ``trajectories`` had equal response digests; ``max_abs_diff`` is over those (None if none).
-    """
-    diffs, total = [], 0
-    for sa, sb in zip(a, b, strict=True):
-        total += len(sa.rm_scores)
-        if len(sa.responses) == len(sa.rm_scores) == len(sb.responses) == len(sb.rm_scores):
-            diffs += [abs(x - y) for ra, rb, x, y in zip(sa.responses, sb.responses, sa.rm_scores, sb.rm_scores)
-                      if ra == rb]
-    return {"trajectories": total, "compared": len(diffs), "max_abs_diff": max(diffs) if diffs else None}
-
-
-def write_summary(summary: Mapping[str, Any], path: str | os.PathLike) -> str:
-    """Write ``summary`` as indented JSON (NaN/inf become null) and return the path."""
-    out = os.fspath(path)
-    with open(out, "w") as f:
-        json.dump(_clean(summary), f, indent=2, allow_nan=False)
-        f.write("\n")
+def _mode_summary(steps: list[dict[str, Any]]) -> dict[str, Any]:
+    steady = [s for s in steps if s["step"] >= STEADY_FROM] or steps
+    scores = [s["mean_rm_score"] for s in steps]
+    out = {"steps": len(steps), "steady_steps": [s["step"] for s in steady],
+           "step_s": mean(s["step_s"] for s in steady)}
+    out.update({f"{name}_s": mean(s[f"{name}_s"] for s in steady) for name in PHASES})
+    out["rm_score_first"], out["rm_score_last"] = scores[0], scores[-1]
+    out["rm_score_gain"] = None if scores[0] is None or scores[-1] is None else scores[-1] - scores[0]
     return out
 
 
-def _clean(value: Any) -> Any:
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, Mapping):
-        return {str(k): _clean(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_clean(v) for v in value]
-    return value
+def build_summary(config: Any, runs: Mapping[str, Any], *, env: dict[str, Any], wall_s: float, setup_s: float,
+                  files: dict[str, str]) -> dict[str, Any]:
+    """``summary.json``'s content from each mode's :class:`~verl_async_rm.demo.run.ModeRun`."""
+    modes: dict[str, Any] = {}
+    for name, run in runs.items():
+        by_step: dict[int, list] = {}
+        for t in run.trajectories:
+            by_step.setdefault(int(t["step"]), []).append(t)
+        steps = [step_record(row["data"], by_step.get(int(row["step"]), []), name)
+                 for row in sorted(run.metrics, key=lambda r: r["step"])]
+        modes[name] = {"label": LABELS[name], **_mode_summary(steps), "wall_s": run.wall_s,
+                       "ray_left_behind": list(run.left_behind), "per_step": steps}
+    return {
+        "config": config.to_dict(),
+        "environment": env,
+        "wall_s": wall_s,
+        "setup_s": setup_s,
+        "modes": modes,
+        "overhead_vs_no_rm": overhead(modes),
+        "files": files,
+    }
 
 
-_COLUMNS = (
-    ("mode", "mode", "{}"),
-    ("steps", "steps", "{}"),
-    ("step_time_s", "step time (s)", "{:.2f}"),
-    ("reward_tail_s", "reward tail (s)", "{:.2f}"),
-    ("rm_utilization", "RM util", "{:.0%}"),
-    ("rm_busy_per_trajectory_ms", "RM busy/traj (ms)", "{:.1f}"),
-    ("batches", "batches", "{}"),
-    ("mean_batch_size", "mean batch", "{:.1f}"),
-)
-assert {key for key, _, _ in _COLUMNS} - {"mode"} <= set(MODE_KEYS)
+def overhead(modes: Mapping[str, Any]) -> dict[str, Any]:
+    """Per mode with an RM: its step time minus the no-RM run's, per step (``per_step_s``, from
+    :data:`STEADY_FROM`) and on average (``mean_s``, and ``share`` of the no-RM step time); {} without a no-RM run."""
+    if "no_rm" not in modes:
+        return {}
+    floor = {s["step"]: s["step_s"] for s in modes["no_rm"]["per_step"]}
+    out = {}
+    for name, mode in modes.items():
+        if name == "no_rm":
+            continue
+        per_step = {s["step"]: s["step_s"] - floor[s["step"]] for s in mode["per_step"]
+                    if s["step"] >= STEADY_FROM and s["step"] in floor}
+        if per_step:
+            avg = mean(per_step.values())
+            out[name] = {"per_step_s": per_step, "mean_s": avg, "share": avg / modes["no_rm"]["step_s"]}
+    return out
 
 
-def format_table(summary: Mapping[str, Any]) -> str:
-    """A short fixed-width table, one row per mode, then the speed-up line."""
-    header = [title for _, title, _ in _COLUMNS]
-    rows = []
-    for name, figures in summary["modes"].items():
-        row = []
-        for key, _, fmt in _COLUMNS:
-            value = name if key == "mode" else figures.get(key)
-            row.append("-" if value is None else fmt.format(value))
-        rows.append(row)
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
-    lines = ["  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True))]
-    lines += ["  ".join(c.rjust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    for name, agree in (summary.get("agreement") or {}).items():
-        if name in _AGREEMENT_TITLES:
-            diff = agree["max_abs_diff"]
-            lines.append(f"RM scores, {_AGREEMENT_TITLES[name]}: {agree['compared']}/{agree['trajectories']} "
-                         f"same responses, max |diff| {'-' if diff is None else f'{diff:.1e}'}")
-    for mine, title in (("async", "the plugin's"), ("async_vllm", "the plugin's on vLLM")):
-        served, asy = (summary["modes"].get(m, {}).get("step_time_s") for m in ("verl_served", mine))
-        if served and asy:
-            lines.append(f"verl's served RM step time / {title}: {served / asy:.2f}x")
-    s = summary.get("speedup")
-    lines.append(f"speed-up (sync step time / async step time): {'-' if s is None else f'{s:.2f}x'}")
+def _fmt(value: float | None, spec: str = "{:.2f}") -> str:
+    return "-" if value is None else spec.format(value)
+
+
+def format_report(summary: Mapping[str, Any]) -> str:
+    """What the CLI prints: the mode table (steady means), the mean RM score per step, the per-step split."""
+    modes, over = summary["modes"], summary["overhead_vs_no_rm"]
+    cfg = summary["config"]
+    steady = next(iter(modes.values()))["steady_steps"]
+    lines = [f"GRPO with verl's own trainer, {cfg['steps']} steps x {cfg['prompts']} prompts x {cfg['rollout_n']} "
+             f"responses per mode; mean seconds per step over steps {steady[0]}-{steady[-1]}:"]
+    head = (f"{'mode':<20}{'step':>7}{'rollout':>9}{'reward tail':>13}{'log-prob':>10}{'update':>8}"
+            f"{'weight sync':>13}{'other':>7}{'RM overhead':>13}")
+    lines += [head]
+    for name, m in modes.items():
+        extra = over.get(name)
+        cost = "-" if extra is None else f"{extra['mean_s']:+.2f} ({100 * extra['share']:+.0f}%)"
+        lines.append(f"{m['label']:<20}{m['step_s']:>7.2f}{m['rollout_s']:>9.2f}{m['reward_tail_s']:>13.2f}"
+                     f"{m['log_prob_s']:>10.2f}{m['update_s']:>8.2f}{m['weight_sync_s']:>13.2f}{m['other_s']:>7.2f}"
+                     f"{cost:>13}")
+    lines += ["", "mean RM score per step (the demo RM: the share of vowel-initial tokens, x~10):",
+              f"{'step':<6}" + "".join(f"{m['label']:>20}" for m in modes.values())]
+    steps = max(len(m["per_step"]) for m in modes.values())
+    for i in range(steps):
+        cells = []
+        for m in modes.values():
+            per = m["per_step"]
+            cells.append(_fmt(per[i]["mean_rm_score"]) if i < len(per) else "")
+        lines.append(f"{i + 1:<6}" + "".join(f"{c:>20}" for c in cells))
+    for name, m in modes.items():
+        if m["rm_score_gain"] is not None:
+            lines.append(f"{m['label']}: RM score {m['rm_score_first']:.2f} at step 1 -> {m['rm_score_last']:.2f} at "
+                         f"step {m['steps']} ({m['rm_score_gain']:+.2f})")
+    lines += ["", "per step (s): step / rollout / reward tail / log-prob / update / weight sync / other; RM score; "
+                  "RM overhead vs no RM"]
+    for name, m in modes.items():
+        lines.append(f"{m['label']}:")
+        per_over = (over.get(name) or {}).get("per_step_s", {})
+        for s in m["per_step"]:
+            split = " / ".join(f"{s[f'{p}_s']:.2f}" for p in PHASES)
+            cost = per_over.get(s["step"])
+            lines.append(f"  step {s['step']:>2}: {s['step_s']:5.2f} = {split}; RM score {_fmt(s['mean_rm_score'])}"
+                         + ("" if cost is None else f"; overhead {cost:+.2f}"))
     return "\n".join(lines)

@@ -1,7 +1,10 @@
-"""verl's v1 fit loop without the policy's GPU work, run with verl's own methods: for tests and the CPU demo.
+"""verl's v1 fit loop without the policy's GPU work, run with verl's own methods: for the tests that must control time
+exactly and the tests of RM kinds, which drive the agent loop (the trainer-level tests run verl's real trainer:
+:class:`verl_async_rm.testing.TrainerRun`).
 
-verl 0.9.1's ``PPOTrainer`` cannot be built on a CPU machine (its ``init`` starts FSDP workers and vLLM servers), but
-the part of its fit loop that the agent-loop manager sees needs none of that. :class:`V1FitLoop` runs it with verl's
+Building verl's whole ``PPOTrainer`` (FSDP workers, vLLM replicas) costs about a minute on CPU, and its fit loop
+decides when prompts are dispatched and when the step ends; the part of it that the agent-loop manager sees needs
+none of that. :class:`V1FitLoop` runs it with verl's
 real methods and classes, borrowed from ``PPOTrainer`` (``trainer/ppo/v1/trainer_base.py``):
 
 - dispatch: ``PPOTrainer._submit_batch_to_rollout`` (prompt tags in TransferQueue, then
