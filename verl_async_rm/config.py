@@ -1,7 +1,7 @@
 """The plugin's config, read once at the boundary: verl's reward keys plus one flat ``async_rm`` group.
 
 :meth:`AsyncRMConfig.from_verl` reads them into frozen dataclasses, one per component (:func:`option_groups` lists
-them by user key): :class:`~verl_async_rm.batching.BatchPolicy`, :class:`~verl_async_rm.scoring.rm_config.RMConfig`
+them by user key): :class:`~verl_async_rm.service.batcher.BatchPolicy`, :class:`~verl_async_rm.scoring.rm_config.RMConfig`
 (with verl's ``reward.reward_model.*`` keys), :class:`~verl_async_rm.integration.reward_mix.RewardMix`,
 :class:`IntegrationConfig`, and one :class:`RMEntry` per RM (``async_rm.models.<name>.*`` after ``main``; an option
 not set under the RM's name takes the one set at the top of ``async_rm``). A ``ConfigValueError`` raised under a
@@ -16,11 +16,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from verl_async_rm.batching.policy import BatchPolicy
 from verl_async_rm.errors import ConfigValueError
 from verl_async_rm.integration.reward_mix import MAIN, RewardMix
 from verl_async_rm.options import Rule, check_options, option
 from verl_async_rm.scoring.rm_config import RMConfig
+from verl_async_rm.service.batcher import BatchPolicy
 
 __all__ = ["AsyncRMConfig", "IntegrationConfig", "RMEntry", "MAIN", "CONFIG_GROUP", "ON_ERROR_MODES",
            "option_groups", "rm_config_from_verl", "placement_values", "extra_rm_entries", "build", "select"]
@@ -39,9 +39,13 @@ _RETIRED_KEYS = {
     "pad_multiple": "there is no whole-group mode to pad for; remove the key",
     "bisect_on_error": "each RM replica isolates a failing item itself (its micro-batch is split, the others keep "
     "their scores); remove the key",
+    "max_pending": "the RM service's concurrency bound (async_rm.service_max_concurrency) bounds the queue; remove "
+    "the key",
+    "overflow": "the RM service's concurrency bound (async_rm.service_max_concurrency) bounds the queue; remove the "
+    "key",
+    "default_deadline_s": "a trajectory's deadline is async_rm.request_timeout_s; remove the key",
+    "slot_retries": "renamed async_rm.replica_retries (same meaning)",
 }
-#: Batching defaults of the plugin that differ from the Ray-free executor's own.
-_PLUGIN_BATCHING_DEFAULTS = {"batch_timeout_s": 600.0}
 #: RMConfig fields that come from verl's keys, never from ``async_rm.*``: what to set instead.
 _VERL_OWNED_RM_FIELDS = {
     "model_path": "the RM path comes from verl's key; set reward.reward_model.model_path instead",
@@ -163,7 +167,7 @@ class AsyncRMConfig:
                 known = sorted({*(k for k in owner if k not in _VERL_OWNED_RM_FIELDS), MODELS_KEY})
                 raise ValueError(f"unknown key {CONFIG_GROUP}.{key}={value!r}; known keys: {', '.join(known)}")
             sections[owner[key]][key] = value
-        batching_values = {**_PLUGIN_BATCHING_DEFAULTS, **sections[BatchPolicy]}
+        batching_values = sections[BatchPolicy]
         batching = build(BatchPolicy, batching_values, _under(CONFIG_GROUP, batching_values))
         rm = rm_config_from_verl(config, sections[RMConfig], overrides_key=CONFIG_GROUP)
         base = {"policy_tokenizer_path": rm.policy_tokenizer_path, "use_gpu": rm.use_gpu}

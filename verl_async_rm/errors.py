@@ -10,13 +10,11 @@ __all__ = [
     "ConfigTypeError",
     "JudgeVerdictError",
     "AsyncRMError",
-    "ExecutorClosedError",
-    "ExecutorCrashedError",
-    "QueueFullError",
+    "BatcherClosedError",
+    "BatcherCrashedError",
     "RequestTimeoutError",
     "BatchResultError",
-    "SlotLostError",
-    "NoSlotsError",
+    "NoReplicasError",
     "RewardModelError",
     "ReplicaLostError",
     "EngineDeadError",
@@ -57,53 +55,42 @@ class AsyncRMError(RuntimeError):
     """Raised when any part of verl_async_rm fails at run time; base of every error below."""
 
 
-class ExecutorClosedError(AsyncRMError):
-    """Raised when a request is submitted to, or still pending in, an executor that is being closed."""
+class BatcherClosedError(AsyncRMError):
+    """Raised when a request is submitted to, or still pending in, a batcher that is being closed."""
 
 
-class ExecutorCrashedError(AsyncRMError):
-    """Raised when the executor's batching loop died while the request was pending; ``__cause__`` holds why."""
+class BatcherCrashedError(AsyncRMError):
+    """Raised when the batching loop died while the request was pending; ``__cause__`` holds why."""
 
     @classmethod
-    def from_cause(cls, executor_name: str, cause: BaseException) -> ExecutorCrashedError:
-        """The error handed to each request that was waiting when the loop of ``executor_name`` died of ``cause``."""
-        err = cls(
-            f"executor {executor_name!r}: the batching loop died while the request waited "
-            f"({type(cause).__name__}: {cause}); it has restarted, so the request can be submitted again"
-        )
+    def from_cause(cls, name: str, cause: BaseException) -> BatcherCrashedError:
+        err = cls(f"batcher {name!r}: the batching loop died while the request waited ({type(cause).__name__}: "
+                  f"{cause}); it has restarted, so the request can be submitted again")
         err.__cause__ = cause
         return err
 
 
-class QueueFullError(AsyncRMError):
-    """Raised when ``max_pending`` requests are already waiting and the overflow policy is ``reject``."""
-
-
 class RequestTimeoutError(AsyncRMError, TimeoutError):
-    """Raised when a request's deadline passes before its result arrives."""
+    """Raised when a request's deadline passes before its result arrives, or its batch ran past
+    ``batch_timeout_s``."""
 
 
 class BatchResultError(AsyncRMError):
     """Raised when a batch function breaks its contract (for example returns a list of the wrong length)."""
 
 
-class SlotLostError(AsyncRMError):
-    """Raised by a batch function when its slot is gone for good (the RM replica died): the batch's requests go back
-    to the head of the queue (at most ``BatchPolicy.slot_retries`` times each; not those of a call that had already
-    timed out), and the slot is replaced, or retired."""
-
-
-class NoSlotsError(AsyncRMError):
-    """Raised when every slot (RM replica) of the executor is lost and none is being replaced."""
+class NoReplicasError(AsyncRMError):
+    """Raised when every RM replica of a batcher is lost and none is being replaced."""
 
 
 class RewardModelError(AsyncRMError):
     """Raised when the reward model fails to score a trajectory (load failure, forward failure)."""
 
 
-class ReplicaLostError(SlotLostError, RewardModelError):
-    """Raised when an RM replica died (its actor is gone), or stayed silent past the late limit after its call was
-    given up on; its batch is re-queued on the other replicas and the replica replaced."""
+class ReplicaLostError(RewardModelError):
+    """Raised when an RM replica died (its actor is gone), or stayed silent ``batch_timeout_s`` after its timed-out
+    call: its batch goes back to the queue (at most ``replica_retries`` times per request) and the replica is
+    replaced, or retired."""
 
 
 class ShardDesyncError(RewardModelError):

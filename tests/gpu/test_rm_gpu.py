@@ -282,7 +282,7 @@ def test_gpu_worker_group_scores_in_bf16(big_rm, scorer):
     try:
         info = ray.get(wg.workers[0].describe.remote(), timeout=120)
         assert info["device"].startswith("cuda") and info["dtype"] == "torch.bfloat16"
-        scores = asyncio.run(ReplicaCall(late_limit_s=600.0)(requests, wg.workers[0]))
+        scores = asyncio.run(ReplicaCall(grace_s=600.0)(requests, wg.workers[0]))
     finally:
         shutdown_rm_worker_group(wg)
         ray.shutdown()

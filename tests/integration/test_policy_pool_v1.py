@@ -129,7 +129,7 @@ def test_a_replica_killed_while_asleep_is_replaced_at_the_wake(colocated, tiny_m
     replicas_of(manager)  # the stand-in loads while the other replica scores: wait (bounded) until it answers
     infos = ray.get(manager.rm_service.describe.remote(), timeout=60)
     assert batch.metrics["async_rm/replicas_replaced_total"] + ray.get(
-        manager.rm_service.stats.remote(), timeout=30)["slots_replaced_total"] >= 1
+        manager.rm_service.stats.remote(), timeout=30)["replicas_replaced_total"] >= 1
     assert sum("stand_in" in info["actor_name"] for info in infos) == 1  # the stand-in is in the victim's bundle
     assert set(_placement_groups(infos)) == {pg.id.hex() for pg in pgs}
 

@@ -20,9 +20,9 @@ import time
 import pytest
 import ray
 from conftest import require_vllm
-from rm_cases import ANSWERS, QUESTIONS, direct_score, hf_model, make_request, wait_stats
+from rm_cases import ANSWERS, QUESTIONS, direct_score, hf_model, make_request, score_all, wait_stats
 
-from verl_async_rm.batching import BatchPolicy
+from verl_async_rm.service.batcher import BatchPolicy
 from verl_async_rm.errors import NonFiniteScoreError, RewardModelError
 from verl_async_rm.scoring import RMConfig
 from verl_async_rm.service import score_with_timeout, start_rm_service
@@ -95,7 +95,7 @@ def test_vllm_replicas_score_every_request_as_transformers(vllm_service, nan_rm,
 def test_a_row_that_scores_nan_on_vllm_fails_alone(vllm_service, nan_rm, policy_tok):
     reqs = requests(policy_tok, 6, "p")
     reqs[2].response_ids = [*reqs[2].response_ids, nan_rm[1]]  # ends in the NaN-RM's poisoned token
-    results = ray.get(vllm_service.score_batch.remote(reqs, HANG_S), timeout=HANG_S)
+    results = score_all(vllm_service, reqs, HANG_S)
     assert isinstance(results[2], NonFiniteScoreError)
     good = [r for i, r in enumerate(reqs) if i != 2]
     assert [s for i, s in enumerate(results) if i != 2] == pytest.approx(expected(nan_rm[0], good), abs=ATOL)
@@ -111,7 +111,7 @@ def test_a_killed_vllm_replica_loses_no_request_and_is_replaced(vllm_service, na
         waiting = [asyncio.ensure_future(score_with_timeout(service, r, timeout_s=HANG_S)) for r in first]
         ray.kill((await _replicas(service))[0], no_restart=True)
         scores = await asyncio.gather(*waiting)
-        replaced = await wait_stats(service, lambda s: s["slots_replaced_total"] == before["slots_replaced_total"] + 1,
+        replaced = await wait_stats(service, lambda s: s["replicas_replaced_total"] == before["replicas_replaced_total"] + 1,
                                     "the replica replaced")
         described = await asyncio.wait_for(service.describe.remote(), 60)
         again = await asyncio.gather(*(score_with_timeout(service, r, timeout_s=HANG_S) for r in second))
@@ -119,7 +119,7 @@ def test_a_killed_vllm_replica_loses_no_request_and_is_replaced(vllm_service, na
 
     before, scores, replaced, described, again, final = asyncio.run(main())
     assert scores == pytest.approx(expected(nan_rm[0], first), abs=ATOL)
-    assert replaced["slots_lost_total"] == before["slots_lost_total"] + 1 and replaced["slots_free"] == 2
+    assert replaced["replicas_lost_total"] == before["replicas_lost_total"] + 1 and replaced["replicas_free"] == 2
     assert [info["engine"] for info in described] == ["vllm", "vllm"]  # the replacement loaded vLLM again
     assert again == pytest.approx(expected(nan_rm[0], second), abs=ATOL)
     assert final["failed"] == before["failed"] and final["completed"] == before["completed"] + 40
@@ -166,7 +166,7 @@ def test_auto_falls_back_to_transformers_and_says_why(ray_local, vllm_required, 
     service = start(config(path, tiny_models.policy, replicas=1, engine="auto"))
     reqs = requests(policy_tok, 5, "f")
     try:
-        scores = ray.get(service.score_batch.remote(reqs, HANG_S), timeout=HANG_S)
+        scores = score_all(service, reqs, HANG_S)
         (info,) = ray.get(service.describe.remote(), timeout=60)
     finally:
         stop(service)

@@ -13,7 +13,7 @@ import pytest
 from verl_async_rm.errors import RMScoreError, TrajectoryDroppedError
 from verl_async_rm.integration.drops import check_failures
 from verl_async_rm.integration.ledger import Failure, PhaseRecord, TrajectoryLedger
-from verl_async_rm.batching.stats import StepStats
+from verl_async_rm.service.batcher import StepStats
 from verl_async_rm.service.metrics import service_step_metrics, step_metrics
 
 pytestmark = pytest.mark.unit

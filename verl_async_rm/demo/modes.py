@@ -186,12 +186,14 @@ def requests_from_batch(data: Any, order: Sequence[int], keys: Sequence[str]) ->
 
 
 def score_after_rollout(service: Any, requests: list[RMRequest], timeout_s: float) -> list[float]:
-    """Score the whole batch at once on the RM replicas (``RMService.score_batch``); raise if any item failed."""
-    results = ray.get(service.score_batch.remote(requests, timeout_s), timeout=timeout_s + CONTROL_TIMEOUT_S)
-    failed = [r for r in results if isinstance(r, Exception)]
-    if failed:
-        raise RuntimeError(f"{len(failed)} of {len(results)} RM scores failed; first: {failed[0]!r}")
-    return [float(r) for r in results]
+    """Score the whole batch at once through the RM service: announced first, so it leaves the moment the last request
+    arrives, split evenly over the replicas (``max_batch_size`` each at most); raises the first failure. The step's
+    figures are then dropped (``end_step``): they are not the async mode's."""
+    ray.get(service.drain_after.remote(len(requests)), timeout=CONTROL_TIMEOUT_S)
+    scores = ray.get([service.score.remote(r, deadline_s=timeout_s) for r in requests],
+                     timeout=timeout_s + CONTROL_TIMEOUT_S)
+    ray.get(service.end_step.remote(), timeout=CONTROL_TIMEOUT_S)
+    return [float(s) for s in scores]
 
 
 def rule_scorer(tokenizer: Any) -> Callable[[Any, int], float]:

@@ -28,7 +28,7 @@ from verl_async_rm.integration.ledger import PhaseRecord
 from verl_async_rm.integration.agent_loop_worker import remote_worker_class
 from verl_async_rm.integration.token_rewards import place_token_rewards
 from verl_async_rm.config import MAIN
-from verl_async_rm.service.fleet import start_rm_services
+from verl_async_rm.service.service import start_rm_services
 from verl_async_rm.service.metrics import PREFIX, VAL_PREFIX, step_metrics
 from verl_async_rm.service.placement import kill_and_wait, remove_pool_groups
 from verl_async_rm.service.service import kill_quietly, start_rm_service
@@ -186,7 +186,7 @@ class AsyncRMAgentLoopManagerV1(_AsyncRMSide, AgentLoopManagerTQ):
 
     A ``generate_sequences`` call is not a step (refills, validation, async modes); the step boundaries come from
     verl's fit loop, through :mod:`~verl_async_rm.integration.v1_hooks`, which calls :meth:`async_rm_close`. In the
-    ``sync`` trainer mode each training batch announces its trajectory count (``expect``), so the step's last batch
+    ``sync`` trainer mode each training batch announces its trajectory count (``drain_after``), so the step's last batch
     flushes the moment its last trajectory arrives; the async modes rely on ``max_wait_ms``.
     """
 
@@ -217,7 +217,7 @@ class AsyncRMAgentLoopManagerV1(_AsyncRMSide, AgentLoopManagerTQ):
             await self._async_rm_control("begin_step", expected)
             self._dispatched = True
         elif expected:
-            await self._async_rm_control("expect", expected)
+            await self._async_rm_control("drain_after", expected)
 
     @auto_await
     async def async_rm_close(self, phase: str, global_steps: int | None = None) -> dict[str, float]:

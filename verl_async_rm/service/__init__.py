@@ -1,6 +1,6 @@
 """The RM service: one Ray actor per reward model that owns its pool, replicas, batcher and statistics.
 
-Everything here imports Ray and verl, so it loads on first attribute access.
+Everything here but the batcher imports Ray and verl, so it loads on first attribute access.
 """
 
 from __future__ import annotations
@@ -10,13 +10,16 @@ from typing import Any
 
 _LAZY = {
     "RMService": "verl_async_rm.service.service",
+    "ReplicaCall": "verl_async_rm.service.service",
     "start_rm_service": "verl_async_rm.service.service",
+    "start_rm_services": "verl_async_rm.service.service",
+    "Batcher": "verl_async_rm.service.batcher",
+    "BatchPolicy": "verl_async_rm.service.batcher",
     "score_with_timeout": "verl_async_rm.service.client",
     "RMReplica": "verl_async_rm.service.replica",
     "RMResourcePool": "verl_async_rm.service.placement",
     "create_rm_worker_group": "verl_async_rm.service.placement",
     "shutdown_rm_worker_group": "verl_async_rm.service.placement",
-    "ReplicaCall": "verl_async_rm.service.replica_call",
     "ReplicaFactory": "verl_async_rm.service.placement",
 }
 __all__ = list(_LAZY)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from verl_async_rm.batching.stats import StepStats
+from verl_async_rm.service.batcher import StepStats
 
 if TYPE_CHECKING:
     from verl_async_rm.scoring.scorer import ScorerStats
@@ -41,8 +41,8 @@ def service_step_metrics(step: StepStats, replica_steps: Sequence[ScorerStats] =
         "rm_utilization": step.rm_utilization,
         "reward_tail_s": step.tail_s,
         "requeued": step.requeued,
-        "replicas_usable": step.usable_slots,
-        "replicas_replaced_total": step.replaced_slots_total,
+        "replicas_usable": step.usable_replicas,
+        "replicas_replaced_total": step.replaced_replicas_total,
     }
     if replica_steps:
         values["truncated"] = sum(r.truncated for r in replica_steps)

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
-from collections import deque
 from typing import Any
 
 import ray
@@ -29,10 +27,7 @@ from verl_async_rm.service.ranks import Ranks
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BATCH_RECORDS_KEPT", "RMReplica"]
-
-#: Most per-call records a replica keeps between two :meth:`RMReplica.pop_batch_records` calls (oldest dropped).
-BATCH_RECORDS_KEPT = 10_000
+__all__ = ["RMReplica"]
 
 
 class RMReplica(Worker):
@@ -49,7 +44,6 @@ class RMReplica(Worker):
         self._scorer: RewardModelScorer | None = None
         #: The other ranks of a sharded replica (``gpus_per_replica > 1``); this worker is rank 0.
         self._ranks: Ranks | None = None
-        self._batch_records: deque[dict[str, float]] = deque(maxlen=BATCH_RECORDS_KEPT)
 
     def init_model(self, placement: tuple[Any, int] | None = None) -> dict[str, Any]:
         """Load the RM on this replica's device, or (``gpus_per_replica > 1``) sharded over the ``k`` GPUs of its
@@ -77,15 +71,11 @@ class RMReplica(Worker):
         return self.describe()
 
     def score(self, requests: list[RMRequest]) -> list[float | RewardModelError]:
-        """One entry per request: its score, or the exception that kept that request from being scored.
-
-        Each call is recorded (wall-clock start and end, number of requests) for :meth:`pop_batch_records`.
-        """
+        """One entry per request: its score, or the exception that kept that request from being scored."""
         scorer = self._require_scorer()
         if scorer.asleep:  # the RM service holds batches while its replicas sleep: this is a stray call
             logger.warning("RM replica %s got a batch while asleep; waking it first", self.rank)
             scorer.wake()
-        start = time.time()
         try:
             if self._ranks is None:
                 return scorer.score(requests)
@@ -94,8 +84,6 @@ class RMReplica(Worker):
             logger.error("%s; ending the replica so that it is replaced", err)
             logging.shutdown()
             os._exit(1)
-        finally:
-            self._batch_records.append({"start": start, "end": time.time(), "size": len(requests)})
 
     def sleep(self) -> dict[str, float]:
         """Release the device's memory (weights to host memory): ``{"bytes", "seconds"}`` moved."""
@@ -106,16 +94,6 @@ class RMReplica(Worker):
         """Weights back on the device: ``{"bytes", "seconds"}`` moved (0 when it was awake)."""
         move = self._require_scorer().wake()
         return {"bytes": float(move.bytes), "seconds": move.seconds}
-
-    def pop_batch_records(self) -> list[dict[str, float]]:
-        """The scoring calls since the previous call, oldest first: ``{"start", "end", "size"}`` each, then forgets.
-
-        ``start``/``end`` are ``time.time()`` seconds on this replica's host, so records of replicas on one machine
-        share a clock (the timeline of ``verl-async-rm demo``). At most :data:`BATCH_RECORDS_KEPT` are kept.
-        """
-        records = list(self._batch_records)
-        self._batch_records.clear()
-        return records
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # also ``rm_wg.describe()``: every replica's, in rank order
     def describe(self) -> dict[str, Any]:
