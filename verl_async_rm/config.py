@@ -18,12 +18,12 @@ from typing import Any
 
 from verl_async_rm.errors import ConfigValueError
 from verl_async_rm.integration.reward_mix import MAIN, RewardMix
-from verl_async_rm.options import Rule, check_options, option
+from verl_async_rm.options import Rule, check_options, option, select
 from verl_async_rm.scoring.rm_config import RMConfig
 from verl_async_rm.service.batcher import BatchPolicy
 
 __all__ = ["AsyncRMConfig", "IntegrationConfig", "RMEntry", "MAIN", "CONFIG_GROUP", "ON_ERROR_MODES",
-           "option_groups", "rm_config_from_verl", "placement_values", "extra_rm_entries", "build", "select"]
+           "option_groups", "rm_config_from_verl", "placement_values", "extra_rm_entries", "build"]
 
 CONFIG_GROUP = "async_rm"
 MODELS_KEY = "models"
@@ -54,13 +54,12 @@ _VERL_OWNED_RM_FIELDS = {
     "nnodes": "the reward pool's size comes from verl's keys; set reward.reward_model.nnodes instead",
     "use_gpu": "RM replicas use GPUs unless trainer.device=cpu; set trainer.device instead",
 }
-#: Where verl keeps each RMConfig field it owns: the legacy key first (it wins when set, as in verl's own
-#: ``migrate_legacy_reward_impl``), then the new one. ``trust_remote_code`` has no new key in verl 0.9.1.
+#: Where verl keeps each RMConfig field it owns (the first key set). Legacy keys (``reward_model.*``) are not read:
+#: verl's ``migrate_legacy_reward_impl`` moves them (``python -m verl_async_rm.main_ppo``), else they are refused.
 _VERL_KEYS = {
-    "model_path": ("reward_model.model.path", "reward.reward_model.model_path"),
-    "n_gpus_per_node": ("reward_model.n_gpus_per_node", "reward.reward_model.n_gpus_per_node"),
-    "nnodes": ("reward_model.nnodes", "reward.reward_model.nnodes"),
-    "trust_remote_code": ("reward_model.model.trust_remote_code",),
+    "model_path": ("reward.reward_model.model_path",),
+    "n_gpus_per_node": ("reward.reward_model.n_gpus_per_node",),
+    "nnodes": ("reward.reward_model.nnodes",),
     "policy_tokenizer_path": ("actor_rollout_ref.model.tokenizer_path", "actor_rollout_ref.model.path"),
 }
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
@@ -163,9 +162,7 @@ class AsyncRMConfig:
                 raise ValueError(f"{CONFIG_GROUP}.{key}={value!r} is no longer read: {_RETIRED_KEYS[key]}")
             if key in _VERL_OWNED_RM_FIELDS:
                 raise ValueError(f"{CONFIG_GROUP}.{key}={value!r} is not read: {_VERL_OWNED_RM_FIELDS[key]}")
-            if key not in owner:
-                known = sorted({*(k for k in owner if k not in _VERL_OWNED_RM_FIELDS), MODELS_KEY})
-                raise ValueError(f"unknown key {CONFIG_GROUP}.{key}={value!r}; known keys: {', '.join(known)}")
+            _check_key(CONFIG_GROUP, key, value, {*(k for k in owner if k not in _VERL_OWNED_RM_FIELDS), MODELS_KEY})
             sections[owner[key]][key] = value
         batching_values = sections[BatchPolicy]
         batching = build(BatchPolicy, batching_values, _under(CONFIG_GROUP, batching_values))
@@ -193,9 +190,9 @@ class AsyncRMConfig:
 
 
 def rm_config_from_verl(config: Any, overrides: Mapping[str, Any] | None = None, overrides_key: str = "") -> RMConfig:
-    """:class:`RMConfig` from verl's trainer config: the fields of :data:`_VERL_KEYS` (a legacy key that is set
-    wins) and ``use_gpu`` (``trainer.device != "cpu"``), then ``overrides`` (RMConfig fields, from ``overrides_key``,
-    e.g. ``async_rm``). Errors name the key the value was read from."""
+    """:class:`RMConfig` from verl's trainer config: the fields of :data:`_VERL_KEYS` and ``use_gpu``
+    (``trainer.device != "cpu"``), then ``overrides`` (RMConfig fields, from ``overrides_key``, e.g. ``async_rm``).
+    Errors name the key the value was read from."""
     values: dict[str, Any] = {}
     keys: dict[str, str] = {}
     for name, candidates in _VERL_KEYS.items():
@@ -216,7 +213,7 @@ def rm_config_from_verl(config: Any, overrides: Mapping[str, Any] | None = None,
     if "model_path" not in values:
         raise ConfigValueError(
             "reward.reward_model.model_path", None, "the RM worker group needs a reward model",
-            "set reward.reward_model.model_path=/path/to/rm (legacy: reward_model.model.path)",
+            "set reward.reward_model.model_path=/path/to/rm",
         )
     values.update(placement_values(config))
     return build(RMConfig, values, keys)
@@ -229,9 +226,8 @@ def placement_values(config: Any) -> dict[str, Any]:
     check's inputs (:mod:`~verl_async_rm.scoring.colocation`)."""
     from verl_async_rm.scoring.colocation import actor_resident_bytes
 
-    enable_pool, key = _first_set(config, "reward_model.enable_resource_pool",
-                                  "reward.reward_model.enable_resource_pool")
-    if key is None or enable_pool:
+    enable_pool = select(config, "reward.reward_model.enable_resource_pool")
+    if enable_pool is None or enable_pool:
         return {}
     utilization = select(config, "actor_rollout_ref.rollout.gpu_memory_utilization")
     return {
@@ -281,9 +277,7 @@ def extra_rm_entries(
             if option_name == "use_gpu":
                 raise ValueError(f"{key}.use_gpu={value!r} is not set per RM: RM replicas use GPUs unless "
                                  "trainer.device=cpu, for every RM; set trainer.device")
-            if option_name not in {*rm_fields, *batching_fields, "weight"}:
-                known = sorted({*rm_fields, *batching_fields, "weight"})
-                raise ValueError(f"unknown key {key}.{option_name}={value!r}; known keys: {', '.join(known)}")
+            _check_key(key, option_name, value, {*rm_fields, *batching_fields, "weight"})
             if option_name in rm_fields:
                 rm_values[option_name] = value
             elif option_name in batching_fields:
@@ -336,18 +330,10 @@ def _group(config: Any) -> dict[str, Any]:
     return dict(node)
 
 
-def select(config: Any, key: str) -> Any:
-    """``config[key]`` for a dotted key, or None when any part is missing (a ``DictConfig`` or nested mappings)."""
-    from omegaconf import DictConfig, OmegaConf
-
-    if isinstance(config, DictConfig):
-        return OmegaConf.select(config, key, default=None)
-    node = config
-    for part in key.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return None
-        node = node[part]
-    return node
+def _check_key(prefix: str, key: str, value: Any, known: set[str]) -> None:
+    """The one check of a user's key under ``prefix`` (the top of ``async_rm``, or one RM of ``async_rm.models``)."""
+    if key not in known:
+        raise ValueError(f"unknown key {prefix}.{key}={value!r}; known keys: {', '.join(sorted(known))}")
 
 
 def _first_set(config: Any, *keys: str) -> tuple[Any, str | None]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 __all__ = [
@@ -52,7 +53,16 @@ class ConfigTypeError(ConfigValueError, TypeError):
 
 
 class AsyncRMError(RuntimeError):
-    """Raised when any part of verl_async_rm fails at run time; base of every error below."""
+    """Raised when any part of verl_async_rm fails at run time; base of every error below. It pickles with its
+    ``__cause__`` (Python's own pickling drops it), so a failure crosses the Ray boundary with its type and cause."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        cause = self.__cause__
+        try:
+            pickle.dumps(cause)
+        except Exception:  # noqa: BLE001 - a cause that cannot travel stays behind; its text is in the log
+            cause = None
+        return (_rebuild, (type(self), self.args, cause, self.__dict__))
 
 
 class BatcherClosedError(AsyncRMError):
@@ -132,6 +142,14 @@ class RewardInputError(RewardModelError, ValueError):
 
 class ResourcePoolError(AsyncRMError):
     """Raised when the reward pool's placement groups cannot be reserved (too few GPUs/CPUs, or a timeout)."""
+
+
+def _rebuild(cls: type, args: tuple, cause: BaseException | None, state: dict) -> AsyncRMError:
+    err = cls.__new__(cls)
+    err.args = args
+    err.__dict__.update(state)
+    err.__cause__ = cause
+    return err
 
 
 def remote_cause(err: BaseException) -> BaseException:

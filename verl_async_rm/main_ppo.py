@@ -19,7 +19,7 @@ from typing import Any
 import hydra
 from omegaconf import OmegaConf
 
-from verl_async_rm.config import select as _select
+from verl_async_rm.options import select as _select
 
 __all__ = ["migrate_legacy_keys", "main"]
 

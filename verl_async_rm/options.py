@@ -1,6 +1,6 @@
 """The one mechanism that types config fields: :func:`option` declares a field (default, help, type, bounds or
 choices), :func:`check_options`, first in ``__post_init__``, checks them all, raising ``ConfigValueError`` under the
-field's name."""
+field's name; :func:`select` reads one key of verl's config."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from verl_async_rm.errors import ConfigTypeError, ConfigValueError
 
-__all__ = ["option", "check_options", "Rule"]
+__all__ = ["option", "check_options", "select", "Rule"]
 
 _NAMES = {int: "an integer", float: "a finite number", str: "a non-empty string", bool: "true or false",
           tuple: "a list of non-empty strings", dict: "a mapping from names to finite numbers"}
@@ -106,3 +106,17 @@ def check_options(obj: Any, prefix: str = "") -> None:
             converted = rule.convert(prefix + f.name, value)
             if converted is not value:
                 object.__setattr__(obj, f.name, converted)
+
+
+def select(config: Any, key: str) -> Any:
+    """``config[key]`` for a dotted key, or None when any part is missing (a ``DictConfig`` or nested mappings)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(config, DictConfig):
+        return OmegaConf.select(config, key, default=None)
+    node = config
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node

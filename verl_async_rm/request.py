@@ -1,4 +1,5 @@
-"""The request item: what the RM worker group needs from one finished verl trajectory."""
+"""What travels between an agent-loop worker and an RM replica: the request (:class:`RMRequest`), built once per
+trajectory, and its score (:data:`Score`), converted once in the replica from the forward's tensor."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from verl_async_rm.errors import RewardInputError
 
-__all__ = ["RMRequest"]
+__all__ = ["RMRequest", "Score", "StepRewards", "Verdict", "score_value"]
 
 
 @dataclass
@@ -71,6 +72,44 @@ class RMRequest:
             group=group,
             ground_truth=ground_truth,
         )
+
+
+@dataclass(frozen=True)
+class StepRewards:
+    """A process RM's token-level reward (``process_reduction='none'``): a score per scored step, the response token
+    where each step ends, and the leading steps ``max_length`` left unscored."""
+
+    scores: tuple[float, ...]
+    token_index: tuple[int, ...]
+    dropped: int = 0
+
+    def __post_init__(self) -> None:
+        if len(self.scores) != len(self.token_index):
+            raise ValueError("StepRewards needs one token index per score")
+
+    @property
+    def total(self) -> float:
+        """The trajectory's reward: the sum of its step rewards (what verl's ``rm_scores.sum(-1)`` gives)."""
+        return sum(self.scores, 0.0)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A judge's score parsed from the text it wrote, and that text's end."""
+
+    score: float
+    text: str
+
+
+#: One RM's score of one trajectory: a finite float, a token-level process RM's step rewards, or a judge's verdict.
+Score = float | StepRewards | Verdict
+
+
+def score_value(score: Score) -> float:
+    """The trajectory-level value of a score."""
+    if isinstance(score, StepRewards):
+        return score.total
+    return score.score if isinstance(score, Verdict) else score
 
 
 def _token_list(ids: Any, name: str, uid: str) -> list[int]:

@@ -26,7 +26,7 @@ from rm_cases import direct_score, hf_model, make_request, score_all
 from verl_async_rm.service.batcher import BatchPolicy
 from verl_async_rm.errors import JudgeVerdictError
 from verl_async_rm.scoring import RMConfig
-from verl_async_rm.scoring.judge_text import DEFAULT_PROMPTS, Verdict
+from verl_async_rm.scoring.judge import DEFAULT_PROMPTS, Verdict
 from verl_async_rm.service import start_rm_service
 
 pytestmark = pytest.mark.integration

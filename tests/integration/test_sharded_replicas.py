@@ -275,8 +275,8 @@ class PoisonedRows:
     def __call__(self, scorer, rank: int) -> tuple[list, int]:
         vocab = scorer.model.get_input_embeddings().num_embeddings
         rows = [*self.rows[:2], [*self.rows[2][:-1], vocab + 7], *self.rows[3:]]
-        values = scorer.forward.score_all(rows, 1 << 20)
-        return [v if isinstance(v, float) else type(v).__name__ for v in values], scorer.forward.on_failure.failures
+        values = scorer.engine.score_all(rows, 1 << 20)
+        return [v if isinstance(v, float) else type(v).__name__ for v in values], scorer.engine.on_failure.failures
 
 
 @pytest.mark.parametrize("layout", ["tensor_parallel", "fsdp2"])
@@ -288,7 +288,7 @@ def test_a_row_that_fails_on_every_rank_fails_alone_and_the_ranks_stay_in_step(t
     config = rank_config(tiny_models)
     rows = [r.prompt_ids + r.response_ids for r in requests(policy_tok, 5, "p")]
     answers = run_ranks(config, PoisonedRows(rows), layout)
-    plain = RewardModelScorer(config).forward
+    plain = RewardModelScorer(config).engine
     expected = [plain.score_batch([row])[0] for row in rows]
     for rank, _, result in answers:
         assert result != "error" and not isinstance(result, BaseException), (rank, result)
@@ -338,7 +338,7 @@ class DifferentForwards:
     def __call__(self, scorer, rank: int) -> None:
         from verl_async_rm.scoring.sharding import check_same_forward
 
-        check_same_forward({**scorer.forward.describe(), "packing": f"packed on rank {rank}",
+        check_same_forward({**scorer.engine.describe(), "packing": f"packed on rank {rank}",
                             "packing_reason": f"reasons may differ in wording ({rank})"})
 
 

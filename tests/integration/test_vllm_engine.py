@@ -160,33 +160,24 @@ def test_the_load_time_check_refuses_a_model_vllm_scores_differently(ray_local, 
 
 @pytest.mark.parametrize(("rm", "why"), [("mean_pooled_rm", "differently from transformers"),
                                          ("head_dim_16_rm", "vLLM could not run the RM")])
-def test_auto_falls_back_to_transformers_and_says_why(ray_local, vllm_required, tiny_models, policy_tok, request, rm,
-                                                      why):
+def test_vllm_refuses_what_it_cannot_score_and_says_why(ray_local, vllm_required, tiny_models, request, rm, why):
     path = request.getfixturevalue(rm)
-    service = start(config(path, tiny_models.policy, replicas=1, engine="auto"))
-    reqs = requests(policy_tok, 5, "f")
-    try:
-        scores = score_all(service, reqs, HANG_S)
-        (info,) = ray.get(service.describe.remote(), timeout=60)
-    finally:
-        stop(service)
-    assert info["engine"] == "hf" and info["engine_reason"].startswith("engine='auto' chose transformers")
-    assert why in info["engine_reason"]
-    assert scores == pytest.approx(expected(path, reqs), abs=ATOL)
+    with pytest.raises(RewardModelError, match=rf"engine='vllm'.*{why}.*Fix: use engine='hf'"):
+        start(config(path, tiny_models.policy, replicas=1, engine="vllm"))
 
 
-def test_settings_vllm_does_not_serve_are_refused_or_fall_back_before_any_load(tiny_models):
-    """No engine needed: process RMs, output fields and sharded replicas stay on transformers."""
-    from verl_async_rm.scoring.rm_config import vllm_unsupported
+def test_settings_vllm_does_not_serve_are_refused_before_any_load(tiny_models):
+    """No engine needed: process RMs, output fields and sharded replicas are refused with engine='vllm'."""
+    from verl_async_rm.scoring.vllm_engine import unsupported as vllm_unsupported
 
     with pytest.raises(ValueError, match=r"engine='vllm': the plugin scores process RMs on transformers only.*"
-                                         r"Fix: use engine='auto'"):
+                                         r"Fix: use engine='hf'"):
         config(tiny_models.rm, tiny_models.policy, engine="vllm", reward_kind="process", step_separator="<s>")
-    auto = config(tiny_models.rm, tiny_models.policy, engine="auto", gpus_per_replica=2)
-    assert "one GPU" in vllm_unsupported(auto)
-    process = config(tiny_models.rm, tiny_models.policy, engine="auto", reward_kind="process", step_separator="<s>")
-    assert "process RMs" in vllm_unsupported(process)  # auto: transformers, this reason in describe()
-    assert vllm_unsupported(config(tiny_models.rm, tiny_models.policy, engine="auto")) is None
+    sharded = config(tiny_models.rm, tiny_models.policy, engine="hf", gpus_per_replica=2)
+    assert "one GPU" in vllm_unsupported(sharded)
+    process = config(tiny_models.rm, tiny_models.policy, engine="hf", reward_kind="process", step_separator="<s>")
+    assert "process RMs" in vllm_unsupported(process)
+    assert vllm_unsupported(config(tiny_models.rm, tiny_models.policy, engine="hf")) is None
 
 
 @ray.remote(num_cpus=0, max_calls=1)  # a process of its own, which exits after: vLLM's in-process state goes with it
@@ -194,9 +185,9 @@ def _broken_engine_probe(rm_path: str) -> tuple[list, str]:
     import torch
 
     from verl_async_rm.errors import EngineDeadError
-    from verl_async_rm.scoring.vllm_forward import VLLMForward
+    from verl_async_rm.scoring.vllm_engine import VLLMEngine
 
-    forward = VLLMForward(RMConfig(model_path=rm_path, retemplate="never", use_gpu=False), max_length=256,
+    forward = VLLMEngine(RMConfig(model_path=rm_path, retemplate="never", use_gpu=False), max_length=256,
                           dtype=torch.float32, device=torch.device("cpu"))
     forward.canary = [5, 6, 7]
     before = forward.score_all([[5, 6, 7], [8, 9]], 1024)

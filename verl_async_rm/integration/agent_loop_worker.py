@@ -30,8 +30,7 @@ from verl_async_rm.integration.ledger import Failure, PhaseRecord, TrajectoryLed
 from verl_async_rm.integration.reward_mix import RewardMix, with_rm_scores
 from verl_async_rm.integration.token_rewards import TOKEN_REWARDS_KEY, token_placement, with_token_rewards
 from verl_async_rm.request import RMRequest
-from verl_async_rm.scoring.judge_text import Verdict
-from verl_async_rm.scoring.process import Score, StepRewards, score_value
+from verl_async_rm.request import Score, StepRewards
 from verl_async_rm.service.client import score_with_timeout
 
 logger = logging.getLogger(__name__)
@@ -87,10 +86,7 @@ class AsyncRMWorkerMixin:
         start = time.perf_counter()
         phase, ledger = _PHASE.get(), self._ledger()
         trajectory = f"{kwargs.get('uid', '?')}/{kwargs.get('session_id', 0)}"
-        answers, failure = await self._async_rm_scores(final, kwargs, trajectory)
-        steps = {name: s for name, s in answers.items() if isinstance(s, StepRewards)}
-        verdicts = {name: s.text for name, s in answers.items() if isinstance(s, Verdict)}
-        scores = {name: score_value(s) for name, s in answers.items()}
+        scores, failure = await self._async_rm_scores(final, kwargs, trajectory)
         error = None
         if failure is not None:
             error = _describe(failure)
@@ -108,14 +104,13 @@ class AsyncRMWorkerMixin:
         final.reward_score, final.extra_fields["reward_extra_info"] = self._async_rm_mix.finish(
             {"reward_score": final.reward_score, "reward_extra_info": final.extra_fields.get("reward_extra_info")},
             scores, data_source=kwargs.get("data_source"), extra_info=extra_info, fn=self._async_rm_combine,
-            error=error, flag_drops=self._async_rm_on_error == "drop", verdicts=verdicts,
+            error=error, flag_drops=self._async_rm_on_error == "drop",
         )
         # verl times only its own reward-loop call (AgentLoopWorker._compute_score): count the RM wait there too
         final.metrics.compute_score = (final.metrics.compute_score or 0.0) + rm_s
-        if steps and error is None:
-            placement = token_placement(
-                final.reward_score, steps, self._async_rm_mix.weights, len(final.response_ids)
-            )
+        if error is None and any(isinstance(s, StepRewards) for s in scores.values()):
+            placement = token_placement(final.reward_score, scores, self._async_rm_mix.weights,
+                                        len(final.response_ids))
             if self._async_rm_replace_output:
                 outputs[-1] = with_token_rewards(final, placement)
             else:
@@ -126,8 +121,8 @@ class AsyncRMWorkerMixin:
     async def _async_rm_scores(
         self, final: Any, kwargs: dict, trajectory: str
     ) -> tuple[dict[str, Score], BaseException | None]:
-        """The trajectory's raw score from every RM at once (ready when the last answers), and the first failure.
-        A token-level process RM's score is its :class:`StepRewards`."""
+        """The trajectory's score from every RM at once (ready when the last answers), as the replicas made them,
+        and the first failure."""
         if not self._async_rm_services or self._async_rm_mix is None:
             raise AsyncRMError(
                 "this agent-loop worker has no RM service attached: build it through "

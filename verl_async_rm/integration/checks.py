@@ -9,7 +9,8 @@ import logging
 import os
 from typing import Any
 
-from verl_async_rm.config import MAIN, AsyncRMConfig, select as _get
+from verl_async_rm.config import MAIN, AsyncRMConfig
+from verl_async_rm.options import select as _get
 
 logger = logging.getLogger(__name__)
 

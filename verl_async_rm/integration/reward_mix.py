@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from verl_async_rm.errors import ConfigValueError, RewardModelError
 from verl_async_rm.options import check_options, option
+from verl_async_rm.request import Score, Verdict, score_value
 
 #: Checks of a weight: any finite number.
 _WEIGHT = {"why": "must be a finite number", "fix": "e.g. {key}=1.0"}
@@ -130,19 +131,18 @@ class RewardMix:
             )
         return float(value)
 
-    def finish(self, manager_result: Mapping[str, Any], rm_scores: Mapping[str, float], *, data_source: Any = None,
+    def finish(self, manager_result: Mapping[str, Any], rm_scores: Mapping[str, Score], *, data_source: Any = None,
                extra_info: Optional[Mapping] = None, fn: Optional[Callable[..., float]] = None,
-               error: Optional[str] = None, flag_drops: bool = False,
-               verdicts: Optional[Mapping[str, str]] = None) -> tuple[float, dict[str, Any]]:
-        """The trajectory's reward and ``reward_extra_info`` from its reward manager's result and its RM scores.
+               error: Optional[str] = None, flag_drops: bool = False) -> tuple[float, dict[str, Any]]:
+        """The trajectory's reward and ``reward_extra_info`` from its reward manager's result and its RM scores (as
+        the replicas made them: finite, checked where they were made).
 
-        ``rm_scores`` are finite (the scorer refuses NaN/inf where the score is made). ``reward_extra_info`` keeps the
-        manager's own keys (one named like a key below becomes ``rule/<key>``) and adds ``rm_score`` (main, raw),
-        ``rm_score_<name>`` for every RM, ``rm_total`` (the weighted RM sum) and ``rule_score`` (the manager's
-        reward), and ``rm_verdict_<name>`` for every judge that writes its verdict (``verdicts``: its text's end; ""
-        when it has none, as verl stacks the keys of all samples). ``error`` (an RM failed, ``on_error='drop'`` on v0): the reward is NaN, never a partial sum, and
-        ``rm_dropped``/``rm_error`` flag it; ``flag_drops`` adds them (0.0, "") to every trajectory, since verl stacks
-        the keys of all samples.
+        ``reward_extra_info`` keeps the manager's own keys (one named like a key below becomes ``rule/<key>``) and
+        adds ``rm_score`` (main), ``rm_score_<name>`` for every RM, ``rm_total`` (the weighted RM sum),
+        ``rule_score`` (the manager's reward), and ``rm_verdict_<name>`` for every judge that writes its verdict (its
+        text's end; "" when it has none: verl stacks the keys of all samples). ``error`` (an RM failed,
+        ``on_error='drop'`` on v0): the reward is NaN, never a partial sum, and ``rm_dropped``/``rm_error`` flag it;
+        ``flag_drops`` adds them (0.0, "") to every trajectory.
         """
         manager_info = dict(manager_result.get("reward_extra_info") or {})
         raw_rule = manager_result.get("reward_score")
@@ -152,7 +152,7 @@ class RewardMix:
                 f"no score from RM(s) {missing}: every RM of the run must score the trajectory (a partial sum never "
                 "becomes a reward)"
             )
-        scores = {name: rm_scores.get(name, math.nan) for name in self.weights}
+        scores = {name: score_value(rm_scores[name]) if name in rm_scores else math.nan for name in self.weights}
         if error is not None:
             reward, total = math.nan, math.nan
             rule_score = _as_float(raw_rule)
@@ -163,7 +163,8 @@ class RewardMix:
                                   extra_info=extra_info, fn=fn)
         own = {RM_SCORE_KEY: scores[MAIN], **{f"rm_score_{name}": s for name, s in scores.items()},
                "rm_total": total, "rule_score": rule_score}
-        own.update({f"rm_verdict_{name}": (verdicts or {}).get(name, "") for name in self.verdict_rms})
+        own.update({f"rm_verdict_{name}": s.text if isinstance(s := rm_scores.get(name), Verdict) else ""
+                    for name in self.verdict_rms})
         if flag_drops or error is not None:
             own.update(rm_dropped=float(error is not None), rm_error=error or "")
         extra = {(f"rule/{k}" if k in own else k): v for k, v in manager_info.items()}
@@ -171,12 +172,13 @@ class RewardMix:
         return reward, extra
 
 
-def with_rm_scores(extra_info: Any, rm_scores: Mapping[str, float]) -> dict[str, Any]:
-    """A copy of the trajectory's ``extra_info`` with ``rm_score`` (main) and ``rm_scores`` (by name) added, for the
-    reward manager's function (verl's managers pass ``extra_info`` to it)."""
+def with_rm_scores(extra_info: Any, rm_scores: Mapping[str, Score]) -> dict[str, Any]:
+    """A copy of the trajectory's ``extra_info`` with ``rm_score`` (main) and ``rm_scores`` (by name) added as
+    numbers, for the reward manager's function (verl's managers pass ``extra_info`` to it)."""
     info = dict(extra_info) if isinstance(extra_info, Mapping) else {}
-    info[RM_SCORE_KEY] = rm_scores.get(MAIN, math.nan)
-    info[RM_SCORES_KEY] = dict(rm_scores)
+    values = {name: score_value(s) for name, s in rm_scores.items()}
+    info[RM_SCORE_KEY] = values.get(MAIN, math.nan)
+    info[RM_SCORES_KEY] = values
     return info
 
 

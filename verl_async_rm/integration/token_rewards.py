@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 
-from verl_async_rm.scoring.process import StepRewards
+from verl_async_rm.request import StepRewards
 
 __all__ = ["TOKEN_REWARDS_KEY", "token_placement", "TokenRewardOutput", "with_token_rewards", "place_token_rewards"]
 
@@ -28,14 +28,16 @@ _RESOLUTION = 1e-7
 
 
 def token_placement(
-    reward: float, steps: Mapping[str, StepRewards], weights: Mapping[str, float], response_length: int
+    reward: float, scores: Mapping[str, Any], weights: Mapping[str, float], response_length: int
 ) -> list[tuple[int, float]]:
     """``[(response token index, value), ...]`` whose values sum to ``reward``: each token-level RM's step scores
-    times its weight at their tokens (steps ending on one token add up), the rest (verl's rule, outcome RMs) on the
-    last response token."""
+    (its :class:`StepRewards`) times its weight at their tokens (steps ending on one token add up), the rest (verl's
+    rule, outcome RMs) on the last response token."""
     last = max(response_length - 1, 0)
     placed: dict[int, float] = {}
-    for name, rewards in steps.items():
+    for name, rewards in scores.items():
+        if not isinstance(rewards, StepRewards):
+            continue
         for index, score in zip(rewards.token_index, rewards.scores, strict=True):
             index = min(index, last)
             placed[index] = placed.get(index, 0.0) + weights[name] * score

@@ -1,14 +1,12 @@
-"""The reward model in one process: settings, input building, forwards, one score per request (no Ray).
+"""The reward model in one process (no Ray): an RM kind composed with an engine.
 
-- :mod:`~verl_async_rm.scoring.rm_config`: :class:`RMConfig` (what an RM replica needs);
-- :mod:`~verl_async_rm.scoring.checkpoint`: checks and loading of the RM checkpoint and tokenizers;
-- :mod:`~verl_async_rm.scoring.inputs`: re-templating, BOS de-duplication, truncation (pure);
-- :mod:`~verl_async_rm.scoring.scorer`: :class:`RewardModelScorer`: load the RM, build inputs, count;
-- :mod:`~verl_async_rm.scoring.forward`: padded or packed forwards, score extraction, per-item failure isolation;
-- :mod:`~verl_async_rm.scoring.packing`: packed rows and the variable-length attention kernels;
-- :mod:`~verl_async_rm.scoring.sharing`: GRPO siblings' common prompt computed once per packed forward;
-- :mod:`~verl_async_rm.scoring.judge_text`, :mod:`~verl_async_rm.scoring.judge`: judge RMs' prompt and verdict, and
-  their two readouts (next-token logits, or a verdict written on vLLM).
+- kinds (how a trajectory becomes input, what is checked, how a raw value becomes a score): :mod:`.outcome`,
+  :mod:`.process`, :mod:`.judge`; their inputs: :mod:`.inputs`;
+- engines (forwards, failing-row isolation, the load-time check): :mod:`.engine` (what both share),
+  :mod:`.hf_engine` (transformers; :mod:`.readout`, :mod:`.packing`, :mod:`.sharing`, :mod:`.sharding`),
+  :mod:`.vllm_engine`;
+- :mod:`.scorer` (:class:`RewardModelScorer`, the composition), :mod:`.rm_config` (:class:`RMConfig`),
+  :mod:`.checkpoint`, :mod:`.offload` and :mod:`.colocation` (the RM on the policy's GPUs).
 
 Usage::
 

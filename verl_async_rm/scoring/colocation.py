@@ -34,7 +34,7 @@ ACTIVATION_FACTOR = 16
 
 def actor_resident_bytes(config: Any) -> int:
     """Bytes of the policy that stay on each GPU while the rollout runs, from verl's keys (module doc)."""
-    from verl_async_rm.config import select
+    from verl_async_rm.options import select
     from verl_async_rm.scoring.sharding import weights_bytes
 
     path = select(config, "actor_rollout_ref.model.path")

@@ -1,22 +1,20 @@
-"""Process reward models (PRMs): one score per reasoning step, read at a separator token after each step.
+"""The process RM kind (PRM): one score per reasoning step, read at a separator token after each step.
 
 As the public PRMs do (Qwen2.5-Math-PRM's model card): the steps joined and ended by the separator, rendered with the
 RM's chat template; at every separator the probability of the "correct" label is the step's score. Each step maps back
 to the policy's response token where it ends, from character offsets in the decoded response (so whatever the RM's
 tokenizer is). An input longer than ``max_length`` loses the start of the prompt, then its first steps
-(:attr:`ProcessInput.dropped`).
+(:attr:`RMInput.dropped`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from verl_async_rm.errors import RewardInputError
-from verl_async_rm.request import RMRequest
-from verl_async_rm.scoring.judge_text import Verdict
+from verl_async_rm.errors import ConfigValueError, NonFiniteScoreError, RewardInputError
+from verl_async_rm.request import RMRequest, StepRewards
 from verl_async_rm.scoring.inputs import (
     check_token_ids,
     conversation_for,
@@ -25,53 +23,67 @@ from verl_async_rm.scoring.inputs import (
     strip_trailing,
     truncate_left,
 )
+from verl_async_rm.scoring.outcome import OutcomeKind, RMInput, find_head
 
-__all__ = ["Score", "score_value", "StepRewards", "ProcessInput", "split_steps", "step_token_ends",
-           "prepare_process_input", "reduce_steps"]
-
-
-@dataclass(frozen=True)
-class StepRewards:
-    """A process RM's token-level reward for one trajectory (``process_reduction='none'``): one score per scored
-    step, the response token where each step ends, and the leading steps ``max_length`` left unscored."""
-
-    scores: tuple[float, ...]
-    token_index: tuple[int, ...]
-    dropped: int = 0
-
-    def __post_init__(self) -> None:
-        if len(self.scores) != len(self.token_index):
-            raise ValueError("StepRewards needs one token index per score")
-
-    @property
-    def total(self) -> float:
-        """The trajectory's reward: the sum of its step rewards (what verl's ``rm_scores.sum(-1)`` gives)."""
-        return sum(self.scores, 0.0)
+__all__ = ["ProcessKind", "StepRewards", "split_steps", "step_token_ends", "prepare_process_input", "reduce_steps"]
 
 
-#: What an RM hands back for one trajectory, from the replica to the reward mix: its score (a finite float, converted
-#: once by the forward's ``.tolist()`` and checked once by the scorer), a token-level process RM's step rewards, or a
-#: judge's parsed verdict with its text.
-Score = float | StepRewards | Verdict
+class ProcessKind(OutcomeKind):
+    """A process RM: its input is always rendered (steps and separators), a value is read at every separator, and
+    the score is their reduction (``process_reduction``), or with ``'none'`` the :class:`StepRewards` themselves."""
 
+    name = "process"
+    renders = True
 
-def score_value(score: Score) -> float:
-    """The trajectory-level value of a score: the float itself, the sum of the step rewards, or the verdict's score."""
-    if isinstance(score, StepRewards):
-        return score.total
-    return score.score if isinstance(score, Verdict) else score
+    @staticmethod
+    def check(config: Any) -> None:
+        if not config.step_separator:
+            raise ConfigValueError(
+                "step_separator", config.step_separator, "a process RM needs the token it reads each step's score "
+                "at", "set it to the PRM's step token, e.g. +async_rm.step_separator='<extra_0>' for Qwen2.5-Math-PRM")
+        if config.retemplate == "never":
+            raise ConfigValueError("retemplate", "never", "a process RM's input is always re-rendered, with a "
+                                   "separator after each step", "use retemplate='auto' (the default)")
+        if config.score_output_field is not None:
+            raise ConfigValueError(
+                "score_output_field", config.score_output_field, "a process RM is read from its per-token logits at "
+                "each step separator, not from an output field", "remove score_output_field, or set "
+                "reward_kind='outcome'")
 
+    def __init__(self, config: Any, rm_tokenizer: Any, text_config: Any, vocab_size: int) -> None:
+        super().__init__(config, rm_tokenizer, text_config, vocab_size)
+        self.suffix_ids = []
+        separator = config.step_separator
+        ids = rm_tokenizer(separator, add_special_tokens=False)["input_ids"]
+        if len(ids) != 1 or ids[0] >= vocab_size:
+            raise ConfigValueError(
+                "step_separator", separator, f"the RM's tokenizer ({config.model_path}) reads it as {len(ids)} "
+                f"token(s) {ids}, so the PRM has no single position to score each step at", "set it to the PRM's own "
+                "step token (one special token of its vocabulary, e.g. '<extra_0>' for Qwen2.5-Math-PRM)")
+        self.separator_id = int(ids[0])
 
-@dataclass(frozen=True)
-class ProcessInput:
-    """One trajectory's PRM input: the RM's ids, the separator positions read (one per kept step), the response
-    token where each kept step ends, the leading steps cut by ``max_length``, and whether ``ids`` were cut."""
+    def hf_readout(self, model: Any) -> dict[str, Any]:
+        self.head_name, head = find_head(model, self.config.score_head)
+        labels, index = int(model.config.num_labels), self.config.process_label_index
+        if not 0 <= index < labels:
+            raise ConfigValueError("process_label_index", index, f"the process RM has {labels} label(s)",
+                                   f"use an index in [0, {labels - 1}] (1 is 'correct' for two-label PRMs)")
+        return {"head": head, "label_index": index}
 
-    ids: list[int]
-    positions: list[int]
-    token_index: list[int]
-    dropped: int
-    truncated: bool
+    def build(self, request: RMRequest) -> RMInput:
+        return prepare_process_input(
+            request, rm_tokenizer=self.rm_tokenizer, policy_tokenizer=self.policy_tokenizer,
+            delimiter=self.config.step_delimiter, separator=self.config.step_separator,
+            separator_id=self.separator_id, response_stop_ids=self.response_stop_ids, max_length=self.max_length,
+            id_limit=self.policy_id_limit,
+        )
+
+    def read(self, request: RMRequest, value: Any, built: RMInput) -> Any:
+        if not all(math.isfinite(v) for v in value):
+            return NonFiniteScoreError(f"trajectory {request.uid}: the RM returned {value}")
+        if self.config.process_reduction == "none":
+            return StepRewards(tuple(value), tuple(built.token_index or ()), built.dropped)
+        return reduce_steps(value, self.config.process_reduction)
 
 
 def split_steps(text: str, delimiter: str) -> list[tuple[str, int]]:
@@ -124,7 +136,7 @@ def prepare_process_input(
     response_stop_ids: Iterable[int] | None = None,
     max_length: int | None = None,
     id_limit: int | None = None,
-) -> ProcessInput:
+) -> RMInput:
     """The PRM input of one single-turn trajectory; ``RewardInputError`` for no ``raw_prompt``, a multi-turn
     trajectory, a response that contains the separator, or a rendering without one separator per step."""
     if request.messages is not None or request.num_turns > 2:
@@ -173,7 +185,7 @@ def prepare_process_input(
         raise RewardInputError(
             f"trajectory {request.uid}: max_length={max_length} leaves no step of the response to score"
         )
-    return ProcessInput(ids=ids, positions=positions, token_index=token_index, dropped=dropped, truncated=truncated)
+    return RMInput(ids, truncated, reads=positions, token_index=token_index, dropped=dropped)
 
 
 def reduce_steps(scores: Sequence[float], reduction: str) -> float:

@@ -1,6 +1,6 @@
-"""Where an RM's score is read: the head's output at each row's last real token (outcome RMs), a named field of the
-model's output (custom outputs, ArmoRM style), or several positions per row (process RMs); and how a head's outputs
-become one value (:func:`reduce_outputs`)."""
+"""Where the transformers engine reads an RM: the head's output at each row's last real token (outcome RMs), a named
+field of the model's output (custom outputs, ArmoRM style), several positions per row (process RMs), or a judge's
+next-token logits (:class:`JudgeLogits`); and how a head's outputs become one value (:func:`reduce_outputs`)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from verl_async_rm.errors import RewardModelError
-from verl_async_rm.errors import ConfigValueError
+from verl_async_rm.errors import ConfigValueError, RewardModelError
 
 __all__ = [
     "last_token_logits",
@@ -20,7 +19,7 @@ __all__ = [
     "per_token_logits",
     "field_scores",
     "check_output_field",
-    "check_rows",
+    "JudgeLogits",
 ]
 
 
@@ -100,13 +99,6 @@ def check_output_field(
         )
 
 
-def check_rows(model: torch.nn.Module, lengths: Sequence[int]) -> list[list[int]]:
-    """Rows of random token ids of ``lengths`` (seeded) for load-time checks."""
-    vocab = int(model.get_input_embeddings().num_embeddings)
-    gen = torch.Generator().manual_seed(0)
-    return [torch.randint(0, min(vocab, 1000), (n,), generator=gen).tolist() for n in lengths]
-
-
 def _field(output: Any, name: str) -> Any:
     if isinstance(output, dict) and name in output:  # ModelOutput is a dict too
         return output[name]
@@ -117,3 +109,32 @@ def _field_names(output: Any) -> list[str]:
     if isinstance(output, dict):
         return [str(k) for k in output.keys()]
     return sorted(k for k in vars(output) if not k.startswith("_")) if hasattr(output, "__dict__") else []
+
+
+class JudgeLogits(torch.nn.Module):
+    """The LM head's rows of ``judge_tokens`` applied to final hidden states ``(N, H) -> (N, 1)``: the first token's
+    probability renormalised over the listed tokens (two or more), or the token's raw logit (one). Gemma-style
+    ``final_logit_softcapping`` is applied as the model does; other output scalings are caught by the load check."""
+
+    def __init__(self, model: torch.nn.Module, token_ids: Sequence[int]) -> None:
+        super().__init__()
+        head = model.get_output_embeddings()
+        index = torch.tensor(list(token_ids), device=head.weight.device)
+        self.weight = head.weight.detach().index_select(0, index).clone()
+        bias = getattr(head, "bias", None)
+        self.bias = bias.detach().index_select(0, index).clone() if bias is not None else None
+        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.softcap = getattr(config, "final_logit_softcapping", None)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The listed tokens' next-token logits, ``(N, K)`` float32."""
+        logits = torch.nn.functional.linear(hidden.to(self.weight.dtype), self.weight, self.bias).float()
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.logits(hidden)
+        if logits.shape[-1] == 1:
+            return logits
+        return torch.softmax(logits, dim=-1)[..., :1]

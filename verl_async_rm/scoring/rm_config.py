@@ -1,7 +1,8 @@
 """Settings of an RM replica: :class:`RMConfig`, the only thing the replicas and the scorer receive.
 
-Its fields are typed :func:`~verl_async_rm.options.option` fields, checked by the one converter; the cross-field rules
-follow in ``__post_init__``. It is read from verl's config once, at the boundary (:mod:`verl_async_rm.config`).
+Its fields are typed :func:`~verl_async_rm.options.option` fields, checked by the one converter; in ``__post_init__``
+the RM's kind and its engine refuse what they cannot do. It is read from verl's config once, at the boundary
+(:mod:`verl_async_rm.config`).
 """
 
 from __future__ import annotations
@@ -10,13 +11,16 @@ from dataclasses import dataclass, field
 
 from verl_async_rm.errors import ConfigValueError
 from verl_async_rm.options import check_options, option
+from verl_async_rm.scoring import vllm_engine
+from verl_async_rm.scoring.outcome import kind_class
 
-__all__ = ["RMConfig", "ConfigValueError", "vllm_unsupported", "PLACEMENTS"]
+__all__ = ["RMConfig", "PLACEMENTS"]
 
 #: Where the replicas run: ``own_pool`` (a reward pool of their own, ``reward.reward_model.enable_resource_pool=True``)
 #: or ``policy_pool`` (the bundles of verl's actor/rollout pool, asleep while the policy trains; ``=False``).
 PLACEMENTS = ("own_pool", "policy_pool")
 
+_JUDGE_KEYS = ("judge_prompt", "judge_tokens", "judge_pattern", "judge_labels")
 _POOL_FIX = "set {key} to a positive integer (one RM replica on one GPU: n_gpus_per_node=1, nnodes=1)"
 _SECONDS = {"above": 0, "why": "must be a positive number of seconds", "fix": "set {key}=300"}
 
@@ -166,10 +170,9 @@ class RMConfig:
         "hf",
         "What runs the forwards: 'hf' (transformers, the plugin's own padded or packed forwards); 'vllm' (a vLLM "
         "pooling engine in each replica's process: outcome sequence-classification RMs read at their last token, "
-        "one GPU or CPU per replica; checked against transformers at load, or the replica refuses to start); "
-        "'auto': vLLM where it is installed, serves the RM and passes the load-time check, else transformers "
-        "(the choice and the reason in the replica's log and describe()).",
-        choices=("auto", "hf", "vllm"), why="unknown engine",
+        "one GPU or CPU per replica; checked against transformers at load, or the replica refuses to start). A "
+        "judge that writes its verdict always runs on vLLM.",
+        choices=("hf", "vllm"), why="unknown engine", fix="use 'hf', or 'vllm' (checked against transformers at load)",
     )
     micro_batch_max_tokens: int = option(
         16384,
@@ -259,17 +262,20 @@ class RMConfig:
                 "score_output_field", self.score_output_field, "must be the name of a field of the model's output",
                 "use e.g. 'score' (ArmoRM-style RMs), or leave it unset to read the score head",
             )
-        if self.reward_kind == "process":
-            self._check_process()
-        self._check_judge()
+        if self.reward_kind != "judge" and (key := next((k for k in _JUDGE_KEYS if getattr(self, k) is not None),
+                                                        None)) is not None:
+            raise ConfigValueError(key, getattr(self, key), f"it is read only by judge RMs, and reward_kind is "
+                                   f"{self.reward_kind!r}", "set reward_kind='judge', or remove the key")
+        kind_class(self).check(self)
+        vllm_engine.check(self)
         if self.placement not in PLACEMENTS:
             raise ValueError(f"RMConfig.placement={self.placement!r}: one of {PLACEMENTS}")
-        if self.placement == "policy_pool":
-            self._check_policy_pool()
-        if self.engine == "vllm" and (reason := vllm_unsupported(self)) is not None:
+        if self.placement == "policy_pool" and self.gpus_per_replica > 1:
             raise ConfigValueError(
-                "engine", "vllm", reason,
-                "use engine='auto' (vLLM where it can serve the RM, else transformers) or engine='hf'",
+                "gpus_per_replica", self.gpus_per_replica, "with reward.reward_model.enable_resource_pool=False the "
+                "RM shares the policy's GPUs, one replica on each of them; the plugin does not shard an RM across the "
+                "policy's GPUs", "set gpus_per_replica=1, or give the RM its own pool "
+                "(reward.reward_model.enable_resource_pool=True)",
             )
         k, per_node = self.gpus_per_replica, self.n_gpus_per_node
         if per_node % k:
@@ -283,78 +289,6 @@ class RMConfig:
                 f"set n_gpus_per_node to a multiple of {k} (e.g. {k * max(1, -(-per_node // k))}), or {{key}} to "
                 f"one of {fits}",
             )
-
-    def _check_policy_pool(self) -> None:
-        """What the RM on the policy's GPUs cannot do (yet): each refusal names the key and the way out."""
-        why_pool = "with reward.reward_model.enable_resource_pool=False the RM shares the policy's GPUs"
-        if self.gpus_per_replica > 1:
-            raise ConfigValueError(
-                "gpus_per_replica", self.gpus_per_replica,
-                f"{why_pool}, one replica on each of them; the plugin does not shard an RM across the policy's GPUs",
-                "set gpus_per_replica=1, or give the RM its own pool (reward.reward_model.enable_resource_pool=True)",
-            )
-        if self.reward_kind == "judge" and self.judge_readout == "generate":
-            raise ConfigValueError(
-                "judge_readout", "generate",
-                f"{why_pool} and sleeps while the policy trains; a judge that writes its verdict runs on a vLLM "
-                "engine, which the plugin does not put to sleep",
-                "use judge_readout=logits, or give the judge its own pool "
-                "(reward.reward_model.enable_resource_pool=True)",
-            )
-
-    def _check_process(self) -> None:
-        if not self.step_separator:
-            raise ConfigValueError(
-                "step_separator", self.step_separator, "a process RM needs the token it reads each step's score at",
-                "set it to the PRM's step token, e.g. +async_rm.step_separator='<extra_0>' for Qwen2.5-Math-PRM",
-            )
-        if self.retemplate == "never":
-            raise ConfigValueError(
-                "retemplate", "never", "a process RM's input is always re-rendered, with a separator after each step",
-                "use retemplate='auto' (the default)",
-            )
-        if self.score_output_field is not None:
-            raise ConfigValueError(
-                "score_output_field", self.score_output_field,
-                "a process RM is read from its per-token logits at each step separator, not from an output field",
-                "remove score_output_field, or set reward_kind='outcome'",
-            )
-
-    def _check_judge(self) -> None:
-        """Judge keys only with ``reward_kind='judge'``; their values checked and their defaults filled in."""
-        from verl_async_rm.scoring import judge_text as judge
-
-        keys = ("judge_prompt", "judge_tokens", "judge_pattern", "judge_labels")
-        if self.reward_kind != "judge":
-            if (key := next((k for k in keys if getattr(self, k) is not None), None)) is not None:
-                raise ConfigValueError(key, getattr(self, key), f"it is read only by judge RMs, and reward_kind is "
-                                       f"{self.reward_kind!r}", "set reward_kind='judge', or remove the key")
-            return
-        refusals = {
-            "retemplate": (self.retemplate == "never", "a judge always reads its own prompt, rendered with its chat "
-                           "template", "use retemplate='auto' (the default)"),
-            "score_output_field": (self.score_output_field is not None, "a judge is read at its next token or from "
-                                   "its written verdict", "remove score_output_field"),
-        }
-        generate = self.judge_readout == "generate"
-        other = ("judge_pattern", "judge_labels") if not generate else ("judge_tokens",)
-        for key in other:
-            refusals[key] = (getattr(self, key) is not None, f"it is read only with judge_readout="
-                             f"{'generate' if key != 'judge_tokens' else 'logits'}, and judge_readout is "
-                             f"{self.judge_readout!r}", "remove it, or set judge_readout accordingly")
-        refusals["gpus_per_replica"] = (self.gpus_per_replica > 1, "a judge replica holds one GPU (the plugin "
-                                        "does not shard judges yet)", "set gpus_per_replica=1")
-        for key, (bad, why, fix) in refusals.items():
-            if bad:
-                raise ConfigValueError(key, getattr(self, key), why, fix)
-        defaults = judge.defaults(self.judge_readout)
-        for key, value in defaults.items():
-            if getattr(self, key) is None:
-                object.__setattr__(self, key, value)
-        judge.compile_prompt(self.judge_prompt)
-        if generate:
-            judge.compile_pattern(self.judge_pattern)
-            judge.require_vllm()
 
     @property
     def token_level(self) -> bool:
@@ -370,25 +304,3 @@ class RMConfig:
     def num_replicas(self) -> int:
         """RM replicas in the pool (one executor slot each), of ``gpus_per_replica`` GPUs each."""
         return self.replicas_per_node * self.nnodes
-
-
-def vllm_unsupported(config: RMConfig) -> str | None:
-    """Why the plugin cannot score this RM on vLLM, from its settings alone (None: it may; the load decides)."""
-    if config.placement == "policy_pool":
-        return ("the RM on the policy's GPUs sleeps while the policy trains, its weights moved by the plugin's "
-                "transformers path (a vLLM engine in the replica is not put to sleep)")
-    if config.reward_kind == "judge":
-        if config.judge_readout == "generate":
-            return None  # a judge that writes its verdict always runs on vLLM
-        return "a judge's logits readout runs on transformers (judge_readout='generate' runs on vLLM)"
-    if config.reward_kind != "outcome":
-        return "the plugin scores process RMs on transformers only (their steps are read at separator tokens)"
-    if config.score_output_field is not None:
-        return "an output field (score_output_field) is read from the model's own forward, which vLLM does not run"
-    if config.score_head not in ("auto", "score"):
-        return f"vLLM reads the 'score' head of a sequence-classification RM, not score_head={config.score_head!r}"
-    if config.gpus_per_replica > 1:
-        return "a vLLM replica holds one GPU (gpus_per_replica > 1 is served by the transformers path's sharding)"
-    if config.trust_remote_code:
-        return "the RM runs its own code (trust_remote_code=True), which vLLM's model classes do not"
-    return None

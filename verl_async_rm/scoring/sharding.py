@@ -86,7 +86,7 @@ class FailureAgreement:
     """Lets a rank of a sharded replica retry a failed forward only when it failed on every rank (else
     ``ShardDesyncError``).
 
-    Called (as ``RMForward``'s failure hook) for each failed forward: the ``n``-th call of every rank is about the same
+    Called (as the transformers engine's failure hook) for each failed forward: the ``n``-th call of every rank is about the same
     forward. Each call marks this rank's failure in rank 0's store and waits up to ``AGREE_S`` for every rank's mark.
     Out-of-band on purpose: a rank whose forward succeeded may be waiting in the next collective, where a collective of
     this rank's retry would pair with the wrong one.
@@ -120,7 +120,7 @@ class FailureAgreement:
 
 
 def check_same_forward(describe: dict[str, Any]) -> None:
-    """Refuse ranks that chose different forward paths at load (``describe``: this rank's ``RMForward.describe()``):
+    """Refuse ranks that chose different forward paths at load (``describe``: this rank's ``HFEngine.describe()``):
     they would issue different collectives. Every rank calls it; every rank raises alike."""
     from verl_async_rm.errors import RewardModelError
 

@@ -1,10 +1,10 @@
-"""The RM's forward passes: prepared token ids in, one float32 score per row out (no tokenizers, no Ray, no verl).
+"""The transformers engine: prepared token ids in, one float32 value per row (or per read position) out; no
+tokenizers, no Ray, no verl.
 
-Micro-batches run padded or packed (:mod:`~verl_async_rm.scoring.packing`); scores are read from the score head's
-per-token output (a forward hook; :mod:`~verl_async_rm.scoring.readout`); a micro-batch that runs out of memory or
-raises is halved until the failing row is alone. On CUDA the padded forwards run without torch's cuDNN attention
-backend, which builds a plan for every new (rows, width) shape (0.3-1.9 s each on an H100; RL lengths change each
-step).
+Micro-batches run padded or packed (:mod:`~verl_async_rm.scoring.packing`); values are read from the head's per-token
+output (a forward hook; :mod:`~verl_async_rm.scoring.readout`), the kind says which head and how. On CUDA the padded
+forwards run without torch's cuDNN attention backend, which builds a plan for every new (rows, width) shape (0.3-1.9 s
+each on an H100; RL lengths change each step).
 """
 
 from __future__ import annotations
@@ -17,14 +17,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from verl_async_rm.errors import RewardModelError
-from verl_async_rm.errors import ConfigValueError
+from verl_async_rm.errors import ConfigValueError, RewardModelError
+from verl_async_rm.scoring.engine import Engine, Row, check_rows, differs
 from verl_async_rm.scoring.inputs import plan_micro_batches, plan_packed_micro_batches
 from verl_async_rm.scoring.readout import (
     check_output_field,
-    last_token_logits,
-    check_rows,
     field_scores,
+    last_token_logits,
     per_token_logits,
     read_index,
     reduce_outputs,
@@ -42,7 +41,7 @@ from verl_async_rm.scoring.sharing import MIN_SHARED_PREFIX, plan_shared_micro_b
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RMForward", "last_token_logits", "reduce_outputs", "OOM_ERRORS"]
+__all__ = ["HFEngine", "OOM_ERRORS"]
 
 OOM_ERRORS: tuple[type[BaseException], ...] = tuple(
     {getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError), torch.cuda.OutOfMemoryError}
@@ -53,8 +52,8 @@ _CHECK_ROWS = (9, 9, 4, 6)
 _CHECK_GROUPS = ("g", "g", None, None)
 
 
-class RMForward:
-    """Forward passes of one loaded sequence-classification model (on ``device``, in eval mode).
+class HFEngine(Engine):
+    """Forward passes of one loaded model (on ``device``, in eval mode).
 
     Args:
         head: the module whose per-token output holds the scores (hooked here), or None to use the model's own
@@ -64,7 +63,11 @@ class RMForward:
             kernel, and ``auto`` only uses it on CUDA (the CPU kernel pads attention, which makes sharing slower).
         on_failure: called with the error of every failed forward before its rows are retried (a sharded replica's
             :class:`~verl_async_rm.scoring.sharding.FailureAgreement`, which raises when the ranks may not retry).
+        transform, forward_kwargs: applied to the head's output at each read row before the reduction (a judge's
+            LM-head rows), and given to every model call (a judge's ``logits_to_keep=1``).
     """
+
+    name = "transformers"
 
     def __init__(
         self,
@@ -85,9 +88,6 @@ class RMForward:
         forward_kwargs: dict[str, Any] | None = None,
     ) -> None:
         self.model, self.head, self.device, self.pad_id = model, head, device, pad_id
-        #: Applied to the head's output at each read row before the reduction (a judge's LM-head rows,
-        #: :class:`~verl_async_rm.scoring.judge.JudgeLogits`); ``forward_kwargs`` go to every model call (a judge's
-        #: ``logits_to_keep=1``).
         self.transform, self.forward_kwargs = transform, dict(forward_kwargs or {})
         self.on_failure = on_failure
         self.score_reduction, self.score_index = score_reduction, score_index
@@ -195,8 +195,10 @@ class RMForward:
             batch_reads = [reads[j] for j in batch] if reads is not None else None
             try:
                 launched.append((batch, self._forward(rows, batch_groups, batch_reads)))
-            except Exception as err:  # out of memory, or a row that makes the forward raise: bisect this one
-                for j, value in zip(batch, self._recover(rows, batch_groups, err, batch_reads), strict=True):
+            except Exception as err:  # out of memory, or a row that makes the forward raise: isolate it
+                failed = [(ids, None if batch_groups is None else batch_groups[k],
+                           None if batch_reads is None else batch_reads[k]) for k, ids in enumerate(rows)]
+                for j, value in zip(batch, self._isolate(failed, err), strict=True):
                     results[j] = value
         if launched:
             order = [j for batch, _ in launched for j in batch]
@@ -302,19 +304,6 @@ class RMForward:
         self.saved_tokens += sum(len(ids) for ids in batch) - computed
         return scores
 
-    def score_batch(
-        self,
-        batch: list[list[int]],
-        groups: Sequence[Hashable | None] | None = None,
-        reads: Sequence[Sequence[int]] | None = None,
-    ) -> list[Any]:
-        """Scores of one micro-batch. A failure (out of memory, or a row that makes the forward raise) halves the
-        micro-batch until the failing row is alone: only that row gets the error."""
-        try:
-            return _per_row(self.forward_ids(batch, groups, reads).tolist(), reads)
-        except Exception as err:
-            return self._recover(batch, groups, err, reads)
-
     # -------------------------------------------------------------------------------------------------- helpers
 
     def _sharing(self, groups: Sequence[Hashable | None] | None) -> bool:
@@ -333,7 +322,7 @@ class RMForward:
     def _check_output_field(self) -> None:
         """Load-time check of ``output_field``, then: a padded two-row batch must score as its rows do alone, else one
         row per forward (the model's own code may pick its last token by ``pad_token_id`` or ignore the mask)."""
-        rows = check_rows(self.model, (7, 4))
+        rows = check_rows(int(self.model.get_input_embeddings().num_embeddings), (7, 4))
         check_output_field(self.model, rows[0], self.output_field, self.score_reduction, self.score_index, self.device)
         single = torch.cat([self.forward_padded([ids]) for ids in rows])
         if self._check(self.forward_padded(rows), single, "batched") is not None:
@@ -343,38 +332,22 @@ class RMForward:
             )
             self.max_rows = 1
 
-    def _recover(
-        self,
-        batch: list[list[int]],
-        groups: Sequence[Hashable | None] | None,
-        err: Exception,
-        reads: Sequence[Sequence[int]] | None = None,
-    ) -> list[Any]:
-        """Per-row results after the forward of ``batch`` raised ``err``: halves until the failing row is alone."""
-        if self.on_failure is not None:
+    def _run(self, rows: list[Row]) -> list[Any]:
+        groups = [g for _, g, _ in rows] if any(g is not None for _, g, _ in rows) else None
+        reads = [r for _, _, r in rows] if rows[0][2] is not None else None
+        return _per_row(self._forward([ids for ids, _, _ in rows], groups, reads).cpu().tolist(), reads)
+
+    def _failed(self, rows: list[Row], err: Exception) -> list[Any] | None:
+        if self.on_failure is not None:  # a sharded replica retries only when every rank failed alike
             self.on_failure(err)
         if isinstance(err, OOM_ERRORS):
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
-            if len(batch) == 1:
-                return [RewardModelError(f"out of memory on a {len(batch[0])}-token input: {err}")]
-            logger.warning("RM out of memory on %d rows; retrying in halves", len(batch))
-            return self._halves(batch, groups, reads)
-        if isinstance(err, RewardModelError):
-            return [err] * len(batch)
-        if len(batch) > 1:  # isolate the row(s) that make the forward raise; the others still get scores
-            logger.warning("RM forward failed on %d rows (%r); retrying in halves", len(batch), err)
-            return self._halves(batch, groups, reads)
-        logger.error("RM forward failed on a %d-token input", len(batch[0]), exc_info=err)
-        return [RewardModelError(f"RM forward failed: {err!r}")]
-
-    def _halves(
-        self, batch: list[list[int]], groups: Sequence[Hashable | None] | None, reads: Sequence[Sequence[int]] | None
-    ) -> list[Any]:
-        half = len(batch) // 2
-        parts = [(0, half), (half, len(batch))]
-        return [value for lo, hi in parts for value in self.score_batch(
-            batch[lo:hi], None if groups is None else groups[lo:hi], None if reads is None else reads[lo:hi])]
+            if len(rows) == 1:
+                return [RewardModelError(f"out of memory on a {len(rows[0][0])}-token input: {err}")]
+        elif isinstance(err, RewardModelError):  # the model's output cannot be read: no row is to blame
+            return [err] * len(rows)
+        return None
 
     def _capture(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         self._captured = output if isinstance(output, torch.Tensor) else None
@@ -391,7 +364,7 @@ class RMForward:
         """Pack only if packed scores of a few short rows (and, with ``share_prompts``, of a sibling pair sharing its
         prefix) equal single-row padded ones computed with the model's own attention. A mismatch or an error (custom
         modelling code, a bidirectional encoder...): ``auto`` falls back to padded forwards, ``true`` raises."""
-        rows = check_rows(self.model, _CHECK_ROWS)
+        rows = check_rows(int(self.model.get_input_embeddings().num_embeddings), _CHECK_ROWS)
         rows[1][:6] = rows[0][:6]
         original = self._original_attention
         problem = None
@@ -429,14 +402,8 @@ class RMForward:
         self.kernel, self.packing_reason = "padded", f"packing={mode}, but {problem}"
 
     def _check(self, got: torch.Tensor, reference: torch.Tensor, what: str) -> str | None:
-        """None when ``got`` equals ``reference`` within the dtype's tolerance, else what differs."""
-        half = next(p.dtype for p in self.model.parameters()) in (torch.bfloat16, torch.float16)
-        # bf16: a padded batch and single rows of an 8B-shaped RM already differ by up to 0.078 (docs/gpu-results.md);
-        # a packing that mixes rows or ignores positions moves scores by the scores' own spread.
-        tolerance = (1e-1 if half else 1e-4) * (1 + reference.abs())
-        if bool(((got - reference).abs() <= tolerance).all()):
-            return None
-        return f"{what} scores {got.tolist()} differ from single-row scores {reference.tolist()}"
+        half = next(self.model.parameters()).dtype in (torch.bfloat16, torch.float16)
+        return differs(got.tolist(), reference.tolist(), half, f"{what} scores")
 
 
 def _per_row(values: list[float], reads: Sequence[Sequence[int]] | None) -> list[Any]:
