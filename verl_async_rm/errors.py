@@ -145,8 +145,7 @@ class ResourcePoolError(AsyncRMError):
 
 
 def _rebuild(cls: type, args: tuple, cause: BaseException | None, state: dict) -> AsyncRMError:
-    err = cls.__new__(cls)
-    err.args = args
+    err = cls(*args)
     err.__dict__.update(state)
     err.__cause__ = cause
     return err

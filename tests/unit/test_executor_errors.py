@@ -364,3 +364,19 @@ def test_a_timed_out_call_that_ignores_cancellation_keeps_its_slot_late_and_aclo
     first, later, stats = run_virtual(main, timeout_s=100.0)
     assert isinstance(first[0], RequestTimeoutError) and later == ["b", "c", "d"]
     assert stats["replicas_timed_out"] == 1 and stats["in_flight_batches"] == 1 and stats["in_flight_requests"] == 0
+
+
+@pytest.mark.parametrize("kind", [RequestTimeoutError, RewardModelError, BatcherCrashedError])
+def test_an_error_pickles_with_its_type_cause_and_notes(kind):
+    """What crosses the Ray boundary (replica -> service -> worker) is the error as it was made, cause included
+    (Python's own pickling drops ``__cause__``); a cause that cannot pickle stays behind instead of failing."""
+    import pickle
+
+    err = kind("no score")
+    err.__cause__ = KeyError("the tokenizer's")
+    err.add_note("RM 'main'")
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is kind and back.args == ("no score",) and back.__notes__ == ["RM 'main'"]
+    assert type(back.__cause__) is KeyError and back.__cause__.args == ("the tokenizer's",)
+    err.__cause__ = RuntimeError(lambda: None)  # its argument cannot pickle
+    assert pickle.loads(pickle.dumps(err)).__cause__ is None

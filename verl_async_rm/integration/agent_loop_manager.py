@@ -23,8 +23,7 @@ from verl.utils.ray_utils import auto_await
 
 from verl_async_rm.integration import v1_hooks
 from verl_async_rm.integration.checks import check_v1_trainer, check_verl_config
-from verl_async_rm.integration.drops import apply_drops, check_failures
-from verl_async_rm.integration.ledger import PhaseRecord
+from verl_async_rm.integration.drops import PhaseRecord, apply_drops, check_failures
 from verl_async_rm.integration.agent_loop_worker import remote_worker_class
 from verl_async_rm.integration.token_rewards import place_token_rewards
 from verl_async_rm.config import MAIN
@@ -259,7 +258,7 @@ class AsyncRMAgentLoopManagerV1(_AsyncRMSide, AgentLoopManagerTQ):
 
     async def _async_rm_collect(self, phase: str) -> PhaseRecord:
         records = await asyncio.wait_for(
-            asyncio.gather(*(w.async_rm_pop_ledger.remote(phase) for w in self.agent_loop_workers)),
+            asyncio.gather(*(w.async_rm_pop_record.remote(phase) for w in self.agent_loop_workers)),
             CONTROL_TIMEOUT_S,
         )
         return functools.reduce(PhaseRecord.merge, records, PhaseRecord())

@@ -6,7 +6,7 @@ mixes both (:meth:`~verl_async_rm.integration.reward_mix.RewardMix.finish`). An 
 ``reward_score`` is left alone, as verl does. If an RM fails for a trajectory, it has no reward:
 
 - v1 trainer: its session raises whatever ``on_error`` says, so verl gives its group its own ``failure`` path; the
-  manager applies ``on_error`` at the end of the step, from the workers' ledgers;
+  manager applies ``on_error`` at the end of the step, from the workers' records;
 - v0 trainer: ``on_error='raise'`` fails the trajectory (and the step); ``'drop'`` still runs the reward manager
   (``rm_score`` NaN: verl stacks the same keys for every sample) and gives it a NaN reward flagged ``rm_dropped``,
   which the v0 manager excludes.
@@ -26,7 +26,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
 
 from verl_async_rm.errors import AsyncRMError, RMServiceLostError, remote_cause
-from verl_async_rm.integration.ledger import Failure, PhaseRecord, TrajectoryLedger
+from verl_async_rm.integration.drops import Failure, PhaseRecord, PhaseRecords
 from verl_async_rm.integration.reward_mix import RewardMix, with_rm_scores
 from verl_async_rm.integration.token_rewards import TOKEN_REWARDS_KEY, token_placement, with_token_rewards
 from verl_async_rm.request import RMRequest
@@ -53,7 +53,7 @@ class AsyncRMWorkerMixin:
     #: v1: a failed RM score always fails the trajectory's session (verl's own failure path); the manager applies
     #: ``on_error`` at the step's end. v0: ``on_error='drop'`` hands the error on to the reward manager instead.
     _async_rm_fail_session: bool = False
-    _async_rm_ledger: TrajectoryLedger | None = None
+    _async_rm_records: PhaseRecords | None = None
     #: v1: a token-level reward replaces the trajectory's output (verl builds ``rm_scores`` from it); v0: it travels
     #: in ``extra_fields`` to the manager, which rewrites ``rm_scores``.
     _async_rm_replace_output: bool = False
@@ -69,14 +69,14 @@ class AsyncRMWorkerMixin:
         self._async_rm_on_error = on_error
         return True
 
-    async def async_rm_pop_ledger(self, phase: str) -> PhaseRecord:
+    async def async_rm_pop_record(self, phase: str) -> PhaseRecord:
         """This worker's record of ``phase`` since the previous call (collected by the manager at a step's end)."""
-        return self._ledger().pop(phase)
+        return self._records().pop(phase)
 
-    def _ledger(self) -> TrajectoryLedger:
-        if self._async_rm_ledger is None:
-            self._async_rm_ledger = TrajectoryLedger()
-        return self._async_rm_ledger
+    def _records(self) -> PhaseRecords:
+        if self._async_rm_records is None:
+            self._async_rm_records = PhaseRecords()
+        return self._async_rm_records
 
     async def _compute_score(self, outputs: list, kwargs: dict) -> None:
         final = outputs[-1]
@@ -84,19 +84,19 @@ class AsyncRMWorkerMixin:
             await super()._compute_score(outputs, kwargs)  # type: ignore[misc]
             return
         start = time.perf_counter()
-        phase, ledger = _PHASE.get(), self._ledger()
+        phase, records = _PHASE.get(), self._records()
         trajectory = f"{kwargs.get('uid', '?')}/{kwargs.get('session_id', 0)}"
         scores, failure = await self._async_rm_scores(final, kwargs, trajectory)
         error = None
         if failure is not None:
             error = _describe(failure)
-            ledger.failed(phase, Failure(trajectory, _int_or_none(kwargs.get("global_steps")), error,
+            records.failed(phase, Failure(trajectory, _int_or_none(kwargs.get("global_steps")), error,
                                          cause=Failure.portable(failure)))
             if self._async_rm_fail_session or self._async_rm_on_error != "drop":
                 raise failure
             logger.warning("verl_async_rm: no RM score for trajectory %s (dropped): %s", trajectory, error)
         else:
-            ledger.scored(phase)
+            records.scored(phase)
         rm_s = time.perf_counter() - start
         # the reward manager's function sees the RM scores in extra_info (a copy: the dataset's stays as it was)
         extra_info = with_rm_scores(kwargs.get("extra_info"), scores)

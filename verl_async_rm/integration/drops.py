@@ -1,5 +1,7 @@
-"""What a failed RM score does to a step: :func:`check_failures` (v1, at the end of a step or validation pass: verl
-already gave the trajectory's group its ``failure`` path) and :func:`apply_drops` (v0, ``on_error='drop'``).
+"""What a failed RM score does to a step: each worker records its trajectories' outcomes per phase
+(:class:`PhaseRecords`; v1: a failed trajectory never reaches TransferQueue, so this is where it is counted, in the
+step of its answer), then :func:`check_failures` (v1, at the end of a step or validation pass: verl already gave the
+trajectory's group its ``failure`` path) or :func:`apply_drops` (v0, ``on_error='drop'``).
 
 :func:`apply_drops` zeroes a dropped trajectory's ``response_mask`` (verl's ``agg_loss`` leaves fully masked sequences
 out of the policy loss) and replaces its NaN reward by the mean reward of the scored trajectories of its group, so the
@@ -10,6 +12,8 @@ no loss. No reward of a dropped trajectory is ever a silent 0.0 standing in for 
 from __future__ import annotations
 
 import logging
+import pickle
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -19,7 +23,84 @@ from verl_async_rm.errors import RMScoreError, TrajectoryDroppedError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["apply_drops", "check_failures"]
+__all__ = ["apply_drops", "check_failures", "Failure", "PhaseRecord", "PhaseRecords", "PHASES"]
+
+
+
+PHASES = ("train", "val")
+#: Failures kept in full per phase between two collections (the rest are only counted): enough to name the first
+#: ones in an error message without holding every traceback of a step where the RM is down.
+_KEEP_FAILURES = 32
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One trajectory that got no RM score: its id (``<uid>/<session>``), its step, the error (``Type: message``)
+    and, where it survives pickling, the exception itself (the cause of ``RMScoreError``)."""
+
+    trajectory: str
+    global_steps: int | None
+    error: str
+    cause: BaseException | None = field(default=None, compare=False, repr=False)
+
+    @staticmethod
+    def portable(err: BaseException) -> BaseException | None:
+        """``err``, or None if it does not pickle (the record travels to the manager)."""
+        try:
+            pickle.dumps(err)
+        except Exception:  # noqa: BLE001 - an unpicklable exception keeps only its text
+            return None
+        return err
+
+    def __str__(self) -> str:
+        step = "" if self.global_steps is None else f" (step {self.global_steps})"
+        return f"trajectory {self.trajectory}{step}: {self.error}"
+
+
+@dataclass
+class PhaseRecord:
+    """Counts of one phase since the last collection (``requests = scored + failed``); ``failures`` holds the first
+    few in full."""
+
+    requests: int = 0
+    scored: int = 0
+    failed: int = 0
+    failures: list[Failure] = field(default_factory=list)
+
+    def merge(self, other: PhaseRecord) -> PhaseRecord:
+        """This record plus ``other`` (the manager adds up its workers' records); keeps the first failures."""
+        return PhaseRecord(
+            requests=self.requests + other.requests,
+            scored=self.scored + other.scored,
+            failed=self.failed + other.failed,
+            failures=(self.failures + other.failures)[:_KEEP_FAILURES],
+        )
+
+
+class PhaseRecords:
+    """One worker's :class:`PhaseRecord` per phase; :meth:`pop` hands one phase over and starts it again."""
+
+    def __init__(self) -> None:
+        self._records = {phase: PhaseRecord() for phase in PHASES}
+
+    def scored(self, phase: str) -> None:
+        """A trajectory of ``phase`` got its RM score."""
+        record = self._records[phase]
+        record.requests += 1
+        record.scored += 1
+
+    def failed(self, phase: str, failure: Failure) -> None:
+        """A trajectory of ``phase`` got no RM score (an RM, executor or timeout error)."""
+        record = self._records[phase]
+        record.requests += 1
+        record.failed += 1
+        if len(record.failures) < _KEEP_FAILURES:
+            record.failures.append(failure)
+
+    def pop(self, phase: str) -> PhaseRecord:
+        """The record of ``phase`` since the previous pop; the phase starts again from zero."""
+        record, self._records[phase] = self._records[phase], PhaseRecord()
+        return record
 
 
 def check_failures(record: Any, integration: Any, where: str) -> None:

@@ -2,12 +2,12 @@
 
 :class:`RMResourcePool` is a verl ``RayResourcePool`` with one bundle per replica (``gpus_per_replica`` GPUs and as
 many CPUs, so a replica is always on one node; not verl's 10 CPUs per GPU). Unlike verl's, each node's placement group
-is pinned to a distinct node free now (two ``STRICT_PACK`` groups could otherwise share one big node), and the
-reservation waits at most ``placement_timeout_s`` (verl waits on ``pg.ready()`` forever: a hang on a small cluster).
+is pinned to a distinct node (two ``STRICT_PACK`` groups could otherwise share one big node), and the reservation waits
+at most ``placement_timeout_s`` (verl waits on ``pg.ready()`` forever: a hang on a small cluster).
 
-Every replica is spawned by :func:`replica_group`, a verl ``RayWorkerGroup`` of :class:`RMReplica` (verl sets each
-replica's environment): of every bundle at start (the rm_wg), or of the lost replica's bundle alone for a stand-in
-(:class:`ReplicaFactory`). ``wg.workers`` are the replicas' actor handles, one executor slot each.
+Every replica is spawned by :func:`replica_group`, a verl ``RayWorkerGroup`` of :class:`RMReplica`: of every bundle at
+start (the rm_wg), or of a lost replica's bundle alone (:class:`ReplicaFactory`). ``wg.workers`` are the replicas'
+actor handles, the batcher's replicas.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from ray.util.placement_group import (
     PlacementGroup,
     get_placement_group,
     placement_group,
+    placement_group_table,
     remove_placement_group,
 )
 from verl.single_controller.ray.base import (
@@ -114,7 +115,7 @@ class RMResourcePool(RayResourcePool):
         if self.pgs is not None:
             return self.pgs
         bundle = replica_bundle(self.gpus_per_replica, self.use_gpu)
-        nodes = _pick_nodes(bundle, self.replicas_per_node, self.nnodes)
+        nodes = _pick_nodes(bundle, self.replicas_per_node, self.nnodes, self.placement_timeout_s)
         prefix = name or f"{self.name_prefix}verl_async_rm_pool:"
         self.pgs = reserve_placement_groups(
             [[dict(bundle) for _ in range(self.replicas_per_node)] for _ in range(self.nnodes)],
@@ -344,47 +345,39 @@ def _remove_stale(name: str) -> None:
     remove_placement_group(stale)
 
 
-def _pick_nodes(bundle: dict[str, float], per_node: int, nnodes: int) -> list[str]:
-    """``nnodes`` distinct alive nodes with room for ``per_node`` bundles now, roomiest first."""
-    available = _available_per_node()
+def _pick_nodes(bundle: dict[str, float], per_node: int, nnodes: int, timeout_s: float) -> list[str] | None:
+    """``nnodes`` distinct nodes for the pool's groups (None for one: nothing to keep apart). Nodes too small in all
+    fail at once; among the others Ray's own scheduler picks those with room now: a probe group of one node-sized
+    bundle per node (``STRICT_SPREAD``), placed within ``timeout_s``, read back and removed."""
     need = {key: amount * per_node for key, amount in bundle.items()}
-    fits = [
-        node_id
-        for node_id, free in available.items()
-        if all(free.get(key, 0.0) + 1e-9 >= amount for key, amount in need.items())
-    ]
+    fits = [n for n in ray.nodes() if n.get("Alive")
+            and all(n.get("Resources", {}).get(key, 0.0) + 1e-9 >= amount for key, amount in need.items())]
+    fix = ("lower reward.reward_model.n_gpus_per_node / nnodes, or add nodes (for CPU runs: use_gpu=False)")
     if len(fits) < nnodes:
         raise ResourcePoolError(
-            f"the reward pool needs {nnodes} node(s) with {_fmt(need)} free each, and {len(fits)} node(s) have it. "
-            f"The cluster has: {_describe_cluster()}. Fix: lower reward.reward_model.n_gpus_per_node / nnodes, "
-            "or add nodes (for CPU runs: use_gpu=False)"
-        )
-    key = next(iter(k for k in bundle if k != "CPU"), "CPU")
-    fits.sort(key=lambda node_id: (-available[node_id].get(key, 0.0), node_id))
-    return fits[:nnodes]
-
-
-def _available_per_node() -> dict[str, dict[str, float]]:
-    """Free resources of each alive node (verl's own resource check reads the same private table)."""
-    alive = {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
+            f"the reward pool needs {nnodes} node(s) with {_fmt(need)} free each, and {len(fits)} node(s) have it. The "
+            f"cluster has: {_describe_cluster()}. Fix: {fix}")
+    if nnodes == 1:
+        return None
+    probe = placement_group([need] * nnodes, strategy="STRICT_SPREAD")
     try:
-        per_node = ray._private.state.available_resources_per_node()
-    except Exception:  # private API: fall back to totals
-        per_node = {node["NodeID"]: node.get("Resources", {}) for node in ray.nodes()}
-    return {node_id: dict(free) for node_id, free in per_node.items() if node_id in alive}
+        if not ray.wait([probe.ready()], timeout=timeout_s)[0]:
+            raise ResourcePoolError(
+                f"no {nnodes} distinct nodes had {_fmt(need)} free within {timeout_s:g}s. The cluster has: "
+                f"{_describe_cluster()}. Fix: free those resources (other placement groups, actors), or {fix}")
+        nodes = placement_group_table(probe)["bundles_to_node_id"]
+        return [nodes[i] for i in range(nnodes)]
+    finally:
+        remove_placement_group(probe)
 
 
 def _describe_cluster() -> str:
-    available = _available_per_node()
-    parts = []
-    for node in ray.nodes():
-        if not node.get("Alive"):
-            continue
-        total, free = node.get("Resources", {}), available.get(node["NodeID"], {})
-        shown = [k for k in ("GPU", "NPU", "CPU") if k in total] or ["CPU"]
-        usage = ", ".join(f"{k} {free.get(k, 0):g}/{total.get(k, 0):g} free" for k in shown)
-        parts.append(f"node {node['NodeID'][:8]} ({node['NodeManagerAddress']}): {usage}")
-    return "; ".join(parts) or "no alive node"
+    shown = ("GPU", "NPU", "CPU")
+    nodes = [f"node {n['NodeID'][:8]} ({n['NodeManagerAddress']}): "
+             + ", ".join(f"{k} {v:g}" for k, v in n.get("Resources", {}).items() if k in shown)
+             for n in ray.nodes() if n.get("Alive")]
+    free = ray.available_resources()
+    return "; ".join(nodes or ["no alive node"]) + f"; free now: {_fmt({k: v for k, v in free.items() if k in shown})}"
 
 
 def _describe_ask(bundles_per_group: list[list[dict[str, float]]]) -> str:

@@ -23,11 +23,8 @@ from verl_async_rm.scoring.sharding import ShardGroup, host_store
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RankWorker", "Ranks", "RANK_FINISH_S"]
+__all__ = ["RankWorker", "Ranks"]
 
-#: Longest rank 0 waits, after its own share of a batch, for the other ranks to finish theirs (they run the same
-#: forwards in step with it, so they finish within moments).
-RANK_FINISH_S = 120.0
 _T = TypeVar("_T")
 
 
@@ -99,7 +96,8 @@ class Ranks:
         refs = [w.follow.remote(list(requests)) for w in self.workers]
         what = f"a batch of {len(requests)}"
         try:
-            return self.run_with(refs, own, timeout_s=RANK_FINISH_S, what=what)
+            # the other ranks run the same forwards in step: they finish within moments of rank 0 (bounded as a load)
+            return self.run_with(refs, own, timeout_s=self.config.init_timeout_s, what=what)
         except Exception as err:  # noqa: BLE001 - the scorer isolates bad rows; anything else breaks the replica
             _lost(f"rank 0 of this sharded replica failed during {what}: {err!r}")
 
