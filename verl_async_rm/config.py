@@ -1,12 +1,6 @@
-"""The plugin's config, read once at the boundary: verl's reward keys plus one flat ``async_rm`` group.
-
-:meth:`AsyncRMConfig.from_verl` reads them into frozen dataclasses, one per component (:func:`option_groups` lists
-them by user key): :class:`~verl_async_rm.service.batcher.BatchPolicy`, :class:`~verl_async_rm.scoring.rm_config.RMConfig`
-(with verl's ``reward.reward_model.*`` keys), :class:`~verl_async_rm.integration.reward_mix.RewardMix`,
-:class:`IntegrationConfig`, and one :class:`RMEntry` per RM (``async_rm.models.<name>.*`` after ``main``; an option
-not set under the RM's name takes the one set at the top of ``async_rm``). A ``ConfigValueError`` raised under a
-field's name is renamed once, by :func:`build`, to the key the user wrote.
-"""
+"""The plugin's config, read once at the boundary into frozen dataclasses, one per component
+(:func:`option_groups`): verl's reward keys plus one flat ``async_rm`` group, and one :class:`RMEntry` per RM. A
+``ConfigValueError`` raised under a field's name is renamed once, by :func:`build`, to the key the user wrote."""
 
 from __future__ import annotations
 
@@ -73,37 +67,24 @@ class IntegrationConfig:
     """Settings of the agent-loop integration itself."""
 
     request_timeout_s: float = option(
-        1800.0,
-        "Longest a trajectory's agent-loop worker waits for its RM score (queue + RM call) before it fails with "
-        "RequestTimeoutError.",
-        above=0, why="must be a positive number of seconds", fix="e.g. +{key}=1800",
-    )
+        1800.0, "Longest a trajectory waits for its RM score (queue + RM call) before it fails with "
+        "RequestTimeoutError.", above=0, why="must be a positive number of seconds", fix="e.g. +{key}=1800")
     on_error: str = option(
-        "raise",
-        "What a failed RM score does. 'raise': the run stops with the RM's error, naming the trajectory (v1: at the "
-        "end of the step, whose failed trajectory verl left out of training; v0: the step fails). 'drop': the run "
-        "goes on without it (v1: its group takes verl's failure path, padded or refilled; v0: its response_mask is "
-        "zeroed and its reward set to its group's mean), rm_dropped/dropped count it, and more than drop_budget of "
-        "a step dropped stops the run with TrajectoryDroppedError.",
-        choices=ON_ERROR_MODES, why="is not one of ('raise', 'drop')", fix="e.g. +{key}=raise",
-    )
+        "raise", "What a failed RM score does. 'raise': the run stops naming the trajectory (v1: at the step's end, "
+        "verl having left its group out; v0: the step fails). 'drop': the run goes on without it (v1: verl's "
+        "failure path, padded or refilled; v0: masked out, its group's mean as reward), unless more than "
+        "drop_budget of a step is dropped (TrajectoryDroppedError).",
+        choices=ON_ERROR_MODES, why="is not one of ('raise', 'drop')", fix="e.g. +{key}=raise")
     drop_budget: float = option(
-        0.05,
-        "With on_error='drop': the largest fraction of a step's trajectories that may be dropped before the step "
-        "fails with TrajectoryDroppedError.",
-        least=0, most=1, why="must be a fraction in [0, 1]", fix="e.g. +{key}=0.05",
-    )
+        0.05, "With on_error='drop': the largest fraction of a step's trajectories that may be dropped.",
+        least=0, most=1, why="must be a fraction in [0, 1]", fix="e.g. +{key}=0.05")
     replace_replicas: bool = option(
-        True,
-        "Start a new RM replica in the bundle of one that died (its requests go to the other replicas meanwhile); "
-        "False retires it.",
-    )
+        True, "Start a new RM replica in the bundle of one that died (the others take its requests meanwhile); False "
+        "retires it.")
     service_max_concurrency: int = option(
-        100_000,
-        "Ray max_concurrency of the RM service actor: the most trajectories that may wait on it at once.",
-        least=16, fix="set an integer >= 16: it bounds how many trajectories may wait for a score at once, e.g. "
-        "100000",
-    )
+        100_000, "Ray max_concurrency of the RM service actor: the most trajectories that may wait on it at once "
+        "(the queue's bound).", least=16,
+        fix="set an integer >= 16: it bounds how many trajectories may wait for a score at once, e.g. 100000")
 
     def __post_init__(self) -> None:
         check_options(self, prefix=f"{CONFIG_GROUP}.")
@@ -220,10 +201,9 @@ def rm_config_from_verl(config: Any, overrides: Mapping[str, Any] | None = None,
 
 
 def placement_values(config: Any) -> dict[str, Any]:
-    """RMConfig fields of where the replicas run, from ``reward.reward_model.enable_resource_pool``: nothing for a
-    pool of their own; for ``False``, the policy's pool: one replica per GPU of ``trainer.n_gpus_per_node`` x
-    ``trainer.nnodes`` (verl's ``init_resource_pool_mgr`` copies those into the reward keys too) and the memory
-    check's inputs (:mod:`~verl_async_rm.scoring.colocation`)."""
+    """RMConfig fields of where the replicas run: nothing for a pool of their own; with
+    ``reward.reward_model.enable_resource_pool=False``, one replica per GPU of the policy's pool and the memory check's
+    inputs (:mod:`~verl_async_rm.scoring.colocation`)."""
     from verl_async_rm.scoring.colocation import actor_resident_bytes
 
     enable_pool = select(config, "reward.reward_model.enable_resource_pool")

@@ -1,13 +1,6 @@
-"""verl's ``main_ppo``, with the legacy top-level reward keys migrated first.
-
-verl 0.9.1's ``verl.trainer.main_ppo`` ignores the old top-level keys (``reward_model.*``, ``custom_reward_function.*``,
-...; only its ``fully_async_main`` migrates them), so a recipe written with them runs with the same overrides as::
-
-    python -m verl_async_rm.main_ppo <the same Hydra overrides you give verl.trainer.main_ppo>
-
-It composes verl's own ``ppo_trainer`` config, applies :func:`migrate_legacy_keys`, checks the result before Ray
-starts, and runs verl's own ``main`` body unchanged.
-"""
+"""``python -m verl_async_rm.main_ppo <verl's overrides>``: verl's ``main_ppo`` with the legacy top-level reward
+keys (``reward_model.*``, ...) migrated first by verl's own ``migrate_legacy_reward_impl`` (verl 0.9.1's ``main_ppo``
+ignores them), the config checked before Ray starts, then verl's ``main`` body unchanged."""
 
 from __future__ import annotations
 
@@ -35,14 +28,9 @@ def _verl_config_dir() -> str:
 
 
 def migrate_legacy_keys(config: Any) -> Any:
-    """Move the legacy top-level reward keys of a composed ``ppo_trainer`` config to their ``reward.*`` places with
-    verl's ``migrate_legacy_reward_impl`` (idempotent; returns the mutated config), after closing two of its gaps:
-
-    - ``reward_model.model.trust_remote_code`` has no ``reward.*`` key in verl 0.9.1, so verl drops it; it is kept as
-      ``async_rm.trust_remote_code`` (unless that is set already);
-    - the legacy ``custom_reward_function.name`` defaults to null (the new key to ``compute_score``), so a legacy
-      ``path`` alone would reach verl's loader with no function name; the new key's default is filled in.
-    """
+    """verl's ``migrate_legacy_reward_impl`` on a composed ``ppo_trainer`` config (idempotent), after closing two
+    of its gaps: ``reward_model.model.trust_remote_code`` (no ``reward.*`` key in verl 0.9.1) becomes
+    ``async_rm.trust_remote_code``, and a legacy ``custom_reward_function.path`` gets the new key's function name."""
     if "reward_model" not in config:
         return config
     from verl.experimental.reward_loop import migrate_legacy_reward_impl

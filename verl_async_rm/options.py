@@ -19,10 +19,9 @@ _NAMES = {int: "an integer", float: "a finite number", str: "a non-empty string"
 
 @dataclass(frozen=True)
 class Rule:
-    """What a field accepts: ``kind`` (int, float, str, bool; a float field takes ints and stores a float; strings
-    must not be empty; ``tuple``: a list of strings, stored as a tuple; ``dict``: a mapping from strings to numbers,
-    stored as a tuple of ``(name, float)`` pairs, so the dataclass stays hashable), None when ``optional``, ``choices``, and bounds ``least <= value <= most``, ``value > above``.
-    ``why``/``fix`` replace the generated words (``{key}`` in them becomes the key reported)."""
+    """What a field accepts: ``kind`` (a float field takes ints; strings must not be empty; ``tuple``: non-empty
+    strings; ``dict``: names to numbers, stored as ``(name, float)`` pairs so the dataclass stays hashable), None when
+    ``optional``, ``choices``, bounds; ``why``/``fix`` replace the generated words (``{key}``: the key reported)."""
 
     kind: type
     optional: bool = False

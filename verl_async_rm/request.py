@@ -14,17 +14,12 @@ __all__ = ["RMRequest", "Score", "StepRewards", "Verdict", "score_value"]
 
 @dataclass
 class RMRequest:
-    """One trajectory to score; small and picklable, built once per trajectory by the agent-loop worker.
+    """One trajectory to score; small and picklable, built once by the agent-loop worker.
 
-    Attributes:
-        prompt_ids, response_ids: the policy's token ids, without padding (``AgentLoopOutput``'s); for multi-turn
-            trajectories the response holds every turn after the prompt.
-        raw_prompt: the prompt as chat messages, to which a re-templating RM appends the decoded response.
-        messages: optional full conversation, rendered as is instead (multi-turn trajectories need it whenever the RM
-            re-templates: ``num_turns > 2`` without it fails that item).
-        group: the GRPO group (verl's prompt ``uid``), shared by the responses to one prompt; None: no group.
-        ground_truth: the dataset's reference answer (``reward_model.ground_truth``), as text, for judge RMs.
-    """
+    ``prompt_ids``/``response_ids``: the policy's unpadded ids (the response holds every turn after the prompt);
+    ``raw_prompt``: the prompt's chat messages, to which a re-templating RM appends the decoded response; ``messages``:
+    the whole conversation, rendered as is instead (needed by multi-turn trajectories that are re-templated); ``group``:
+    verl's prompt ``uid`` (GRPO siblings); ``ground_truth``: the dataset's answer, as text, for judges."""
 
     uid: str
     prompt_ids: list[int]

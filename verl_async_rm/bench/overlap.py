@@ -10,8 +10,8 @@ Every policy gets the same :class:`~verl_async_rm.bench.workload.Workload` (traj
 * ``drain``: the same executor with ``max_wait_ms=0``: a replica that frees takes whatever is queued (up to the cap),
   never waiting for a batch to fill, and nothing is told about the end of the step.
 * ``async``: the same executor with this package's defaults (``BatchPolicy()``; ``--max-batch-size`` and
-  ``--max-wait-ms`` override them for every policy) and ``drain_after(B)`` at the start of the step, which is what the verl
-  integration does (the manager announces each step's trajectory count, so the last batch flushes at once).
+  ``--max-wait-ms`` override them for every policy) and ``drain_after(B)`` at the start of the step, which is what
+  the verl integration does (the manager announces each step's trajectory count, so the last batch flushes at once).
 
 Clocks: ``real`` runs on the stock asyncio loop with workload time scaled by ``scale`` real seconds per workload
 second (``max_wait_ms`` is scaled the same way, so the policy sees the same workload-time wait); timer lateness and

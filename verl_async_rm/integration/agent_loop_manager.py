@@ -1,12 +1,9 @@
 """``AsyncRMAgentLoopManager``: verl's agent-loop manager plus one RM service per RM, for v0 and v1.
 
-verl builds the manager with ``.create(config=, llm_client=, teacher_client=, reward_loop_worker_handles=)`` and passes
-nothing else, so it checks the config, starts every RM service at once, lets verl build its agent-loop workers (our
-subclasses) and hands them the services' handles. It then only marks steps and closes the services; a service that
-dies is started again at the next step boundary. verl's v0 ``AgentLoopManager.__init__`` keeps a preset
-``agent_loop_workers_class`` while v1's ``AgentLoopManagerTQ.__init__`` overwrites it: v0 sets it before
-``super().__init__``, v1 after.
-"""
+verl builds the manager with ``.create(config=, llm_client=, ...)`` and passes nothing else: it starts the RM services,
+lets verl build its agent-loop workers (the plugin's subclasses) and hands them the services; then it marks steps and
+restarts a dead service at the next step boundary. verl's v0 ``AgentLoopManager.__init__`` keeps a preset
+``agent_loop_workers_class`` while v1's overwrites it: v0 sets it before ``super().__init__``, v1 after."""
 
 from __future__ import annotations
 
@@ -181,13 +178,9 @@ class AsyncRMAgentLoopManagerV0(_AsyncRMSide, AgentLoopManager):
 
 
 class AsyncRMAgentLoopManagerV1(_AsyncRMSide, AgentLoopManagerTQ):
-    """For the v1 trainer (``trainer.use_v1=True``, TransferQueue): ``generate_sequences`` only dispatches.
-
-    A ``generate_sequences`` call is not a step (refills, validation, async modes); the step boundaries come from
-    verl's fit loop, through :mod:`~verl_async_rm.integration.v1_hooks`, which calls :meth:`async_rm_close`. In the
-    ``sync`` trainer mode each training batch announces its trajectory count (``drain_after``), so the step's last batch
-    flushes the moment its last trajectory arrives; the async modes rely on ``max_wait_ms``.
-    """
+    """For the v1 trainer (TransferQueue): ``generate_sequences`` only dispatches. The step boundaries come from
+    verl's fit loop (:mod:`~verl_async_rm.integration.v1_hooks`); in the ``sync`` trainer mode each batch announces its
+    trajectory count (``drain_after``), so its last RM batch leaves the moment its last trajectory arrives."""
 
     def __init__(self, config, llm_client, teacher_client=None, reward_loop_worker_handles=None):
         super().__init__(config, llm_client, teacher_client, reward_loop_worker_handles)

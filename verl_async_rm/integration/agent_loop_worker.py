@@ -1,16 +1,9 @@
 """Agent-loop workers that send each finished trajectory to every RM service the moment its agent loop ends.
 
-The override of verl's ``AgentLoopWorker._compute_score`` (called in the trajectory's own task) awaits every RM's
-score, then runs verl's own ``_compute_score`` (the user's reward manager, which sees the scores in ``extra_info``) and
-mixes both (:meth:`~verl_async_rm.integration.reward_mix.RewardMix.finish`). An agent loop that already set
-``reward_score`` is left alone, as verl does. If an RM fails for a trajectory, it has no reward:
-
-- v1 trainer: its session raises whatever ``on_error`` says, so verl gives its group its own ``failure`` path; the
-  manager applies ``on_error`` at the end of the step, from the workers' records;
-- v0 trainer: ``on_error='raise'`` fails the trajectory (and the step); ``'drop'`` still runs the reward manager
-  (``rm_score`` NaN: verl stacks the same keys for every sample) and gives it a NaN reward flagged ``rm_dropped``,
-  which the v0 manager excludes.
-"""
+The override of verl's ``AgentLoopWorker._compute_score`` (in the trajectory's own task) awaits every RM's score,
+runs verl's own ``_compute_score`` (the reward manager, which sees the scores in ``extra_info``) and mixes both. A
+trajectory an RM failed has no reward: on v1 its session raises (verl's ``failure`` path; the manager applies
+``on_error`` at the step's end); on v0 ``on_error='drop'`` gives it a NaN reward flagged ``rm_dropped``."""
 
 from __future__ import annotations
 

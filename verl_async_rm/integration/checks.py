@@ -1,7 +1,6 @@
-"""Checks of verl's own keys that the plugin depends on, before anything starts: each failure is a ``ValueError``
-naming the key and the fix, for mistakes that would otherwise fail late or silently (verl's own RM servers enabled,
-the RM on the policy's GPUs with a trainer that cannot put it to sleep, legacy keys verl 0.9.1's ``main_ppo`` ignores, an RM checkpoint that is not a reward model).
-"""
+"""Checks of verl's own keys before anything starts, for mistakes that would fail late or silently: verl's own RM
+servers enabled, the RM on the policy's GPUs with a trainer that cannot put it to sleep, legacy keys verl's
+``main_ppo`` ignores, an RM checkpoint that is not a reward model. Each is a ``ValueError`` naming the key and fix."""
 
 from __future__ import annotations
 

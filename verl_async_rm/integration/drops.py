@@ -1,13 +1,7 @@
 """What a failed RM score does to a step: each worker records its trajectories' outcomes per phase
-(:class:`PhaseRecords`; v1: a failed trajectory never reaches TransferQueue, so this is where it is counted, in the
-step of its answer), then :func:`check_failures` (v1, at the end of a step or validation pass: verl already gave the
-trajectory's group its ``failure`` path) or :func:`apply_drops` (v0, ``on_error='drop'``).
-
-:func:`apply_drops` zeroes a dropped trajectory's ``response_mask`` (verl's ``agg_loss`` leaves fully masked sequences
-out of the policy loss) and replaces its NaN reward by the mean reward of the scored trajectories of its group, so the
-group's mean, which GRPO-style advantages subtract, does not move; a group with none left gets 0.0, which then reaches
-no loss. No reward of a dropped trajectory is ever a silent 0.0 standing in for a score.
-"""
+(:class:`PhaseRecords`), then :func:`check_failures` applies ``on_error`` (v1, at a step's end) or
+:func:`apply_drops` excludes the dropped trajectories (v0): their ``response_mask`` zeroed, their NaN reward replaced
+by their group's mean, so GRPO's baseline does not move. Never a silent 0.0 standing in for a score."""
 
 from __future__ import annotations
 

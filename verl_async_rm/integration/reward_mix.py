@@ -33,19 +33,12 @@ class RewardMix:
 
     rm_weight: float = option(1.0, "weight of the main RM's score (reward.reward_model.*)", **_WEIGHT)
     rule_weight: float = option(
-        0.0,
-        "weight of the reward manager's own reward (with async_rm: verl's rule, custom_reward_function or "
-        "default_compute_score). Default 0.0 with reward_manager.name=async_rm (0 skips the rule, so data sources "
-        "without a rule function work), 1.0 with any other manager",
-        **_WEIGHT,
-    )
+        0.0, "weight of the reward manager's own reward (verl's rule, custom_reward_function...). Default 0.0 with "
+        "reward_manager.name=async_rm (the rule is then skipped), 1.0 with any other manager", **_WEIGHT)
     combine_fn: Optional[str] = option(
-        None,
-        "'package.module:function' called as fn(rm_score=, rule_score=, data_source=, extra_info=, rm_scores=) -> "
-        "float; replaces the weighted sum (rm_scores: RM name -> raw score; required in the signature when "
-        "async_rm.models is set)",
-        str, optional=True, fix="e.g. +async_rm.combine_fn=my_rewards.mix:combine",
-    )
+        None, "'package.module:function' called as fn(rm_score=, rule_score=, data_source=, extra_info=, rm_scores=) "
+        "-> float instead of the weighted sum (rm_scores: RM name -> score; required with async_rm.models)",
+        str, optional=True, fix="e.g. +async_rm.combine_fn=my_rewards.mix:combine")
     #: Weights of the RMs of ``async_rm.models`` (name, weight), set from them; not a user key.
     extra_weights: tuple[tuple[str, float], ...] = field(default=(), metadata={"internal": True})
     #: Names of the RMs whose scores are token-level (process RMs with ``process_reduction='none'``); not a user key.
@@ -134,16 +127,12 @@ class RewardMix:
     def finish(self, manager_result: Mapping[str, Any], rm_scores: Mapping[str, Score], *, data_source: Any = None,
                extra_info: Optional[Mapping] = None, fn: Optional[Callable[..., float]] = None,
                error: Optional[str] = None, flag_drops: bool = False) -> tuple[float, dict[str, Any]]:
-        """The trajectory's reward and ``reward_extra_info`` from its reward manager's result and its RM scores (as
-        the replicas made them: finite, checked where they were made).
+        """The trajectory's reward and ``reward_extra_info`` from its reward manager's result and its RM scores.
 
-        ``reward_extra_info`` keeps the manager's own keys (one named like a key below becomes ``rule/<key>``) and
-        adds ``rm_score`` (main), ``rm_score_<name>`` for every RM, ``rm_total`` (the weighted RM sum),
-        ``rule_score`` (the manager's reward), and ``rm_verdict_<name>`` for every judge that writes its verdict (its
-        text's end; "" when it has none: verl stacks the keys of all samples). ``error`` (an RM failed,
-        ``on_error='drop'`` on v0): the reward is NaN, never a partial sum, and ``rm_dropped``/``rm_error`` flag it;
-        ``flag_drops`` adds them (0.0, "") to every trajectory.
-        """
+        ``reward_extra_info`` keeps the manager's keys (one clashing with ours becomes ``rule/<key>``) and adds
+        ``rm_score``, ``rm_score_<name>``, ``rm_total``, ``rule_score`` and ``rm_verdict_<name>`` ("" when none: verl
+        stacks the keys of all samples). ``error`` (v0, ``on_error='drop'``): the reward is NaN, never a partial sum,
+        flagged by ``rm_dropped`` and ``rm_error``, which ``flag_drops`` adds to every trajectory."""
         manager_info = dict(manager_result.get("reward_extra_info") or {})
         raw_rule = manager_result.get("reward_score")
         missing = [name for name in self.weights if name not in rm_scores]

@@ -1,10 +1,6 @@
-"""Token-level rewards from process RMs (``process_reduction='none'``): each step's score on the response token where
-that step ends, in verl's per-token ``rm_scores`` (where verl puts the whole reward on the last token).
-
-:func:`token_placement` spreads the reward so the per-token values still sum to ``reward_score``. On v1 the
-trajectory's output becomes a :class:`TokenRewardOutput` that builds ``rm_scores`` from it; on v0 the placement
-travels in ``extra_fields`` and :func:`place_token_rewards` rewrites the batch's ``rm_scores``.
-"""
+"""Token-level rewards of process RMs (``process_reduction='none'``): each step's score on the response token where
+it ends, in verl's ``rm_scores``, summing to the reward. v1: the output becomes a :class:`TokenRewardOutput`; v0: the
+placement travels in ``extra_fields`` and :func:`place_token_rewards` rewrites the batch."""
 
 from __future__ import annotations
 

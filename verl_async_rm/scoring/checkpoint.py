@@ -1,9 +1,6 @@
-"""Checks that the RM path holds a usable HuggingFace reward-model checkpoint, and its guarded loaders.
-
-The worst mistake caught here fails silently otherwise: ``AutoModelForSequenceClassification`` loads a causal-LM
-checkpoint with a *randomly initialised* score head and only logs a warning, so training would run on noise.
-:func:`check_rm_checkpoint` reads only ``config.json`` (no torch), so the driver runs it before any GPU is touched.
-"""
+"""Checks that the RM path holds a usable checkpoint, and its guarded loaders. The worst mistake caught here is
+silent otherwise: ``AutoModelForSequenceClassification`` loads a causal LM with a randomly initialised score head
+and only warns. :func:`check_rm_checkpoint` reads only ``config.json``, so the driver runs it before any GPU."""
 
 from __future__ import annotations
 
@@ -50,8 +47,8 @@ def _native_model_type(model_type: Any) -> bool:
 
 def check_rm_checkpoint(model_path: str, trust_remote_code: bool, reward_kind: str = "outcome") -> None:
     """Raise ``ValueError`` if ``model_path`` cannot be an RM: no ``config.json``; a generation architecture with no
-    reward head (a judge, ``reward_kind='judge'``, needs one instead); custom code (``auto_map``) without ``trust_remote_code`` for an unknown model type or an RM loaded
-    by its own ``AutoModel`` code (transformers would load the bare backbone and drop the reward head)."""
+    reward head (a judge needs one instead); custom code without ``trust_remote_code`` for an unknown model type or an
+    RM loaded by its own ``AutoModel`` code (transformers would load the bare backbone, dropping the reward head)."""
     config = _read_config(model_path)
     auto_map = config.get("auto_map") or {}
     model_type = config.get("model_type")
@@ -118,10 +115,8 @@ def load_tokenizer(path: str, key: str, trust_remote_code: bool) -> Any:
 
 
 def auto_class_name(config: dict[str, Any], reward_kind: str = "outcome") -> str:
-    """The transformers auto class that loads this RM: causal LM for judges; token (process RMs) or sequence
-    classification when the
-    architecture or the checkpoint's code provides it, else the checkpoint's own ``AutoModel`` code (InternLM2-Reward,
-    Qwen2.5-Math-PRM style), else token or sequence classification."""
+    """The auto class that loads this RM: causal LM for judges; token (process) or sequence classification when the
+    architecture or the checkpoint's code has it, else the checkpoint's own ``AutoModel`` code (InternLM2-Reward)."""
     auto_map = config.get("auto_map") or {}
     architectures = [str(a) for a in config.get("architectures") or []]
     if reward_kind == "judge":

@@ -1,18 +1,7 @@
-"""Does the RM fit beside the policy on one GPU? The memory check of ``placement='policy_pool'``.
-
-With ``reward.reward_model.enable_resource_pool=False`` each RM replica shares a GPU with verl's actor and its rollout
-engine, awake while the rollout runs. Then the GPU holds, at once:
-
-- the rollout engine's share, ``actor_rollout_ref.rollout.gpu_memory_utilization`` of the GPU (vLLM and SGLang
-  reserve it whole, for weights and KV cache);
-- what the actor keeps on the GPU while the rollout runs (:func:`actor_resident_bytes`, an estimate from verl's keys:
-  its FSDP shard of fp32 parameters and Adam's two fp32 moments, unless ``param_offload`` / ``optimizer_offload``
-  move them to the host; a separate reference policy's shard likewise);
-- the RM's weights in its dtype plus one micro-batch's activations (:func:`rm_need_bytes`).
-
-:func:`check_colocated_memory` refuses, before the RM is loaded, a replica whose need exceeds what is left, naming
-the keys and the values that fit.
-"""
+"""Does the RM fit beside the policy on one GPU (``placement='policy_pool'``)? That GPU holds at once the rollout
+engine's ``gpu_memory_utilization`` share, what the actor keeps there during the rollout (:func:`actor_resident_bytes`:
+its FSDP shard of fp32 parameters and Adam moments unless offloaded) and the RM's weights plus one micro-batch
+(:func:`rm_need_bytes`). :func:`check_colocated_memory` refuses, before loading, a replica that does not fit."""
 
 from __future__ import annotations
 

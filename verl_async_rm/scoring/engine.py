@@ -1,9 +1,5 @@
-"""What the two scoring engines share (transformers: :mod:`.hf_engine`; vLLM: :mod:`.vllm_engine`): the isolation
-of a failing row, written once, and the load-time agreement check's one tolerance.
-
-An engine turns prepared token ids into one raw value per row (:meth:`Engine.score_all`); how a raw value becomes a
-score is the RM kind's business (:mod:`.outcome`, :mod:`.process`, :mod:`.judge`).
-"""
+"""What the two engines (:mod:`.hf_engine`, :mod:`.vllm_engine`) share: the isolation of a failing row and the
+load-time check's tolerance, each written once. An engine turns token ids into raw values; the kind makes scores."""
 
 from __future__ import annotations
 

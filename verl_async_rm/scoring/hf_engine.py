@@ -1,11 +1,6 @@
-"""The transformers engine: prepared token ids in, one float32 value per row (or per read position) out; no
-tokenizers, no Ray, no verl.
-
-Micro-batches run padded or packed (:mod:`~verl_async_rm.scoring.packing`); values are read from the head's per-token
-output (a forward hook; :mod:`~verl_async_rm.scoring.readout`), the kind says which head and how. On CUDA the padded
-forwards run without torch's cuDNN attention backend, which builds a plan for every new (rows, width) shape (0.3-1.9 s
-each on an H100; RL lengths change each step).
-"""
+"""The transformers engine: token ids in, one float32 value per row (or per read position) out. Micro-batches run
+padded or packed (:mod:`.packing`), read where the kind says (:mod:`.readout`). On CUDA padded forwards skip cuDNN
+attention, which plans every new (rows, width) shape (0.3-1.9 s each on an H100; RL lengths change every step)."""
 
 from __future__ import annotations
 
@@ -53,19 +48,10 @@ _CHECK_GROUPS = ("g", "g", None, None)
 
 
 class HFEngine(Engine):
-    """Forward passes of one loaded model (on ``device``, in eval mode).
-
-    Args:
-        head: the module whose per-token output holds the scores (hooked here), or None to use the model's own
-            pooled ``logits`` (then forwards are always padded).
-        pad_id: the token id padding positions get (masked out, so any valid id).
-        share_prompts: run the common prefix of siblings (same group) in a micro-batch once; needs the ``varlen``
-            kernel, and ``auto`` only uses it on CUDA (the CPU kernel pads attention, which makes sharing slower).
-        on_failure: called with the error of every failed forward before its rows are retried (a sharded replica's
-            :class:`~verl_async_rm.scoring.sharding.FailureAgreement`, which raises when the ranks may not retry).
-        transform, forward_kwargs: applied to the head's output at each read row before the reduction (a judge's
-            LM-head rows), and given to every model call (a judge's ``logits_to_keep=1``).
-    """
+    """Forward passes of one loaded model. ``head``: the module whose per-token output is read (None: the model's
+    pooled ``logits``, padded only); ``share_prompts``: siblings' common prefix run once (``varlen`` kernel; ``auto``:
+    on CUDA only, the CPU kernel pads attention); ``on_failure``: a sharded replica's failure agreement; ``transform``
+    and ``forward_kwargs``: a judge's LM-head rows and ``logits_to_keep=1``."""
 
     name = "transformers"
 
@@ -180,12 +166,9 @@ class HFEngine(Engine):
         groups: Sequence[Hashable | None] | None = None,
         reads: Sequence[Sequence[int]] | None = None,
     ) -> list[Any]:
-        """Scores of prepared inputs, in their order, by micro-batches of at most ``max_tokens``; a failure costs only
-        the rows that cause it. ``groups``: each input's group (siblings share one), or None. ``reads``: per input,
-        the positions to read (process RMs), each input then getting a list of values instead of a float.
-
-        Scores stay on the device until every micro-batch has been launched, then are copied at once: one device sync
-        per call, so the host builds the next forward's input while the device runs the previous one."""
+        """Values of ``inputs``, in order, by micro-batches of at most ``max_tokens``; a failure costs only its rows.
+        ``reads``: per input the positions read (process RMs). One device sync per call: every micro-batch is launched
+        before the values are copied, so the host builds the next input while the device runs."""
         results: list[Any] = [None] * len(inputs)
         share = self._sharing(groups) and reads is None
         launched: list[tuple[list[int], torch.Tensor]] = []

@@ -1,10 +1,6 @@
-"""Turning trajectories into reward-model input (:func:`prepare_input_ids`), and grouping inputs into forward
-passes (:func:`plan_micro_batches`, :func:`plan_packed_micro_batches`): pure functions, no model, no Ray.
-
-Re-templating decodes the response with the policy tokenizer, appends it to ``raw_prompt`` as the assistant turn and
-renders the conversation with the RM's chat template; truncation cuts from the left, keeping the end of the response,
-where the score is read.
-"""
+"""Trajectories into RM input (:func:`prepare_input_ids`: re-rendered with the RM's chat template, or the
+policy's ids reused; cut from the left, keeping the response's end where the score is read) and inputs into
+micro-batches (:func:`plan_micro_batches`, :func:`plan_packed_micro_batches`). Pure functions."""
 
 from __future__ import annotations
 
@@ -107,17 +103,9 @@ def prepare_input_ids(
     id_limit: int | None = None,
     suffix_ids: Sequence[int] = (),
 ) -> tuple[list[int], bool]:
-    """The RM's input ids for one trajectory, and whether they were truncated (``RewardInputError`` if it cannot be
-    turned into RM input).
-
-    Args:
-        retemplate: re-render with the RM's chat template (else reuse ``prompt_ids + response_ids``).
-        response_stop_ids: ids stripped from the end of the response before decoding; default: the policy
-            tokenizer's EOS and pad ids.
-        id_limit: token ids read from the request must lie in ``[0, id_limit)``: the policy tokenizer's size when
-            the response is decoded, the RM's embedding rows when the ids are reused.
-        suffix_ids: ids appended after truncation, within ``max_length`` (the reward token of InternLM2-style RMs).
-    """
+    """The RM's input ids for one trajectory and whether they were cut (``RewardInputError`` when there are none).
+    ``id_limit``: ids must lie in ``[0, id_limit)`` (the policy's vocabulary when decoded, the RM's embedding when
+    reused); ``suffix_ids`` (a reward token) are appended after truncation, within ``max_length``."""
     bos_id = rm_tokenizer.bos_token_id
     if not retemplate:
         if id_limit is not None:

@@ -1,14 +1,7 @@
-"""The judge RM kinds (``reward_kind='judge'``): a causal LM asked about the trajectory, read at its next token
-(``judge_readout='logits'``, on transformers) or by the verdict it writes (``'generate'``, on vLLM).
-
-The trajectory goes into ``judge_prompt`` (Jinja: ``prompt``, ``response``, ``messages``, ``ground_truth``), the user
-turn of a one-turn conversation rendered with the judge's chat template and its generation prompt. ``logits``: the
-final norm's output at each row's last token (the LM head runs at one position only, ``logits_to_keep=1``) through the
-LM head's rows of ``judge_tokens`` (:class:`~.readout.JudgeLogits`): the first token's probability renormalised over
-them, or one token's raw logit; checked at load against the model's own next-token logits. ``generate``: greedy text
-parsed by ``judge_pattern`` (:func:`parse_verdict`); a verdict that does not parse fails its own trajectory
-(:class:`~verl_async_rm.errors.JudgeVerdictError`), never a stand-in score.
-"""
+"""The judge kinds (``reward_kind='judge'``): a causal LM asked about the trajectory in ``judge_prompt`` (Jinja, the
+user turn of its chat template), read at its next token (``logits``, transformers, :class:`~.readout.JudgeLogits`,
+checked at load against the model's own logits) or by the verdict it writes (``generate``, vLLM, parsed by
+``judge_pattern``; a verdict that does not parse fails its trajectory, never a stand-in score)."""
 
 from __future__ import annotations
 
@@ -184,7 +177,7 @@ class JudgeLogitsKind(OutcomeKind):
         for key in ("judge_tokens",) if cls.readout == "generate" else ("judge_pattern", "judge_labels"):
             other = "logits" if key == "judge_tokens" else "generate"
             refusals[key] = (getattr(config, key) is not None, f"it is read only with judge_readout={other}, and "
-                             f"judge_readout is {config.judge_readout!r}", "remove it, or set judge_readout accordingly")
+                             f"judge_readout is {config.judge_readout!r}", "remove it, or set judge_readout")
         for key, (bad, why, fix) in refusals.items():
             if bad:
                 raise ConfigValueError(key, getattr(config, key), why, fix)

@@ -1,12 +1,6 @@
-"""The outcome RM kind (sequence classification, the RM most users run): how a trajectory becomes its input, and how
-the engine's raw value becomes its score. The other kinds (:mod:`.process`, :mod:`.judge`) derive from it.
-
-A kind owns three things: its input (:meth:`OutcomeKind.build`), its checks (:meth:`OutcomeKind.check` on the config,
-the rest at load) and its reading (:meth:`OutcomeKind.read`); for the transformers engine it also names the module it
-reads (:meth:`OutcomeKind.hf_readout`). The score is read at the last valid token of the attention mask, not by
-``pad_token_id`` (HF decoder classifiers pick the rightmost token that is not the pad id: wrong when a real token
-equals it): the kind hooks the head (``score``, ``v_head`` or ``classifier``) and the engine indexes its output.
-"""
+"""The outcome kind (sequence classification, the RM most users run), base of the other kinds: a kind builds a
+trajectory's input, refuses what it cannot do (:meth:`OutcomeKind.check`, at config time) and reads its score. The
+score is read at the last valid token of the mask, not by ``pad_token_id`` (wrong when a real token equals it)."""
 
 from __future__ import annotations
 
@@ -55,13 +49,8 @@ def kind_class(config: Any) -> type[OutcomeKind]:
 
 
 class OutcomeKind:
-    """A sequence-classification RM: the conversation as the RM reads it (the policy's ids, or re-rendered with the
-    RM's chat template), one finite score each.
-
-    Args:
-        config: the RM settings; ``rm_tokenizer``: its tokenizer; ``text_config``: its (text) model config;
-        vocab_size: the ids the RM can embed.
-    """
+    """A sequence-classification RM: the conversation as the RM reads it (the policy's ids, or re-rendered with its
+    chat template), one finite score each."""
 
     name = "outcome"
     #: True: the conversation is always rendered as text for the RM (else ``retemplate`` decides).

@@ -1,11 +1,6 @@
-"""The process RM kind (PRM): one score per reasoning step, read at a separator token after each step.
-
-As the public PRMs do (Qwen2.5-Math-PRM's model card): the steps joined and ended by the separator, rendered with the
-RM's chat template; at every separator the probability of the "correct" label is the step's score. Each step maps back
-to the policy's response token where it ends, from character offsets in the decoded response (so whatever the RM's
-tokenizer is). An input longer than ``max_length`` loses the start of the prompt, then its first steps
-(:attr:`RMInput.dropped`).
-"""
+"""The process kind (PRM, Qwen2.5-Math-PRM's recipe): the steps joined and ended by a separator token, rendered with
+the RM's chat template; each separator's "correct" probability is its step's score, placed on the response token
+where the step ends. A long input loses its prompt's start, then its first steps."""
 
 from __future__ import annotations
 
@@ -87,11 +82,7 @@ class ProcessKind(OutcomeKind):
 
 
 def split_steps(text: str, delimiter: str) -> list[tuple[str, int]]:
-    """``(step, end)`` for every non-empty step of ``text`` (``end``: the offset just past the step in ``text``).
-
-    Whitespace-only pieces are skipped; no delimiter gives one step; a text with no non-empty piece gives one step,
-    the whole text.
-    """
+    """``(step, end offset)`` of every non-empty step of ``text``; the whole text when none."""
     steps: list[tuple[str, int]] = []
     start = 0
     for piece in text.split(delimiter):

@@ -1,7 +1,5 @@
-"""The reward model in one process: one RM kind (how a trajectory becomes input, and a raw value its score) composed
-with one engine (how inputs become raw values). :class:`RewardModelScorer` is what each RM replica holds; it has no
-Ray in it, so it is tested and benchmarked in-process.
-"""
+"""The reward model in one process: one kind composed with one engine. No Ray, so it runs in-process in tests and
+benchmarks."""
 
 from __future__ import annotations
 
@@ -73,15 +71,8 @@ def resolve_dtype(name: str, on_gpu: bool) -> torch.dtype:
 
 
 class RewardModelScorer:
-    """An RM ready to score :class:`RMRequest` batches: its kind (:func:`~.outcome.kind_class`) and its engine
-    (transformers, or vLLM with ``engine='vllm'`` and for a judge that writes its verdict).
-
-    Args:
-        config: the RM settings.
-        device: where to run; default: the current CUDA device when ``config.use_gpu``, else CPU (no verl import).
-        shard: this process's rank in a sharded replica (:mod:`~verl_async_rm.scoring.sharding`); ``store``: the
-            ``TCPStore`` rank 0 hosts (rank 0 only).
-    """
+    """An RM ready to score :class:`RMRequest` batches. ``device``: default the current CUDA device with
+    ``use_gpu``, else CPU (no verl import); ``shard``, ``store``: this rank of a sharded replica."""
 
     def __init__(self, config: RMConfig, device: str | torch.device | None = None, shard: ShardGroup | None = None,
                  store: Any = None) -> None:

@@ -1,11 +1,6 @@
-"""An RM replica larger than one GPU (``gpus_per_replica=k``): ``k`` processes ("ranks") in their own
-``torch.distributed`` group, the RM sharded over them (transformers' tensor-parallel plan where the architecture has
-one that divides by ``k``, else FSDP2), all running the same ``score`` on the same requests, in step.
-
-A forward is a sequence of collectives every rank issues in the same order, so the scorer's failure isolation (a failed
-micro-batch halved and retried) is safe only when every rank failed: :class:`FailureAgreement` checks that, else
-:class:`~verl_async_rm.errors.ShardDesyncError` ends the replica.
-"""
+"""An RM replica over ``gpus_per_replica=k`` GPUs: ``k`` ranks in their own ``torch.distributed`` group, the RM
+sharded (tensor parallel where the architecture has a plan dividing by ``k``, else FSDP2), all scoring the same
+requests in step. Retrying a failed micro-batch is safe only when every rank failed (:class:`FailureAgreement`)."""
 
 from __future__ import annotations
 
@@ -83,14 +78,9 @@ def leave_group() -> None:
 
 
 class FailureAgreement:
-    """Lets a rank of a sharded replica retry a failed forward only when it failed on every rank (else
-    ``ShardDesyncError``).
-
-    Called (as the transformers engine's failure hook) for each failed forward: the ``n``-th call of every rank is about the same
-    forward. Each call marks this rank's failure in rank 0's store and waits up to ``AGREE_S`` for every rank's mark.
-    Out-of-band on purpose: a rank whose forward succeeded may be waiting in the next collective, where a collective of
-    this rank's retry would pair with the wrong one.
-    """
+    """The failure hook of a sharded replica's engine: the ``n``-th call of every rank is about one forward; each
+    marks its failure in rank 0's store and waits ``AGREE_S`` for every rank's, else ``ShardDesyncError``. Out of band:
+    a rank whose forward succeeded may wait in the next collective."""
 
     def __init__(self, store: Any, rank: int, world_size: int) -> None:
         self.store, self.rank, self.world_size = store, rank, world_size

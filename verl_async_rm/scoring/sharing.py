@@ -1,12 +1,5 @@
-"""Shared prompts computed once: the common prefix of sibling RM inputs (same ``RMRequest.group``) runs once per
-packed forward.
-
-The prefix is the longest common prefix of their token ids (so template quirks cannot break it), one token short of the
-shortest sibling (every row keeps a token to read its score at). In :func:`shared_layout` it is one segment with
-positions ``0..P-1``, each sibling's own tokens a segment with positions ``P..``; a sibling's attention reads its
-prefix's keys then its own (one ``index_select`` per layer, ``rm_key_index``), causal from the bottom right: exactly
-what its tokens see in its full sequence.
-"""
+"""Shared prompts computed once: the longest common prefix of siblings' RM inputs (one token short of the shortest)
+runs once per packed forward; each sibling's attention reads its keys, then its own, causal from the bottom right."""
 
 from __future__ import annotations
 

@@ -1,15 +1,7 @@
-"""The vLLM engine (``engine='vllm'``, and every judge that writes its verdict): prepared token ids in, one raw value
-per row out, on a vLLM engine in the replica's own process.
-
-- In-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): a killed replica takes its engine with it; an engine that is
-  broken (vLLM's ``EngineDeadError``, or a row that fails alone while a known-good input fails too) raises
-  :class:`~verl_async_rm.errors.EngineDeadError`, which ends the replica, replaced as any lost one.
-- ``pooling``: ``classify`` with ``use_activation=False``, the score head's raw outputs at the last token (vLLM's
-  ``LAST`` pooling, where transformers reads them too); ``generate``: greedy text, at most ``judge_max_tokens``.
-- GRPO siblings share their prompt through vLLM's prefix cache. On CPU the KV cache defaults to
-  ``VLLM_CPU_KVCACHE_SPACE=1`` GiB and threads are not bound to cores (``VLLM_CPU_OMP_THREADS_BIND=nobind``; vLLM's
-  default binds every engine to core 0); set them to override.
-"""
+"""The vLLM engine (``engine='vllm'``, and judges that write their verdict), in the replica's own process: a killed
+replica takes it along, and a broken one (vLLM's ``EngineDeadError``, or a known-good input failing too) raises
+:class:`~verl_async_rm.errors.EngineDeadError`, which ends the replica. ``pooling`` reads the head's raw outputs at the
+last token (``use_activation=False``); ``generate`` writes greedy text. On CPU: 1 GiB of KV cache, threads unbound."""
 
 from __future__ import annotations
 
@@ -91,13 +83,7 @@ class Generated:
 
 
 class VLLMEngine(Engine):
-    """A vLLM engine for one RM in this process: ``pooling`` (raw scores) or ``generate`` (a judge's text).
-
-    Args:
-        config: the RM settings (path, score_reduction / score_index, micro_batch_max_tokens, judge_max_tokens).
-        max_length: the engine's ``max_model_len`` (None: the model's); ``dtype``: a torch dtype or its name;
-        device: ``cpu`` or the replica's one GPU; ``prefix_caching``: off for benchmarks.
-    """
+    """A vLLM engine for one RM: ``pooling`` (raw scores) or ``generate`` (a judge's text)."""
 
     name = "vLLM"
 

@@ -1,7 +1,4 @@
-"""The RM service: one Ray actor per reward model that owns its pool, replicas, batcher and statistics.
-
-Everything here but the batcher imports Ray and verl, so it loads on first attribute access.
-"""
+"""The RM service: one Ray actor per RM. All but the batcher import Ray and verl, so they load on first access."""
 
 from __future__ import annotations
 

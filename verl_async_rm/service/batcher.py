@@ -1,15 +1,9 @@
-"""The RM service's batcher: single requests in, batches out to free RM replicas (pure asyncio, no Ray, no threads).
+"""The RM service's batcher: single requests in, batches out to free replicas (pure asyncio, no Ray, no threads).
 
-A batch is formed only when a replica is free (work-conserving), and then when ``max_batch_size`` requests or
-``max_batch_tokens`` tokens wait, the OLDEST request has waited ``max_wait_ms``, or a drain covers it (the end of a
-step). Batches group similar lengths. Every request resolves exactly once: a result, its own exception, a deadline, a
-cancellation, a lost replica's retries used up, or the batcher closing or crashing. ``batch_fn(items, replica)`` returns
-one result or ``Exception`` instance per item; what it raises fails its batch, except :class:`ReplicaLostError`, which
-puts the batch back at the head of the queue and replaces (or retires) the replica.
-
-    batcher = Batcher(batch_fn, BatchPolicy(max_batch_size=64), replicas=handles, replace_replica=factory)
-    score = await batcher.submit(request, num_tokens=n, deadline_s=60)
-"""
+A batch leaves only for a free replica (work-conserving), when ``max_batch_size`` requests or ``max_batch_tokens``
+tokens wait, the OLDEST has waited ``max_wait_ms``, or a drain covers it; batches group similar lengths. Every request
+resolves exactly once. ``batch_fn(items, replica)`` returns one result or ``Exception`` per item; what it raises
+fails the batch, except :class:`ReplicaLostError`: the batch goes back to the queue, the replica is replaced."""
 
 from __future__ import annotations
 
@@ -58,36 +52,27 @@ REPLICA_STATES = ("free", "busy", "timed_out", "replacing", "lost")
 class BatchPolicy:
     """How requests become batches (``async_rm.*`` keys; per RM under ``async_rm.models.<name>``)."""
 
-    max_batch_size: int = option(
-        32, "Most requests in one RM call; a batch this full leaves at once.",
-        least=1, fix="set it to the most requests one RM call should score, for example 64",
-    )
+    max_batch_size: int = option(32, "Most requests in one RM call; a batch this full leaves at once.", least=1,
+                                 fix="set it to the most requests one RM call should score, for example 64")
     max_batch_tokens: int | None = option(
-        None, "Most tokens (each request's policy tokens) in one RM call; a longer request goes alone. None: no "
-        "budget.", int, optional=True, least=1,
-        fix="set it to the token budget of one RM call (for example 65536), or None to disable the budget",
-    )
+        None, "Most policy tokens in one RM call (a longer request goes alone). None: no budget.", int,
+        optional=True, least=1, fix="set the token budget of one RM call (e.g. 65536), or None for no budget")
     max_wait_ms: float = option(
-        20.0, "A free replica takes what waits once the OLDEST request has waited this long; 0: at once "
-        "(work-conserving).", least=0, fix="set how long the oldest request may wait for a batch to fill (ms), e.g. 20",
-    )
+        20.0, "A free replica takes what waits once the OLDEST request has waited this long; 0: at once.", least=0,
+        fix="set how long the oldest request may wait for a batch to fill (ms), e.g. 20")
     batch_timeout_s: float | None = option(
-        600.0, "Longest one RM call may run: past it its requests fail with RequestTimeoutError, and the replica "
-        "gets no batch until the call ends (it is replaced if it stays silent as long again). None: no limit.",
-        float, optional=True, above=0, fix="give a positive number of seconds, or None for no limit",
-    )
+        600.0, "Longest one RM call may run: then its requests fail (RequestTimeoutError) and the replica takes no "
+        "batch until the call ends (replaced if silent init_timeout_s more). None: no limit.", float,
+        optional=True, above=0, fix="give a positive number of seconds, or None for no limit")
     group_by_length: bool = option(
-        True, "When more requests wait than fit one batch, fill it (after the oldest request) with the closest "
-        "lengths, overdue ones first, to cut padding; False: arrival order.",
-    )
+        True, "Fill a batch (after the oldest request) with the closest lengths, overdue ones first, to cut "
+        "padding; False: arrival order.")
     prefer_siblings: bool = option(
-        False, "With group_by_length: take the oldest request's GRPO siblings (RMRequest.group) first, so a packed "
-        "RM with share_prompts computes their prompt once. Costs padding for a padded RM.",
-    )
+        False, "With group_by_length: the oldest request's GRPO siblings first, so a packed RM with share_prompts "
+        "computes their prompt once (costs padding on a padded RM).")
     replica_retries: int = option(
-        2, "Times a request whose replica died under it goes back to the queue; then it fails with that error.",
-        least=0, fix="use 0 to fail at once, or a small count such as 2",
-    )
+        2, "Times a request whose replica died under it goes back to the queue before failing with that error.",
+        least=0, fix="use 0 to fail at once, or a small count such as 2")
 
     def __post_init__(self) -> None:
         check_options(self)
@@ -115,8 +100,8 @@ class Summary:
 
 @dataclass(frozen=True)
 class StepStats:
-    """What the batcher did in one step (:meth:`Batcher.pop_step_stats`): counters as differences over the step;
-    ``rm_utilization`` = batch time / (replicas x elapsed); ``tail_s`` from the step's last submit to its last result."""
+    """One step's figures (:meth:`Batcher.pop_step_stats`): counters as differences; ``rm_utilization``: batch
+    time / (replicas x elapsed); ``tail_s``: from the step's last submit to its last result."""
 
     submitted: int = 0
     completed: int = 0
@@ -252,12 +237,9 @@ class Request:
 def select_batch(pending: Iterable[Request], *, count: int, pending_tokens: int, max_items: int,
                  max_tokens: int | None, due_before: float, group_by_length: bool, window: int,
                  prefer_siblings: bool = False) -> list[Request]:
-    """The next batch from ``pending`` (oldest first): the oldest request always, alone if over the token budget.
-
-    In arrival order the batch stops at the first request that does not fit (it keeps its place). With length
-    grouping the rest comes from the ``window`` requests after the oldest: due ones (submitted at or before
-    ``due_before``) first, then the oldest's siblings (``prefer_siblings``), then the closest lengths; one that does
-    not fit is skipped. Due ones are grouped too: under a backlog all are due, and arrival order mixes lengths."""
+    """The next batch from ``pending``, oldest first: the oldest always (alone if over the token budget). In arrival
+    order it stops at the first that does not fit; with length grouping the rest comes from the ``window`` after the
+    oldest: due ones first, then its siblings (``prefer_siblings``), then the closest lengths."""
     if count <= max_items and (max_tokens is None or pending_tokens <= max_tokens):
         return list(pending)
     it = iter(pending)
@@ -673,7 +655,7 @@ class Batcher:
             awaitable = self._batch_fn([req.item for req in batch], self.replicas[index])
             if not isinstance(awaitable, Awaitable):
                 raise BatchResultError(f"batch_fn returned {type(awaitable).__name__}, not an awaitable: it must be "
-                                       "`async def batch_fn(items, replica)` (a blocking call would stall every caller)")
+                                       "`async def batch_fn(items, replica)` (a blocking call stalls every caller)")
             results = await awaitable
         except asyncio.CancelledError:
             if self._closing:

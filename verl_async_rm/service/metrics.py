@@ -19,14 +19,8 @@ VAL_PREFIX = "val-async_rm/"
 
 
 def service_step_metrics(step: StepStats, replica_steps: Sequence[ScorerStats] = ()) -> dict[str, float]:
-    """Flat ``{name: number}`` for one step; figures with no value this step (no batch ran) are left out.
-
-    ``replica_steps`` are the replicas' step counters (``RMReplica.pop_step_stats``): inputs truncated to
-    ``max_length``, items the RM failed (bad input, NaN score...), for process RMs leading steps left unscored, and for
-    judges that write their verdict the tokens they wrote and the verdicts that did not parse.
-    ``reward_tail_s`` runs from the step's last request reaching the service (right after its agent loop ended) to the
-    last score handed back, on the service's one clock.
-    """
+    """Flat ``{name: number}`` of one step, with the replicas' counters (``RMReplica.pop_step_stats``); figures
+    with no value are left out. ``reward_tail_s``: from the step's last request to its last score, on the service."""
     values = {
         "requests": step.submitted,
         "scored": step.completed,

@@ -1,14 +1,6 @@
-"""The reward pool (the RM's own Ray resources) and the RM worker group ("rm_wg") built on it.
-
-:class:`RMResourcePool` is a verl ``RayResourcePool`` with one bundle per replica (``gpus_per_replica`` GPUs and as
-many CPUs, so a replica is always on one node; not verl's 10 CPUs per GPU). Unlike verl's, each node's placement group
-is pinned to a distinct node (two ``STRICT_PACK`` groups could otherwise share one big node), and the reservation waits
-at most ``placement_timeout_s`` (verl waits on ``pg.ready()`` forever: a hang on a small cluster).
-
-Every replica is spawned by :func:`replica_group`, a verl ``RayWorkerGroup`` of :class:`RMReplica`: of every bundle at
-start (the rm_wg), or of a lost replica's bundle alone (:class:`ReplicaFactory`). ``wg.workers`` are the replicas'
-actor handles, the batcher's replicas.
-"""
+"""The reward pool and the RM worker group on it. :class:`RMResourcePool` is verl's ``RayResourcePool`` with one
+bundle per replica (``gpus_per_replica`` GPUs and CPUs, not verl's 10 CPUs per GPU), its node groups on distinct
+nodes, reserved within ``placement_timeout_s`` (verl waits forever). Every replica comes from :func:`replica_group`."""
 
 from __future__ import annotations
 
@@ -189,15 +181,9 @@ def reserve_placement_groups(
 def create_rm_worker_group(
     config: RMConfig, pool: RMResourcePool | None = None, name_prefix: str | None = None
 ) -> RayWorkerGroup:
-    """Reserve the reward pool (default: ``RMResourcePool.from_config(config)``), start one :class:`RMReplica` per
-    bundle and load the RM on each: the verl ``RayWorkerGroup`` (``wg.workers``, ``wg.resource_pool``).
-
-    ``name_prefix`` names the replicas and the placement groups (those left by a dead predecessor are removed first).
-    With ``config.placement='policy_pool'`` the pool is verl's actor/rollout pool (:class:`PolicyPool`).
-    Raises ``ResourcePoolError``, ``ValueError`` (the weights cannot fit ``gpus_per_replica`` GPUs, or beside the
-    policy) or
-    ``RewardModelError`` (a replica failed to load, or took longer than ``init_timeout_s``), the group shut down first.
-    """
+    """Reserve the pool, start one :class:`RMReplica` per bundle and load the RM on each: the verl
+    ``RayWorkerGroup``. Raises ``ResourcePoolError``, ``ValueError`` (the RM does not fit) or ``RewardModelError``,
+    everything released first."""
     if pool is None:
         pool = PolicyPool(config) if config.placement == "policy_pool" else RMResourcePool.from_config(
             config, name_prefix=name_prefix)
@@ -305,11 +291,7 @@ def kill_quietly(actor: Any) -> None:
 
 
 def kill_and_wait(actors: Iterable[Any], timeout_s: float) -> None:
-    """Kill actors and wait, at most ``timeout_s`` in all, until Ray reports each one dead.
-
-    ``ray.kill`` only sends the request: a call made right after it may still be served, and the actors a killed owner
-    leaves (its replicas) die a little later. A caller that promises "gone" on return waits here.
-    """
+    """Kill actors and wait, at most ``timeout_s``, until Ray reports each dead (``ray.kill`` only asks)."""
     actors = list(actors)
     for actor in actors:
         kill_quietly(actor)

@@ -1,10 +1,6 @@
-"""The other ranks of a sharded RM replica (``gpus_per_replica=k > 1``), as its rank 0 (the ``RMReplica`` verl
-placed, the only rank the service calls) runs them: actors it owns in its own bundle, so they die with it.
-
-Every batch goes to every rank; rank 0 answers when all have finished it. Any rank that dies or fails makes rank 0
-exit at once (its collectives would otherwise fail or hang): the service sees a lost replica, re-queues its batch and
-replaces all ``k`` ranks.
-"""
+"""The other ranks of a sharded replica, owned by its rank 0 (the ``RMReplica`` the service calls) in its bundle.
+Every batch goes to every rank; any rank failing makes rank 0 exit at once (collectives would hang): the service sees
+a lost replica and replaces all ``k`` ranks."""
 
 from __future__ import annotations
 

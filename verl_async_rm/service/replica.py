@@ -1,10 +1,5 @@
-"""One RM replica: a verl ``Worker`` holding one full copy of the reward model (one data-parallel replica), or rank 0
-of a replica sharded over ``gpus_per_replica`` GPUs (:mod:`verl_async_rm.service.ranks`).
-
-The RM service calls each replica by its own actor handle, ``replica.score.remote(requests)`` (an ordinary Ray actor
-method); only :meth:`RMReplica.describe` is also a group call of the rm_wg. ``score`` returns one entry per
-request: its score, or the exception that failed that request.
-"""
+"""One RM replica: a verl ``Worker`` holding a full copy of the RM, or rank 0 of a sharded one
+(:mod:`.ranks`). The service calls it by its actor handle; ``score`` returns one score or error per request."""
 
 from __future__ import annotations
 
@@ -31,12 +26,8 @@ __all__ = ["RMReplica"]
 
 
 class RMReplica(Worker):
-    """One RM replica in the reward pool's ``RayWorkerGroup`` (the "rm_wg").
-
-    Args:
-        config: the RM settings; the model is loaded by :meth:`init_model`, not here, so that every replica of a
-            group loads in parallel.
-    """
+    """One replica of the reward pool's worker group; :meth:`init_model` loads the RM (so replicas load in
+    parallel)."""
 
     def __init__(self, config: RMConfig) -> None:
         super().__init__()
@@ -46,13 +37,8 @@ class RMReplica(Worker):
         self._ranks: Ranks | None = None
 
     def init_model(self, placement: tuple[Any, int] | None = None) -> dict[str, Any]:
-        """Load the RM on this replica's device, or (``gpus_per_replica > 1``) sharded over the ``k`` GPUs of its
-        bundle ``placement`` (``(placement group, bundle index)``), this worker being rank 0; returns :meth:`describe`.
-
-        Raises:
-            ValueError: the RM's weights cannot fit the replica's GPUs (the message gives the ``gpus_per_replica``
-                that fits).
-        """
+        """Load the RM on this replica's device, or sharded over its bundle's GPUs (``placement``: placement group,
+        bundle); returns :meth:`describe`. ``ValueError`` when the weights cannot fit, naming what fits."""
         if self._scorer is not None:
             return self.describe()
         check_replica_memory(self.config)

@@ -1,9 +1,5 @@
-"""``RMService``: one reward model as a Ray actor that owns its pool, its replicas, the batcher and the statistics.
-
-Agent-loop workers call only :meth:`RMService.score` (through :func:`~verl_async_rm.service.client.score_with_timeout`);
-the manager starts the services (:func:`start_rm_services`), marks the steps and closes them. The replicas and their
-replacements are owned by the service actor, so they go with it.
-"""
+"""``RMService``: one RM as a Ray actor that owns its pool, replicas, batcher and statistics. Workers call only
+:meth:`RMService.score`; the manager starts the services, marks steps and closes them."""
 
 from __future__ import annotations
 
@@ -46,12 +42,9 @@ _POOLS_FIX = ("make a pool smaller (its n_gpus_per_node / nnodes), score with fe
 
 
 class ReplicaCall:
-    """``async batch_fn(items, replica) -> list``: ``replica.score(items)``, one score or per-item exception each.
-
-    A dead replica raises :class:`ReplicaLostError` (its batch goes back to the queue); a replica's typed error passes
-    as it is; anything else becomes :class:`RewardModelError`. A synchronous replica cannot be interrupted: a call the
-    batcher cancelled (``batch_timeout_s``) waits ``grace_s`` more for its answer, then the replica counts as lost.
-    """
+    """``batch_fn(items, replica)``: ``replica.score(items)``. A dead replica raises :class:`ReplicaLostError`; a
+    typed error passes as it is; any other becomes :class:`RewardModelError`. A replica cannot be interrupted: a call
+    the batcher cancelled (timed out) waits ``grace_s`` for its answer, then the replica counts as lost."""
 
     def __init__(self, grace_s: float) -> None:
         if isinstance(grace_s, bool) or not isinstance(grace_s, int | float) or not grace_s > 0:
