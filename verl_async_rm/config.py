@@ -152,10 +152,8 @@ class AsyncRMConfig:
         if rm.placement == "policy_pool":  # every RM where the main one is (placement_values, read once)
             base.update({k: getattr(rm, k) for k in ("placement", "n_gpus_per_node", "nnodes",
                                                      "rollout_memory_utilization", "actor_resident_bytes")})
-        extras = extra_rm_entries(
-            models, base=base,
-            shared_rm=sections[RMConfig], shared_batching=batching_values, group=CONFIG_GROUP,
-        )
+        extras = extra_rm_entries(models, base=base, shared_rm=sections[RMConfig], shared_batching=batching_values,
+                                  group=CONFIG_GROUP)
         mix_values = sections[RewardMix]
         if "rule_weight" not in mix_values and _manager_name(config) != ASYNC_RM_MANAGER:
             mix_values["rule_weight"] = 1.0  # the user's own reward manager: its reward counts unless told otherwise
@@ -188,14 +186,11 @@ def rm_config_from_verl(config: Any, overrides: Mapping[str, Any] | None = None,
     for name, value in dict(overrides or {}).items():
         if name not in known:
             raise ConfigValueError(
-                f"{prefix}{name}", value, "not a setting of the RM worker group", f"use one of {sorted(known)}"
-            )
+                f"{prefix}{name}", value, "not a setting of the RM worker group", f"use one of {sorted(known)}")
         values[name], keys[name] = value, f"{prefix}{name}"
     if "model_path" not in values:
-        raise ConfigValueError(
-            "reward.reward_model.model_path", None, "the RM worker group needs a reward model",
-            "set reward.reward_model.model_path=/path/to/rm",
-        )
+        raise ConfigValueError("reward.reward_model.model_path", None, "the RM worker group needs a reward model",
+                               "set reward.reward_model.model_path=/path/to/rm")
     values.update(placement_values(config))
     return build(RMConfig, values, keys)
 
@@ -219,10 +214,8 @@ def placement_values(config: Any) -> dict[str, Any]:
     }
 
 
-def extra_rm_entries(
-    models: Any, *, base: Mapping[str, Any], shared_rm: Mapping[str, Any], shared_batching: Mapping[str, Any],
-    group: str,
-) -> tuple[RMEntry, ...]:
+def extra_rm_entries(models: Any, *, base: Mapping[str, Any], shared_rm: Mapping[str, Any],
+                     shared_batching: Mapping[str, Any], group: str) -> tuple[RMEntry, ...]:
     """Parse ``async_rm.models`` (name -> options) into entries, in the order given. ``base``: RMConfig fields
     every RM takes from verl; ``shared_rm``, ``shared_batching``: the options set at the top of ``async_rm``."""
     if models is None:
@@ -230,8 +223,7 @@ def extra_rm_entries(
     if not isinstance(models, Mapping):
         raise ValueError(
             f"{group}.{MODELS_KEY}={models!r}: it must be a group of RMs by name; set each one's keys, e.g. "
-            f"+{group}.{MODELS_KEY}.safety.model_path=/path/to/rm"
-        )
+            f"+{group}.{MODELS_KEY}.safety.model_path=/path/to/rm")
     rm_fields = {f.name for f in dataclasses.fields(RMConfig)} - {"use_gpu"}
     batching_fields = {f.name for f in dataclasses.fields(BatchPolicy)}
     entries = []
@@ -240,17 +232,14 @@ def extra_rm_entries(
         if name == MAIN:
             raise ValueError(
                 f"{key}: the name '{MAIN}' is taken by the RM of reward.reward_model.* (weighted by {group}.rm_weight);"
-                f" give this RM another name, e.g. {group}.{MODELS_KEY}.safety"
-            )
+                f" give this RM another name, e.g. {group}.{MODELS_KEY}.safety")
         if not isinstance(name, str) or not _NAME.match(name):
             raise ValueError(
                 f"{key}: an RM name must start with a letter and hold only letters, digits and '_' (it names the "
-                "rm_score_<name> reward key and the async_rm/<name>/ metrics), e.g. safety"
-            )
+                "rm_score_<name> reward key and the async_rm/<name>/ metrics), e.g. safety")
         if not isinstance(options, Mapping):
             raise ValueError(
-                f"{key}={options!r}: it must be a group of keys; set them one by one, e.g. +{key}.model_path=/path"
-            )
+                f"{key}={options!r}: it must be a group of keys; set them one by one, e.g. +{key}.model_path=/path")
         rm_values = {k: v for k, v in shared_rm.items() if k not in _OWN_KEYS}
         batching_values = dict(shared_batching)
         for option_name, value in options.items():
@@ -266,8 +255,7 @@ def extra_rm_entries(
         if not options.get("model_path"):
             raise ValueError(
                 f"{key}.model_path={options.get('model_path')!r}: each extra RM needs its path; "
-                f"set +{key}.model_path=/path/to/rm"
-            )
+                f"set +{key}.model_path=/path/to/rm")
         if base.get("placement") == "policy_pool":  # every RM on the policy's GPUs, one replica on each
             for own in ("n_gpus_per_node", "nnodes"):
                 if own in options:
@@ -305,8 +293,7 @@ def _group(config: Any) -> dict[str, Any]:
     if not isinstance(node, Mapping):
         raise ValueError(
             f"{CONFIG_GROUP}={node!r}: it must be a group of keys; set them one by one, e.g. "
-            f"+{CONFIG_GROUP}.max_batch_size=64"
-        )
+            f"+{CONFIG_GROUP}.max_batch_size=64")
     return dict(node)
 
 

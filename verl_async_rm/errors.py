@@ -6,28 +6,10 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
-__all__ = [
-    "ConfigValueError",
-    "ConfigTypeError",
-    "JudgeVerdictError",
-    "AsyncRMError",
-    "BatcherClosedError",
-    "BatcherCrashedError",
-    "RequestTimeoutError",
-    "BatchResultError",
-    "NoReplicasError",
-    "RewardModelError",
-    "ReplicaLostError",
-    "EngineDeadError",
-    "ShardDesyncError",
-    "RMServiceLostError",
-    "TrajectoryDroppedError",
-    "RMScoreError",
-    "NonFiniteScoreError",
-    "RewardInputError",
-    "ResourcePoolError",
-    "remote_cause",
-]
+__all__ = ["ConfigValueError", "ConfigTypeError", "JudgeVerdictError", "AsyncRMError", "BatcherClosedError",
+           "BatcherCrashedError", "RequestTimeoutError", "BatchResultError", "NoReplicasError", "RewardModelError",
+           "ReplicaLostError", "EngineDeadError", "ShardDesyncError", "RMServiceLostError", "TrajectoryDroppedError",
+           "RMScoreError", "NonFiniteScoreError", "RewardInputError", "ResourcePoolError", "remote_cause"]
 
 
 class ConfigValueError(ValueError):
@@ -39,8 +21,7 @@ class ConfigValueError(ValueError):
         super().__init__(f"{key}={value!r}: {why.replace('{key}', key)}. Fix: {fix.replace('{key}', key)}")
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # Ray and multiprocessing rebuild exceptions from their pickle: keep all four parts (``args`` holds only the
-        # message), so the error an RM replica raises reaches the driver intact.
+        # Ray rebuilds an exception from its pickle: keep the four parts (``args`` holds only the message)
         return (type(self), (self.key, self.value, self.why, self.fix))
 
     def renamed(self, key: str) -> ConfigValueError:
@@ -98,20 +79,18 @@ class RewardModelError(AsyncRMError):
 
 
 class ReplicaLostError(RewardModelError):
-    """Raised when an RM replica died (its actor is gone), or stayed silent ``batch_timeout_s`` after its timed-out
-    call: its batch goes back to the queue (at most ``replica_retries`` times per request) and the replica is
-    replaced, or retired."""
+    """Raised when an RM replica died, or stayed silent ``init_timeout_s`` after a timed-out call: its batch goes back
+    to the queue (at most ``replica_retries`` times per request) and the replica is replaced, or retired."""
 
 
 class ShardDesyncError(RewardModelError):
-    """Raised on a rank of a sharded RM replica (``gpus_per_replica > 1``) when a forward failed on some of its ranks
-    but not on all (an out-of-memory error on one GPU, a failed collective): the ranks are no longer in step, so no
-    rank may retry the rows alone. The replica ends; its batch is re-queued and the replica replaced whole."""
+    """Raised on a rank of a sharded RM replica when a forward failed on some of its ranks but not on all: the ranks
+    are out of step, so the replica ends, its batch re-queued and the replica replaced whole."""
 
 
 class EngineDeadError(RewardModelError):
-    """Raised in an RM replica when its scoring engine (vLLM, ``engine='vllm'``) is dead: no row of the batch is at
-    fault, so the replica ends; its batch is re-queued on the other replicas and the replica replaced."""
+    """Raised in an RM replica whose vLLM engine is dead: no row is at fault, so the replica ends (batch re-queued,
+    replica replaced)."""
 
 
 class RMServiceLostError(AsyncRMError):

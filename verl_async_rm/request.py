@@ -46,27 +46,12 @@ class RMRequest:
         return len(self.prompt_ids) + len(self.response_ids)
 
     @classmethod
-    def from_agent_loop_output(
-        cls,
-        output: Any,
-        *,
-        uid: str,
-        raw_prompt: Sequence[Mapping[str, Any]] | None,
-        messages: Sequence[Mapping[str, Any]] | None = None,
-        group: str | None = None,
-        ground_truth: Any = None,
-    ) -> RMRequest:
+    def from_agent_loop_output(cls, output: Any, *, uid: str, raw_prompt: Sequence[Mapping[str, Any]] | None,
+                               messages: Sequence[Mapping[str, Any]] | None = None, group: str | None = None,
+                               ground_truth: Any = None) -> RMRequest:
         """Build a request from a verl ``AgentLoopOutput`` (``prompt_ids``, ``response_ids``, ``num_turns``)."""
-        return cls(
-            uid=uid,
-            prompt_ids=output.prompt_ids,
-            response_ids=output.response_ids,
-            raw_prompt=raw_prompt,
-            messages=messages,
-            num_turns=output.num_turns or 2,
-            group=group,
-            ground_truth=ground_truth,
-        )
+        return cls(uid=uid, prompt_ids=output.prompt_ids, response_ids=output.response_ids, raw_prompt=raw_prompt,
+                   messages=messages, num_turns=output.num_turns or 2, group=group, ground_truth=ground_truth)
 
 
 @dataclass(frozen=True)

@@ -54,10 +54,9 @@ class _AsyncRMSide:
                                for e in self.async_rm_config.models}
         self._entries = {e.name: e for e in self.async_rm_config.models}
         integration = self.async_rm_config.integration
-        self.rm_services = start_rm_services(
-            self.async_rm_config.models, self._service_names, replace_replicas=integration.replace_replicas,
-            max_concurrency=integration.service_max_concurrency,
-        )
+        self.rm_services = start_rm_services(self.async_rm_config.models, self._service_names,
+                                             replace_replicas=integration.replace_replicas,
+                                             max_concurrency=integration.service_max_concurrency)
 
     @property
     def rm_service(self) -> Any:
@@ -69,10 +68,9 @@ class _AsyncRMSide:
 
     def _async_rm_start_service(self, name: str) -> Any:
         entry, integration = self._entries[name], self.async_rm_config.integration
-        return start_rm_service(
-            entry.rm, entry.batching, name=self._service_names[name],
-            replace_replicas=integration.replace_replicas, max_concurrency=integration.service_max_concurrency,
-        )
+        return start_rm_service(entry.rm, entry.batching, name=self._service_names[name],
+                                replace_replicas=integration.replace_replicas,
+                                max_concurrency=integration.service_max_concurrency)
 
     async def _init_agent_loop_workers(self):
         try:
@@ -93,8 +91,7 @@ class _AsyncRMSide:
                                          integration.on_error)
                 for w in self.agent_loop_workers
             )),
-            timeout_s,
-        )
+            timeout_s)
 
     async def _async_rm_restart_service(self, name: str, cause: BaseException) -> None:
         """Replace a dead (or unresponsive) RM service by a new one (the RM loads again); hand it to the workers."""
@@ -252,8 +249,7 @@ class AsyncRMAgentLoopManagerV1(_AsyncRMSide, AgentLoopManagerTQ):
     async def _async_rm_collect(self, phase: str) -> PhaseRecord:
         records = await asyncio.wait_for(
             asyncio.gather(*(w.async_rm_pop_record.remote(phase) for w in self.agent_loop_workers)),
-            CONTROL_TIMEOUT_S,
-        )
+            CONTROL_TIMEOUT_S)
         return functools.reduce(PhaseRecord.merge, records, PhaseRecord())
 
 
@@ -266,12 +262,8 @@ class AsyncRMAgentLoopManager:
     @classmethod
     def create(cls, config, llm_client, teacher_client=None, reward_loop_worker_handles=None):
         impl = AsyncRMAgentLoopManagerV1 if config.trainer.get("use_v1", True) else AsyncRMAgentLoopManagerV0
-        return impl.create(
-            config=config,
-            llm_client=llm_client,
-            teacher_client=teacher_client,
-            reward_loop_worker_handles=reward_loop_worker_handles,
-        )
+        return impl.create(config=config, llm_client=llm_client, teacher_client=teacher_client,
+                           reward_loop_worker_handles=reward_loop_worker_handles)
 
 
 def _v1_expected(prompts: Any, rollout_config: Any) -> int | None:

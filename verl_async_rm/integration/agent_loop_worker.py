@@ -97,8 +97,7 @@ class AsyncRMWorkerMixin:
         final.reward_score, final.extra_fields["reward_extra_info"] = self._async_rm_mix.finish(
             {"reward_score": final.reward_score, "reward_extra_info": final.extra_fields.get("reward_extra_info")},
             scores, data_source=kwargs.get("data_source"), extra_info=extra_info, fn=self._async_rm_combine,
-            error=error, flag_drops=self._async_rm_on_error == "drop",
-        )
+            error=error, flag_drops=self._async_rm_on_error == "drop")
         # verl times only its own reward-loop call (AgentLoopWorker._compute_score): count the RM wait there too
         final.metrics.compute_score = (final.metrics.compute_score or 0.0) + rm_s
         if error is None and any(isinstance(s, StepRewards) for s in scores.values()):
@@ -119,19 +118,16 @@ class AsyncRMWorkerMixin:
         if not self._async_rm_services or self._async_rm_mix is None:
             raise AsyncRMError(
                 "this agent-loop worker has no RM service attached: build it through "
-                "verl_async_rm.AsyncRMAgentLoopManager.create(...)"
-            )
+                "verl_async_rm.AsyncRMAgentLoopManager.create(...)")
         reference = kwargs.get("reward_model")  # verl's datasets: {"ground_truth": ..., "style": ...}
         request = RMRequest.from_agent_loop_output(
             final, uid=trajectory, raw_prompt=kwargs.get("raw_prompt"), group=str(kwargs.get("uid", "?")),
-            ground_truth=reference.get("ground_truth") if isinstance(reference, Mapping) else None,
-        )
+            ground_truth=reference.get("ground_truth") if isinstance(reference, Mapping) else None)
         names = list(self._async_rm_services)
         answers = await asyncio.gather(
             *(score_with_timeout(service, request, timeout_s=self._async_rm_timeout_s)
               for service in self._async_rm_services.values()),
-            return_exceptions=True,
-        )
+            return_exceptions=True)
         scores: dict[str, Score] = {}
         failure: BaseException | None = None
         for name, answer in zip(names, answers, strict=True):
@@ -141,8 +137,7 @@ class AsyncRMWorkerMixin:
             if isinstance(answer, ray.exceptions.RayActorError):
                 lost = RMServiceLostError(
                     f"the RM service of RM {name!r} died while trajectory {request.uid} waited for its score "
-                    f"({answer}); the agent-loop manager starts a new one at the next step"
-                )
+                    f"({answer}); the agent-loop manager starts a new one at the next step")
                 lost.__cause__, answer = answer, lost
             elif isinstance(answer, (AsyncRMError, ray.exceptions.RayError)):
                 answer = remote_cause(answer)

@@ -63,12 +63,9 @@ class PhaseRecord:
 
     def merge(self, other: PhaseRecord) -> PhaseRecord:
         """This record plus ``other`` (the manager adds up its workers' records); keeps the first failures."""
-        return PhaseRecord(
-            requests=self.requests + other.requests,
-            scored=self.scored + other.scored,
-            failed=self.failed + other.failed,
-            failures=(self.failures + other.failures)[:_KEEP_FAILURES],
-        )
+        return PhaseRecord(requests=self.requests + other.requests, scored=self.scored + other.scored,
+                           failed=self.failed + other.failed,
+                           failures=(self.failures + other.failures)[:_KEEP_FAILURES])
 
 
 class PhaseRecords:
@@ -109,14 +106,12 @@ def check_failures(record: Any, integration: Any, where: str) -> None:
             f"{record.failed} of {record.requests} trajectories of {where} got no RM score (async_rm.on_error=raise); "
             f"{first}. verl gave their groups its failure path, so nothing was trained on them. Fix: find why the RM "
             "failed (these errors, the RM replicas' logs), or set +async_rm.on_error=drop to go on without them "
-            "within async_rm.drop_budget"
-        ) from cause
+            "within async_rm.drop_budget") from cause
     if record.failed > integration.drop_budget * record.requests:
         raise TrajectoryDroppedError(
             f"{record.failed} of {record.requests} trajectories of {where} got no RM score, more than "
             f"async_rm.drop_budget={integration.drop_budget:g} allows; {first}. Fix: find why the RM fails (these "
-            "errors, the RM replicas' logs), or raise async_rm.drop_budget"
-        ) from cause
+            "errors, the RM replicas' logs), or raise async_rm.drop_budget") from cause
     logger.warning("verl_async_rm: %d of %d trajectories of %s dropped (no RM score): %s", record.failed,
                    record.requests, where, first)
 
@@ -137,8 +132,7 @@ def apply_drops(output: Any, drop_budget: float, uids: Any = None) -> int:
         raise TrajectoryDroppedError(
             f"{count} of {total} trajectories of this step got no RM score, more than async_rm.drop_budget="
             f"{drop_budget:g} allows; first errors: {errors}. Fix: find why the RM fails (these errors, the RM "
-            "replicas' logs), or raise async_rm.drop_budget"
-        )
+            "replicas' logs), or raise async_rm.drop_budget")
     scores = output.batch["rm_scores"]
     totals = torch.nan_to_num(scores.float(), nan=0.0).sum(dim=-1)
     uids = uids if uids is not None else ntb.get("uid")

@@ -32,8 +32,7 @@ class AsyncRMRewardManager(NaiveRewardManager):
             raise RewardModelError(
                 "reward_manager.name=async_rm found no RM score on this trajectory. It needs the package's agent "
                 "loop: +actor_rollout_ref.rollout.agent.agent_loop_manager_class="
-                "verl_async_rm.AsyncRMAgentLoopManager"
-            )
+                "verl_async_rm.AsyncRMAgentLoopManager")
         if not self._uses_rule:
             return {"reward_score": 0.0, "reward_extra_info": {}}
         return await super().run_single(data)

@@ -54,8 +54,7 @@ class RewardMix:
                 f"async_rm.combine_fn={self.combine_fn!r} cannot be used with token-level rewards (RM(s) "
                 f"{', '.join(self.token_level_rms)} with process_reduction=none): combine_fn returns one number, "
                 "while step rewards are placed on their tokens by weight. Fix: remove async_rm.combine_fn, or set "
-                "process_reduction to min, mean, last or product"
-            )
+                "process_reduction to min, mean, last or product")
         module, _, attr = (self.combine_fn or ":").partition(":")
         if self.combine_fn is not None and not (module and attr):
             raise ConfigValueError("async_rm.combine_fn", self.combine_fn, "must be 'package.module:function'",
@@ -92,16 +91,14 @@ class RewardMix:
         if problem is not None:
             raise ValueError(
                 f"async_rm.combine_fn={self.combine_fn!r}: {problem}; it must name an importable function (its package "
-                "on PYTHONPATH in every Ray worker), e.g. +async_rm.combine_fn=my_rewards.mix:combine"
-            )
+                "on PYTHONPATH in every Ray worker), e.g. +async_rm.combine_fn=my_rewards.mix:combine")
         if _accepts(fn, "rm_scores"):
             return fn
         if self.extra_weights:
             raise ValueError(
                 f"async_rm.combine_fn={self.combine_fn!r} takes no rm_scores parameter, so the scores of "
                 f"async_rm.models ({', '.join(n for n, _ in self.extra_weights)}) would never reach the reward. Fix: "
-                "add rm_scores=None to its signature (a dict: RM name -> raw score, 'main' included)"
-            )
+                "add rm_scores=None to its signature (a dict: RM name -> raw score, 'main' included)")
         return lambda *, rm_scores=None, **kwargs: fn(**kwargs)
 
     def rm_total(self, rm_scores: Mapping[str, float]) -> float:
@@ -120,8 +117,7 @@ class RewardMix:
                    rm_scores=scores)
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
             raise ValueError(
-                f"async_rm.combine_fn {self.combine_fn!r} returned {value!r}; it must return a finite float"
-            )
+                f"async_rm.combine_fn {self.combine_fn!r} returned {value!r}; it must return a finite float")
         return float(value)
 
     def finish(self, manager_result: Mapping[str, Any], rm_scores: Mapping[str, Score], *, data_source: Any = None,
@@ -139,8 +135,7 @@ class RewardMix:
         if missing and error is None:
             raise RewardModelError(
                 f"no score from RM(s) {missing}: every RM of the run must score the trajectory (a partial sum never "
-                "becomes a reward)"
-            )
+                "becomes a reward)")
         scores = {name: score_value(rm_scores[name]) if name in rm_scores else math.nan for name in self.weights}
         if error is not None:
             reward, total = math.nan, math.nan
@@ -185,8 +180,7 @@ def _finite_rule_score(value: Any, data_source: Any) -> float:
         raise ValueError(
             f"the reward manager's reward for data_source={str(data_source)!r} is {value!r}; the reward function "
             "(reward.custom_reward_function or verl's default_compute_score) must return a finite number, or set "
-            "async_rm.rule_weight=0 to leave the manager's reward out"
-        )
+            "async_rm.rule_weight=0 to leave the manager's reward out")
     return score
 
 

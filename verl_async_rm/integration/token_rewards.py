@@ -60,8 +60,7 @@ def with_token_rewards(output: AgentLoopOutput, placement: list[tuple[int, float
     verl dumps only the set ones)."""
     fields = {name: getattr(output, name) for name in type(output).model_fields}
     return TokenRewardOutput.model_construct(
-        _fields_set=set(output.model_fields_set), **fields, token_rewards=list(placement)
-    )
+        _fields_set=set(output.model_fields_set), **fields, token_rewards=list(placement))
 
 
 def place_token_rewards(output: Any) -> int:

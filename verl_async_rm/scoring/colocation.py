@@ -100,5 +100,4 @@ def check_colocated_memory(config: Any, device_bytes: int) -> None:
         f"{config.micro_batch_max_tokens}, estimated), and a {device_bytes / _GIB:.1f} GiB GPU has "
         f"{max(0.0, left) / _GIB:.2f} GiB left beside the rollout engine ({utilization:g} of the GPU) and the actor "
         f"({actor / _GIB:.2f} GiB kept on each GPU during the rollout, estimated)",
-        "set one of: " + "; ".join(fixes),
-    )
+        "set one of: " + "; ".join(fixes))

@@ -39,8 +39,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["HFEngine", "OOM_ERRORS"]
 
 OOM_ERRORS: tuple[type[BaseException], ...] = tuple(
-    {getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError), torch.cuda.OutOfMemoryError}
-)
+    {getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError), torch.cuda.OutOfMemoryError})
 #: Rows of the load-time packing check (token counts); short, so the check costs one tiny forward per row. The
 #: second row is the first one's sibling: its first 6 tokens, then 3 of its own.
 _CHECK_ROWS = (9, 9, 4, 6)
@@ -55,24 +54,13 @@ class HFEngine(Engine):
 
     name = "transformers"
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        head: torch.nn.Module | None,
-        *,
-        device: torch.device,
-        pad_id: int,
-        packing: str = "auto",
-        score_reduction: str = "index",
-        score_index: int = 0,
-        share_prompts: str = "auto",
-        min_shared_prefix: int = MIN_SHARED_PREFIX,
-        output_field: str | None = None,
-        label_index: int | None = None,
-        on_failure: Callable[[BaseException], None] | None = None,
-        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
-        forward_kwargs: dict[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, model: torch.nn.Module, head: torch.nn.Module | None, *, device: torch.device, pad_id: int,
+                 packing: str = "auto", score_reduction: str = "index", score_index: int = 0,
+                 share_prompts: str = "auto", min_shared_prefix: int = MIN_SHARED_PREFIX,
+                 output_field: str | None = None, label_index: int | None = None,
+                 on_failure: Callable[[BaseException], None] | None = None,
+                 transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 forward_kwargs: dict[str, Any] | None = None) -> None:
         self.model, self.head, self.device, self.pad_id = model, head, device, pad_id
         self.transform, self.forward_kwargs = transform, dict(forward_kwargs or {})
         self.on_failure = on_failure
@@ -91,15 +79,12 @@ class HFEngine(Engine):
         self._original_attention = getattr(model.config, "_attn_implementation", None)
         #: 'varlen', 'mask' (packed) or 'padded'.
         self.kernel, self.packing_reason = choose_kernel(
-            model, device, packing, per_token_head=head is not None and output_field is None
-        )
+            model, device, packing, per_token_head=head is not None and output_field is None)
         if output_field is not None:
             self._check_output_field()
         if packing == "true" and self.kernel == "padded":
-            raise ConfigValueError(
-                "packing", "true", self.packing_reason.removeprefix("packing=true, but "),
-                "use packing='auto' or 'false' (verl: +async_rm.packing=auto)",
-            )
+            raise ConfigValueError("packing", "true", self.packing_reason.removeprefix("packing=true, but "),
+                                   "use packing='auto' or 'false' (verl: +async_rm.packing=auto)")
         #: Whether siblings' common prefixes run once (needs the ``varlen`` kernel and a passing load-time check).
         self.share_prompts = False
         if self.kernel != "padded":
@@ -108,10 +93,8 @@ class HFEngine(Engine):
                 share_prompts == "true" or (share_prompts == "auto" and device.type == "cuda")
             )
             self._switch_to_packing(packing, share)
-        logger.info(
-            "RM forwards: %s (%s); shared prompts %s",
-            self.describe()["packing"], self.packing_reason, "on" if self.share_prompts else "off",
-        )
+        logger.info("RM forwards: %s (%s); shared prompts %s", self.describe()["packing"], self.packing_reason,
+                    "on" if self.share_prompts else "off")
 
     @property
     def packed(self) -> bool:
@@ -159,13 +142,8 @@ class HFEngine(Engine):
 
     # ------------------------------------------------------------------------------------------------- forwards
 
-    def score_all(
-        self,
-        inputs: Sequence[list[int]],
-        max_tokens: int,
-        groups: Sequence[Hashable | None] | None = None,
-        reads: Sequence[Sequence[int]] | None = None,
-    ) -> list[Any]:
+    def score_all(self, inputs: Sequence[list[int]], max_tokens: int, groups: Sequence[Hashable | None] | None = None,
+                  reads: Sequence[Sequence[int]] | None = None) -> list[Any]:
         """Values of ``inputs``, in order, by micro-batches of at most ``max_tokens``; a failure costs only its rows.
         ``reads``: per input the positions read (process RMs). One device sync per call: every micro-batch is launched
         before the values are copied, so the host builds the next input while the device runs."""
@@ -192,22 +170,14 @@ class HFEngine(Engine):
         assert all(r is not None for r in results), "every input is in exactly one micro-batch"
         return results
 
-    def forward_ids(
-        self,
-        batch: Sequence[Sequence[int]],
-        groups: Sequence[Hashable | None] | None = None,
-        reads: Sequence[Sequence[int]] | None = None,
-    ) -> torch.Tensor:
+    def forward_ids(self, batch: Sequence[Sequence[int]], groups: Sequence[Hashable | None] | None = None,
+                    reads: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
         """Scores (float32, on the host, one per row; with ``reads`` one per read position, row after row) of
         prepared input ids, in one forward pass; ``groups`` lets siblings share their common prefix."""
         return self._forward(batch, groups, reads).cpu()
 
-    def _forward(
-        self,
-        batch: Sequence[Sequence[int]],
-        groups: Sequence[Hashable | None] | None,
-        reads: Sequence[Sequence[int]] | None = None,
-    ) -> torch.Tensor:
+    def _forward(self, batch: Sequence[Sequence[int]], groups: Sequence[Hashable | None] | None,
+                 reads: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
         """:meth:`forward_ids` with the scores left on the device (no sync)."""
         if self.packed:
             return self.forward_packed(batch, groups, reads)
@@ -241,16 +211,11 @@ class HFEngine(Engine):
                     raise RewardModelError(
                         f"the RM's output has no (batch, num_labels) logits (got {type(output).__name__}); "
                         "set score_head to the module that produces the scores, or score_output_field to the "
-                        "output field that holds them"
-                    )
+                        "output field that holds them")
             return self._values(logits)
 
-    def forward_packed(
-        self,
-        batch: Sequence[Sequence[int]],
-        groups: Sequence[Hashable | None] | None = None,
-        reads: Sequence[Sequence[int]] | None = None,
-    ) -> torch.Tensor:
+    def forward_packed(self, batch: Sequence[Sequence[int]], groups: Sequence[Hashable | None] | None = None,
+                       reads: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
         """One packed forward: rows concatenated, positions restarting per row, scores at each row's last token (or
         at ``reads``). With shared prompts and ``groups``, siblings' common prefix runs once (:func:`shared_layout`)."""
         layout = None
@@ -272,8 +237,7 @@ class HFEngine(Engine):
             if per_token is None or per_token.dim() != 3 or tuple(per_token.shape[:2]) != tuple(rows.input_ids.shape):
                 raise RewardModelError(
                     "packed forward: the score head gave no per-token output to read each row's last token from; "
-                    "set packing='false' (verl: +async_rm.packing=false)"
-                )
+                    "set packing='false' (verl: +async_rm.packing=false)")
             if reads is None:
                 index = rows.last
             else:
@@ -311,8 +275,7 @@ class HFEngine(Engine):
         if self._check(self.forward_padded(rows), single, "batched") is not None:
             logger.warning(
                 "score_output_field=%s: %s scores a padded batch differently from single rows; scoring one row "
-                "per forward", self.output_field, type(self.model).__name__,
-            )
+                "per forward", self.output_field, type(self.model).__name__)
             self.max_rows = 1
 
     def _run(self, rows: list[Row]) -> list[Any]:
@@ -377,10 +340,9 @@ class HFEngine(Engine):
         if self.kernel == "varlen":
             self.model.set_attn_implementation(original)
         if mode == "true":
-            raise ConfigValueError(
-                "packing", "true", f"{type(self.model).__name__} does not score packed rows correctly ({problem})",
-                "use packing='auto' or 'false' (verl: +async_rm.packing=auto)",
-            )
+            raise ConfigValueError("packing", "true",
+                                   f"{type(self.model).__name__} does not score packed rows correctly ({problem})",
+                                   "use packing='auto' or 'false' (verl: +async_rm.packing=auto)")
         logger.warning("packing=auto: %s; using padded forwards", problem)
         self.kernel, self.packing_reason = "padded", f"packing={mode}, but {problem}"
 

@@ -10,19 +10,9 @@ from typing import Any
 from verl_async_rm.errors import RewardInputError
 from verl_async_rm.request import RMRequest
 
-__all__ = [
-    "tokenizers_match",
-    "strip_trailing",
-    "conversation_for",
-    "render_conversation",
-    "dedup_bos",
-    "truncate_left",
-    "check_token_ids",
-    "prepare_input_ids",
-    "plan_micro_batches",
-    "plan_packed_micro_batches",
-    "first_fit",
-]
+__all__ = ["tokenizers_match", "strip_trailing", "conversation_for", "render_conversation", "dedup_bos",
+           "truncate_left", "check_token_ids", "prepare_input_ids", "plan_micro_batches", "plan_packed_micro_batches",
+           "first_fit"]
 
 
 def tokenizers_match(policy_tokenizer: Any, rm_tokenizer: Any) -> bool:
@@ -52,15 +42,13 @@ def conversation_for(request: RMRequest, response_text: str | None) -> list[dict
         raise RewardInputError(
             f"trajectory {request.uid}: multi-turn trajectory (num_turns={request.num_turns}) cannot be re-rendered "
             "with the RM's chat template from its token ids; pass RMRequest.messages (the whole conversation), or "
-            "use an RM with the policy's tokenizer and template"
-        )
+            "use an RM with the policy's tokenizer and template")
     if not request.raw_prompt:
         raise RewardInputError(
             f"trajectory {request.uid}: raw_prompt is missing; it is needed to re-render the conversation with the "
             "RM's chat template, because the RM's tokenizer or template differs from the policy's. verl's "
             "RLHFDataset always provides it: a custom dataset or agent loop must keep the prompt's chat messages "
-            "under 'raw_prompt' (or pass RMRequest.messages)"
-        )
+            "under 'raw_prompt' (or pass RMRequest.messages)")
     assert response_text is not None, "the response must be decoded before it can be appended"
     return [*request.raw_prompt, {"role": "assistant", "content": response_text}]
 
@@ -92,17 +80,9 @@ def truncate_left(ids: list[int], max_length: int | None, bos_id: int | None = N
     return ids[len(ids) - max_length :], True
 
 
-def prepare_input_ids(
-    request: RMRequest,
-    *,
-    rm_tokenizer: Any,
-    policy_tokenizer: Any | None,
-    retemplate: bool,
-    response_stop_ids: Iterable[int] | None = None,
-    max_length: int | None = None,
-    id_limit: int | None = None,
-    suffix_ids: Sequence[int] = (),
-) -> tuple[list[int], bool]:
+def prepare_input_ids(request: RMRequest, *, rm_tokenizer: Any, policy_tokenizer: Any | None, retemplate: bool,
+                      response_stop_ids: Iterable[int] | None = None, max_length: int | None = None,
+                      id_limit: int | None = None, suffix_ids: Sequence[int] = ()) -> tuple[list[int], bool]:
     """The RM's input ids for one trajectory and whether they were cut (``RewardInputError`` when there are none).
     ``id_limit``: ids must lie in ``[0, id_limit)`` (the policy's vocabulary when decoded, the RM's embedding when
     reused); ``suffix_ids`` (a reward token) are appended after truncation, within ``max_length``."""
@@ -144,8 +124,7 @@ def check_token_ids(request: RMRequest, name: str, limit: int, vocabulary: str) 
             f"trajectory {request.uid}: {name} holds token id {bad}, outside {vocabulary} ({limit} ids). The ids "
             "come from another vocabulary than the one they are read with: check that the policy tokenizer "
             "(actor_rollout_ref.model.tokenizer_path / path) is the one the rollout used, and that retemplate is "
-            "not 'never' for an RM with its own vocabulary"
-        )
+            "not 'never' for an RM with its own vocabulary")
 
 
 def plan_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:

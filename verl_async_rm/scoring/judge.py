@@ -71,21 +71,12 @@ def compile_pattern(text: str) -> re.Pattern[str]:
     if pattern.groups != 1:
         raise ConfigValueError(
             "judge_pattern", text, f"it has {pattern.groups} groups; the verdict is read from exactly one",
-            r"put the verdict in one group and make the others non-capturing (?:...), e.g. 'Verdict:\s*([0-9]+)'",
-        )
+            r"put the verdict in one group and make the others non-capturing (?:...), e.g. 'Verdict:\s*([0-9]+)'")
     return pattern
 
 
-def judge_input_ids(
-    request: RMRequest,
-    *,
-    template: Any,
-    tokenizer: Any,
-    policy_tokenizer: Any,
-    response_stop_ids: Iterable[int],
-    max_length: int | None,
-    id_limit: int | None,
-) -> list[int]:
+def judge_input_ids(request: RMRequest, *, template: Any, tokenizer: Any, policy_tokenizer: Any,
+                    response_stop_ids: Iterable[int], max_length: int | None, id_limit: int | None) -> list[int]:
     """The judge's input ids for one trajectory: ``judge_prompt`` rendered, as the user turn of the judge's chat
     template with its generation prompt. ``RewardInputError`` when it is longer than ``max_length`` (cutting it would
     cut the judge's instructions or its generation prompt)."""
@@ -93,8 +84,7 @@ def judge_input_ids(
         raise RewardInputError(
             f"trajectory {request.uid}: raw_prompt is missing; the judge's prompt needs the question as text. verl's "
             "RLHFDataset always provides it: a custom dataset or agent loop must keep the prompt's chat messages "
-            "under 'raw_prompt'"
-        )
+            "under 'raw_prompt'")
     if id_limit is not None:
         check_token_ids(request, "response_ids", id_limit, "the policy tokenizer's vocabulary")
     response = policy_tokenizer.decode(strip_trailing(request.response_ids, response_stop_ids),
@@ -109,8 +99,7 @@ def judge_input_ids(
         raise RewardInputError(
             f"trajectory {request.uid}: the judge's input is {len(ids)} tokens, more than max_length={max_length} "
             "(a judge's input is never cut: that would cut its instructions). Fix: raise max_length, or shorten "
-            "judge_prompt or the response length"
-        )
+            "judge_prompt or the response length")
     return ids
 
 
@@ -206,10 +195,9 @@ class JudgeLogitsKind(OutcomeKind):
         return {"head": final_norm(model), "transform": JudgeLogits(model, self.token_ids), "forward_kwargs": keep}
 
     def build(self, request: RMRequest) -> RMInput:
-        return RMInput(judge_input_ids(
-            request, template=self.template, tokenizer=self.rm_tokenizer, policy_tokenizer=self.policy_tokenizer,
-            response_stop_ids=self.response_stop_ids, max_length=self.room, id_limit=self.policy_id_limit,
-        ))
+        return RMInput(judge_input_ids(request, template=self.template, tokenizer=self.rm_tokenizer,
+                                       policy_tokenizer=self.policy_tokenizer, response_stop_ids=self.response_stop_ids,
+                                       max_length=self.room, id_limit=self.policy_id_limit))
 
     def verify(self, engine: Any) -> None:
         """The readout (final norm, judge tokens' LM-head rows) must give what the model's own next-token logits
@@ -275,8 +263,7 @@ def judge_token_ids(tokenizer: Any, strings: Sequence[str], vocab_size: int, pat
                 f"the judge's tokenizer ({path}) reads {text!r} as {len(encoded)} tokens {encoded}, so there is no "
                 "one next-token logit to read for it",
                 "list strings that are single tokens of the judge's vocabulary (with a leading space where its "
-                "tokenizer writes one, e.g. ' Yes'); tokenizer.tokenize(text) shows how it splits",
-            )
+                "tokenizer writes one, e.g. ' Yes'); tokenizer.tokenize(text) shows how it splits")
         ids.append(int(encoded[0]))
     if len(set(ids)) != len(ids):
         raise ConfigValueError("judge_tokens", list(strings), f"they map to repeated token ids {ids}",
@@ -295,5 +282,4 @@ def final_norm(model: Any) -> Any:
             return module
     raise ConfigValueError(
         "judge_readout", "logits", f"{type(model).__name__} has no final norm the plugin knows (norm, ln_f, ...) to "
-        "read the hidden state its LM head reads", "use judge_readout='generate'",
-    )
+        "read the hidden state its LM head reads", "use judge_readout='generate'")

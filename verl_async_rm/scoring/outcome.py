@@ -91,8 +91,7 @@ class OutcomeKind:
                 "tokenizer or template differs from the policy's)",
                 "give it one (chat_template in tokenizer_config.json, or a chat_template.jinja next to it); or, if "
                 "the RM was trained on the policy's exact tokenizer and chat format, set retemplate='never' (verl: "
-                "+async_rm.retemplate=never) to feed it the policy's token ids",
-            )
+                "+async_rm.retemplate=never) to feed it the policy's token ids")
         #: Ids appended to every input: the reward token of InternLM2-style RMs, whose score is read there.
         token = getattr(text_config, "reward_token_id", None)
         self.suffix_ids = [token] if isinstance(token, int) and not isinstance(token, bool) and \
@@ -117,8 +116,7 @@ class OutcomeKind:
         ids, cut = prepare_input_ids(
             request, rm_tokenizer=self.rm_tokenizer, policy_tokenizer=self.policy_tokenizer,
             retemplate=self.retemplate, response_stop_ids=self.response_stop_ids, max_length=self.max_length,
-            id_limit=self.policy_id_limit if self.retemplate else self.vocab_size, suffix_ids=self.suffix_ids,
-        )
+            id_limit=self.policy_id_limit if self.retemplate else self.vocab_size, suffix_ids=self.suffix_ids)
         return RMInput(ids, cut)
 
     def read(self, request: RMRequest, value: Any, built: RMInput) -> Any:
@@ -140,8 +138,7 @@ class OutcomeKind:
             raise ConfigValueError(
                 "retemplate", "never", f"the RM's vocabulary ({self.config.model_path}) differs from the policy's "
                 f"({path}), so the policy's token ids would mean other text to the RM",
-                "use retemplate='auto' (the default): the conversation is re-rendered as text for the RM",
-            )
+                "use retemplate='auto' (the default): the conversation is re-rendered as text for the RM")
         if not tokenizers_match(policy, self.rm_tokenizer):
             logger.warning("retemplate='never' with the same vocabulary but another chat template or BOS/EOS than the "
                            "policy's: the RM reads the policy's ids in a format it was not trained on")

@@ -74,13 +74,10 @@ def pack_rows(batch: Sequence[Sequence[int]], device: torch.device) -> PackedRow
     total = int(ends[-1])
     # position of token j of the whole pack = j - start of its row
     positions = concat_ranges(np.zeros_like(starts), lengths)
-    return PackedRows(
-        input_ids=to_device(flat_ids(batch, total), device)[None],
-        position_ids=to_device(positions, device)[None],
-        cu_seqlens=to_device(np.concatenate([[0], ends]).astype(np.int32), device),
-        last=to_device(ends - 1, device),
-        max_length=int(lengths.max()),
-    )
+    return PackedRows(input_ids=to_device(flat_ids(batch, total), device)[None],
+                      position_ids=to_device(positions, device)[None],
+                      cu_seqlens=to_device(np.concatenate([[0], ends]).astype(np.int32), device),
+                      last=to_device(ends - 1, device), max_length=int(lengths.max()))
 
 
 # ------------------------------------------------------------------------------------------------------ kernels
@@ -170,16 +167,9 @@ def varlen_kernel_name(device: torch.device) -> str | None:
     return None
 
 
-def varlen_attention_forward(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
+def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                             attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                             **kwargs: Any) -> tuple[torch.Tensor, None]:
     """transformers attention for packed rows (``cu_seq_lens_q/k`` in ``kwargs``; ``rm_key_index`` for a shared
     prefix). Raises on what it cannot honour (a padding mask, sliding window, soft-capping, sinks), so such a model
     fails the load-time check instead of scoring wrongly."""
@@ -189,8 +179,7 @@ def varlen_attention_forward(
     if attention_mask is not None or unsupported or kwargs.get("cu_seq_lens_q") is None:
         raise RuntimeError(
             f"{VARLEN_ATTENTION}: packed rows only (got attention_mask={attention_mask is not None}, "
-            f"cu_seq_lens_q={kwargs.get('cu_seq_lens_q') is not None}, unsupported={unsupported})"
-        )
+            f"cu_seq_lens_q={kwargs.get('cu_seq_lens_q') is not None}, unsupported={unsupported})")
     if query.shape[0] != 1:
         raise RuntimeError(f"{VARLEN_ATTENTION}: expects one packed row, got a batch of {query.shape[0]}")
     cu_q, max_q = kwargs["cu_seq_lens_q"], int(kwargs["max_length_q"])

@@ -66,12 +66,10 @@ class ProcessKind(OutcomeKind):
         return {"head": head, "label_index": index}
 
     def build(self, request: RMRequest) -> RMInput:
-        return prepare_process_input(
-            request, rm_tokenizer=self.rm_tokenizer, policy_tokenizer=self.policy_tokenizer,
-            delimiter=self.config.step_delimiter, separator=self.config.step_separator,
-            separator_id=self.separator_id, response_stop_ids=self.response_stop_ids, max_length=self.max_length,
-            id_limit=self.policy_id_limit,
-        )
+        return prepare_process_input(request, rm_tokenizer=self.rm_tokenizer, policy_tokenizer=self.policy_tokenizer,
+                                     delimiter=self.config.step_delimiter, separator=self.config.step_separator,
+                                     separator_id=self.separator_id, response_stop_ids=self.response_stop_ids,
+                                     max_length=self.max_length, id_limit=self.policy_id_limit)
 
     def read(self, request: RMRequest, value: Any, built: RMInput) -> Any:
         if not all(math.isfinite(v) for v in value):
@@ -116,25 +114,15 @@ def step_token_ends(tokenizer: Any, ids: Sequence[int], char_ends: Iterable[int]
     return out
 
 
-def prepare_process_input(
-    request: RMRequest,
-    *,
-    rm_tokenizer: Any,
-    policy_tokenizer: Any,
-    delimiter: str,
-    separator: str,
-    separator_id: int,
-    response_stop_ids: Iterable[int] | None = None,
-    max_length: int | None = None,
-    id_limit: int | None = None,
-) -> RMInput:
+def prepare_process_input(request: RMRequest, *, rm_tokenizer: Any, policy_tokenizer: Any, delimiter: str,
+                          separator: str, separator_id: int, response_stop_ids: Iterable[int] | None = None,
+                          max_length: int | None = None, id_limit: int | None = None) -> RMInput:
     """The PRM input of one single-turn trajectory; ``RewardInputError`` for no ``raw_prompt``, a multi-turn
     trajectory, a response that contains the separator, or a rendering without one separator per step."""
     if request.messages is not None or request.num_turns > 2:
         raise RewardInputError(
             f"trajectory {request.uid}: a process RM scores the steps of one response; multi-turn trajectories "
-            "(messages or num_turns > 2) are not supported"
-        )
+            "(messages or num_turns > 2) are not supported")
     if id_limit is not None:
         check_token_ids(request, "response_ids", id_limit, "the policy tokenizer's vocabulary")
     if response_stop_ids is None:
@@ -144,8 +132,7 @@ def prepare_process_input(
     if separator in text:
         raise RewardInputError(
             f"trajectory {request.uid}: the response contains the step separator {separator!r}, so its steps "
-            "cannot be told apart from the separators the PRM reads"
-        )
+            "cannot be told apart from the separators the PRM reads")
     steps = split_steps(text, delimiter)
     if response:
         token_index = step_token_ends(policy_tokenizer, response, (end for _, end in steps))
@@ -158,8 +145,7 @@ def prepare_process_input(
     if len(found) < len(steps):
         raise RewardInputError(
             f"trajectory {request.uid}: {len(steps)} step(s) but {len(found)} separator token(s) after rendering "
-            f"with the RM's chat template; the template must keep the assistant content as it is"
-        )
+            f"with the RM's chat template; the template must keep the assistant content as it is")
     positions = found[len(found) - len(steps) :]  # a prompt may hold the separator too: the steps' are the last
     bos_id = rm_tokenizer.bos_token_id
     full_length, starts_with_bos = len(ids), bos_id is not None and ids[0] == bos_id
@@ -174,8 +160,7 @@ def prepare_process_input(
         token_index = [token_index[k] for k in kept]
     if not positions:
         raise RewardInputError(
-            f"trajectory {request.uid}: max_length={max_length} leaves no step of the response to score"
-        )
+            f"trajectory {request.uid}: max_length={max_length} leaves no step of the response to score")
     return RMInput(ids, truncated, reads=positions, token_index=token_index, dropped=dropped)
 
 

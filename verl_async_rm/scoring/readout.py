@@ -53,8 +53,7 @@ def per_token_logits(output: Any, shape: torch.Size) -> torch.Tensor:
     if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or tuple(logits.shape[:2]) != tuple(shape):
         raise RewardModelError(
             f"a process RM must give per-token logits (batch, tokens, labels); got {type(output).__name__} "
-            "without them"
-        )
+            "without them")
     return logits
 
 
@@ -65,8 +64,7 @@ def field_scores(output: Any, name: str, rows: int, reduction: str, index: int) 
         shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
         raise RewardModelError(
             f"score_output_field={name!r}: expected one value (or one row of values) per input, got {shape} for "
-            f"{rows} row(s)"
-        )
+            f"{rows} row(s)")
     return value.float() if value.dim() == 1 else reduce_outputs(value, reduction, index)
 
 
@@ -87,16 +85,13 @@ def check_output_field(
     elif not bool(torch.isfinite(value.float()).all()):
         problem = f"output.{name} is not finite on a dry forward ({value.tolist()})"
     if problem is not None:
-        raise ConfigValueError(
-            "score_output_field", name, f"{problem}; the output has the fields {_field_names(output)}",
-            "set score_output_field to the field that holds the reward (one value per row)",
-        )
+        raise ConfigValueError("score_output_field", name,
+                               f"{problem}; the output has the fields {_field_names(output)}",
+                               "set score_output_field to the field that holds the reward (one value per row)")
     width = value.shape[1] if value.dim() == 2 else 0
     if width and reduction == "index" and not -width <= index < width:
-        raise ConfigValueError(
-            "score_index", index, f"output.{name} has {width} value(s) per row",
-            f"use an index in [{-width}, {width - 1}] or a score_reduction",
-        )
+        raise ConfigValueError("score_index", index, f"output.{name} has {width} value(s) per row",
+                               f"use an index in [{-width}, {width - 1}] or a score_reduction")
 
 
 def _field(output: Any, name: str) -> Any:

@@ -151,13 +151,11 @@ class RMConfig:
                 self.policy_tokenizer_path,
                 "the policy tokenizer is needed to decode responses and to tell whether the RM can reuse token ids",
                 "set it to the policy model's directory, or set retemplate='never' if the RM shares the policy's "
-                "tokenizer and chat template",
-            )
+                "tokenizer and chat template")
         if self.score_output_field is not None and not self.score_output_field.isidentifier():
-            raise ConfigValueError(
-                "score_output_field", self.score_output_field, "must be the name of a field of the model's output",
-                "use e.g. 'score' (ArmoRM-style RMs), or leave it unset to read the score head",
-            )
+            raise ConfigValueError("score_output_field", self.score_output_field,
+                                   "must be the name of a field of the model's output",
+                                   "use e.g. 'score' (ArmoRM-style RMs), or leave it unset to read the score head")
         if self.reward_kind != "judge" and (key := next((k for k in _JUDGE_KEYS if getattr(self, k) is not None),
                                                         None)) is not None:
             raise ConfigValueError(key, getattr(self, key), f"it is read only by judge RMs, and reward_kind is "
@@ -171,8 +169,7 @@ class RMConfig:
                 "gpus_per_replica", self.gpus_per_replica, "with reward.reward_model.enable_resource_pool=False the "
                 "RM shares the policy's GPUs, one replica on each of them; the plugin does not shard an RM across the "
                 "policy's GPUs", "set gpus_per_replica=1, or give the RM its own pool "
-                "(reward.reward_model.enable_resource_pool=True)",
-            )
+                "(reward.reward_model.enable_resource_pool=True)")
         k, per_node = self.gpus_per_replica, self.n_gpus_per_node
         if per_node % k:
             node = "a node of the reward pool" if k < per_node else "a node"
@@ -183,8 +180,7 @@ class RMConfig:
                 f"(reward.reward_model.n_gpus_per_node, or async_rm.models.<name>.n_gpus_per_node), which is "
                 f"{'smaller than' if k > per_node else 'not a multiple of'} gpus_per_replica",
                 f"set n_gpus_per_node to a multiple of {k} (e.g. {k * max(1, -(-per_node // k))}), or {{key}} to "
-                f"one of {fits}",
-            )
+                f"one of {fits}")
 
     @property
     def token_level(self) -> bool:

@@ -107,11 +107,9 @@ class RewardModelScorer:
             text_config = _text_config(self.model.config)
             if readout["head"] is not None and getattr(text_config, "pad_token_id", None) is None:
                 text_config.pad_token_id = self.pad_id  # HF refuses batches > 1 without one; scores are read by mask
-            self.engine = HFEngine(
-                self.model, device=self.device, pad_id=self.pad_id, packing=config.packing,
-                score_reduction=config.score_reduction, score_index=config.score_index,
-                share_prompts=config.share_prompts, on_failure=agreement, **readout,
-            )
+            self.engine = HFEngine(self.model, device=self.device, pad_id=self.pad_id, packing=config.packing,
+                                   score_reduction=config.score_reduction, score_index=config.score_index,
+                                   share_prompts=config.share_prompts, on_failure=agreement, **readout)
             if shard is not None:
                 check_same_forward(self.engine.describe())
             self.kind.verify(self.engine)
@@ -326,5 +324,4 @@ def _check_dir(path: str | None, key: str) -> None:
 
         raise RewardModelError(
             f"{key}={path!r} is not a directory on host {socket.gethostname()}. Fix: the RM worker group loads models "
-            "from local paths; put the model on every node of the reward pool (or on shared storage)"
-        )
+            "from local paths; put the model on every node of the reward pool (or on shared storage)")

@@ -48,8 +48,7 @@ def host_store(world_size: int, timeout_s: float, port: int = 0) -> tuple[str, i
     All ranks of a replica are on one node (one bundle), so the store listens on the loopback address."""
     host = "127.0.0.1"
     store = torch.distributed.TCPStore(
-        host, port, world_size, is_master=True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
-    )
+        host, port, world_size, is_master=True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
     return host, store.port, store
 
 
@@ -67,8 +66,7 @@ def join_group(group: ShardGroup, device: torch.device, store: Any = None) -> An
     if device.type == "cuda":
         torch.cuda.set_device(device.index or 0)
     torch.distributed.init_process_group(
-        backend, store=store, rank=group.rank, world_size=group.world_size, timeout=timeout
-    )
+        backend, store=store, rank=group.rank, world_size=group.world_size, timeout=timeout)
     return store
 
 
@@ -105,8 +103,7 @@ class FailureAgreement:
                 self.store.set(key + "apart", str(self.rank))
             raise ShardDesyncError(
                 f"rank {self.rank} of {self.world_size}: a forward failed here ({err!r}) but not on every rank of the "
-                f"sharded replica within {self.timeout_s:g}s: the ranks are out of step"
-            ) from err
+                f"sharded replica within {self.timeout_s:g}s: the ranks are out of step") from err
 
 
 def check_same_forward(describe: dict[str, Any]) -> None:
@@ -119,8 +116,7 @@ def check_same_forward(describe: dict[str, Any]) -> None:
     if any(view != views[0] for view in views):
         raise RewardModelError(
             f"the ranks of the sharded replica chose different forward paths at load: {views}; set async_rm.packing "
-            "and async_rm.share_prompts explicitly (not 'auto') so that every rank runs the same forwards"
-        )
+            "and async_rm.share_prompts explicitly (not 'auto') so that every rank runs the same forwards")
 
 
 def sharding_method(model_config: Any, world_size: int) -> tuple[str, str]:
@@ -216,8 +212,7 @@ def check_replica_memory(config: Any, device_bytes: int | None = None) -> None:
         "gpus_per_replica", k,
         f"the RM's weights take {weights / _GIB:.1f} GiB in {dtype}, {weights / k / _GIB:.1f} GiB on each of the "
         f"replica's {k} GPU(s): more than {WEIGHTS_SHARE:.0%} of a {device_bytes / _GIB:.1f} GiB GPU of this pool",
-        fix,
-    )
+        fix)
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -49,10 +49,8 @@ def _sibling_sets(groups: Sequence[Hashable | None]) -> list[list[int]]:
     return out
 
 
-def plan_shared_micro_batches(
-    inputs: Sequence[Sequence[int]], groups: Sequence[Hashable | None], max_tokens: int,
-    min_prefix: int = MIN_SHARED_PREFIX,
-) -> list[list[int]]:
+def plan_shared_micro_batches(inputs: Sequence[Sequence[int]], groups: Sequence[Hashable | None], max_tokens: int,
+                              min_prefix: int = MIN_SHARED_PREFIX) -> list[list[int]]:
     """Micro-batches for packed forwards within ``max_tokens`` computed tokens (a shared prefix counted once): siblings
     with a common prefix of at least ``min_prefix`` tokens form a unit (split when over the budget), placed first-fit
     decreasing with every other input."""
@@ -103,10 +101,8 @@ class SharedLayout:
         }
 
 
-def shared_layout(
-    batch: Sequence[Sequence[int]], groups: Sequence[Hashable | None], device: torch.device,
-    min_prefix: int = MIN_SHARED_PREFIX,
-) -> SharedLayout:
+def shared_layout(batch: Sequence[Sequence[int]], groups: Sequence[Hashable | None], device: torch.device,
+                  min_prefix: int = MIN_SHARED_PREFIX) -> SharedLayout:
     """The :class:`SharedLayout` of ``batch``: siblings whose common prefix is at least ``min_prefix`` share it."""
     tokens: list[Sequence[int]] = []  # each segment's query tokens
     position_start: list[int] = []  # each segment's first position
@@ -142,15 +138,10 @@ def shared_layout(
     # each segment's keys: its prefix's token positions in the pack, then its own
     key_index = concat_ranges(np.stack([prefix_start, q_start], 1).ravel(), np.stack([prefix_len, q_len], 1).ravel())
     positions = concat_ranges(np.array(position_start, dtype=np.int64), q_len)
-    return SharedLayout(
-        input_ids=to_device(flat_ids(tokens, total), device)[None],
-        position_ids=to_device(positions, device)[None],
-        cu_q=to_device(np.concatenate([[0], q_end]).astype(np.int32), device),
-        cu_k=to_device(np.concatenate([[0], np.cumsum(k_len)]).astype(np.int32), device),
-        key_index=to_device(key_index, device),
-        max_q=int(q_len.max()),
-        max_k=int(k_len.max()),
-        last=to_device(q_end[np.array(last_segment)] - 1, device),
-        computed=total,
-        saved=sum(len(r) for r in batch) - total,
-    )
+    return SharedLayout(input_ids=to_device(flat_ids(tokens, total), device)[None],
+                        position_ids=to_device(positions, device)[None],
+                        cu_q=to_device(np.concatenate([[0], q_end]).astype(np.int32), device),
+                        cu_k=to_device(np.concatenate([[0], np.cumsum(k_len)]).astype(np.int32), device),
+                        key_index=to_device(key_index, device), max_q=int(q_len.max()), max_k=int(k_len.max()),
+                        last=to_device(q_end[np.array(last_segment)] - 1, device), computed=total,
+                        saved=sum(len(r) for r in batch) - total)

@@ -98,12 +98,10 @@ class VLLMEngine(Engine):
         self.config, self.generate = config, generate
         start = time.perf_counter()
         options: dict[str, Any] = {} if device.type == "cpu" else {"gpu_memory_utilization": GPU_MEMORY_UTILIZATION}
-        self.llm = LLM(
-            model=config.model_path, runner="generate" if generate else "pooling",
-            dtype=str(dtype).removeprefix("torch."), max_model_len=max_length,
-            max_num_batched_tokens=max(config.micro_batch_max_tokens, max_length or 0),
-            enable_prefix_caching=prefix_caching, enforce_eager=device.type == "cpu", seed=0, **options,
-        )
+        self.llm = LLM(model=config.model_path, runner="generate" if generate else "pooling",
+                       dtype=str(dtype).removeprefix("torch."), max_model_len=max_length,
+                       max_num_batched_tokens=max(config.micro_batch_max_tokens, max_length or 0),
+                       enable_prefix_caching=prefix_caching, enforce_eager=device.type == "cpu", seed=0, **options)
         self._params = (SamplingParams(temperature=0.0, max_tokens=config.judge_max_tokens, seed=0) if generate
                         else PoolingParams(use_activation=False))
         #: Ids the engine is known to run (set after the load-time check): when a row fails alone and these fail

@@ -198,8 +198,7 @@ class BatcherStats:
             tail_s=result - submit if submit is not None and result is not None and result >= submit else None,
             mean_batch_size=mean_size, mean_fill=None if mean_size is None else mean_size / self.max_batch_size,
             rm_utilization=busy.total / 1000.0 / (replicas * elapsed_s) if elapsed_s > 0 else None,
-            usable_replicas=usable, replaced_replicas_total=replaced,
-        )
+            usable_replicas=usable, replaced_replicas_total=replaced)
 
     def snapshot(self, live: dict[str, Any]) -> dict[str, Any]:
         mean_size = self.batched_requests / self.batches if self.batches else None
@@ -317,12 +316,11 @@ class RequestQueue:
             if self.tokens:
                 per_replica = -(-self.tokens // share)
                 max_tokens = per_replica if max_tokens is None else min(max_tokens, per_replica)
-        picked = select_batch(
-            self.pending.values(), count=count, pending_tokens=self.tokens, max_items=max_items,
-            max_tokens=max_tokens, due_before=now + _CLOCK_RESOLUTION - policy.max_wait_s,
-            group_by_length=policy.group_by_length, window=_GROUP_WINDOW_BATCHES * policy.max_batch_size,
-            prefer_siblings=policy.prefer_siblings,
-        )
+        picked = select_batch(self.pending.values(), count=count, pending_tokens=self.tokens, max_items=max_items,
+                              max_tokens=max_tokens, due_before=now + _CLOCK_RESOLUTION - policy.max_wait_s,
+                              group_by_length=policy.group_by_length,
+                              window=_GROUP_WINDOW_BATCHES * policy.max_batch_size,
+                              prefer_siblings=policy.prefer_siblings)
         for req in picked:
             self.remove(req)
         return picked
@@ -700,8 +698,7 @@ class Batcher:
         error = RequestTimeoutError(
             f"batcher {self._name!r}: a batch of {len(batch)} ran longer than batch_timeout_s={timeout_s:g} s on "
             f"replica {index} ({self.replicas[index]!r}); the call was cancelled and the replica takes no new batch "
-            "until it has ended. Raise async_rm.batch_timeout_s if the RM is just slow"
-        )
+            "until it has ended. Raise async_rm.batch_timeout_s if the RM is just slow")
         for req in batch:
             self._resolve(req, None, error)
         self._state[index] = "timed_out"
@@ -822,8 +819,7 @@ class Batcher:
     def _no_replicas_error(self) -> NoReplicasError:
         return NoReplicasError(
             f"batcher {self._name!r}: all {len(self.replicas)} replica(s) are lost and none could be replaced "
-            f"({self._counts['lost']} lost, {self._counts['replace_failed']} replacements failed); see the log"
-        )
+            f"({self._counts['lost']} lost, {self._counts['replace_failed']} replacements failed); see the log")
 
     def _closed_error(self) -> BatcherClosedError:
         return BatcherClosedError(f"batcher {self._name!r} was closed while the request's batch was running")

@@ -42,8 +42,7 @@ async def score_with_timeout(service: Any, request: RMRequest, *, timeout_s: flo
     _cancel_quietly(ray, ref)
     raise RequestTimeoutError(
         f"the RM service did not answer within {timeout_s + _HOP_S:g} s (the request's timeout_s={timeout_s:g} and "
-        f"{_HOP_S:g} s for the hop); is it alive?"
-    )
+        f"{_HOP_S:g} s for the hop); is it alive?")
 
 
 def _cancel_quietly(ray: Any, ref: Any) -> None:

@@ -27,7 +27,6 @@ from verl.single_controller.ray.base import (
     SubRayResourcePool,
     sort_placement_group_by_node_ip,
 )
-
 from verl.utils.device import get_device_name
 
 from verl_async_rm.errors import ConfigValueError, ResourcePoolError, RewardModelError, remote_cause
@@ -37,22 +36,11 @@ from verl_async_rm.service.replica import RMReplica
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "RMResourcePool",
-    "reserve_placement_groups",
-    "create_rm_worker_group",
-    "replica_group",
-    "ReplicaFactory",
-    "kill_quietly",
-    "kill_and_wait",
-    "shutdown_rm_worker_group",
-    "remove_pool_groups",
-    "replica_bundle",
-]
+__all__ = ["RMResourcePool", "reserve_placement_groups", "create_rm_worker_group", "replica_group", "ReplicaFactory",
+           "kill_quietly", "kill_and_wait", "shutdown_rm_worker_group", "remove_pool_groups", "replica_bundle"]
 
 _NODE_ID_LABEL = "ray.io/node-id"
-#: Keys of a replica's size check before it loads (``check_replica_memory``, ``check_colocated_memory``): their
-#: ``ConfigValueError`` is raised as is, the fix being a setting; any other load failure is a ``RewardModelError``.
+#: Keys of a replica's size checks before it loads: their ``ConfigValueError`` is raised as is (the fix is a setting).
 _SIZE_KEYS = ("gpus_per_replica", "actor_rollout_ref.rollout.gpu_memory_utilization")
 
 
@@ -60,38 +48,18 @@ class RMResourcePool(RayResourcePool):
     """verl ``RayResourcePool`` for the RM: node-pinned placement groups reserved within ``placement_timeout_s``;
     ``use_gpu=False`` gives CPU-only bundles (tests, demo)."""
 
-    def __init__(
-        self,
-        n_gpus_per_node: int,
-        nnodes: int,
-        *,
-        gpus_per_replica: int = 1,
-        use_gpu: bool = True,
-        placement_timeout_s: float = 300.0,
-        name_prefix: str | None = None,
-    ) -> None:
-        super().__init__(
-            process_on_nodes=[n_gpus_per_node // gpus_per_replica] * nnodes,
-            use_gpu=use_gpu,
-            name_prefix=name_prefix,
-            max_colocate_count=1,
-        )
-        self.n_gpus_per_node = n_gpus_per_node
-        self.nnodes = nnodes
-        self.gpus_per_replica = gpus_per_replica
+    def __init__(self, n_gpus_per_node: int, nnodes: int, *, gpus_per_replica: int = 1, use_gpu: bool = True,
+                 placement_timeout_s: float = 300.0, name_prefix: str | None = None) -> None:
+        super().__init__(process_on_nodes=[n_gpus_per_node // gpus_per_replica] * nnodes, use_gpu=use_gpu,
+                         name_prefix=name_prefix, max_colocate_count=1)
+        self.n_gpus_per_node, self.nnodes, self.gpus_per_replica = n_gpus_per_node, nnodes, gpus_per_replica
         self.replicas_per_node = n_gpus_per_node // gpus_per_replica
         self.placement_timeout_s = placement_timeout_s
 
     @classmethod
     def from_config(cls, config: RMConfig, name_prefix: str | None = None) -> RMResourcePool:
-        return cls(
-            config.n_gpus_per_node,
-            config.nnodes,
-            gpus_per_replica=config.gpus_per_replica,
-            use_gpu=config.use_gpu,
-            placement_timeout_s=config.placement_timeout_s,
-            name_prefix=name_prefix,
-        )
+        return cls(config.n_gpus_per_node, config.nnodes, gpus_per_replica=config.gpus_per_replica,
+                   use_gpu=config.use_gpu, placement_timeout_s=config.placement_timeout_s, name_prefix=name_prefix)
 
     def replica_bundles(self) -> list[tuple[PlacementGroup, int]]:
         """``(placement group, bundle index)`` of each replica, in the rank order of verl's ``RayWorkerGroup``
@@ -100,9 +68,8 @@ class RMResourcePool(RayResourcePool):
             raise ValueError("the reward pool has no placement groups yet: reserve them first")
         return [(pg, i) for pg in sort_placement_group_by_node_ip(self.pgs) for i in range(self.replicas_per_node)]
 
-    def get_placement_groups(
-        self, strategy: str = "STRICT_PACK", name: str | None = None, device_name: str | None = None
-    ) -> list[PlacementGroup]:
+    def get_placement_groups(self, strategy: str = "STRICT_PACK", name: str | None = None,
+                             device_name: str | None = None) -> list[PlacementGroup]:
         """Reserve (once) one placement group per node, each pinned to its own node; raises ResourcePoolError."""
         if self.pgs is not None:
             return self.pgs
@@ -110,12 +77,8 @@ class RMResourcePool(RayResourcePool):
         nodes = _pick_nodes(bundle, self.replicas_per_node, self.nnodes, self.placement_timeout_s)
         prefix = name or f"{self.name_prefix}verl_async_rm_pool:"
         self.pgs = reserve_placement_groups(
-            [[dict(bundle) for _ in range(self.replicas_per_node)] for _ in range(self.nnodes)],
-            node_ids=nodes,
-            strategy=strategy,
-            name_prefix=prefix,
-            timeout_s=self.placement_timeout_s,
-        )
+            [[dict(bundle) for _ in range(self.replicas_per_node)] for _ in range(self.nnodes)], node_ids=nodes,
+            strategy=strategy, name_prefix=prefix, timeout_s=self.placement_timeout_s)
         return self.pgs
 
     def release(self) -> None:
@@ -138,24 +101,14 @@ def replica_bundle(gpus_per_replica: int, use_gpu: bool) -> dict[str, float]:
     return bundle
 
 
-def reserve_placement_groups(
-    bundles_per_group: list[list[dict[str, float]]],
-    *,
-    node_ids: list[str] | None,
-    strategy: str,
-    name_prefix: str,
-    timeout_s: float,
-) -> list[PlacementGroup]:
+def reserve_placement_groups(bundles_per_group: list[list[dict[str, float]]], *, node_ids: list[str] | None,
+                             strategy: str, name_prefix: str, timeout_s: float) -> list[PlacementGroup]:
     """Create placement groups (group ``i`` pinned to ``node_ids[i]`` when given) and wait at most ``timeout_s``;
     ``ResourcePoolError`` (every group created here removed first) if they are not all placed in time."""
     pin = node_ids is not None and "bundle_label_selector" in inspect.signature(placement_group).parameters
     if node_ids is not None and not pin and len(bundles_per_group) > 1:
-        logger.warning(
-            "this Ray (%s) cannot pin placement groups to nodes (no bundle_label_selector): the reward pool's "
-            "%d node groups may share a node",
-            ray.__version__,
-            len(bundles_per_group),
-        )
+        logger.warning("this Ray (%s) cannot pin placement groups to nodes (no bundle_label_selector): the reward "
+                       "pool's %d node groups may share a node", ray.__version__, len(bundles_per_group))
     pgs = []
     for i, bundles in enumerate(bundles_per_group):
         _remove_stale(f"{name_prefix}{i}")
@@ -172,15 +125,13 @@ def reserve_placement_groups(
             f"({len(ready)} of {len(pgs)} ready). Asked: {_describe_ask(bundles_per_group)}"
             f"{' pinned to nodes ' + ', '.join(n[:8] for n in node_ids) if pin else ''}. "
             f"The cluster has: {_describe_cluster()}. Fix: free those resources (other placement groups, actors) "
-            "or make the reward pool smaller (reward.reward_model.n_gpus_per_node / nnodes)"
-        )
+            "or make the reward pool smaller (reward.reward_model.n_gpus_per_node / nnodes)")
     logger.info("reward pool reserved: %s", _describe_ask(bundles_per_group))
     return pgs
 
 
-def create_rm_worker_group(
-    config: RMConfig, pool: RMResourcePool | None = None, name_prefix: str | None = None
-) -> RayWorkerGroup:
+def create_rm_worker_group(config: RMConfig, pool: RMResourcePool | None = None,
+                           name_prefix: str | None = None) -> RayWorkerGroup:
     """Reserve the pool, start one :class:`RMReplica` per bundle and load the RM on each: the verl
     ``RayWorkerGroup``. Raises ``ResourcePoolError``, ``ValueError`` (the RM does not fit) or ``RewardModelError``,
     everything released first."""
@@ -200,8 +151,7 @@ def create_rm_worker_group(
         shutdown_rm_worker_group(wg)
         raise RewardModelError(
             f"{len(pending)} of {len(refs)} RM replicas did not load {config.model_path} within "
-            f"{config.init_timeout_s:g}s. Fix: raise init_timeout_s for a large RM, or check the replicas' logs"
-        )
+            f"{config.init_timeout_s:g}s. Fix: raise init_timeout_s for a large RM, or check the replicas' logs")
     infos = []
     for rank, ref in enumerate(refs):
         try:
@@ -228,23 +178,16 @@ def shutdown_rm_worker_group(wg: RayWorkerGroup) -> None:
 
 def replica_group(pool: RMResourcePool | PolicyPool, config: RMConfig, *, name_prefix: str | None,
                   index: int | None = None, master: tuple[str, str] | None = None) -> RayWorkerGroup:
-    """The one way a replica is spawned: a ``RayWorkerGroup`` of :class:`RMReplica` of every bundle (``index`` None:
-    the rm_wg) or of bundle ``index`` alone (a stand-in; ``master``: the rm_wg's master address, so nothing waits for
-    the bundle before the replica is created). Creates the actors without waiting for them."""
+    """The one way a replica is spawned: a ``RayWorkerGroup`` of :class:`RMReplica` of every bundle, or of bundle
+    ``index`` alone (a replacement; ``master``: the rm_wg's address). Creates the actors without waiting for them."""
     sub = None if index is None else SubRayResourcePool(
         placement_groups=sort_placement_group_by_node_ip(pool.pgs), start_bundle_index=index, subgroup_world_size=1,
         process_on_nodes=pool.store, use_gpu=pool.use_gpu, max_colocate_count=pool.max_colocate_count,
-        name_prefix=name_prefix,
-    )
+        name_prefix=name_prefix)
     addr, port = master or (None, None)
-    return RayWorkerGroup(
-        resource_pool=sub or pool,
-        ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(RMReplica), config=config),
-        name_prefix=name_prefix,
-        device_name=get_device_name() if pool.use_gpu else "cpu",
-        master_addr=addr,
-        master_port=port,
-    )
+    return RayWorkerGroup(resource_pool=sub or pool, name_prefix=name_prefix,
+                          ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(RMReplica), config=config),
+                          device_name=get_device_name() if pool.use_gpu else "cpu", master_addr=addr, master_port=port)
 
 
 class ReplicaFactory:
@@ -275,8 +218,7 @@ class ReplicaFactory:
             if isinstance(err, asyncio.TimeoutError):
                 raise RewardModelError(
                     f"replacement RM replica {index} did not load {self.config.model_path} within "
-                    f"init_timeout_s={self.config.init_timeout_s:g}s (its bundle may not be free yet)"
-                ) from None
+                    f"init_timeout_s={self.config.init_timeout_s:g}s (its bundle may not be free yet)") from None
             raise
         logger.warning("RM replica %d replaced on node %s", index, info.get("node_ip"))
         return replica
@@ -364,8 +306,7 @@ def _describe_cluster() -> str:
 
 def _describe_ask(bundles_per_group: list[list[dict[str, float]]]) -> str:
     return f"{len(bundles_per_group)} node(s) x " + ", ".join(
-        f"{len(bundles)} bundle(s) of {_fmt(bundles[0])}" for bundles in bundles_per_group[:1]
-    )
+        f"{len(bundles)} bundle(s) of {_fmt(bundles[0])}" for bundles in bundles_per_group[:1])
 
 
 def _fmt(resources: dict[str, float]) -> str:

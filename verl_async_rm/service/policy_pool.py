@@ -34,12 +34,8 @@ class PolicyPool(RayResourcePool):
     ``placement_timeout_s``), one replica per bundle."""
 
     def __init__(self, config: RMConfig, name_prefix: str = POLICY_POOL_PREFIX) -> None:
-        super().__init__(
-            process_on_nodes=[config.n_gpus_per_node] * config.nnodes,
-            use_gpu=config.use_gpu,
-            name_prefix=name_prefix,
-            max_colocate_count=ResourcePoolManager.max_colocate_count,
-        )
+        super().__init__(process_on_nodes=[config.n_gpus_per_node] * config.nnodes, use_gpu=config.use_gpu,
+                         name_prefix=name_prefix, max_colocate_count=ResourcePoolManager.max_colocate_count)
         self.replicas_per_node = config.n_gpus_per_node
         self.placement_timeout_s = config.placement_timeout_s
 
@@ -66,8 +62,7 @@ class PolicyPool(RayResourcePool):
                             "which verl's trainer reserves (RayResourcePool 'global_pool') before it builds the "
                             "agent-loop manager. Fix: launch through verl's trainer with trainer.n_gpus_per_node / "
                             "nnodes as its pool, or give the RM its own pool "
-                            "(reward.reward_model.enable_resource_pool=True)"
-                        ) from None
+                            "(reward.reward_model.enable_resource_pool=True)") from None
                     time.sleep(0.2)
         ready, _ = ray.wait([pg.ready() for pg in groups], num_returns=len(groups),
                             timeout=max(1.0, deadline - time.monotonic()))

@@ -56,8 +56,7 @@ class Ranks:
         self.world_size = config.gpus_per_replica
         options: dict[str, Any] = {
             "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                placement_group=pg, placement_group_bundle_index=bundle
-            ),
+                placement_group=pg, placement_group_bundle_index=bundle),
             "max_restarts": 0,
         }
         if config.use_gpu:

@@ -142,10 +142,8 @@ class RMService:
             return await self.describe()
         # placement and loading block on Ray calls: a thread keeps this actor's loop free meanwhile
         self._group = await asyncio.to_thread(create_rm_worker_group, self._rm, None, f"{self._name}_")
-        self._batcher = Batcher(
-            self._score_on, self._batching, replicas=list(self._group.workers), name=self._name,
-            replace_replica=ReplicaFactory(self._rm, self._group) if self._replace else None,
-        )
+        self._batcher = Batcher(self._score_on, self._batching, replicas=list(self._group.workers), name=self._name,
+                                replace_replica=ReplicaFactory(self._rm, self._group) if self._replace else None)
         logger.info("RM service %s: %d replica(s) of %s, batching %s", self._name, self._rm.num_replicas,
                     self._rm.model_path, self._batching)
         return await self.describe()
@@ -349,8 +347,7 @@ def check_pools_fit(entries: Sequence[Any]) -> None:
         raise ValueError(
             f"the RM pools do not fit in the cluster: {pools_text(entries)}; together they need {_amounts(need)}, "
             f"and the cluster has {_amounts({r: free.get(r, 0.0) for r in need})} free "
-            f"({_amounts({r: total.get(r, 0.0) for r in need})} in all). Fix: {_POOLS_FIX}"
-        )
+            f"({_amounts({r: total.get(r, 0.0) for r in need})} in all). Fix: {_POOLS_FIX}")
 
 
 def pools_text(entries: Sequence[Any]) -> str:
