@@ -42,31 +42,13 @@ def migrate_legacy_keys(config: Any) -> Any:
         if _select(config, "custom_reward_function.name") is None:
             config.custom_reward_function.name = _select(config, "reward.custom_reward_function.name")
 
-    moved: dict[str, Any] = {}
-    for group in ("reward_model", "custom_reward_function", "sandbox_fusion"):
-        moved.update(_set_leaves(config, group))
+    from verl_async_rm.integration.checks import legacy_keys_set
+
+    moved = legacy_keys_set(config)
     config = migrate_legacy_reward_impl(config)
     if moved:
         logger.info("verl_async_rm: migrated legacy keys to reward.*: %s", moved)
     return config
-
-
-def _set_leaves(config: Any, group: str) -> dict[str, Any]:
-    """The non-null leaves of a top-level group, as ``{"group.key": value}`` (for the log line)."""
-    node = _select(config, group)
-    if node is None:
-        return {}
-    flat: dict[str, Any] = {}
-
-    def walk(value: Any, prefix: str) -> None:
-        if isinstance(value, dict):
-            for key, item in value.items():
-                walk(item, f"{prefix}.{key}")
-        elif value is not None:
-            flat[prefix] = value
-
-    walk(OmegaConf.to_container(node, resolve=False), group)
-    return flat
 
 
 @hydra.main(config_path=_verl_config_dir(), config_name="ppo_trainer", version_base=None)

@@ -140,8 +140,6 @@ class HFEngine(Engine):
         if self.kernel == "varlen" and self._original_attention is not None:
             self.model.set_attn_implementation(self._original_attention)
 
-    # ------------------------------------------------------------------------------------------------- forwards
-
     def score_all(self, inputs: Sequence[list[int]], max_tokens: int, groups: Sequence[Hashable | None] | None = None,
                   reads: Sequence[Sequence[int]] | None = None) -> list[Any]:
         """Values of ``inputs``, in order, by micro-batches of at most ``max_tokens``; a failure costs only its rows.
@@ -250,8 +248,6 @@ class HFEngine(Engine):
         self.computed_tokens += computed
         self.saved_tokens += sum(len(ids) for ids in batch) - computed
         return scores
-
-    # -------------------------------------------------------------------------------------------------- helpers
 
     def _sharing(self, groups: Sequence[Hashable | None] | None) -> bool:
         """Whether :meth:`score_all` shares prompts for these groups."""

@@ -191,8 +191,6 @@ class RewardModelScorer:
         logger.info("RM %s: engine vllm (%s; started in %.1f s)", self.config.model_path, self.engine_reason,
                     engine.start_s)
 
-    # ----------------------------------------------------------------------------------------------------- scoring
-
     def prepare(self, request: RMRequest) -> tuple[list[int], bool]:
         """The RM input ids for ``request`` and whether they were truncated (raises :class:`RewardInputError`)."""
         built = self.kind.build(request)
@@ -253,8 +251,6 @@ class RewardModelScorer:
             **({"judge_readout": self.config.judge_readout} if self.config.reward_kind == "judge" else {}),
             **self.sharding, **self.engine.describe(),
         }
-
-    # ------------------------------------------------------------------------------------------- sleep and stats
 
     def sleep(self) -> Move:
         """Release the device's memory: the weights to host memory (``placement='policy_pool'``, while the policy

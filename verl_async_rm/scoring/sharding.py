@@ -25,7 +25,7 @@ WEIGHTS_SHARE = 0.9
 #: ranks of a failure shared by all stop between the same two collectives, so they report within moments.
 AGREE_S = 10.0
 _GIB = 1024**3
-_ELEMENT_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float64": 8}
+ELEMENT_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float64": 8}
 
 logger = logging.getLogger(__name__)
 
@@ -183,6 +183,15 @@ def weights_bytes(path: str) -> tuple[int, str | None] | None:
     return (total, dtype) if total else None
 
 
+def rm_weights_bytes(config: Any) -> tuple[int, str] | None:
+    """The RM's weights in its dtype on the GPU, and that dtype (``'auto'``: bfloat16); None without weight files."""
+    stored = weights_bytes(config.model_path)
+    if stored is None:
+        return None
+    dtype = "bfloat16" if config.dtype == "auto" else config.dtype
+    return stored[0] * ELEMENT_BYTES[dtype] // ELEMENT_BYTES.get(str(stored[1]), ELEMENT_BYTES[dtype]), dtype
+
+
 def check_replica_memory(config: Any, device_bytes: int | None = None) -> None:
     """Refuse, before loading, an RM whose weights cannot fit its replica's ``gpus_per_replica`` GPUs of
     ``device_bytes`` each (default: this process's CUDA device; no check on CPU): a ``ConfigValueError`` on
@@ -193,12 +202,10 @@ def check_replica_memory(config: Any, device_bytes: int | None = None) -> None:
         if not config.use_gpu or not torch.cuda.is_available():
             return
         device_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-    stored = weights_bytes(config.model_path)
-    if stored is None:
+    sized = rm_weights_bytes(config)
+    if sized is None:
         return
-    size, stored_dtype = stored
-    dtype = "bfloat16" if config.dtype == "auto" else config.dtype
-    weights = size * _ELEMENT_BYTES[dtype] // _ELEMENT_BYTES.get(str(stored_dtype), _ELEMENT_BYTES[dtype])
+    weights, dtype = sized
     k, per_node = config.gpus_per_replica, config.n_gpus_per_node
     need = -(-weights // int(WEIGHTS_SHARE * device_bytes))
     if need <= k:

@@ -387,8 +387,6 @@ class Batcher:
         self._task: asyncio.Task | None = None
         self._closed = self._closing = self.paused = False
 
-    # ------------------------------------------------------------------------------------------------ public API
-
     async def submit(self, item: Any, *, num_tokens: int | None = None, deadline_s: float | None = None,
                      group: Any = None) -> Any:
         """Queue ``item``; return its result or raise its exception. ``num_tokens`` is required with
@@ -532,8 +530,6 @@ class Batcher:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
 
-    # --------------------------------------------------------------------------------------------- the loop
-
     def _start(self) -> None:
         loop = asyncio.get_running_loop()
         if self._loop is None:
@@ -618,8 +614,6 @@ class Batcher:
         self._queue.drain_seq = self._seq
         self._step_count, self._drain_after = 0, None
         self._changed.set()
-
-    # --------------------------------------------------------------------------------------------- batches
 
     async def _run(self, batch: list[Request], index: int) -> None:
         lost: ReplicaLostError | None = None
@@ -730,8 +724,6 @@ class Batcher:
         self._stats.requeued += len(again)
         self._changed.set()
 
-    # --------------------------------------------------------------------------------------------- replicas
-
     def _release(self, index: int) -> None:
         self._state[index] = "free"
         self._free.append(index)
@@ -769,8 +761,6 @@ class Batcher:
         if not self.usable:
             self._fail_waiting(self._no_replicas_error)
         self._changed.set()
-
-    # --------------------------------------------------------------------------------------------- requests
 
     def _resolve(self, req: Request, value: Any, exc: BaseException | None) -> None:
         """Resolve ``req`` once (a no-op when it is DONE); it is already out of the queue."""
