@@ -4,7 +4,7 @@ killed replica is replaced by the service). Every request must resolve exactly o
 plain-transformers score of its trajectory.
 
 The executor's exactly-once guarantee at 10^4 requests with failures, cancellations and lost slots is fuzzed on the
-virtual clock (tests/unit/test_executor_fuzz.py); this test is the same guarantee across Ray: the service actor, its
+virtual clock (tests/unit/test_batcher_fuzz.py); this test is the same guarantee across Ray: the service actor, its
 replica calls, the replacement path and ``score_with_timeout``.
 """
 

@@ -5,7 +5,7 @@ torch.
 docs/faults.md ("Faults and troubleshooting") lists each case. Cases already covered elsewhere are not repeated here:
 NaN score (test_rm_scorer.py::test_nan_score_fails_only_its_item, tests/integration/test_rm_worker_group.py), RM dir
 missing (test_rm_scorer.py::test_missing_model_dir_is_a_clear_error), ``enable=True`` and legacy keys
-(test_async_rm_config.py), batching knobs (test_executor_policy.py, test_async_rm_config.py), more resources than the
+(test_async_rm_config.py), batching knobs (test_batcher_policy.py, test_async_rm_config.py), more resources than the
 cluster has (tests/integration/test_rm_worker_group.py, tests/integration/test_rm_bad_input.py).
 
 Float32 on CPU; scores are compared with a direct HF forward of the same ids within 1e-4 (see test_rm_scorer.py).
