@@ -33,10 +33,8 @@ _RETIRED_KEYS = {
     "pad_multiple": "there is no whole-group mode to pad for; remove the key",
     "bisect_on_error": "each RM replica isolates a failing item itself (its micro-batch is split, the others keep "
     "their scores); remove the key",
-    "max_pending": "the RM service's concurrency bound (async_rm.service_max_concurrency) bounds the queue; remove "
-    "the key",
-    "overflow": "the RM service's concurrency bound (async_rm.service_max_concurrency) bounds the queue; remove the "
-    "key",
+    **dict.fromkeys(("max_pending", "overflow"), "the RM service's concurrency bound "
+                    "(async_rm.service_max_concurrency) bounds the queue; remove the key"),
     "default_deadline_s": "a trajectory's deadline is async_rm.request_timeout_s; remove the key",
     "slot_retries": "renamed async_rm.replica_retries (same meaning)",
 }
@@ -51,11 +49,9 @@ _VERL_OWNED_RM_FIELDS = {
 #: Where verl keeps each RMConfig field it owns (the first key set). Legacy keys (``reward_model.*``) are not read:
 #: verl's ``migrate_legacy_reward_impl`` moves them (``python -m verl_async_rm.main_ppo``), else they are refused.
 _VERL_KEYS = {
-    "model_path": ("reward.reward_model.model_path",),
-    "n_gpus_per_node": ("reward.reward_model.n_gpus_per_node",),
+    "model_path": ("reward.reward_model.model_path",), "n_gpus_per_node": ("reward.reward_model.n_gpus_per_node",),
     "nnodes": ("reward.reward_model.nnodes",),
-    "policy_tokenizer_path": ("actor_rollout_ref.model.tokenizer_path", "actor_rollout_ref.model.path"),
-}
+    "policy_tokenizer_path": ("actor_rollout_ref.model.tokenizer_path", "actor_rollout_ref.model.path")}
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 #: Per-RM keys that are the RM's own (never taken from the top of ``async_rm``).
 _OWN_KEYS = ("model_path", "n_gpus_per_node", "nnodes", "gpus_per_replica", "weight")
@@ -107,8 +103,7 @@ def option_groups() -> dict[str, tuple[type, ...]]:
     (``async_rm.models.<name>.`` also takes ``weight``; fields marked ``internal`` are not keys)."""
     return {
         f"{CONFIG_GROUP}.": (BatchPolicy, RMConfig, RewardMix, IntegrationConfig),
-        f"{CONFIG_GROUP}.{MODELS_KEY}.<name>.": (BatchPolicy, RMConfig),
-    }
+        f"{CONFIG_GROUP}.{MODELS_KEY}.<name>.": (BatchPolicy, RMConfig)}
 
 
 def build(kind: type, values: Mapping[str, Any], keys: Mapping[str, str]) -> Any:
@@ -206,12 +201,10 @@ def placement_values(config: Any) -> dict[str, Any]:
         return {}
     utilization = select(config, "actor_rollout_ref.rollout.gpu_memory_utilization")
     return {
-        "placement": "policy_pool",
-        "n_gpus_per_node": int(select(config, "trainer.n_gpus_per_node") or 1),
+        "placement": "policy_pool", "n_gpus_per_node": int(select(config, "trainer.n_gpus_per_node") or 1),
         "nnodes": int(select(config, "trainer.nnodes") or 1),
         "rollout_memory_utilization": None if utilization is None else float(utilization),
-        "actor_resident_bytes": actor_resident_bytes(config),
-    }
+        "actor_resident_bytes": actor_resident_bytes(config)}
 
 
 def extra_rm_entries(models: Any, *, base: Mapping[str, Any], shared_rm: Mapping[str, Any],

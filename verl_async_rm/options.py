@@ -84,11 +84,8 @@ class Rule:
         return " and ".join(p for p in parts if p) or ("finite" if self.kind is float else "")
 
     def _fix(self) -> str:
-        if self.fix:
-            return self.fix
-        if self.choices is not None:
-            return f"use one of {self.choices}"
-        return f"set {{key}} to {self._expected()}"
+        return self.fix or (f"use one of {self.choices}" if self.choices is not None else
+                            f"set {{key}} to {self._expected()}")
 
 
 def option(default: Any, help: str, kind: type | None = None, **rule: Any) -> Any:  # noqa: A002 - the metadata key
@@ -99,11 +96,9 @@ def option(default: Any, help: str, kind: type | None = None, **rule: Any) -> An
 def check_options(obj: Any, prefix: str = "") -> None:
     """Check (and convert) every field of the frozen dataclass ``obj`` that has a rule; keys are ``prefix + name``."""
     for f in fields(obj):
-        rule = f.metadata.get("rule")
-        if rule is not None:
+        if (rule := f.metadata.get("rule")) is not None:
             value = getattr(obj, f.name)
-            converted = rule.convert(prefix + f.name, value)
-            if converted is not value:
+            if (converted := rule.convert(prefix + f.name, value)) is not value:
                 object.__setattr__(obj, f.name, converted)
 
 

@@ -42,7 +42,7 @@ class RMRequest:
 
     @property
     def num_tokens(self) -> int:
-        """Prompt plus response length in policy tokens (what the executor budgets with)."""
+        """Prompt plus response length in policy tokens (what the batcher budgets with)."""
         return len(self.prompt_ids) + len(self.response_ids)
 
     @classmethod

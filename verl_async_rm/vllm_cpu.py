@@ -74,13 +74,6 @@ def vllm_unavailable_reason() -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m verl_async_rm.vllm_cpu [SITE_PACKAGES]``: write the alias if needed; what was done is logged."""
+if __name__ == "__main__":  # python -m verl_async_rm.vllm_cpu [SITE_PACKAGES]: write the alias if needed, say what
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    argv = sys.argv[1:] if argv is None else argv
-    ensure_alias(argv[0] if argv else None)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    ensure_alias(sys.argv[1] if len(sys.argv) > 1 else None)

@@ -24,10 +24,9 @@ from verl_async_rm.integration.drops import PhaseRecord, apply_drops, check_fail
 from verl_async_rm.integration.agent_loop_worker import remote_worker_class
 from verl_async_rm.integration.token_rewards import place_token_rewards
 from verl_async_rm.config import MAIN
-from verl_async_rm.service.service import start_rm_services
 from verl_async_rm.service.metrics import PREFIX, VAL_PREFIX, step_metrics
-from verl_async_rm.service.placement import kill_and_wait, remove_pool_groups
-from verl_async_rm.service.service import kill_quietly, start_rm_service
+from verl_async_rm.service.placement import kill_and_wait, kill_quietly, remove_pool_groups
+from verl_async_rm.service.service import start_rm_service, start_rm_services
 
 logger = logging.getLogger(__name__)
 
@@ -83,15 +82,10 @@ class _AsyncRMSide:
             raise
 
     async def _async_rm_attach(self, timeout_s: float) -> None:
-        settings = self.async_rm_config
-        integration = settings.integration
-        await asyncio.wait_for(
-            asyncio.gather(*(
-                w.async_rm_attach.remote(self.rm_services, settings.mix, integration.request_timeout_s,
-                                         integration.on_error)
-                for w in self.agent_loop_workers
-            )),
-            timeout_s)
+        mix, integration = self.async_rm_config.mix, self.async_rm_config.integration
+        await asyncio.wait_for(asyncio.gather(*(
+            w.async_rm_attach.remote(self.rm_services, mix, integration.request_timeout_s, integration.on_error)
+            for w in self.agent_loop_workers)), timeout_s)
 
     async def _async_rm_restart_service(self, name: str, cause: BaseException) -> None:
         """Replace a dead (or unresponsive) RM service by a new one (the RM loads again); hand it to the workers."""
@@ -116,9 +110,8 @@ class _AsyncRMSide:
         names = list(self.rm_services)
         return dict(zip(names, await asyncio.gather(*(call(name) for name in names)), strict=True))
 
-    async def _async_rm_end_step(
-        self, trajectories: PhaseRecord | None = None, prefix: str = PREFIX
-    ) -> dict[str, float]:
+    async def _async_rm_end_step(self, trajectories: PhaseRecord | None = None, prefix: str = PREFIX
+                                 ) -> dict[str, float]:
         """End a step on every service: ``async_rm/*`` metrics (the main RM's), plus ``async_rm/<name>/*`` per RM
         when there are several. ``trajectories`` (v1: the workers' record of the phase) gives the trajectory counts
         instead of the service's, which include every phase."""
@@ -131,7 +124,7 @@ class _AsyncRMSide:
         return metrics
 
     def shutdown(self) -> None:
-        """Close the RM services (pending requests fail with ExecutorClosedError; replicas and pools released)."""
+        """Close the RM services (waiting requests fail with BatcherClosedError; replicas and pools released)."""
         services, self.rm_services = dict(getattr(self, "rm_services", None) or {}), {}
         for name, service in services.items():
             try:
@@ -193,20 +186,20 @@ class AsyncRMAgentLoopManagerV1(_AsyncRMSide, AgentLoopManagerTQ):
 
     def generate_sequences(self, prompts) -> None:
         """Dispatch a batch of prompts (verl v1 semantics: returns once the agent loops are started)."""
-        expected = None
+        step_size = None
         if self._trainer_mode == "sync":
-            expected = _v1_expected(prompts, self.config.actor_rollout_ref.rollout)
-        if expected or not self._dispatched:
-            self._v1_before_dispatch(expected)
+            step_size = _v1_batch_size(prompts, self.config.actor_rollout_ref.rollout)
+        if step_size or not self._dispatched:
+            self._v1_before_dispatch(step_size)
         super().generate_sequences(prompts)
 
     @auto_await
-    async def _v1_before_dispatch(self, expected: int | None) -> None:
+    async def _v1_before_dispatch(self, step_size: int | None) -> None:
         if not self._dispatched:  # the first window starts here, not when the pool was built
-            await self._async_rm_control("begin_step", expected)
+            await self._async_rm_control("begin_step", step_size)
             self._dispatched = True
-        elif expected:
-            await self._async_rm_control("drain_after", expected)
+        elif step_size:
+            await self._async_rm_control("drain_after", step_size)
 
     @auto_await
     async def async_rm_close(self, phase: str, global_steps: int | None = None) -> dict[str, float]:
@@ -266,7 +259,7 @@ class AsyncRMAgentLoopManager:
                            reward_loop_worker_handles=reward_loop_worker_handles)
 
 
-def _v1_expected(prompts: Any, rollout_config: Any) -> int | None:
+def _v1_batch_size(prompts: Any, rollout_config: Any) -> int | None:
     """Trajectories a v1 batch will produce, or None when per-prompt ``__rollout_n__`` makes it unknown here."""
     keys = set(prompts.keys())
     if "__rollout_n__" in keys:

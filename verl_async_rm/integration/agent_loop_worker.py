@@ -22,8 +22,7 @@ from verl_async_rm.errors import AsyncRMError, RMServiceLostError, remote_cause
 from verl_async_rm.integration.drops import Failure, PhaseRecord, PhaseRecords
 from verl_async_rm.integration.reward_mix import RewardMix, with_rm_scores
 from verl_async_rm.integration.token_rewards import TOKEN_REWARDS_KEY, token_placement, with_token_rewards
-from verl_async_rm.request import RMRequest
-from verl_async_rm.request import Score, StepRewards
+from verl_async_rm.request import RMRequest, Score, StepRewards
 from verl_async_rm.service.client import score_with_timeout
 
 logger = logging.getLogger(__name__)
@@ -110,24 +109,20 @@ class AsyncRMWorkerMixin:
         elif self._async_rm_mix.token_level and not self._async_rm_replace_output:
             final.extra_fields[TOKEN_REWARDS_KEY] = None  # verl stacks the same extra_fields for every sample
 
-    async def _async_rm_scores(
-        self, final: Any, kwargs: dict, trajectory: str
-    ) -> tuple[dict[str, Score], BaseException | None]:
+    async def _async_rm_scores(self, final: Any, kwargs: dict, trajectory: str
+                               ) -> tuple[dict[str, Score], BaseException | None]:
         """The trajectory's score from every RM at once (ready when the last answers), as the replicas made them,
         and the first failure."""
         if not self._async_rm_services or self._async_rm_mix is None:
-            raise AsyncRMError(
-                "this agent-loop worker has no RM service attached: build it through "
-                "verl_async_rm.AsyncRMAgentLoopManager.create(...)")
+            raise AsyncRMError("this agent-loop worker has no RM service attached: build it through "
+                               "verl_async_rm.AsyncRMAgentLoopManager.create(...)")
         reference = kwargs.get("reward_model")  # verl's datasets: {"ground_truth": ..., "style": ...}
         request = RMRequest.from_agent_loop_output(
             final, uid=trajectory, raw_prompt=kwargs.get("raw_prompt"), group=str(kwargs.get("uid", "?")),
             ground_truth=reference.get("ground_truth") if isinstance(reference, Mapping) else None)
         names = list(self._async_rm_services)
-        answers = await asyncio.gather(
-            *(score_with_timeout(service, request, timeout_s=self._async_rm_timeout_s)
-              for service in self._async_rm_services.values()),
-            return_exceptions=True)
+        answers = await asyncio.gather(*(score_with_timeout(service, request, timeout_s=self._async_rm_timeout_s)
+                                         for service in self._async_rm_services.values()), return_exceptions=True)
         scores: dict[str, Score] = {}
         failure: BaseException | None = None
         for name, answer in zip(names, answers, strict=True):

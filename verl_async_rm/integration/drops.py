@@ -19,8 +19,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["apply_drops", "check_failures", "Failure", "PhaseRecord", "PhaseRecords", "PHASES"]
 
-
-
 PHASES = ("train", "val")
 #: Failures kept in full per phase between two collections (the rest are only counted): enough to name the first
 #: ones in an error message without holding every traceback of a step where the RM is down.
@@ -81,7 +79,7 @@ class PhaseRecords:
         record.scored += 1
 
     def failed(self, phase: str, failure: Failure) -> None:
-        """A trajectory of ``phase`` got no RM score (an RM, executor or timeout error)."""
+        """A trajectory of ``phase`` got no RM score (an RM, batcher or timeout error)."""
         record = self._records[phase]
         record.requests += 1
         record.failed += 1

@@ -15,23 +15,10 @@ import torch
 from verl_async_rm.errors import ConfigValueError, RewardModelError
 from verl_async_rm.scoring.engine import Engine, Row, check_rows, differs
 from verl_async_rm.scoring.inputs import plan_micro_batches, plan_packed_micro_batches
-from verl_async_rm.scoring.readout import (
-    check_output_field,
-    field_scores,
-    last_token_logits,
-    per_token_logits,
-    read_index,
-    reduce_outputs,
-)
-from verl_async_rm.scoring.packing import (
-    VARLEN_ATTENTION,
-    choose_kernel,
-    flat_ids,
-    pack_rows,
-    register_varlen_attention,
-    to_device,
-    varlen_kernel_name,
-)
+from verl_async_rm.scoring.readout import (check_output_field, field_scores, last_token_logits, per_token_logits,
+                                           read_index, reduce_outputs)
+from verl_async_rm.scoring.packing import (VARLEN_ATTENTION, choose_kernel, flat_ids, pack_rows,
+                                           register_varlen_attention, to_device, varlen_kernel_name)
 from verl_async_rm.scoring.sharing import MIN_SHARED_PREFIX, plan_shared_micro_batches, shared_layout
 
 logger = logging.getLogger(__name__)

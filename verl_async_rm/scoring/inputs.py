@@ -162,11 +162,11 @@ def first_fit(units: list[tuple[int, list[int]]], max_tokens: int) -> list[list[
     batches: list[list[int]] = []
     room: list[int] = []  # tokens left in each batch
     for cost, rows in sorted(units, key=lambda unit: unit[0], reverse=True):
-        slot = next((b for b, left in enumerate(room) if cost <= left), None)
-        if slot is None:
+        fit = next((b for b, left in enumerate(room) if cost <= left), None)
+        if fit is None:
             batches.append(list(rows))
             room.append(max_tokens - cost)
         else:
-            batches[slot].extend(rows)
-            room[slot] -= cost
+            batches[fit].extend(rows)
+            room[fit] -= cost
     return batches

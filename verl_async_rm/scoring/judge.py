@@ -1,7 +1,7 @@
 """The judge kinds (``reward_kind='judge'``): a causal LM asked about the trajectory in ``judge_prompt`` (Jinja, the
 user turn of its chat template), read at its next token (``logits``, transformers, :class:`~.readout.JudgeLogits`,
 checked at load against the model's own logits) or by the verdict it writes (``generate``, vLLM, parsed by
-``judge_pattern``; a verdict that does not parse fails its trajectory, never a stand-in score)."""
+``judge_pattern``; a verdict that does not parse fails its trajectory, never a default score)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from verl_async_rm.scoring.engine import check_rows, differs
 from verl_async_rm.scoring.inputs import check_token_ids, dedup_bos, strip_trailing
 from verl_async_rm.scoring.outcome import OutcomeKind, RMInput
 
-__all__ = ["JudgeLogitsKind", "JudgeGenerateKind", "Verdict", "defaults", "compile_prompt", "compile_pattern",
+__all__ = ["JudgeLogitsKind", "JudgeGenerateKind", "Verdict", "compile_prompt", "compile_pattern",
            "judge_input_ids", "parse_verdict", "judge_token_ids", "final_norm", "VERDICT_CHARS"]
 
 _QUESTION = (
@@ -33,16 +33,6 @@ DEFAULT_PATTERN = r"Verdict:\s*(-?[0-9]+(?:\.[0-9]+)?)"
 #: Characters of a written verdict kept in ``reward_extra_info`` (its end, where the verdict is).
 VERDICT_CHARS = 300
 _VARIABLES = ("prompt", "response", "messages", "ground_truth")
-
-
-def defaults(readout: str) -> dict[str, Any]:
-    """The judge keys' defaults for ``readout`` (filled into ``RMConfig`` where the user set none)."""
-    values: dict[str, Any] = {"judge_prompt": DEFAULT_PROMPTS[readout]}
-    if readout == "logits":
-        values["judge_tokens"] = DEFAULT_TOKENS
-    else:
-        values["judge_pattern"] = DEFAULT_PATTERN
-    return values
 
 
 def compile_prompt(text: str) -> Any:
@@ -142,9 +132,6 @@ def parse_verdict(text: str, pattern: re.Pattern[str], labels: Mapping[str, floa
     return value
 
 
-_JUDGE_KEYS = ("judge_prompt", "judge_tokens", "judge_pattern", "judge_labels")
-
-
 class JudgeLogitsKind(OutcomeKind):
     """A judge read at its next token: one transformers forward of its prompt, the judge tokens' logits read."""
 
@@ -170,7 +157,9 @@ class JudgeLogitsKind(OutcomeKind):
         for key, (bad, why, fix) in refusals.items():
             if bad:
                 raise ConfigValueError(key, getattr(config, key), why, fix)
-        for key, value in defaults(cls.readout).items():
+        # the defaults of this readout's keys, where the user set none
+        own = {"judge_tokens": DEFAULT_TOKENS} if cls.readout == "logits" else {"judge_pattern": DEFAULT_PATTERN}
+        for key, value in {"judge_prompt": DEFAULT_PROMPTS[cls.readout], **own}.items():
             if getattr(config, key) is None:
                 object.__setattr__(config, key, value)
         compile_prompt(config.judge_prompt)

@@ -15,14 +15,8 @@ import numpy as np
 import torch
 
 __all__ = [
-    "VARLEN_ATTENTION",
-    "PackedRows",
-    "pack_rows",
-    "choose_kernel",
-    "varlen_kernel_name",
-    "register_varlen_attention",
-    "varlen_attention_forward",
-]
+    "VARLEN_ATTENTION", "PackedRows", "pack_rows", "choose_kernel", "varlen_kernel_name", "register_varlen_attention",
+    "varlen_attention_forward"]
 
 #: The name the varlen attention function is registered under in transformers' ``AttentionInterface``.
 VARLEN_ATTENTION = "verl_async_rm_varlen"
@@ -42,11 +36,8 @@ class PackedRows:
     def varlen_kwargs(self) -> dict[str, Any]:
         """The keyword arguments HF passes down to every attention call (flash-attention's names)."""
         return {
-            "cu_seq_lens_q": self.cu_seqlens,
-            "cu_seq_lens_k": self.cu_seqlens,
-            "max_length_q": self.max_length,
-            "max_length_k": self.max_length,
-        }
+            "cu_seq_lens_q": self.cu_seqlens, "cu_seq_lens_k": self.cu_seqlens, "max_length_q": self.max_length,
+            "max_length_k": self.max_length}
 
 
 def flat_ids(rows: Sequence[Sequence[int]], total: int) -> np.ndarray:

@@ -10,14 +10,8 @@ from typing import Any
 
 from verl_async_rm.errors import ConfigValueError, NonFiniteScoreError, RewardInputError
 from verl_async_rm.request import RMRequest, StepRewards
-from verl_async_rm.scoring.inputs import (
-    check_token_ids,
-    conversation_for,
-    dedup_bos,
-    render_conversation,
-    strip_trailing,
-    truncate_left,
-)
+from verl_async_rm.scoring.inputs import (check_token_ids, conversation_for, dedup_bos, render_conversation,
+                                          strip_trailing, truncate_left)
 from verl_async_rm.scoring.outcome import OutcomeKind, RMInput, find_head
 
 __all__ = ["ProcessKind", "StepRewards", "split_steps", "step_token_ends", "prepare_process_input", "reduce_steps"]

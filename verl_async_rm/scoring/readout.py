@@ -13,14 +13,8 @@ import torch
 from verl_async_rm.errors import ConfigValueError, RewardModelError
 
 __all__ = [
-    "last_token_logits",
-    "reduce_outputs",
-    "read_index",
-    "per_token_logits",
-    "field_scores",
-    "check_output_field",
-    "JudgeLogits",
-]
+    "last_token_logits", "reduce_outputs", "read_index", "per_token_logits", "field_scores", "check_output_field",
+    "JudgeLogits"]
 
 
 def last_token_logits(per_token: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:

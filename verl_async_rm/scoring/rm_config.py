@@ -194,5 +194,5 @@ class RMConfig:
 
     @property
     def num_replicas(self) -> int:
-        """RM replicas in the pool (one executor slot each), of ``gpus_per_replica`` GPUs each."""
+        """RM replicas in the pool (each runs one batch at a time), of ``gpus_per_replica`` GPUs each."""
         return self.replicas_per_node * self.nnodes

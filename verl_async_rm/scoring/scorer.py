@@ -21,13 +21,7 @@ from verl_async_rm.scoring.hf_engine import HFEngine
 from verl_async_rm.scoring.offload import Move, WeightOffload
 from verl_async_rm.scoring.outcome import RMInput, kind_class
 from verl_async_rm.scoring.rm_config import RMConfig
-from verl_async_rm.scoring.sharding import (
-    FailureAgreement,
-    ShardGroup,
-    check_same_forward,
-    join_group,
-    load_sharded,
-)
+from verl_async_rm.scoring.sharding import FailureAgreement, ShardGroup, check_same_forward, join_group, load_sharded
 
 logger = logging.getLogger(__name__)
 
@@ -249,8 +243,7 @@ class RewardModelScorer:
             "max_length": self.kind.max_length, "num_labels": self.num_labels,
             "engine": "hf" if isinstance(self.engine, HFEngine) else "vllm", "engine_reason": self.engine_reason,
             **({"judge_readout": self.config.judge_readout} if self.config.reward_kind == "judge" else {}),
-            **self.sharding, **self.engine.describe(),
-        }
+            **self.sharding, **self.engine.describe()}
 
     def sleep(self) -> Move:
         """Release the device's memory: the weights to host memory (``placement='policy_pool'``, while the policy

@@ -93,12 +93,8 @@ class SharedLayout:
     def attention_kwargs(self) -> dict[str, Any]:
         """What HF passes down to every attention call."""
         return {
-            "cu_seq_lens_q": self.cu_q,
-            "cu_seq_lens_k": self.cu_k,
-            "max_length_q": self.max_q,
-            "max_length_k": self.max_k,
-            "rm_key_index": self.key_index,
-        }
+            "cu_seq_lens_q": self.cu_q, "cu_seq_lens_k": self.cu_k, "max_length_q": self.max_q,
+            "max_length_k": self.max_k, "rm_key_index": self.key_index}
 
 
 def shared_layout(batch: Sequence[Sequence[int]], groups: Sequence[Hashable | None], device: torch.device,

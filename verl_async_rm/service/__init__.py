@@ -5,20 +5,10 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_LAZY = {
-    "RMService": "verl_async_rm.service.service",
-    "ReplicaCall": "verl_async_rm.service.service",
-    "start_rm_service": "verl_async_rm.service.service",
-    "start_rm_services": "verl_async_rm.service.service",
-    "Batcher": "verl_async_rm.service.batcher",
-    "BatchPolicy": "verl_async_rm.service.batcher",
-    "score_with_timeout": "verl_async_rm.service.client",
-    "RMReplica": "verl_async_rm.service.replica",
-    "RMResourcePool": "verl_async_rm.service.placement",
-    "create_rm_worker_group": "verl_async_rm.service.placement",
-    "shutdown_rm_worker_group": "verl_async_rm.service.placement",
-    "ReplicaFactory": "verl_async_rm.service.placement",
-}
+_MODULES = {"service": ("RMService", "ReplicaCall", "start_rm_service", "start_rm_services"),
+            "batcher": ("Batcher", "BatchPolicy"), "client": ("score_with_timeout",), "replica": ("RMReplica",),
+            "placement": ("RMResourcePool", "create_rm_worker_group", "shutdown_rm_worker_group", "ReplicaFactory")}
+_LAZY = {name: f"verl_async_rm.service.{module}" for module, names in _MODULES.items() for name in names}
 __all__ = list(_LAZY)
 
 

@@ -20,14 +20,8 @@ from functools import partial
 from itertools import islice
 from typing import Any
 
-from verl_async_rm.errors import (
-    BatcherClosedError,
-    BatcherCrashedError,
-    BatchResultError,
-    NoReplicasError,
-    ReplicaLostError,
-    RequestTimeoutError,
-)
+from verl_async_rm.errors import (BatcherClosedError, BatcherCrashedError, BatchResultError, NoReplicasError,
+                                  ReplicaLostError, RequestTimeoutError)
 from verl_async_rm.options import check_options, option
 
 __all__ = ["BatchPolicy", "Batcher", "StepStats", "Summary", "FLUSH_REASONS", "select_batch"]
@@ -210,8 +204,7 @@ class BatcherStats:
             "mean_fill": None if mean_size is None else mean_size / self.max_batch_size,
             "padding_fraction": self.padded_tokens / padded if padded else None,
             "wait_ms": dataclasses.asdict(self.wait_s.summary()), "exec_ms": dataclasses.asdict(self.exec_s.summary()),
-            "flush_reasons": dict(self.flush_reasons), "loop_restarts": self.loop_restarts, "requeued": self.requeued,
-        }
+            "flush_reasons": dict(self.flush_reasons), "loop_restarts": self.loop_restarts, "requeued": self.requeued}
 
 
 # ---------------------------------------------------------------------------------------------------- the queue
@@ -481,9 +474,8 @@ class Batcher:
             "queue_len": len(self._queue), "in_flight_batches": len(self._running),
             "in_flight_requests": sum(r.state == RUNNING for batch in self._running.values() for r in batch),
             "replicas": len(self.replicas), **{f"replicas_{s}": states.get(s, 0) for s in REPLICA_STATES},
-            **{f"replicas_{k}_total": v for k, v in self._counts.items()},
-            "closed": self._closed, "loop_alive": self._task is not None and not self._task.done(),
-        }
+            **{f"replicas_{k}_total": v for k, v in self._counts.items()}, "closed": self._closed,
+            "loop_alive": self._task is not None and not self._task.done()}
         return self._stats.snapshot(live)
 
     def pop_step_stats(self) -> StepStats:
@@ -816,13 +808,8 @@ class Batcher:
 
 
 def _check_tokens(num_tokens: Any) -> int:
-    if num_tokens.__class__ is not int:
-        if isinstance(num_tokens, bool):
-            raise TypeError(f"num_tokens must be an integer, got {num_tokens!r}")
-        try:
-            num_tokens = operator.index(num_tokens)
-        except TypeError:
-            raise TypeError(f"num_tokens must be an integer, got {num_tokens!r}") from None
-    if num_tokens < 0:
+    if num_tokens.__class__ is not int and (isinstance(num_tokens, bool) or not hasattr(num_tokens, "__index__")):
+        raise TypeError(f"num_tokens must be an integer, got {num_tokens!r}")
+    if (num_tokens := operator.index(num_tokens)) < 0:
         raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
     return num_tokens

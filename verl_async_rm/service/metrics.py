@@ -22,22 +22,12 @@ def service_step_metrics(step: StepStats, replica_steps: Sequence[ScorerStats] =
     """Flat ``{name: number}`` of one step, with the replicas' counters (``RMReplica.pop_step_stats``); figures
     with no value are left out. ``reward_tail_s``: from the step's last request to its last score, on the service."""
     values = {
-        "requests": step.submitted,
-        "scored": step.completed,
-        "errors": step.failed + step.timed_out,
-        "batches": step.batches,
-        "mean_batch_size": step.mean_batch_size,
-        "mean_fill": step.mean_fill,
-        "queue_wait_ms/mean": step.wait_ms.mean,
-        "queue_wait_ms/p99": step.wait_ms.p99,
-        "rm_exec_ms/mean": step.exec_ms.mean,
-        "rm_exec_ms/p99": step.exec_ms.p99,
-        "rm_utilization": step.rm_utilization,
-        "reward_tail_s": step.tail_s,
-        "requeued": step.requeued,
-        "replicas_usable": step.usable_replicas,
-        "replicas_replaced_total": step.replaced_replicas_total,
-    }
+        "requests": step.submitted, "scored": step.completed, "errors": step.failed + step.timed_out,
+        "batches": step.batches, "mean_batch_size": step.mean_batch_size, "mean_fill": step.mean_fill,
+        "queue_wait_ms/mean": step.wait_ms.mean, "queue_wait_ms/p99": step.wait_ms.p99,
+        "rm_exec_ms/mean": step.exec_ms.mean, "rm_exec_ms/p99": step.exec_ms.p99, "rm_utilization": step.rm_utilization,
+        "reward_tail_s": step.tail_s, "requeued": step.requeued, "replicas_usable": step.usable_replicas,
+        "replicas_replaced_total": step.replaced_replicas_total}
     if replica_steps:
         values["truncated"] = sum(r.truncated for r in replica_steps)
         values["rm_failed_items"] = sum(r.failed for r in replica_steps)

@@ -13,20 +13,10 @@ from collections.abc import Iterable
 from typing import Any
 
 import ray
-from ray.util.placement_group import (
-    PlacementGroup,
-    get_placement_group,
-    placement_group,
-    placement_group_table,
-    remove_placement_group,
-)
-from verl.single_controller.ray.base import (
-    RayClassWithInitArgs,
-    RayResourcePool,
-    RayWorkerGroup,
-    SubRayResourcePool,
-    sort_placement_group_by_node_ip,
-)
+from ray.util.placement_group import (PlacementGroup, get_placement_group, placement_group, placement_group_table,
+                                      remove_placement_group)
+from verl.single_controller.ray.base import (RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, SubRayResourcePool,
+                                             sort_placement_group_by_node_ip)
 from verl.utils.device import get_device_name
 
 from verl_async_rm.errors import ConfigValueError, ResourcePoolError, RewardModelError, remote_cause
@@ -191,8 +181,8 @@ def replica_group(pool: RMResourcePool | PolicyPool, config: RMConfig, *, name_p
 
 
 class ReplicaFactory:
-    """``async factory(old_replica, index) -> new replica`` (the executor's ``replace_slot``): a stand-in in the lost
-    replica's own bundle of the rm_wg (it never competes with the policy for resources), loaded within
+    """``async factory(old_replica, index) -> new replica`` (the batcher's ``replace_replica``): a new replica in the
+    lost replica's own bundle of the rm_wg (it never competes with the policy for resources), loaded within
     ``init_timeout_s``; a sharded replica is replaced whole. Owned by its caller (the RM service actor)."""
 
     def __init__(self, config: RMConfig, worker_group: RayWorkerGroup) -> None:

@@ -109,9 +109,9 @@ class Ranks:
             self.kill()
             raise
         done.set()
-        ready, late = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-        if late:
-            _lost(f"{len(late)} of the replica's other ranks had not finished {what} {timeout_s:g}s after rank 0")
+        ready, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        if pending:
+            _lost(f"{len(pending)} of the replica's other ranks had not finished {what} {timeout_s:g}s after rank 0")
         for ref in ready:
             _check(ref, what)
         watcher.join(timeout=5.0)

@@ -87,21 +87,13 @@ class RMReplica(Worker):
         packed, with which kernel, and why)."""
         context = ray.get_runtime_context()
         info: dict[str, Any] = {
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "node_id": context.get_node_id(),
-            "node_ip": ray.util.get_node_ip_address(),
-            "actor_name": context.get_actor_name(),
-            "placement_group_id": context.get_placement_group_id(),
-            "pid": os.getpid(),
-            "model_path": self.config.model_path,
-            "loaded": self._scorer is not None,
-        }
-        info["placement"] = self.config.placement
-        if self._scorer is not None:
-            info.update(self._scorer.describe())
-            info["asleep"] = self._scorer.asleep  # device, dtype, retemplate, max_length, num_labels, packing
-        info["gpus_per_replica"] = self.config.gpus_per_replica
+            "rank": self.rank, "world_size": self.world_size, "node_id": context.get_node_id(),
+            "node_ip": ray.util.get_node_ip_address(), "actor_name": context.get_actor_name(),
+            "placement_group_id": context.get_placement_group_id(), "pid": os.getpid(),
+            "model_path": self.config.model_path, "loaded": self._scorer is not None,
+            "placement": self.config.placement, "gpus_per_replica": self.config.gpus_per_replica}
+        if self._scorer is not None:  # device, dtype, retemplate, max_length, num_labels, engine, packing
+            info.update(self._scorer.describe(), asleep=self._scorer.asleep)
         if self._ranks is not None:
             info["ranks"] = self._ranks.infos  # ranks 1..k-1: pid, actor_name, node_ip, device
         return info

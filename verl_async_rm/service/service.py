@@ -18,15 +18,8 @@ from verl_async_rm.scoring.rm_config import RMConfig
 from verl_async_rm.scoring.scorer import ScorerStats
 from verl_async_rm.service.batcher import Batcher, BatchPolicy
 from verl_async_rm.service.metrics import service_step_metrics
-from verl_async_rm.service.placement import (
-    ReplicaFactory,
-    create_rm_worker_group,
-    kill_and_wait,
-    kill_quietly,
-    remove_pool_groups,
-    replica_bundle,
-    shutdown_rm_worker_group,
-)
+from verl_async_rm.service.placement import (ReplicaFactory, create_rm_worker_group, kill_and_wait, kill_quietly,
+                                             remove_pool_groups, replica_bundle, shutdown_rm_worker_group)
 
 logger = logging.getLogger(__name__)
 
@@ -160,11 +153,11 @@ class RMService:
         past ``deadline_s``). A caller that gives up (``ray.cancel``) takes its request out of the queue."""
         return await self._require().submit(request, num_tokens=request.num_tokens, deadline_s=deadline_s)
 
-    async def begin_step(self, expected: int | None = None) -> None:
-        """Start a step: its figures count from here; ``expected``: see :meth:`drain_after`."""
+    async def begin_step(self, step_size: int | None = None) -> None:
+        """Start a step: its figures count from here; ``step_size``: see :meth:`drain_after`."""
         self._require().pop_step_stats()
-        if expected:
-            self._require().drain_after(int(expected))
+        if step_size:
+            self._require().drain_after(int(step_size))
 
     async def drain_after(self, n: int) -> None:
         """``n`` more trajectories belong to this step: the last batch leaves the moment the last one arrives."""
