@@ -155,6 +155,24 @@ def test_drain_splits_evenly_across_free_slots():
     assert sizes == [3, 3, 4] and slots == {0, 1, 2}
 
 
+def test_a_drain_that_also_fills_the_batch_is_split_over_the_free_replicas():
+    """drain_after(n) with n = max_batch_size: the step's last request both fills the batch and ends the step; what
+    the drain covers still leaves split over the free replicas, not as one batch on one of them."""
+    async def main():
+        fn = GatedBatchFn()
+        executor = Batcher(fn, BatchPolicy(max_batch_size=8, max_wait_ms=HOUR_MS), replicas=2)
+        executor.drain_after(8)
+        tasks = spawn(executor, range(8))
+        await fn.wait_calls(2)
+        fn.open()
+        await asyncio.gather(*tasks)
+        await executor.aclose()
+        return sorted(fn.batch_sizes), {replica for _, replica in fn.calls}
+
+    sizes, replicas = run_virtual(main)
+    assert sizes == [4, 4] and replicas == {0, 1}
+
+
 def test_expect_flushes_on_the_nth_request_of_the_step():
     async def main():
         fn = GatedBatchFn(open=True)

@@ -299,11 +299,12 @@ class RequestQueue:
         due = head.t_submit + policy.max_wait_s
         return ("age", None) if now + _CLOCK_RESOLUTION >= due else (None, due)
 
-    def take_batch(self, reason: str, now: float, free: int) -> list[Request]:
-        """The next batch, out of the queue; a drain with several free replicas is split evenly over them."""
+    def take_batch(self, now: float, free: int) -> list[Request]:
+        """The next batch, out of the queue. Requests a drain covers are split evenly over several free replicas,
+        whatever flushed them (the step's last request may also fill the batch: it still leaves in parallel)."""
         policy, count = self._policy, len(self.pending)
         max_items, max_tokens = policy.max_batch_size, policy.max_batch_tokens
-        if reason == "drain" and free > 1 and count > 1:
+        if free > 1 and count > 1 and next(iter(self.pending)) <= self.drain_seq:
             share = min(free, count)
             max_items = min(max_items, -(-count // share))
             if self.tokens:
@@ -578,7 +579,7 @@ class Batcher:
 
     def _dispatch(self, reason: str, now: float) -> None:
         """Take one batch out of the queue and run it on the longest-free replica."""
-        picked = self._queue.take_batch(reason, now, len(self._free))
+        picked = self._queue.take_batch(now, len(self._free))
         try:
             batch = []
             for req in picked:
