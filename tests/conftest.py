@@ -1,4 +1,4 @@
-"""Shared fixtures: tiny offline models, a local Ray cluster started once per session, tier markers."""
+"""Shared fixtures: tiny offline models, local Ray clusters started once per shape and session, tier markers."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
-def pytest_collection_modifyitems(config, items):
+def _skip_gpu_tier(items) -> None:
     """Skip the ``gpu`` tier where CUDA is not available (torch is imported only if such tests were collected)."""
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items:
@@ -94,25 +94,68 @@ def require_vllm() -> None:
         pytest.skip(reason)
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    """A local Ray cluster (8 logical CPUs, no GPU), started on first use and kept for the whole session.
+#: The Ray cluster shapes the tests use, in the order their modules run (:func:`pytest_collection_modifyitems`): a
+#: cluster is started once per shape and shared by every module of that shape, not once per module.
+CLUSTERS = {
+    "ray_local": {"num_cpus": 8, "num_gpus": 0},  # most modules
+    "ray_wide": {"num_cpus": 16, "num_gpus": 0},  # room for eight one-replica pools
+    "vllm_ray": {"num_cpus": 16, "num_gpus": 2},  # logical GPUs: verl's vLLM rollout and served RM ask for them
+}
 
-    A test that needs its own cluster (for example a multi-node ``ray.cluster_utils.Cluster``) shuts this one down;
-    the next test asking for ``ray_local`` starts it again.
-    """
+
+def ray_cluster(shape: str):
+    """The session's local Ray cluster of ``shape`` (a key of :data:`CLUSTERS`), started if the running one (if any)
+    has another shape. A module that needs a cluster of its own (``ray.cluster_utils.Cluster``) shuts this one
+    down; the next module asking for one starts it again."""
     import ray
 
-    if not ray.is_initialized():
-        ray.init(
-            num_cpus=8,
-            num_gpus=0,
-            include_dashboard=False,
-            log_to_driver=True,
-            runtime_env=ray_runtime_env(),
-            namespace="verl_async_rm_tests",
-        )
-    yield ray
+    want = CLUSTERS[shape]
+    if ray.is_initialized():
+        have = ray.cluster_resources()
+        if have.get("CPU", 0) == want["num_cpus"] and have.get("GPU", 0) == want["num_gpus"] and \
+                len([n for n in ray.nodes() if n["Alive"]]) == 1:
+            return ray
+        ray.shutdown()
+    if want["num_gpus"]:
+        from verl_async_rm.testing.vllm_rollout import set_vllm_env
+
+        set_vllm_env()
+    ray.init(**want, include_dashboard=False, log_to_driver=True, runtime_env=ray_runtime_env(),
+             namespace="verl_async_rm_tests")
+    return ray
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    """A local Ray cluster of 8 logical CPUs and no GPU, shared by every module that asks for it."""
+    yield ray_cluster("ray_local")
+
+
+@pytest.fixture(scope="module")
+def ray_wide():
+    """A local Ray cluster of 16 logical CPUs (room for eight one-replica pools; the models are tiny)."""
+    yield ray_cluster("ray_wide")
+
+
+@pytest.fixture(scope="module")
+def vllm_ray():
+    """A local Ray cluster with 2 logical GPUs (verl's vLLM rollout replica and one served-RM engine)."""
+    require_vllm()
+    yield ray_cluster("vllm_ray")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Skip the ``gpu`` tier where CUDA is not available; run the modules of one cluster shape together, those that
+    build their own cluster last, so each shape starts once."""
+    order = {name: k for k, name in enumerate(CLUSTERS)}
+
+    def rank(item) -> int:
+        if "two_nodes" in item.fixturenames:
+            return len(order)
+        return max((order[f] for f in item.fixturenames if f in order), default=0)
+
+    items.sort(key=rank)  # stable: the modules' own order is kept within a shape
+    _skip_gpu_tier(items)
 
 
 def pytest_sessionfinish(session, exitstatus):

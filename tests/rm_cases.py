@@ -57,12 +57,24 @@ def save_nan_rm(rm_path, out_dir: Path) -> tuple[Path, int]:
     return out_dir, poison
 
 
+def score_all(service, requests, timeout_s: float) -> list:
+    """Each request's score, or its exception, through an RM service's one path (all submitted at once)."""
+    from verl_async_rm.errors import remote_cause
+    from verl_async_rm.service import score_with_timeout
+
+    async def main():
+        return await asyncio.gather(*(score_with_timeout(service, r, timeout_s=timeout_s) for r in requests),
+                                    return_exceptions=True)
+
+    return [remote_cause(r) if isinstance(r, BaseException) else r for r in asyncio.run(main())]
+
+
 async def wait_stats(service, predicate, what: str, timeout_s: float = 180.0) -> dict:
-    """Poll an RM service's (or executor actor's) ``stats()`` until ``predicate(stats)``; fail after ``timeout_s``."""
+    """Poll an RM service's ``stats()`` until ``predicate(stats)``; fail after ``timeout_s``."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         stats = await service.stats.remote()
         if predicate(stats):
             return stats
         await asyncio.sleep(0.2)
-    raise AssertionError(f"executor never reached: {what}; last stats {stats}")
+    raise AssertionError(f"RM service never reached: {what}; last stats {stats}")

@@ -1,7 +1,5 @@
 """verl_async_rm: score each verl trajectory the moment its agent loop ends, on an RM with its own resource pool.
-
-The top-level import is cheap: heavy submodules (verl, Ray, torch) are imported when first used.
-"""
+The top-level import is cheap: verl, Ray and torch load when first used."""
 
 from __future__ import annotations
 

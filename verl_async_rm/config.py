@@ -1,12 +1,6 @@
-"""The plugin's config, read once at the boundary: verl's reward keys plus one flat ``async_rm`` group.
-
-:meth:`AsyncRMConfig.from_verl` reads them into frozen dataclasses, one per component (:func:`option_groups` lists
-them by user key): :class:`~verl_async_rm.batching.BatchPolicy`, :class:`~verl_async_rm.scoring.rm_config.RMConfig`
-(with verl's ``reward.reward_model.*`` keys), :class:`~verl_async_rm.integration.reward_mix.RewardMix`,
-:class:`IntegrationConfig`, and one :class:`RMEntry` per RM (``async_rm.models.<name>.*`` after ``main``; an option
-not set under the RM's name takes the one set at the top of ``async_rm``). A ``ConfigValueError`` raised under a
-field's name is renamed once, by :func:`build`, to the key the user wrote.
-"""
+"""The plugin's config, read once at the boundary into frozen dataclasses, one per component
+(:func:`option_groups`): verl's reward keys plus one flat ``async_rm`` group, and one :class:`RMEntry` per RM. A
+``ConfigValueError`` raised under a field's name is renamed once, by :func:`build`, to the key the user wrote."""
 
 from __future__ import annotations
 
@@ -16,14 +10,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from verl_async_rm.batching.policy import BatchPolicy
 from verl_async_rm.errors import ConfigValueError
 from verl_async_rm.integration.reward_mix import MAIN, RewardMix
-from verl_async_rm.options import Rule, check_options, option
+from verl_async_rm.options import Rule, check_options, option, select
 from verl_async_rm.scoring.rm_config import RMConfig
+from verl_async_rm.service.batcher import BatchPolicy
 
 __all__ = ["AsyncRMConfig", "IntegrationConfig", "RMEntry", "MAIN", "CONFIG_GROUP", "ON_ERROR_MODES",
-           "option_groups", "rm_config_from_verl", "placement_values", "extra_rm_entries", "build", "select"]
+           "option_groups", "rm_config_from_verl", "placement_values", "extra_rm_entries", "build"]
 
 CONFIG_GROUP = "async_rm"
 MODELS_KEY = "models"
@@ -39,9 +33,11 @@ _RETIRED_KEYS = {
     "pad_multiple": "there is no whole-group mode to pad for; remove the key",
     "bisect_on_error": "each RM replica isolates a failing item itself (its micro-batch is split, the others keep "
     "their scores); remove the key",
+    **dict.fromkeys(("max_pending", "overflow"), "the RM service's concurrency bound "
+                    "(async_rm.service_max_concurrency) bounds the queue; remove the key"),
+    "default_deadline_s": "a trajectory's deadline is async_rm.request_timeout_s; remove the key",
+    "slot_retries": "renamed async_rm.replica_retries (same meaning)",
 }
-#: Batching defaults of the plugin that differ from the Ray-free executor's own.
-_PLUGIN_BATCHING_DEFAULTS = {"batch_timeout_s": 600.0}
 #: RMConfig fields that come from verl's keys, never from ``async_rm.*``: what to set instead.
 _VERL_OWNED_RM_FIELDS = {
     "model_path": "the RM path comes from verl's key; set reward.reward_model.model_path instead",
@@ -50,15 +46,12 @@ _VERL_OWNED_RM_FIELDS = {
     "nnodes": "the reward pool's size comes from verl's keys; set reward.reward_model.nnodes instead",
     "use_gpu": "RM replicas use GPUs unless trainer.device=cpu; set trainer.device instead",
 }
-#: Where verl keeps each RMConfig field it owns: the legacy key first (it wins when set, as in verl's own
-#: ``migrate_legacy_reward_impl``), then the new one. ``trust_remote_code`` has no new key in verl 0.9.1.
+#: Where verl keeps each RMConfig field it owns (the first key set). Legacy keys (``reward_model.*``) are not read:
+#: verl's ``migrate_legacy_reward_impl`` moves them (``python -m verl_async_rm.main_ppo``), else they are refused.
 _VERL_KEYS = {
-    "model_path": ("reward_model.model.path", "reward.reward_model.model_path"),
-    "n_gpus_per_node": ("reward_model.n_gpus_per_node", "reward.reward_model.n_gpus_per_node"),
-    "nnodes": ("reward_model.nnodes", "reward.reward_model.nnodes"),
-    "trust_remote_code": ("reward_model.model.trust_remote_code",),
-    "policy_tokenizer_path": ("actor_rollout_ref.model.tokenizer_path", "actor_rollout_ref.model.path"),
-}
+    "model_path": ("reward.reward_model.model_path",), "n_gpus_per_node": ("reward.reward_model.n_gpus_per_node",),
+    "nnodes": ("reward.reward_model.nnodes",),
+    "policy_tokenizer_path": ("actor_rollout_ref.model.tokenizer_path", "actor_rollout_ref.model.path")}
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 #: Per-RM keys that are the RM's own (never taken from the top of ``async_rm``).
 _OWN_KEYS = ("model_path", "n_gpus_per_node", "nnodes", "gpus_per_replica", "weight")
@@ -70,37 +63,24 @@ class IntegrationConfig:
     """Settings of the agent-loop integration itself."""
 
     request_timeout_s: float = option(
-        1800.0,
-        "Longest a trajectory's agent-loop worker waits for its RM score (queue + RM call) before it fails with "
-        "RequestTimeoutError.",
-        above=0, why="must be a positive number of seconds", fix="e.g. +{key}=1800",
-    )
+        1800.0, "Longest a trajectory waits for its RM score (queue + RM call) before it fails with "
+        "RequestTimeoutError.", above=0, why="must be a positive number of seconds", fix="e.g. +{key}=1800")
     on_error: str = option(
-        "raise",
-        "What a failed RM score does. 'raise': the run stops with the RM's error, naming the trajectory (v1: at the "
-        "end of the step, whose failed trajectory verl left out of training; v0: the step fails). 'drop': the run "
-        "goes on without it (v1: its group takes verl's failure path, padded or refilled; v0: its response_mask is "
-        "zeroed and its reward set to its group's mean), rm_dropped/dropped count it, and more than drop_budget of "
-        "a step dropped stops the run with TrajectoryDroppedError.",
-        choices=ON_ERROR_MODES, why="is not one of ('raise', 'drop')", fix="e.g. +{key}=raise",
-    )
+        "raise", "What a failed RM score does. 'raise': the run stops naming the trajectory (v1: at the step's end, "
+        "verl having left its group out; v0: the step fails). 'drop': the run goes on without it (v1: verl's "
+        "failure path, padded or refilled; v0: masked out, its group's mean as reward), unless more than "
+        "drop_budget of a step is dropped (TrajectoryDroppedError).",
+        choices=ON_ERROR_MODES, why="is not one of ('raise', 'drop')", fix="e.g. +{key}=raise")
     drop_budget: float = option(
-        0.05,
-        "With on_error='drop': the largest fraction of a step's trajectories that may be dropped before the step "
-        "fails with TrajectoryDroppedError.",
-        least=0, most=1, why="must be a fraction in [0, 1]", fix="e.g. +{key}=0.05",
-    )
+        0.05, "With on_error='drop': the largest fraction of a step's trajectories that may be dropped.",
+        least=0, most=1, why="must be a fraction in [0, 1]", fix="e.g. +{key}=0.05")
     replace_replicas: bool = option(
-        True,
-        "Start a new RM replica in the bundle of one that died (its requests go to the other replicas meanwhile); "
-        "False retires it.",
-    )
+        True, "Start a new RM replica in the bundle of one that died (the others take its requests meanwhile); False "
+        "retires it.")
     service_max_concurrency: int = option(
-        100_000,
-        "Ray max_concurrency of the RM service actor: the most trajectories that may wait on it at once.",
-        least=16, fix="set an integer >= 16: it bounds how many trajectories may wait for a score at once, e.g. "
-        "100000",
-    )
+        100_000, "Ray max_concurrency of the RM service actor: the most trajectories that may wait on it at once "
+        "(the queue's bound).", least=16,
+        fix="set an integer >= 16: it bounds how many trajectories may wait for a score at once, e.g. 100000")
 
     def __post_init__(self) -> None:
         check_options(self, prefix=f"{CONFIG_GROUP}.")
@@ -123,8 +103,7 @@ def option_groups() -> dict[str, tuple[type, ...]]:
     (``async_rm.models.<name>.`` also takes ``weight``; fields marked ``internal`` are not keys)."""
     return {
         f"{CONFIG_GROUP}.": (BatchPolicy, RMConfig, RewardMix, IntegrationConfig),
-        f"{CONFIG_GROUP}.{MODELS_KEY}.<name>.": (BatchPolicy, RMConfig),
-    }
+        f"{CONFIG_GROUP}.{MODELS_KEY}.<name>.": (BatchPolicy, RMConfig)}
 
 
 def build(kind: type, values: Mapping[str, Any], keys: Mapping[str, str]) -> Any:
@@ -159,21 +138,17 @@ class AsyncRMConfig:
                 raise ValueError(f"{CONFIG_GROUP}.{key}={value!r} is no longer read: {_RETIRED_KEYS[key]}")
             if key in _VERL_OWNED_RM_FIELDS:
                 raise ValueError(f"{CONFIG_GROUP}.{key}={value!r} is not read: {_VERL_OWNED_RM_FIELDS[key]}")
-            if key not in owner:
-                known = sorted({*(k for k in owner if k not in _VERL_OWNED_RM_FIELDS), MODELS_KEY})
-                raise ValueError(f"unknown key {CONFIG_GROUP}.{key}={value!r}; known keys: {', '.join(known)}")
+            _check_key(CONFIG_GROUP, key, value, {*(k for k in owner if k not in _VERL_OWNED_RM_FIELDS), MODELS_KEY})
             sections[owner[key]][key] = value
-        batching_values = {**_PLUGIN_BATCHING_DEFAULTS, **sections[BatchPolicy]}
+        batching_values = sections[BatchPolicy]
         batching = build(BatchPolicy, batching_values, _under(CONFIG_GROUP, batching_values))
         rm = rm_config_from_verl(config, sections[RMConfig], overrides_key=CONFIG_GROUP)
         base = {"policy_tokenizer_path": rm.policy_tokenizer_path, "use_gpu": rm.use_gpu}
         if rm.placement == "policy_pool":  # every RM where the main one is (placement_values, read once)
             base.update({k: getattr(rm, k) for k in ("placement", "n_gpus_per_node", "nnodes",
                                                      "rollout_memory_utilization", "actor_resident_bytes")})
-        extras = extra_rm_entries(
-            models, base=base,
-            shared_rm=sections[RMConfig], shared_batching=batching_values, group=CONFIG_GROUP,
-        )
+        extras = extra_rm_entries(models, base=base, shared_rm=sections[RMConfig], shared_batching=batching_values,
+                                  group=CONFIG_GROUP)
         mix_values = sections[RewardMix]
         if "rule_weight" not in mix_values and _manager_name(config) != ASYNC_RM_MANAGER:
             mix_values["rule_weight"] = 1.0  # the user's own reward manager: its reward counts unless told otherwise
@@ -189,9 +164,9 @@ class AsyncRMConfig:
 
 
 def rm_config_from_verl(config: Any, overrides: Mapping[str, Any] | None = None, overrides_key: str = "") -> RMConfig:
-    """:class:`RMConfig` from verl's trainer config: the fields of :data:`_VERL_KEYS` (a legacy key that is set
-    wins) and ``use_gpu`` (``trainer.device != "cpu"``), then ``overrides`` (RMConfig fields, from ``overrides_key``,
-    e.g. ``async_rm``). Errors name the key the value was read from."""
+    """:class:`RMConfig` from verl's trainer config: the fields of :data:`_VERL_KEYS` and ``use_gpu``
+    (``trainer.device != "cpu"``), then ``overrides`` (RMConfig fields, from ``overrides_key``, e.g. ``async_rm``).
+    Errors name the key the value was read from."""
     values: dict[str, Any] = {}
     keys: dict[str, str] = {}
     for name, candidates in _VERL_KEYS.items():
@@ -206,43 +181,34 @@ def rm_config_from_verl(config: Any, overrides: Mapping[str, Any] | None = None,
     for name, value in dict(overrides or {}).items():
         if name not in known:
             raise ConfigValueError(
-                f"{prefix}{name}", value, "not a setting of the RM worker group", f"use one of {sorted(known)}"
-            )
+                f"{prefix}{name}", value, "not a setting of the RM worker group", f"use one of {sorted(known)}")
         values[name], keys[name] = value, f"{prefix}{name}"
     if "model_path" not in values:
-        raise ConfigValueError(
-            "reward.reward_model.model_path", None, "the RM worker group needs a reward model",
-            "set reward.reward_model.model_path=/path/to/rm (legacy: reward_model.model.path)",
-        )
+        raise ConfigValueError("reward.reward_model.model_path", None, "the RM worker group needs a reward model",
+                               "set reward.reward_model.model_path=/path/to/rm")
     values.update(placement_values(config))
     return build(RMConfig, values, keys)
 
 
 def placement_values(config: Any) -> dict[str, Any]:
-    """RMConfig fields of where the replicas run, from ``reward.reward_model.enable_resource_pool``: nothing for a
-    pool of their own; for ``False``, the policy's pool: one replica per GPU of ``trainer.n_gpus_per_node`` x
-    ``trainer.nnodes`` (verl's ``init_resource_pool_mgr`` copies those into the reward keys too) and the memory
-    check's inputs (:mod:`~verl_async_rm.scoring.colocation`)."""
+    """RMConfig fields of where the replicas run: nothing for a pool of their own; with
+    ``reward.reward_model.enable_resource_pool=False``, one replica per GPU of the policy's pool and the memory check's
+    inputs (:mod:`~verl_async_rm.scoring.colocation`)."""
     from verl_async_rm.scoring.colocation import actor_resident_bytes
 
-    enable_pool, key = _first_set(config, "reward_model.enable_resource_pool",
-                                  "reward.reward_model.enable_resource_pool")
-    if key is None or enable_pool:
+    enable_pool = select(config, "reward.reward_model.enable_resource_pool")
+    if enable_pool is None or enable_pool:
         return {}
     utilization = select(config, "actor_rollout_ref.rollout.gpu_memory_utilization")
     return {
-        "placement": "policy_pool",
-        "n_gpus_per_node": int(select(config, "trainer.n_gpus_per_node") or 1),
+        "placement": "policy_pool", "n_gpus_per_node": int(select(config, "trainer.n_gpus_per_node") or 1),
         "nnodes": int(select(config, "trainer.nnodes") or 1),
         "rollout_memory_utilization": None if utilization is None else float(utilization),
-        "actor_resident_bytes": actor_resident_bytes(config),
-    }
+        "actor_resident_bytes": actor_resident_bytes(config)}
 
 
-def extra_rm_entries(
-    models: Any, *, base: Mapping[str, Any], shared_rm: Mapping[str, Any], shared_batching: Mapping[str, Any],
-    group: str,
-) -> tuple[RMEntry, ...]:
+def extra_rm_entries(models: Any, *, base: Mapping[str, Any], shared_rm: Mapping[str, Any],
+                     shared_batching: Mapping[str, Any], group: str) -> tuple[RMEntry, ...]:
     """Parse ``async_rm.models`` (name -> options) into entries, in the order given. ``base``: RMConfig fields
     every RM takes from verl; ``shared_rm``, ``shared_batching``: the options set at the top of ``async_rm``."""
     if models is None:
@@ -250,8 +216,7 @@ def extra_rm_entries(
     if not isinstance(models, Mapping):
         raise ValueError(
             f"{group}.{MODELS_KEY}={models!r}: it must be a group of RMs by name; set each one's keys, e.g. "
-            f"+{group}.{MODELS_KEY}.safety.model_path=/path/to/rm"
-        )
+            f"+{group}.{MODELS_KEY}.safety.model_path=/path/to/rm")
     rm_fields = {f.name for f in dataclasses.fields(RMConfig)} - {"use_gpu"}
     batching_fields = {f.name for f in dataclasses.fields(BatchPolicy)}
     entries = []
@@ -260,26 +225,21 @@ def extra_rm_entries(
         if name == MAIN:
             raise ValueError(
                 f"{key}: the name '{MAIN}' is taken by the RM of reward.reward_model.* (weighted by {group}.rm_weight);"
-                f" give this RM another name, e.g. {group}.{MODELS_KEY}.safety"
-            )
+                f" give this RM another name, e.g. {group}.{MODELS_KEY}.safety")
         if not isinstance(name, str) or not _NAME.match(name):
             raise ValueError(
                 f"{key}: an RM name must start with a letter and hold only letters, digits and '_' (it names the "
-                "rm_score_<name> reward key and the async_rm/<name>/ metrics), e.g. safety"
-            )
+                "rm_score_<name> reward key and the async_rm/<name>/ metrics), e.g. safety")
         if not isinstance(options, Mapping):
             raise ValueError(
-                f"{key}={options!r}: it must be a group of keys; set them one by one, e.g. +{key}.model_path=/path"
-            )
+                f"{key}={options!r}: it must be a group of keys; set them one by one, e.g. +{key}.model_path=/path")
         rm_values = {k: v for k, v in shared_rm.items() if k not in _OWN_KEYS}
         batching_values = dict(shared_batching)
         for option_name, value in options.items():
             if option_name == "use_gpu":
                 raise ValueError(f"{key}.use_gpu={value!r} is not set per RM: RM replicas use GPUs unless "
                                  "trainer.device=cpu, for every RM; set trainer.device")
-            if option_name not in {*rm_fields, *batching_fields, "weight"}:
-                known = sorted({*rm_fields, *batching_fields, "weight"})
-                raise ValueError(f"unknown key {key}.{option_name}={value!r}; known keys: {', '.join(known)}")
+            _check_key(key, option_name, value, {*rm_fields, *batching_fields, "weight"})
             if option_name in rm_fields:
                 rm_values[option_name] = value
             elif option_name in batching_fields:
@@ -288,8 +248,7 @@ def extra_rm_entries(
         if not options.get("model_path"):
             raise ValueError(
                 f"{key}.model_path={options.get('model_path')!r}: each extra RM needs its path; "
-                f"set +{key}.model_path=/path/to/rm"
-            )
+                f"set +{key}.model_path=/path/to/rm")
         if base.get("placement") == "policy_pool":  # every RM on the policy's GPUs, one replica on each
             for own in ("n_gpus_per_node", "nnodes"):
                 if own in options:
@@ -327,23 +286,14 @@ def _group(config: Any) -> dict[str, Any]:
     if not isinstance(node, Mapping):
         raise ValueError(
             f"{CONFIG_GROUP}={node!r}: it must be a group of keys; set them one by one, e.g. "
-            f"+{CONFIG_GROUP}.max_batch_size=64"
-        )
+            f"+{CONFIG_GROUP}.max_batch_size=64")
     return dict(node)
 
 
-def select(config: Any, key: str) -> Any:
-    """``config[key]`` for a dotted key, or None when any part is missing (a ``DictConfig`` or nested mappings)."""
-    from omegaconf import DictConfig, OmegaConf
-
-    if isinstance(config, DictConfig):
-        return OmegaConf.select(config, key, default=None)
-    node = config
-    for part in key.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return None
-        node = node[part]
-    return node
+def _check_key(prefix: str, key: str, value: Any, known: set[str]) -> None:
+    """The one check of a user's key under ``prefix`` (the top of ``async_rm``, or one RM of ``async_rm.models``)."""
+    if key not in known:
+        raise ValueError(f"unknown key {prefix}.{key}={value!r}; known keys: {', '.join(sorted(known))}")
 
 
 def _first_set(config: Any, *keys: str) -> tuple[Any, str | None]:

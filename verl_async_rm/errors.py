@@ -3,32 +3,13 @@
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
-__all__ = [
-    "ConfigValueError",
-    "ConfigTypeError",
-    "JudgeVerdictError",
-    "AsyncRMError",
-    "ExecutorClosedError",
-    "ExecutorCrashedError",
-    "QueueFullError",
-    "RequestTimeoutError",
-    "BatchResultError",
-    "SlotLostError",
-    "NoSlotsError",
-    "RewardModelError",
-    "ReplicaLostError",
-    "EngineDeadError",
-    "ShardDesyncError",
-    "RMServiceLostError",
-    "TrajectoryDroppedError",
-    "RMScoreError",
-    "NonFiniteScoreError",
-    "RewardInputError",
-    "ResourcePoolError",
-    "remote_cause",
-]
+__all__ = ["ConfigValueError", "ConfigTypeError", "JudgeVerdictError", "AsyncRMError", "BatcherClosedError",
+           "BatcherCrashedError", "RequestTimeoutError", "BatchResultError", "NoReplicasError", "RewardModelError",
+           "ReplicaLostError", "EngineDeadError", "ShardDesyncError", "RMServiceLostError", "TrajectoryDroppedError",
+           "RMScoreError", "NonFiniteScoreError", "RewardInputError", "ResourcePoolError", "remote_cause"]
 
 
 class ConfigValueError(ValueError):
@@ -40,8 +21,7 @@ class ConfigValueError(ValueError):
         super().__init__(f"{key}={value!r}: {why.replace('{key}', key)}. Fix: {fix.replace('{key}', key)}")
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # Ray and multiprocessing rebuild exceptions from their pickle: keep all four parts (``args`` holds only the
-        # message), so the error an RM replica raises reaches the driver intact.
+        # Ray rebuilds an exception from its pickle: keep the four parts (``args`` holds only the message)
         return (type(self), (self.key, self.value, self.why, self.fix))
 
     def renamed(self, key: str) -> ConfigValueError:
@@ -54,67 +34,63 @@ class ConfigTypeError(ConfigValueError, TypeError):
 
 
 class AsyncRMError(RuntimeError):
-    """Raised when any part of verl_async_rm fails at run time; base of every error below."""
+    """Raised when any part of verl_async_rm fails at run time; base of every error below. It pickles with its
+    ``__cause__`` (Python's own pickling drops it), so a failure crosses the Ray boundary with its type and cause."""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        cause = self.__cause__
+        try:
+            pickle.dumps(cause)
+        except Exception:  # noqa: BLE001 - a cause that cannot travel stays behind; its text is in the log
+            cause = None
+        return (_rebuild, (type(self), self.args, cause, self.__dict__))
 
 
-class ExecutorClosedError(AsyncRMError):
-    """Raised when a request is submitted to, or still pending in, an executor that is being closed."""
+class BatcherClosedError(AsyncRMError):
+    """Raised when a request is submitted to, or still pending in, a batcher that is being closed."""
 
 
-class ExecutorCrashedError(AsyncRMError):
-    """Raised when the executor's batching loop died while the request was pending; ``__cause__`` holds why."""
+class BatcherCrashedError(AsyncRMError):
+    """Raised when the batching loop died while the request was pending; ``__cause__`` holds why."""
 
     @classmethod
-    def from_cause(cls, executor_name: str, cause: BaseException) -> ExecutorCrashedError:
-        """The error handed to each request that was waiting when the loop of ``executor_name`` died of ``cause``."""
-        err = cls(
-            f"executor {executor_name!r}: the batching loop died while the request waited "
-            f"({type(cause).__name__}: {cause}); it has restarted, so the request can be submitted again"
-        )
+    def from_cause(cls, name: str, cause: BaseException) -> BatcherCrashedError:
+        err = cls(f"batcher {name!r}: the batching loop died while the request waited ({type(cause).__name__}: "
+                  f"{cause}); it has restarted, so the request can be submitted again")
         err.__cause__ = cause
         return err
 
 
-class QueueFullError(AsyncRMError):
-    """Raised when ``max_pending`` requests are already waiting and the overflow policy is ``reject``."""
-
-
 class RequestTimeoutError(AsyncRMError, TimeoutError):
-    """Raised when a request's deadline passes before its result arrives."""
+    """Raised when a request's deadline passes before its result arrives, or its batch ran past
+    ``batch_timeout_s``."""
 
 
 class BatchResultError(AsyncRMError):
     """Raised when a batch function breaks its contract (for example returns a list of the wrong length)."""
 
 
-class SlotLostError(AsyncRMError):
-    """Raised by a batch function when its slot is gone for good (the RM replica died): the batch's requests go back
-    to the head of the queue (at most ``BatchPolicy.slot_retries`` times each; not those of a call that had already
-    timed out), and the slot is replaced, or retired."""
-
-
-class NoSlotsError(AsyncRMError):
-    """Raised when every slot (RM replica) of the executor is lost and none is being replaced."""
+class NoReplicasError(AsyncRMError):
+    """Raised when every RM replica of a batcher is lost and none is being replaced."""
 
 
 class RewardModelError(AsyncRMError):
     """Raised when the reward model fails to score a trajectory (load failure, forward failure)."""
 
 
-class ReplicaLostError(SlotLostError, RewardModelError):
-    """Raised when an RM replica died (its actor is gone), or stayed silent past the late limit after its call was
-    given up on; its batch is re-queued on the other replicas and the replica replaced."""
+class ReplicaLostError(RewardModelError):
+    """Raised when an RM replica died, or stayed silent ``init_timeout_s`` after a timed-out call: its batch goes back
+    to the queue (at most ``replica_retries`` times per request) and the replica is replaced, or retired."""
 
 
 class ShardDesyncError(RewardModelError):
-    """Raised on a rank of a sharded RM replica (``gpus_per_replica > 1``) when a forward failed on some of its ranks
-    but not on all (an out-of-memory error on one GPU, a failed collective): the ranks are no longer in step, so no
-    rank may retry the rows alone. The replica ends; its batch is re-queued and the replica replaced whole."""
+    """Raised on a rank of a sharded RM replica when a forward failed on some of its ranks but not on all: the ranks
+    are out of step, so the replica ends, its batch re-queued and the replica replaced whole."""
 
 
 class EngineDeadError(RewardModelError):
-    """Raised in an RM replica when its scoring engine (vLLM, ``engine='vllm'``) is dead: no row of the batch is at
-    fault, so the replica ends; its batch is re-queued on the other replicas and the replica replaced."""
+    """Raised in an RM replica whose vLLM engine is dead: no row is at fault, so the replica ends (batch re-queued,
+    replica replaced)."""
 
 
 class RMServiceLostError(AsyncRMError):
@@ -145,6 +121,13 @@ class RewardInputError(RewardModelError, ValueError):
 
 class ResourcePoolError(AsyncRMError):
     """Raised when the reward pool's placement groups cannot be reserved (too few GPUs/CPUs, or a timeout)."""
+
+
+def _rebuild(cls: type, args: tuple, cause: BaseException | None, state: dict) -> AsyncRMError:
+    err = cls(*args)
+    err.__dict__.update(state)
+    err.__cause__ = cause
+    return err
 
 
 def remote_cause(err: BaseException) -> BaseException:

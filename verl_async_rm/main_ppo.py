@@ -1,13 +1,6 @@
-"""verl's ``main_ppo``, with the legacy top-level reward keys migrated first.
-
-verl 0.9.1's ``verl.trainer.main_ppo`` ignores the old top-level keys (``reward_model.*``, ``custom_reward_function.*``,
-...; only its ``fully_async_main`` migrates them), so a recipe written with them runs with the same overrides as::
-
-    python -m verl_async_rm.main_ppo <the same Hydra overrides you give verl.trainer.main_ppo>
-
-It composes verl's own ``ppo_trainer`` config, applies :func:`migrate_legacy_keys`, checks the result before Ray
-starts, and runs verl's own ``main`` body unchanged.
-"""
+"""``python -m verl_async_rm.main_ppo <verl's overrides>``: verl's ``main_ppo`` with the legacy top-level reward
+keys (``reward_model.*``, ...) migrated first by verl's own ``migrate_legacy_reward_impl`` (verl 0.9.1's ``main_ppo``
+ignores them), the config checked before Ray starts, then verl's ``main`` body unchanged."""
 
 from __future__ import annotations
 
@@ -19,7 +12,7 @@ from typing import Any
 import hydra
 from omegaconf import OmegaConf
 
-from verl_async_rm.config import select as _select
+from verl_async_rm.options import select as _select
 
 __all__ = ["migrate_legacy_keys", "main"]
 
@@ -35,14 +28,9 @@ def _verl_config_dir() -> str:
 
 
 def migrate_legacy_keys(config: Any) -> Any:
-    """Move the legacy top-level reward keys of a composed ``ppo_trainer`` config to their ``reward.*`` places with
-    verl's ``migrate_legacy_reward_impl`` (idempotent; returns the mutated config), after closing two of its gaps:
-
-    - ``reward_model.model.trust_remote_code`` has no ``reward.*`` key in verl 0.9.1, so verl drops it; it is kept as
-      ``async_rm.trust_remote_code`` (unless that is set already);
-    - the legacy ``custom_reward_function.name`` defaults to null (the new key to ``compute_score``), so a legacy
-      ``path`` alone would reach verl's loader with no function name; the new key's default is filled in.
-    """
+    """verl's ``migrate_legacy_reward_impl`` on a composed ``ppo_trainer`` config (idempotent), after closing two
+    of its gaps: ``reward_model.model.trust_remote_code`` (no ``reward.*`` key in verl 0.9.1) becomes
+    ``async_rm.trust_remote_code``, and a legacy ``custom_reward_function.path`` gets the new key's function name."""
     if "reward_model" not in config:
         return config
     from verl.experimental.reward_loop import migrate_legacy_reward_impl
@@ -54,31 +42,13 @@ def migrate_legacy_keys(config: Any) -> Any:
         if _select(config, "custom_reward_function.name") is None:
             config.custom_reward_function.name = _select(config, "reward.custom_reward_function.name")
 
-    moved: dict[str, Any] = {}
-    for group in ("reward_model", "custom_reward_function", "sandbox_fusion"):
-        moved.update(_set_leaves(config, group))
+    from verl_async_rm.integration.checks import legacy_keys_set
+
+    moved = legacy_keys_set(config)
     config = migrate_legacy_reward_impl(config)
     if moved:
         logger.info("verl_async_rm: migrated legacy keys to reward.*: %s", moved)
     return config
-
-
-def _set_leaves(config: Any, group: str) -> dict[str, Any]:
-    """The non-null leaves of a top-level group, as ``{"group.key": value}`` (for the log line)."""
-    node = _select(config, group)
-    if node is None:
-        return {}
-    flat: dict[str, Any] = {}
-
-    def walk(value: Any, prefix: str) -> None:
-        if isinstance(value, dict):
-            for key, item in value.items():
-                walk(item, f"{prefix}.{key}")
-        elif value is not None:
-            flat[prefix] = value
-
-    walk(OmegaConf.to_container(node, resolve=False), group)
-    return flat
 
 
 @hydra.main(config_path=_verl_config_dir(), config_name="ppo_trainer", version_base=None)

@@ -1,6 +1,6 @@
 """The one mechanism that types config fields: :func:`option` declares a field (default, help, type, bounds or
 choices), :func:`check_options`, first in ``__post_init__``, checks them all, raising ``ConfigValueError`` under the
-field's name."""
+field's name; :func:`select` reads one key of verl's config."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from typing import Any
 
 from verl_async_rm.errors import ConfigTypeError, ConfigValueError
 
-__all__ = ["option", "check_options", "Rule"]
+__all__ = ["option", "check_options", "select", "Rule"]
 
 _NAMES = {int: "an integer", float: "a finite number", str: "a non-empty string", bool: "true or false",
           tuple: "a list of non-empty strings", dict: "a mapping from names to finite numbers"}
@@ -19,10 +19,9 @@ _NAMES = {int: "an integer", float: "a finite number", str: "a non-empty string"
 
 @dataclass(frozen=True)
 class Rule:
-    """What a field accepts: ``kind`` (int, float, str, bool; a float field takes ints and stores a float; strings
-    must not be empty; ``tuple``: a list of strings, stored as a tuple; ``dict``: a mapping from strings to numbers,
-    stored as a tuple of ``(name, float)`` pairs, so the dataclass stays hashable), None when ``optional``, ``choices``, and bounds ``least <= value <= most``, ``value > above``.
-    ``why``/``fix`` replace the generated words (``{key}`` in them becomes the key reported)."""
+    """What a field accepts: ``kind`` (a float field takes ints; strings must not be empty; ``tuple``: non-empty
+    strings; ``dict``: names to numbers, stored as ``(name, float)`` pairs so the dataclass stays hashable), None when
+    ``optional``, ``choices``, bounds; ``why``/``fix`` replace the generated words (``{key}``: the key reported)."""
 
     kind: type
     optional: bool = False
@@ -85,11 +84,8 @@ class Rule:
         return " and ".join(p for p in parts if p) or ("finite" if self.kind is float else "")
 
     def _fix(self) -> str:
-        if self.fix:
-            return self.fix
-        if self.choices is not None:
-            return f"use one of {self.choices}"
-        return f"set {{key}} to {self._expected()}"
+        return self.fix or (f"use one of {self.choices}" if self.choices is not None else
+                            f"set {{key}} to {self._expected()}")
 
 
 def option(default: Any, help: str, kind: type | None = None, **rule: Any) -> Any:  # noqa: A002 - the metadata key
@@ -100,9 +96,21 @@ def option(default: Any, help: str, kind: type | None = None, **rule: Any) -> An
 def check_options(obj: Any, prefix: str = "") -> None:
     """Check (and convert) every field of the frozen dataclass ``obj`` that has a rule; keys are ``prefix + name``."""
     for f in fields(obj):
-        rule = f.metadata.get("rule")
-        if rule is not None:
+        if (rule := f.metadata.get("rule")) is not None:
             value = getattr(obj, f.name)
-            converted = rule.convert(prefix + f.name, value)
-            if converted is not value:
+            if (converted := rule.convert(prefix + f.name, value)) is not value:
                 object.__setattr__(obj, f.name, converted)
+
+
+def select(config: Any, key: str) -> Any:
+    """``config[key]`` for a dotted key, or None when any part is missing (a ``DictConfig`` or nested mappings)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(config, DictConfig):
+        return OmegaConf.select(config, key, default=None)
+    node = config
+    for part in key.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return None
+        node = node[part]
+    return node

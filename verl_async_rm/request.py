@@ -1,4 +1,5 @@
-"""The request item: what the RM worker group needs from one finished verl trajectory."""
+"""What travels between an agent-loop worker and an RM replica: the request (:class:`RMRequest`), built once per
+trajectory, and its score (:data:`Score`), converted once in the replica from the forward's tensor."""
 
 from __future__ import annotations
 
@@ -8,22 +9,17 @@ from typing import Any
 
 from verl_async_rm.errors import RewardInputError
 
-__all__ = ["RMRequest"]
+__all__ = ["RMRequest", "Score", "StepRewards", "Verdict", "score_value"]
 
 
 @dataclass
 class RMRequest:
-    """One trajectory to score; small and picklable, built once per trajectory by the agent-loop worker.
+    """One trajectory to score; small and picklable, built once by the agent-loop worker.
 
-    Attributes:
-        prompt_ids, response_ids: the policy's token ids, without padding (``AgentLoopOutput``'s); for multi-turn
-            trajectories the response holds every turn after the prompt.
-        raw_prompt: the prompt as chat messages, to which a re-templating RM appends the decoded response.
-        messages: optional full conversation, rendered as is instead (multi-turn trajectories need it whenever the RM
-            re-templates: ``num_turns > 2`` without it fails that item).
-        group: the GRPO group (verl's prompt ``uid``), shared by the responses to one prompt; None: no group.
-        ground_truth: the dataset's reference answer (``reward_model.ground_truth``), as text, for judge RMs.
-    """
+    ``prompt_ids``/``response_ids``: the policy's unpadded ids (the response holds every turn after the prompt);
+    ``raw_prompt``: the prompt's chat messages, to which a re-templating RM appends the decoded response; ``messages``:
+    the whole conversation, rendered as is instead (needed by multi-turn trajectories that are re-templated); ``group``:
+    verl's prompt ``uid`` (GRPO siblings); ``ground_truth``: the dataset's answer, as text, for judges."""
 
     uid: str
     prompt_ids: list[int]
@@ -46,31 +42,54 @@ class RMRequest:
 
     @property
     def num_tokens(self) -> int:
-        """Prompt plus response length in policy tokens (what the executor budgets with)."""
+        """Prompt plus response length in policy tokens (what the batcher budgets with)."""
         return len(self.prompt_ids) + len(self.response_ids)
 
     @classmethod
-    def from_agent_loop_output(
-        cls,
-        output: Any,
-        *,
-        uid: str,
-        raw_prompt: Sequence[Mapping[str, Any]] | None,
-        messages: Sequence[Mapping[str, Any]] | None = None,
-        group: str | None = None,
-        ground_truth: Any = None,
-    ) -> RMRequest:
+    def from_agent_loop_output(cls, output: Any, *, uid: str, raw_prompt: Sequence[Mapping[str, Any]] | None,
+                               messages: Sequence[Mapping[str, Any]] | None = None, group: str | None = None,
+                               ground_truth: Any = None) -> RMRequest:
         """Build a request from a verl ``AgentLoopOutput`` (``prompt_ids``, ``response_ids``, ``num_turns``)."""
-        return cls(
-            uid=uid,
-            prompt_ids=output.prompt_ids,
-            response_ids=output.response_ids,
-            raw_prompt=raw_prompt,
-            messages=messages,
-            num_turns=output.num_turns or 2,
-            group=group,
-            ground_truth=ground_truth,
-        )
+        return cls(uid=uid, prompt_ids=output.prompt_ids, response_ids=output.response_ids, raw_prompt=raw_prompt,
+                   messages=messages, num_turns=output.num_turns or 2, group=group, ground_truth=ground_truth)
+
+
+@dataclass(frozen=True)
+class StepRewards:
+    """A process RM's token-level reward (``process_reduction='none'``): a score per scored step, the response token
+    where each step ends, and the leading steps ``max_length`` left unscored."""
+
+    scores: tuple[float, ...]
+    token_index: tuple[int, ...]
+    dropped: int = 0
+
+    def __post_init__(self) -> None:
+        if len(self.scores) != len(self.token_index):
+            raise ValueError("StepRewards needs one token index per score")
+
+    @property
+    def total(self) -> float:
+        """The trajectory's reward: the sum of its step rewards (what verl's ``rm_scores.sum(-1)`` gives)."""
+        return sum(self.scores, 0.0)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A judge's score parsed from the text it wrote, and that text's end."""
+
+    score: float
+    text: str
+
+
+#: One RM's score of one trajectory: a finite float, a token-level process RM's step rewards, or a judge's verdict.
+Score = float | StepRewards | Verdict
+
+
+def score_value(score: Score) -> float:
+    """The trajectory-level value of a score."""
+    if isinstance(score, StepRewards):
+        return score.total
+    return score.score if isinstance(score, Verdict) else score
 
 
 def _token_list(ids: Any, name: str, uid: str) -> list[int]:

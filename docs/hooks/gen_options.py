@@ -28,7 +28,7 @@ class Group(NamedTuple):
 #: Titles and introductions, by class name; the classes themselves and their key prefix come from the code
 #: (``verl_async_rm.config.option_groups()``), so a class added there without a title here fails the build.
 TITLES = {
-    "BatchPolicy": ("Batching", "How each RM's requests are batched (the RM service's executor)."),
+    "BatchPolicy": ("Batching", "How each RM's requests are batched (the RM service's batcher)."),
     "RMConfig": ("Reward model", "How the RM is loaded, fed and placed. The path and the pool's size are verl's own "
                                  "keys."),
     "RewardMix": ("Reward mix", "How the RM scores and the reward manager's reward make one reward."),
@@ -62,8 +62,6 @@ DEFAULT_OVERRIDES = {
     "RMConfig.policy_tokenizer_path": "`actor_rollout_ref.model.tokenizer_path`, else `actor_rollout_ref.model.path`",
     "RewardMix.rule_weight": "`0.0` with `reward.reward_manager.name=async_rm`, `1.0` with any other manager",
 }
-#: Defaults the plugin sets over the dataclass's own: "module:NAME" of a {field: default} dict, and its class.
-PLUGIN_DEFAULTS = [("verl_async_rm.config:_PLUGIN_BATCHING_DEFAULTS", "BatchPolicy")]
 #: Extra RMs (``async_rm.models.<name>.<key>``): the key, the RM's own keys (never taken from the top of
 #: ``async_rm``) with their defaults, the RM options not set per RM, and the classes whose fields an extra RM may set.
 MODEL_KEY = "async_rm.models.<name>.{field}"
@@ -108,11 +106,9 @@ def _type(f: dataclasses.Field) -> str:
     return " or ".join(f"`{part.strip()}`" for part in kind.split("|"))
 
 
-def _default(f: dataclasses.Field, plugin: dict[str, Any], name: str) -> str:
+def _default(f: dataclasses.Field, name: str) -> str:
     if f"{name}.{f.name}" in DEFAULT_OVERRIDES:
         return DEFAULT_OVERRIDES[f"{name}.{f.name}"]
-    if f.name in plugin:
-        return f"`{plugin[f.name]!r}` (the plugin's; the class alone: `{f.default!r}`)"
     if f.default is not dataclasses.MISSING:
         return f"`{f.default!r}`"
     if f.default_factory is not dataclasses.MISSING:  # type: ignore[misc]
@@ -121,9 +117,6 @@ def _default(f: dataclasses.Field, plugin: dict[str, Any], name: str) -> str:
 
 
 def render() -> str:
-    plugin: dict[str, dict[str, Any]] = {}
-    for path, cls in PLUGIN_DEFAULTS:
-        plugin.setdefault(cls, {}).update(_load(path))
     keys = user_keys()
     out = [
         "# Options reference",
@@ -142,7 +135,7 @@ def render() -> str:
                 "| key | type | default | help |", "|---|---|---|---|"]
         for f in _options(group):
             key = keys[(name, f.name)]
-            out.append(f"| `{key}` | {_type(f)} | {_default(f, plugin.get(name, {}), name)} | "
+            out.append(f"| `{key}` | {_type(f)} | {_default(f, name)} | "
                        f"{_text(f.metadata.get('help', ''))} |")
         out.append("")
     out += [

@@ -129,7 +129,7 @@ def test_padded_scores_equal_a_raw_hf_forward_of_the_same_micro_batches(padded_s
     requests = random_requests(24, seed=1)
     scores = padded_scorer.score(requests)
     inputs = [padded_scorer.prepare(r)[0] for r in requests]
-    plan = padded_scorer.forward.plan([len(ids) for ids in inputs], padded_scorer.config.micro_batch_max_tokens)
+    plan = padded_scorer.engine.plan([len(ids) for ids in inputs], padded_scorer.config.micro_batch_max_tokens)
     model = hf_model(big_rm, torch.bfloat16)
     expected = [0.0] * len(requests)
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):
@@ -157,9 +157,9 @@ def test_shared_prompts_score_like_the_unshared_path(scorer, big_rm):
         requests += [RMRequest(f"p{g}/{s}", prompt, [rng.randrange(5, 600) for _ in range(rng.randint(16, 512))],
                                group=f"p{g}") for s in range(8)]
     unshared = RewardModelScorer(gpu_config(big_rm, share_prompts="false"))
-    before = scorer.forward.saved_tokens
+    before = scorer.engine.saved_tokens
     assert scorer.score(requests) == pytest.approx(unshared.score(requests), abs=BF16_TOL, rel=BF16_TOL)
-    assert scorer.forward.saved_tokens - before >= 4 * 7 * 64
+    assert scorer.engine.saved_tokens - before >= 4 * 7 * 64
 
 
 @pytest.mark.parametrize("layout", ["tensor_parallel", "fsdp2"])
@@ -282,7 +282,7 @@ def test_gpu_worker_group_scores_in_bf16(big_rm, scorer):
     try:
         info = ray.get(wg.workers[0].describe.remote(), timeout=120)
         assert info["device"].startswith("cuda") and info["dtype"] == "torch.bfloat16"
-        scores = asyncio.run(ReplicaCall(late_limit_s=600.0)(requests, wg.workers[0]))
+        scores = asyncio.run(ReplicaCall(grace_s=600.0)(requests, wg.workers[0]))
     finally:
         shutdown_rm_worker_group(wg)
         ray.shutdown()
@@ -318,7 +318,7 @@ def test_engine_vllm_scores_as_transformers_on_the_gpu(big_rm, scorer):
         requests = random_requests(24, seed=3)
         assert on_vllm.score(requests) == pytest.approx(scorer.score(requests), abs=BF16_TOL, rel=BF16_TOL)
     finally:
-        on_vllm.forward.close()
+        on_vllm.engine.close()
 
 
 @pytest.fixture(scope="module")
@@ -383,7 +383,7 @@ def test_a_generate_judge_on_the_gpu_writes_and_parses(big_judge, tiny_models, p
     anything else, and the tokens written stay within the budget. Skipped where vLLM is not installed."""
     pytest.importorskip("vllm", reason="vLLM is not installed on this machine")
     from verl_async_rm.errors import JudgeVerdictError
-    from verl_async_rm.scoring.judge_text import Verdict
+    from verl_async_rm.scoring.judge import Verdict
     from verl_async_rm.scoring.scorer import RewardModelScorer
 
     judge = RewardModelScorer(RMConfig(model_path=str(big_judge), policy_tokenizer_path=str(tiny_models.policy),
@@ -396,4 +396,4 @@ def test_a_generate_judge_on_the_gpu_writes_and_parses(big_judge, tiny_models, p
         step = judge.pop_step_stats()
         assert len(requests) <= step.judge_tokens <= 64 * len(requests)
     finally:
-        judge.forward.close()
+        judge.engine.close()

@@ -21,12 +21,12 @@ import torch
 from conftest import require_vllm
 from judge_cases import DIGIT_PROMPT, TOKENS, generate_reference, judge_ids, logits_reference, response_text
 from manager_cases import RM_W, RULE_W, running_manager
-from rm_cases import direct_score, hf_model, make_request
+from rm_cases import direct_score, hf_model, make_request, score_all
 
-from verl_async_rm.batching import BatchPolicy
+from verl_async_rm.service.batcher import BatchPolicy
 from verl_async_rm.errors import JudgeVerdictError
 from verl_async_rm.scoring import RMConfig
-from verl_async_rm.scoring.judge_text import DEFAULT_PROMPTS, Verdict
+from verl_async_rm.scoring.judge import DEFAULT_PROMPTS, Verdict
 from verl_async_rm.service import start_rm_service
 
 pytestmark = pytest.mark.integration
@@ -71,7 +71,7 @@ def test_a_generate_judge_on_vllm_parses_its_verdicts_and_an_unparseable_one_fai
     requests = [make_request(policy_tok, f"question {i}", answer, uid=f"v{i}", group=f"g{i // 2}")
                 for i, answer in enumerate(ANSWERS)]
     ray.get(grade_service.end_step.remote(), timeout=HANG_S)  # the step counters start here
-    results = ray.get(grade_service.score_batch.remote(requests, HANG_S), timeout=HANG_S)
+    results = score_all(grade_service, requests, HANG_S)
     model, judge_tok = digit_judge
     expected = [generate_reference(model, judge_tok, judge_ids(judge_tok, DIGIT_PROMPT, f"question {i}", response_text(
         policy_tok, r.response_ids)), MAX_TOKENS, "^([0-4])") for i, r in enumerate(requests)]

@@ -16,7 +16,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import ray_runtime_env, require_vllm
 from manager_cases import RM_W, RULE_W, overrides
 
 pytestmark = pytest.mark.integration
@@ -24,23 +23,6 @@ pytestmark = pytest.mark.integration
 MEDIAN, SIGMA, SEED, RESPONSE_LENGTH = 12.0, 0.8, 3, 32
 QUESTIONS = ["how many apples are left?", "what is the total cost?", "what is its speed?", "how many eggs?"]
 N = 2  # rollout.n
-
-
-@pytest.fixture(scope="module")
-def vllm_ray():
-    """A Ray cluster of its own with 2 logical GPUs (the rollout replica, one served-RM engine)."""
-    require_vllm()
-    import ray
-
-    from verl_async_rm.testing.vllm_rollout import set_vllm_env
-
-    if ray.is_initialized():  # the session's CPU-only cluster: this module needs logical GPUs
-        ray.shutdown()
-    set_vllm_env()
-    ray.init(num_cpus=16, num_gpus=2, include_dashboard=False, runtime_env=ray_runtime_env(),
-             namespace="verl_async_rm_vllm_tests")
-    yield ray
-    ray.shutdown()
 
 
 def _plugin_config(tiny_models, tmp_path_factory, *extra):

@@ -22,20 +22,6 @@ WEIGHTS = {name: 0.1 * (k + 1) for k, name in enumerate(FAMILIES)}
 
 
 @pytest.fixture(scope="module")
-def ray_wide():
-    """A local Ray cluster with room for eight one-replica pools (logical CPUs; the models are tiny)."""
-    import ray
-    from conftest import ray_runtime_env
-
-    if ray.is_initialized():
-        ray.shutdown()
-    ray.init(num_cpus=16, num_gpus=0, include_dashboard=False, runtime_env=ray_runtime_env(),
-             namespace="verl_async_rm_tests")
-    yield ray
-    ray.shutdown()  # the next test asking for ray_local starts its usual cluster
-
-
-@pytest.fixture(scope="module")
 def families():
     from verl_async_rm.testing.families import build_family_models
 

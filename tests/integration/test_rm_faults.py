@@ -2,9 +2,9 @@
 
 - a replica dies while trajectories wait for it: its batch goes to the other replica, every trajectory is scored
   (equal to a direct HF forward), and a new replica is started in the dead one's bundle and takes batches;
-- every replica dies and none can be replaced: every waiting trajectory fails with NoSlotsError at once;
+- every replica dies and none can be replaced: every waiting trajectory fails with NoReplicasError at once;
 - a replica does not answer within batch_timeout_s: its trajectories fail with RequestTimeoutError on time, and the
-  replica gets no new batch until its call has answered (or is killed and replaced past the late limit).
+  replica gets no new batch until its call has answered (or is killed and replaced if it stays silent init_timeout_s).
 
 Each test starts its own 2-replica service (it kills replicas), found by the actor names ``describe()`` gives. Waits are
 bounded (hang detectors, not speed checks).
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import signal
 import time
@@ -22,8 +23,8 @@ import pytest
 import ray
 from rm_cases import ANSWERS, QUESTIONS, direct_score, hf_model, make_request, wait_stats
 
-from verl_async_rm.batching import BatchPolicy
-from verl_async_rm.errors import NoSlotsError, RequestTimeoutError
+from verl_async_rm.service.batcher import BatchPolicy
+from verl_async_rm.errors import NoReplicasError, RequestTimeoutError
 from verl_async_rm.scoring import RMConfig
 from verl_async_rm.service import score_with_timeout, start_rm_service
 
@@ -51,9 +52,8 @@ def requests(policy_tok, n: int, tag: str):
     return [make_request(policy_tok, *pairs[i % len(pairs)], uid=f"{tag}{i}") for i in range(n)]
 
 
-def service_for(cfg, policy: BatchPolicy, *, replace: bool, late_limit_s=None):
-    return start_rm_service(cfg, policy, name=f"faults_{time.monotonic_ns()}", replace_replicas=replace,
-                            late_limit_s=late_limit_s)
+def service_for(cfg, policy: BatchPolicy, *, replace: bool):
+    return start_rm_service(cfg, policy, name=f"faults_{time.monotonic_ns()}", replace_replicas=replace)
 
 
 async def replicas(service) -> list:
@@ -96,7 +96,7 @@ def test_a_replica_dying_under_its_batch_loses_no_trajectory_and_is_replaced(rm_
         waiting += [asyncio.ensure_future(score_with_timeout(service, r, timeout_s=HANG_S)) for r in first[12:]]
         scores = await asyncio.gather(*waiting)
         after_loss = await service.stats.remote()
-        replaced = await wait_stats(service, lambda s: s["slots_replaced_total"] == 1, "replica 0 replaced")
+        replaced = await wait_stats(service, lambda s: s["replicas_replaced_total"] == 1, "replica 0 replaced")
         info = (await asyncio.wait_for(service.describe.remote(), 60))[0]
         again = await asyncio.gather(*(score_with_timeout(service, r, timeout_s=HANG_S) for r in second))
         final = await service.stats.remote()
@@ -108,8 +108,8 @@ def test_a_replica_dying_under_its_batch_loses_no_trajectory_and_is_replaced(rm_
         stop(service)
     assert scores == pytest.approx(expected_scores(tiny_models, first), abs=ATOL, rel=RTOL)
     assert after_loss["completed"] == 16 and after_loss["failed"] == 0
-    assert after_loss["requeued"] == 16 and after_loss["slots_lost_total"] == 1
-    assert replaced["slots_free"] == 2 and replaced["slots_lost"] == 0
+    assert after_loss["requeued"] == 16 and after_loss["replicas_lost_total"] == 1
+    assert replaced["replicas_free"] == 2 and replaced["replicas_lost"] == 0
     assert info["model_path"] == cfg.model_path
     assert again == pytest.approx(expected_scores(tiny_models, second), abs=ATOL, rel=RTOL)
     assert final["completed"] == 32 and final["failed"] == 0
@@ -135,11 +135,11 @@ def test_with_every_replica_dead_and_none_replaceable_waiters_fail_at_once(rm_co
         outcomes, elapsed, late, stats = asyncio.run(main())
     finally:
         stop(service)
-    assert all(isinstance(o, NoSlotsError) for o in outcomes), outcomes
-    assert "all 2 slot(s)" in str(outcomes[0])
+    assert all(isinstance(o, NoReplicasError) for o in outcomes), outcomes
+    assert "all 2 replica(s)" in str(outcomes[0])
     assert elapsed < HANG_S / 4  # long before any deadline: they did not wait for one
-    assert isinstance(late, NoSlotsError)
-    assert stats["slots_lost"] == 2 and stats["completed"] == 0
+    assert isinstance(late, NoReplicasError)
+    assert stats["replicas_lost"] == 2 and stats["completed"] == 0
 
 
 def test_a_replica_past_batch_timeout_fails_its_batch_on_time_and_is_not_reused_until_it_answers(
@@ -147,7 +147,7 @@ def test_a_replica_past_batch_timeout_fails_its_batch_on_time_and_is_not_reused_
 ):
     # A timeout no real call can meet: every batch times out, and each replica stays late until its call ends.
     service = service_for(rm_config, BatchPolicy(max_batch_size=4, max_wait_ms=0, batch_timeout_s=1e-4),
-                          replace=False, late_limit_s=HANG_S)
+                          replace=False)  # a timed-out call gets init_timeout_s (120 s) to answer
     reqs = requests(policy_tok, 4, "d")
 
     async def main():
@@ -159,19 +159,19 @@ def test_a_replica_past_batch_timeout_fails_its_batch_on_time_and_is_not_reused_
     try:
         outcomes, stats = asyncio.run(main())
         assert all(isinstance(o, RequestTimeoutError) and "batch_timeout_s" in str(o) for o in outcomes), outcomes
-        assert stats["timed_out"] == 4 and stats["slots_late_total"] == stats["batches"] >= 1
+        assert stats["timed_out"] == 4 and stats["replicas_timed_out_total"] == stats["batches"] >= 1
         # the replicas' calls end (the RM is fast): they take batches again; nothing was lost
-        settled = asyncio.run(wait_stats(service, lambda s: s["slots_free"] == 2, "late replicas back"))
+        settled = asyncio.run(wait_stats(service, lambda s: s["replicas_free"] == 2, "late replicas back"))
     finally:
         stop(service)
-    assert settled["slots_lost"] == 0 and settled["slots_late"] == 0
+    assert settled["replicas_lost"] == 0 and settled["replicas_timed_out"] == 0
 
 
-def test_a_replica_silent_past_the_late_limit_is_killed_and_replaced(rm_config, policy_tok):
+def test_a_replica_silent_past_its_grace_is_killed_and_replaced(rm_config, policy_tok):
     # A replica that really stops answering: its process is frozen (SIGSTOP) before the batch reaches it. The batch
-    # fails at batch_timeout_s; the replica stays late for late_limit_s, then counts as lost: killed and replaced.
-    service = service_for(rm_config, BatchPolicy(max_batch_size=4, max_wait_ms=0, batch_timeout_s=1.0),
-                          replace=True, late_limit_s=1.0)
+    # fails at batch_timeout_s; the replica gets init_timeout_s more to answer, then counts as lost: killed and replaced.
+    cfg = dataclasses.replace(rm_config, init_timeout_s=20)
+    service = service_for(cfg, BatchPolicy(max_batch_size=4, max_wait_ms=0, batch_timeout_s=1.0), replace=True)
     reqs = requests(policy_tok, 1, "e")
     frozen: list[int] = []
 
@@ -181,7 +181,7 @@ def test_a_replica_silent_past_the_late_limit_is_killed_and_replaced(rm_config, 
         os.kill(pid, signal.SIGSTOP)
         frozen.append(pid)
         outcome = await asyncio.gather(score_with_timeout(service, reqs[0], timeout_s=HANG_S), return_exceptions=True)
-        replaced = await wait_stats(service, lambda s: s["slots_replaced_total"] >= 1, "a replica replaced")
+        replaced = await wait_stats(service, lambda s: s["replicas_replaced_total"] >= 1, "a replica replaced")
         return outcome[0], replaced, before, await replicas(service)
 
     try:
@@ -192,7 +192,7 @@ def test_a_replica_silent_past_the_late_limit_is_killed_and_replaced(rm_config, 
                 os.kill(pid, signal.SIGCONT)
         stop(service)
     assert isinstance(outcome, RequestTimeoutError) and "batch_timeout_s" in str(outcome), outcome
-    assert replaced["slots_lost_total"] == 1 and replaced["slots_late_total"] == 1
+    assert replaced["replicas_lost_total"] == 1 and replaced["replicas_timed_out_total"] == 1
     assert [w for w in before if w not in slots] == [before[0]], "the frozen replica was swapped for a new one"
     with pytest.raises(ray.exceptions.RayActorError):  # the silent replica was killed, not left running
         ray.get(before[0].describe.remote(), timeout=60)

@@ -39,7 +39,7 @@ def test_pools_that_do_not_fit_in_total_fail_before_anything_starts(ray_local, t
 
 
 def test_pools_that_do_not_fit_node_by_node_fail_at_placement_and_leave_nothing(ray_local, tiny_models):
-    from verl_async_rm.service.fleet import start_rm_services
+    from verl_async_rm.service.service import start_rm_services
     from verl_async_rm.config import AsyncRMConfig
     from verl_async_rm.testing import compose_trainer_config
 

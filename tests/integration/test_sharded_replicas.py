@@ -20,7 +20,7 @@ import torch
 from manager_cases import running_manager
 from rm_cases import ANSWERS, QUESTIONS, direct_score, hf_model, make_request, wait_stats
 
-from verl_async_rm.batching import BatchPolicy
+from verl_async_rm.service.batcher import BatchPolicy
 from verl_async_rm.scoring.rm_config import RMConfig
 from verl_async_rm.service import score_with_timeout, start_rm_service
 
@@ -80,7 +80,7 @@ def test_a_rank_killed_mid_batch_costs_no_trajectory_and_its_replica_is_replaced
         os.kill(next(pid for pid in ranks if pid != lost_pid), signal.SIGCONT)
         scores = await asyncio.gather(*waiting)
         after_loss = await service.stats.remote()
-        await wait_stats(service, lambda s: s["slots_replaced_total"] == 1, "the replica replaced")
+        await wait_stats(service, lambda s: s["replicas_replaced_total"] == 1, "the replica replaced")
         after = await asyncio.wait_for(service.describe.remote(), 60)
         again = await asyncio.gather(*(score_with_timeout(service, r, timeout_s=HANG_S) for r in second))
         return before, lost_slot, scores, after_loss, after, again
@@ -93,7 +93,7 @@ def test_a_rank_killed_mid_batch_costs_no_trajectory_and_its_replica_is_replaced
     model = hf_model(tiny_models.rm)
     assert scores == pytest.approx([direct_score(model, r.prompt_ids + r.response_ids) for r in first], abs=1e-4)
     assert after_loss["completed"] == 16 and after_loss["failed"] == 0
-    assert after_loss["requeued"] == 16 and after_loss["slots_lost_total"] == 1
+    assert after_loss["requeued"] == 16 and after_loss["replicas_lost_total"] == 1
     replaced = after[lost_slot]
     assert replaced["actor_name"] != before[lost_slot]["actor_name"]
     assert replaced["ranks"][0]["pid"] != before[lost_slot]["ranks"][0]["pid"]
@@ -157,7 +157,7 @@ def test_a_forward_failing_on_rank_0_alone_ends_the_replica_and_costs_no_traject
 
     async def main():
         scores = await asyncio.gather(*(score_with_timeout(service, r, timeout_s=HANG_S) for r in reqs))
-        stats = await wait_stats(service, lambda s: s["slots_replaced_total"] == 1, "the replica replaced")
+        stats = await wait_stats(service, lambda s: s["replicas_replaced_total"] == 1, "the replica replaced")
         return scores, stats, await asyncio.wait_for(service.describe.remote(), 60)
 
     try:
@@ -169,7 +169,7 @@ def test_a_forward_failing_on_rank_0_alone_ends_the_replica_and_costs_no_traject
     model = hf_model(tiny_models.rm)
     assert scores == pytest.approx([direct_score(model, r.prompt_ids + r.response_ids) for r in reqs], abs=1e-4)
     assert stats["completed"] == 16 and stats["failed"] == 0
-    assert stats["requeued"] == 16 and stats["slots_lost_total"] == 1
+    assert stats["requeued"] == 16 and stats["replicas_lost_total"] == 1
     assert len(after) == 2 and all(info["sharding"] == "tensor_parallel" for info in after)
 
 
@@ -275,8 +275,8 @@ class PoisonedRows:
     def __call__(self, scorer, rank: int) -> tuple[list, int]:
         vocab = scorer.model.get_input_embeddings().num_embeddings
         rows = [*self.rows[:2], [*self.rows[2][:-1], vocab + 7], *self.rows[3:]]
-        values = scorer.forward.score_all(rows, 1 << 20)
-        return [v if isinstance(v, float) else type(v).__name__ for v in values], scorer.forward.on_failure.failures
+        values = scorer.engine.score_all(rows, 1 << 20)
+        return [v if isinstance(v, float) else type(v).__name__ for v in values], scorer.engine.on_failure.failures
 
 
 @pytest.mark.parametrize("layout", ["tensor_parallel", "fsdp2"])
@@ -288,7 +288,7 @@ def test_a_row_that_fails_on_every_rank_fails_alone_and_the_ranks_stay_in_step(t
     config = rank_config(tiny_models)
     rows = [r.prompt_ids + r.response_ids for r in requests(policy_tok, 5, "p")]
     answers = run_ranks(config, PoisonedRows(rows), layout)
-    plain = RewardModelScorer(config).forward
+    plain = RewardModelScorer(config).engine
     expected = [plain.score_batch([row])[0] for row in rows]
     for rank, _, result in answers:
         assert result != "error" and not isinstance(result, BaseException), (rank, result)
@@ -338,7 +338,7 @@ class DifferentForwards:
     def __call__(self, scorer, rank: int) -> None:
         from verl_async_rm.scoring.sharding import check_same_forward
 
-        check_same_forward({**scorer.forward.describe(), "packing": f"packed on rank {rank}",
+        check_same_forward({**scorer.engine.describe(), "packing": f"packed on rank {rank}",
                             "packing_reason": f"reasons may differ in wording ({rank})"})
 
 

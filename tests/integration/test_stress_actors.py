@@ -4,7 +4,7 @@ killed replica is replaced by the service). Every request must resolve exactly o
 plain-transformers score of its trajectory.
 
 The executor's exactly-once guarantee at 10^4 requests with failures, cancellations and lost slots is fuzzed on the
-virtual clock (tests/unit/test_executor_fuzz.py); this test is the same guarantee across Ray: the service actor, its
+virtual clock (tests/unit/test_batcher_fuzz.py); this test is the same guarantee across Ray: the service actor, its
 replica calls, the replacement path and ``score_with_timeout``.
 """
 
@@ -20,8 +20,8 @@ import pytest
 import ray
 from rm_cases import ANSWERS, QUESTIONS, direct_score, hf_model, make_request
 
-from verl_async_rm.batching import BatchPolicy
-from verl_async_rm.errors import NoSlotsError, RequestTimeoutError, RewardInputError, SlotLostError
+from verl_async_rm.service.batcher import BatchPolicy
+from verl_async_rm.errors import NoReplicasError, RequestTimeoutError, RewardInputError, ReplicaLostError
 from verl_async_rm.request import RMRequest
 from verl_async_rm.scoring import RMConfig
 from verl_async_rm.service import score_with_timeout, start_rm_service
@@ -41,7 +41,7 @@ def test_thousands_of_requests_resolve_exactly_once_through_the_service(ray_loca
     cfg = RMConfig(model_path=str(tiny_models.rm), policy_tokenizer_path=str(tiny_models.policy), use_gpu=False,
                    n_gpus_per_node=2, nnodes=1, placement_timeout_s=60, init_timeout_s=120)
     service = start_rm_service(cfg, BatchPolicy(max_batch_size=32, max_batch_tokens=1024, max_wait_ms=5,
-                                                slot_retries=3), name="stress")
+                                                replica_retries=3), name="stress")
     pairs = [(q, a) for q in QUESTIONS for a in ANSWERS]
     model = hf_model(tiny_models.rm)
     cases = [make_request(policy_tok, q, a, uid="case") for q, a in pairs]
@@ -119,16 +119,16 @@ def test_thousands_of_requests_resolve_exactly_once_through_the_service(ray_loca
         elif isinstance(value, RewardInputError):
             assert i % FAIL_EVERY == 0
             kinds["item_failed"] += 1
-        else:  # a replica killed under the same request more than slot_retries times; nothing else is allowed
+        else:  # a replica killed under the same request more than replica_retries times; nothing else is allowed
             assert (
-                isinstance(value, SlotLostError) and not isinstance(value, (NoSlotsError, RequestTimeoutError))
+                isinstance(value, ReplicaLostError) and not isinstance(value, (NoReplicasError, RequestTimeoutError))
             ), value
             kinds["slot_lost"] += 1
     # service side: every request it accepted was settled exactly once (each settle bumps exactly one counter)
     settled = stats["completed"] + stats["failed"] + stats["timed_out"] + stats["cancelled"]
     assert stats["submitted"] == settled and stats["in_flight_requests"] == 0 and stats["queue_len"] == 0
     assert stats["submitted"] <= N_REQUESTS  # a caller cancelled before its call reached the actor never counts
-    assert kills == KILLS and stats["slots_lost_total"] >= 1 and stats["slots_replaced_total"] >= 1
+    assert kills == KILLS and stats["replicas_lost_total"] >= 1 and stats["replicas_replaced_total"] >= 1
     assert kinds["scored"] + kinds["item_failed"] + kinds["cancelled"] + kinds["slot_lost"] == N_REQUESTS
     assert kinds["scored"] > N_REQUESTS / 2
     logger.warning(
@@ -136,5 +136,5 @@ def test_thousands_of_requests_resolve_exactly_once_through_the_service(ray_loca
         "cancelled %d, requeued %d, batches %d, replicas killed %d, lost %d, replaced %d",
         N_REQUESTS, elapsed, dict(kinds), stats["submitted"], stats["completed"], stats["failed"],
         stats["timed_out"], stats["cancelled"], stats["requeued"], stats["batches"], kills,
-        stats["slots_lost_total"], stats["slots_replaced_total"],
+        stats["replicas_lost_total"], stats["replicas_replaced_total"],
     )

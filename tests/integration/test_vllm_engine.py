@@ -20,9 +20,9 @@ import time
 import pytest
 import ray
 from conftest import require_vllm
-from rm_cases import ANSWERS, QUESTIONS, direct_score, hf_model, make_request, wait_stats
+from rm_cases import ANSWERS, QUESTIONS, direct_score, hf_model, make_request, score_all, wait_stats
 
-from verl_async_rm.batching import BatchPolicy
+from verl_async_rm.service.batcher import BatchPolicy
 from verl_async_rm.errors import NonFiniteScoreError, RewardModelError
 from verl_async_rm.scoring import RMConfig
 from verl_async_rm.service import score_with_timeout, start_rm_service
@@ -95,7 +95,7 @@ def test_vllm_replicas_score_every_request_as_transformers(vllm_service, nan_rm,
 def test_a_row_that_scores_nan_on_vllm_fails_alone(vllm_service, nan_rm, policy_tok):
     reqs = requests(policy_tok, 6, "p")
     reqs[2].response_ids = [*reqs[2].response_ids, nan_rm[1]]  # ends in the NaN-RM's poisoned token
-    results = ray.get(vllm_service.score_batch.remote(reqs, HANG_S), timeout=HANG_S)
+    results = score_all(vllm_service, reqs, HANG_S)
     assert isinstance(results[2], NonFiniteScoreError)
     good = [r for i, r in enumerate(reqs) if i != 2]
     assert [s for i, s in enumerate(results) if i != 2] == pytest.approx(expected(nan_rm[0], good), abs=ATOL)
@@ -111,7 +111,7 @@ def test_a_killed_vllm_replica_loses_no_request_and_is_replaced(vllm_service, na
         waiting = [asyncio.ensure_future(score_with_timeout(service, r, timeout_s=HANG_S)) for r in first]
         ray.kill((await _replicas(service))[0], no_restart=True)
         scores = await asyncio.gather(*waiting)
-        replaced = await wait_stats(service, lambda s: s["slots_replaced_total"] == before["slots_replaced_total"] + 1,
+        replaced = await wait_stats(service, lambda s: s["replicas_replaced_total"] == before["replicas_replaced_total"] + 1,
                                     "the replica replaced")
         described = await asyncio.wait_for(service.describe.remote(), 60)
         again = await asyncio.gather(*(score_with_timeout(service, r, timeout_s=HANG_S) for r in second))
@@ -119,7 +119,7 @@ def test_a_killed_vllm_replica_loses_no_request_and_is_replaced(vllm_service, na
 
     before, scores, replaced, described, again, final = asyncio.run(main())
     assert scores == pytest.approx(expected(nan_rm[0], first), abs=ATOL)
-    assert replaced["slots_lost_total"] == before["slots_lost_total"] + 1 and replaced["slots_free"] == 2
+    assert replaced["replicas_lost_total"] == before["replicas_lost_total"] + 1 and replaced["replicas_free"] == 2
     assert [info["engine"] for info in described] == ["vllm", "vllm"]  # the replacement loaded vLLM again
     assert again == pytest.approx(expected(nan_rm[0], second), abs=ATOL)
     assert final["failed"] == before["failed"] and final["completed"] == before["completed"] + 40
@@ -160,33 +160,24 @@ def test_the_load_time_check_refuses_a_model_vllm_scores_differently(ray_local, 
 
 @pytest.mark.parametrize(("rm", "why"), [("mean_pooled_rm", "differently from transformers"),
                                          ("head_dim_16_rm", "vLLM could not run the RM")])
-def test_auto_falls_back_to_transformers_and_says_why(ray_local, vllm_required, tiny_models, policy_tok, request, rm,
-                                                      why):
+def test_vllm_refuses_what_it_cannot_score_and_says_why(ray_local, vllm_required, tiny_models, request, rm, why):
     path = request.getfixturevalue(rm)
-    service = start(config(path, tiny_models.policy, replicas=1, engine="auto"))
-    reqs = requests(policy_tok, 5, "f")
-    try:
-        scores = ray.get(service.score_batch.remote(reqs, HANG_S), timeout=HANG_S)
-        (info,) = ray.get(service.describe.remote(), timeout=60)
-    finally:
-        stop(service)
-    assert info["engine"] == "hf" and info["engine_reason"].startswith("engine='auto' chose transformers")
-    assert why in info["engine_reason"]
-    assert scores == pytest.approx(expected(path, reqs), abs=ATOL)
+    with pytest.raises(RewardModelError, match=rf"engine='vllm'.*{why}.*Fix: use engine='hf'"):
+        start(config(path, tiny_models.policy, replicas=1, engine="vllm"))
 
 
-def test_settings_vllm_does_not_serve_are_refused_or_fall_back_before_any_load(tiny_models):
-    """No engine needed: process RMs, output fields and sharded replicas stay on transformers."""
-    from verl_async_rm.scoring.rm_config import vllm_unsupported
+def test_settings_vllm_does_not_serve_are_refused_before_any_load(tiny_models):
+    """No engine needed: process RMs, output fields and sharded replicas are refused with engine='vllm'."""
+    from verl_async_rm.scoring.vllm_engine import unsupported as vllm_unsupported
 
     with pytest.raises(ValueError, match=r"engine='vllm': the plugin scores process RMs on transformers only.*"
-                                         r"Fix: use engine='auto'"):
+                                         r"Fix: use engine='hf'"):
         config(tiny_models.rm, tiny_models.policy, engine="vllm", reward_kind="process", step_separator="<s>")
-    auto = config(tiny_models.rm, tiny_models.policy, engine="auto", gpus_per_replica=2)
-    assert "one GPU" in vllm_unsupported(auto)
-    process = config(tiny_models.rm, tiny_models.policy, engine="auto", reward_kind="process", step_separator="<s>")
-    assert "process RMs" in vllm_unsupported(process)  # auto: transformers, this reason in describe()
-    assert vllm_unsupported(config(tiny_models.rm, tiny_models.policy, engine="auto")) is None
+    sharded = config(tiny_models.rm, tiny_models.policy, engine="hf", gpus_per_replica=2)
+    assert "one GPU" in vllm_unsupported(sharded)
+    process = config(tiny_models.rm, tiny_models.policy, engine="hf", reward_kind="process", step_separator="<s>")
+    assert "process RMs" in vllm_unsupported(process)
+    assert vllm_unsupported(config(tiny_models.rm, tiny_models.policy, engine="hf")) is None
 
 
 @ray.remote(num_cpus=0, max_calls=1)  # a process of its own, which exits after: vLLM's in-process state goes with it
@@ -194,9 +185,9 @@ def _broken_engine_probe(rm_path: str) -> tuple[list, str]:
     import torch
 
     from verl_async_rm.errors import EngineDeadError
-    from verl_async_rm.scoring.vllm_forward import VLLMForward
+    from verl_async_rm.scoring.vllm_engine import VLLMEngine
 
-    forward = VLLMForward(RMConfig(model_path=rm_path, retemplate="never", use_gpu=False), max_length=256,
+    forward = VLLMEngine(RMConfig(model_path=rm_path, retemplate="never", use_gpu=False), max_length=256,
                           dtype=torch.float32, device=torch.device("cpu"))
     forward.canary = [5, 6, 7]
     before = forward.score_all([[5, 6, 7], [8, 9]], 1024)

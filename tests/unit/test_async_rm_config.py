@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from verl_async_rm.config import AsyncRMConfig, IntegrationConfig
-from verl_async_rm.batching.policy import BatchPolicy
+from verl_async_rm.service.batcher import BatchPolicy
 from verl_async_rm.integration.checks import check_verl_config
 from verl_async_rm.integration.reward_mix import RewardMix
 from verl_async_rm.scoring.rm_config import RMConfig
@@ -61,7 +61,7 @@ def test_each_section_receives_its_keys_and_only_those(tiny_models):
         tiny_models,
         "+async_rm.max_batch_size=8",
         "+async_rm.max_wait_ms=5",
-        "+async_rm.overflow=reject",
+        "+async_rm.replica_retries=3",
         "+async_rm.dtype=float32",
         "+async_rm.micro_batch_max_tokens=1024",
         "+async_rm.trust_remote_code=True",
@@ -72,8 +72,8 @@ def test_each_section_receives_its_keys_and_only_those(tiny_models):
         "+async_rm.service_max_concurrency=64",
     )
     settings = AsyncRMConfig.from_verl(cfg)
-    # the plugin bounds a batch call by default (600 s); the Ray-free executor alone does not
-    assert settings.batching == BatchPolicy(max_batch_size=8, max_wait_ms=5.0, overflow="reject", batch_timeout_s=600)
+    # a batch call is bounded by default (600 s)
+    assert settings.batching == BatchPolicy(max_batch_size=8, max_wait_ms=5.0, replica_retries=3, batch_timeout_s=600)
     assert (settings.rm.dtype, settings.rm.micro_batch_max_tokens, settings.rm.trust_remote_code) == (
         "float32", 1024, True
     )
@@ -119,7 +119,7 @@ def test_verl_owned_rm_keys_are_refused_with_the_verl_key(tiny_models, key, valu
         (["+async_rm.max_batch_size=0"], "max_batch_size", ValueError),
         (["+async_rm.max_batch_size=abc"], "max_batch_size", TypeError),
         (["+async_rm.max_wait_ms=-1"], "max_wait_ms", ValueError),
-        (["+async_rm.overflow=drop"], "overflow", ValueError),
+        (["+async_rm.replica_retries=-1"], "replica_retries", ValueError),
         (["+async_rm.group_by_length=maybe"], "group_by_length", TypeError),
         (["+async_rm.batch_timeout_s=0"], "batch_timeout_s", ValueError),
         # RM worker group -> RMConfig
@@ -390,7 +390,7 @@ def test_options_reference_documents_every_async_rm_key():
     from pathlib import Path
 
     from verl_async_rm.config import _VERL_OWNED_RM_FIELDS, IntegrationConfig
-    from verl_async_rm.batching.policy import BatchPolicy
+    from verl_async_rm.service.batcher import BatchPolicy
     from verl_async_rm.integration.reward_mix import RewardMix
     from verl_async_rm.scoring.rm_config import RMConfig
 
@@ -422,6 +422,10 @@ def test_on_error_drop_on_the_v1_sync_trainer_needs_refills_before_anything_star
         ("executor_max_concurrency", "64", "async_rm.service_max_concurrency"),
         ("pad_multiple", "2", "remove the key"),
         ("bisect_on_error", "true", "each RM replica isolates a failing item itself"),
+        ("max_pending", "8", "the RM service's concurrency bound"),
+        ("overflow", "reject", "the RM service's concurrency bound"),
+        ("default_deadline_s", "30", "async_rm.request_timeout_s"),
+        ("slot_retries", "3", "renamed async_rm.replica_retries"),
     ],
 )
 def test_keys_of_earlier_releases_name_what_to_do_instead(tiny_models, key, value, instead):

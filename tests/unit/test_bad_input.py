@@ -5,7 +5,7 @@ torch.
 docs/faults.md ("Faults and troubleshooting") lists each case. Cases already covered elsewhere are not repeated here:
 NaN score (test_rm_scorer.py::test_nan_score_fails_only_its_item, tests/integration/test_rm_worker_group.py), RM dir
 missing (test_rm_scorer.py::test_missing_model_dir_is_a_clear_error), ``enable=True`` and legacy keys
-(test_async_rm_config.py), batching knobs (test_executor_policy.py, test_async_rm_config.py), more resources than the
+(test_async_rm_config.py), batching knobs (test_batcher_policy.py, test_async_rm_config.py), more resources than the
 cluster has (tests/integration/test_rm_worker_group.py, tests/integration/test_rm_bad_input.py).
 
 Float32 on CPU; scores are compared with a direct HF forward of the same ids within 1e-4 (see test_rm_scorer.py).
@@ -264,7 +264,7 @@ def test_an_infinite_score_fails_each_item_and_never_becomes_a_number(tiny_model
 
 def test_an_rm_with_another_vocabulary_scores_through_text(alt_scorer, alt_tok, policy_tok, tiny_models, requests_):
     assert alt_tok.get_vocab() != policy_tok.get_vocab()
-    assert alt_scorer.retemplate is True
+    assert alt_scorer.kind.retemplate is True
     model = hf_model(tiny_models.rm_alt)
     expected = [alt_reference(alt_tok, model, r.raw_prompt, a)[1] for r, a in zip(requests_, ANSWERS, strict=True)]
     assert alt_scorer.score(requests_) == pytest.approx(expected, abs=ATOL, rel=RTOL)
@@ -283,12 +283,12 @@ def test_token_ids_outside_the_vocabulary_fail_only_their_item(scorer, alt_score
     from transformers import AutoConfig
 
     policy_rows = AutoConfig.from_pretrained(alt_scorer.config.policy_tokenizer_path).vocab_size
-    assert alt_scorer.policy_id_limit == max(len(policy_tok), policy_rows)
+    assert alt_scorer.kind.policy_id_limit == max(len(policy_tok), policy_rows)
     good = requests_[0]
     bad = RMRequest("bad", good.prompt_ids, [*good.response_ids[:-1], bad_id], good.raw_prompt)
     for which, rm, size in (
-        ("the RM's embedding table", scorer, scorer.rm_vocab_size),
-        ("the policy tokenizer's vocabulary", alt_scorer, alt_scorer.policy_id_limit),
+        ("the RM's embedding table", scorer, scorer.kind.vocab_size),
+        ("the policy tokenizer's vocabulary", alt_scorer, alt_scorer.kind.policy_id_limit),
     ):
         results = rm.score([good, bad, requests_[1]])
         assert isinstance(results[1], RewardInputError)
@@ -305,7 +305,7 @@ def test_padded_embedding_rows_of_the_policy_are_not_an_error(tiny_models, polic
     config["vocab_size"] = len(policy_tok) + 64
     (policy / "config.json").write_text(json.dumps(config))
     alt = RewardModelScorer(cpu_config(tiny_models.rm_alt, policy))
-    assert alt.policy_id_limit == len(policy_tok) + 64
+    assert alt.kind.policy_id_limit == len(policy_tok) + 64
     good = requests_[0]
     padded = RMRequest("padded", good.prompt_ids, [*good.response_ids[:-1], len(policy_tok) + 3, good.response_ids[-1]],
                        good.raw_prompt)

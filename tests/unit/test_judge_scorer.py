@@ -16,9 +16,9 @@ from rm_cases import make_request
 from verl_async_rm.errors import ConfigValueError, JudgeVerdictError, RewardInputError
 from verl_async_rm.request import RMRequest
 from verl_async_rm.scoring import RMConfig
-from verl_async_rm.scoring.judge_text import compile_pattern, parse_verdict
-from verl_async_rm.scoring.process import score_value
-from verl_async_rm.scoring.judge_text import Verdict
+from verl_async_rm.scoring.judge import compile_pattern, parse_verdict
+from verl_async_rm.request import score_value
+from verl_async_rm.scoring.judge import Verdict
 
 pytestmark = pytest.mark.unit
 

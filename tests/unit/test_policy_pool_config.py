@@ -12,7 +12,8 @@ from verl_async_rm.config import AsyncRMConfig
 from verl_async_rm.errors import ConfigValueError
 from verl_async_rm.integration.checks import check_verl_config
 from verl_async_rm.scoring.colocation import actor_resident_bytes, check_colocated_memory, rm_need_bytes
-from verl_async_rm.scoring.rm_config import RMConfig, vllm_unsupported
+from verl_async_rm.scoring.rm_config import RMConfig
+from verl_async_rm.scoring.vllm_engine import unsupported as vllm_unsupported
 from verl_async_rm.service.policy_pool import policy_group_names
 
 pytestmark = pytest.mark.unit
@@ -75,10 +76,12 @@ def test_an_extra_rm_cannot_size_a_pool_of_its_own_there(tiny_models):
         AsyncRMConfig.from_verl(config)
 
 
-def test_engine_auto_stays_on_transformers_and_a_generate_judge_is_refused(tiny_models):
-    require_vllm()  # without vLLM a generate judge is refused earlier, for that reason
-    rm = RMConfig(model_path=str(tiny_models.rm), retemplate="never", placement="policy_pool", engine="auto")
+def test_engine_vllm_and_a_generate_judge_are_refused(tiny_models):
+    require_vllm()  # without vLLM both are refused earlier, for that reason
+    rm = RMConfig(model_path=str(tiny_models.rm), retemplate="never", placement="policy_pool")
     assert "sleeps while the policy trains" in vllm_unsupported(rm)
+    with pytest.raises(ConfigValueError, match="engine='vllm'.*sleeps while the policy trains"):
+        RMConfig(model_path=str(tiny_models.rm), retemplate="never", placement="policy_pool", engine="vllm")
     with pytest.raises(ConfigValueError, match="judge_readout='generate'.*judge_readout=logits"):
         RMConfig(model_path=str(tiny_models.rm), policy_tokenizer_path=str(tiny_models.policy),
                  placement="policy_pool", reward_kind="judge", judge_readout="generate")

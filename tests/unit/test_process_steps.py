@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from verl_async_rm.scoring.process import StepRewards, reduce_steps, score_value, split_steps, step_token_ends
+from verl_async_rm.request import StepRewards, score_value
+from verl_async_rm.scoring.process import reduce_steps, split_steps, step_token_ends
 from verl_async_rm.scoring.rm_config import RMConfig
 
 pytestmark = pytest.mark.unit

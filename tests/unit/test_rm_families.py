@@ -53,8 +53,8 @@ def test_each_family_scores_as_its_model_card_recipe(families, tiny_models, poli
 
 def test_the_internlm2_style_rm_reads_its_score_at_the_reward_token(families, tiny_models):
     scorer = scorer_for(families, tiny_models, "internlm2")
-    assert scorer.suffix_ids == [scorer.model.config.reward_token_id]
-    assert scorer.head_name == "v_head"
+    assert scorer.kind.suffix_ids == [scorer.model.config.reward_token_id]
+    assert scorer.kind.head_name == "v_head"
 
 
 def test_the_armorm_style_rm_is_read_from_its_output_field(families, tiny_models):
@@ -141,13 +141,13 @@ def test_a_separator_missing_from_the_rm_vocabulary_is_refused_at_start_up(famil
 def test_long_inputs_lose_the_prompt_first_then_the_first_steps(families, tiny_models, policy_tok):
     full = scorer_for(families, tiny_models, "prm", process_reduction="none")
     request = make_request(policy_tok, " ".join([QUESTIONS[0]] * 8), "\n\n".join(STEPS), "long/0")
-    prepared = full.prepare_process(request)
-    steps_only = len(prepared.ids) - prepared.positions[0] + 12  # room for the three steps and a little prompt
+    prepared = full.kind.build(request)
+    steps_only = len(prepared.ids) - prepared.reads[0] + 12  # room for the three steps and a little prompt
     fits = scorer_for(families, tiny_models, "prm", process_reduction="none", max_length=steps_only)
     kept = fits.score([request])[0]
     assert len(kept.scores) == 3 and kept.dropped == 0 and fits.stats().truncated == 1
     too_short = scorer_for(families, tiny_models, "prm", process_reduction="none",
-                           max_length=len(prepared.ids) - prepared.positions[1] + 1)
+                           max_length=len(prepared.ids) - prepared.reads[1] + 1)
     last = too_short.score([request])[0]
     assert last.dropped >= 1 and len(last.scores) == 3 - last.dropped
     assert list(last.token_index) == list(full.score([request])[0].token_index)[last.dropped:]

@@ -16,7 +16,8 @@ from rm_cases import ANSWERS, QUESTIONS, direct_score, hf_model, make_batch, mak
 from verl_async_rm.errors import NonFiniteScoreError, RewardInputError, RewardModelError
 from verl_async_rm.scoring.rm_config import RMConfig
 from verl_async_rm.request import RMRequest
-from verl_async_rm.scoring.scorer import RewardModelScorer, last_token_logits, reduce_outputs
+from verl_async_rm.scoring.readout import last_token_logits, reduce_outputs
+from verl_async_rm.scoring.scorer import RewardModelScorer
 
 pytestmark = pytest.mark.unit
 
@@ -38,7 +39,7 @@ def scorer(tiny_models):
 
 
 def test_batched_scores_equal_per_sample_hf_forward(scorer, tiny_models, requests_):
-    assert scorer.retemplate is False  # same tokenizer and template: the policy's ids are reused
+    assert scorer.kind.retemplate is False  # same tokenizer and template: the policy's ids are reused
     model = hf_model(tiny_models.rm)
     scores = scorer.score(requests_)
     expected = [direct_score(model, r.prompt_ids + r.response_ids) for r in requests_]
@@ -72,7 +73,7 @@ def test_template_switch_equals_rendering_by_hand(tiny_models, policy_tok, reque
     from transformers import AutoTokenizer
 
     alt = RewardModelScorer(cpu_config(tiny_models.rm_alt, tiny_models.policy))
-    assert alt.retemplate is True
+    assert alt.kind.retemplate is True
     alt_tok = AutoTokenizer.from_pretrained(tiny_models.rm_alt)
     model = hf_model(tiny_models.rm_alt)
     expected = []
@@ -154,7 +155,7 @@ def test_out_of_range_score_index_is_a_config_error(three_output_rm, tiny_models
 
 def test_model_own_logits_path_and_missing_head(tiny_models, requests_, scorer):
     own = RewardModelScorer(cpu_config(tiny_models.rm, tiny_models.policy, score_head="none"))
-    assert own.head is None
+    assert own.engine.head is None
     assert own.score(requests_) == pytest.approx(scorer.score(requests_), abs=ATOL, rel=RTOL)
     with pytest.raises(ValueError, match=r"score_head='reward_head'.*Fix"):
         RewardModelScorer(cpu_config(tiny_models.rm, tiny_models.policy, score_head="reward_head"))
@@ -188,7 +189,7 @@ def test_a_row_that_makes_the_forward_raise_fails_alone(scorer, tiny_models, req
     poisoned[2] = rows[2][:-1] + [vocab + 7]
     with pytest.raises(IndexError):  # the poison really makes the model raise
         scorer.forward_ids([poisoned[2]])
-    out = scorer.forward.score_batch(poisoned)
+    out = scorer.engine.score_batch(poisoned)
     assert isinstance(out[2], RewardModelError) and "index" in str(out[2]).lower()
     kept = [i for i in range(len(rows)) if i != 2]
     assert [out[i] for i in kept] == pytest.approx([direct_score(model, rows[i]) for i in kept], abs=ATOL, rel=RTOL)

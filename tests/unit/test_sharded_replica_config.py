@@ -133,7 +133,7 @@ def test_the_sharded_load_path_scores_as_the_unsharded_scorer(tiny_models, polic
 
 
 def test_the_pools_text_of_a_start_failure_gives_the_replica_shape(tiny_models):
-    from verl_async_rm.service.fleet import pools_text
+    from verl_async_rm.service.service import pools_text
 
     config = AsyncRMConfig.from_verl(compose(
         tiny_models, "+async_rm.gpus_per_replica=2", f"+async_rm.models.big.model_path={tiny_models.rm_alt}",

@@ -1,7 +1,7 @@
 """The per-step ``async_rm/*`` figures: the RM service's step figures (``service_step_metrics``, from the executor's
 step stats and the replicas' counters) turned into metrics by ``service.metrics.step_metrics``.
 
-The executor figures come from a real ``PendingRequestExecutor`` step on the virtual-time loop, so the test follows
+The executor figures come from a real ``Batcher`` step on the virtual-time loop, so the test follows
 the StepStats the executor really returns.
 """
 
@@ -12,7 +12,7 @@ import dataclasses
 
 import pytest
 
-from verl_async_rm.batching import BatchPolicy, PendingRequestExecutor
+from verl_async_rm.service.batcher import Batcher, BatchPolicy
 from verl_async_rm.testing.executor import GatedBatchFn, run_virtual
 from verl_async_rm.service import metrics
 from verl_async_rm.service.metrics import PREFIX, service_step_metrics
@@ -36,10 +36,10 @@ def executor_step(n: int, *, fail: frozenset = frozenset(), exec_s: float = 0.5,
 
     async def main():
         fn = GatedBatchFn(lambda x: ValueError("bad") if x in fail else x, open=True, delay_s=exec_s)
-        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=max_batch_size, max_wait_ms=10), slots=2)
+        executor = Batcher(fn, BatchPolicy(max_batch_size=max_batch_size, max_wait_ms=10), replicas=2)
         executor.pop_step_stats()  # start the step
         if n:
-            executor.expect(n)
+            executor.drain_after(n)
             await asyncio.gather(*(executor.submit(i) for i in range(n)), return_exceptions=True)
         step = executor.pop_step_stats()
         await executor.aclose()

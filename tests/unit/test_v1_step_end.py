@@ -1,4 +1,4 @@
-"""The v1 step end without Ray: the per-phase ledger, ``on_error`` at a step's end, the trainer-mode checks, and the
+"""The v1 step end without Ray: the per-phase records, ``on_error`` at a step's end, the trainer-mode checks, and the
 wrappers of verl's ``PPOTrainer.step`` / ``_validate`` (inert unless the trainer's manager is the plugin's)."""
 
 from __future__ import annotations
@@ -12,35 +12,35 @@ import pytest
 
 from verl_async_rm.errors import RMScoreError, TrajectoryDroppedError
 from verl_async_rm.integration.drops import check_failures
-from verl_async_rm.integration.ledger import Failure, PhaseRecord, TrajectoryLedger
-from verl_async_rm.batching.stats import StepStats
+from verl_async_rm.integration.drops import Failure, PhaseRecord, PhaseRecords
+from verl_async_rm.service.batcher import StepStats
 from verl_async_rm.service.metrics import service_step_metrics, step_metrics
 
 pytestmark = pytest.mark.unit
 
 
-def _ledger_with(scored: int, failed: int, phase: str = "train") -> TrajectoryLedger:
-    ledger = TrajectoryLedger()
+def _records_with(scored: int, failed: int, phase: str = "train") -> PhaseRecords:
+    records = PhaseRecords()
     for i in range(scored + failed):
         if i < scored:
-            ledger.scored(phase)
+            records.scored(phase)
         else:
-            ledger.failed(phase, Failure(f"u{i}/0", 3, f"NonFiniteScoreError: nan {i}"))
-    return ledger
+            records.failed(phase, Failure(f"u{i}/0", 3, f"NonFiniteScoreError: nan {i}"))
+    return records
 
 
-def test_the_ledger_keeps_phases_apart_and_pop_starts_a_phase_again():
-    ledger = _ledger_with(3, 1)
-    ledger.scored("val")
-    train = ledger.pop("train")
+def test_the_records_keep_phases_apart_and_pop_starts_a_phase_again():
+    records = _records_with(3, 1)
+    records.scored("val")
+    train = records.pop("train")
     assert (train.requests, train.scored, train.failed) == (4, 3, 1)
     assert str(train.failures[0]) == "trajectory u3/0 (step 3): NonFiniteScoreError: nan 3"
-    assert ledger.pop("train") == PhaseRecord()
-    assert (ledger.pop("val").requests, ledger.pop("val").requests) == (1, 0)
+    assert records.pop("train") == PhaseRecord()
+    assert (records.pop("val").requests, records.pop("val").requests) == (1, 0)
 
 
 def test_records_of_several_workers_add_up_and_keep_only_the_first_failures():
-    records = [_ledger_with(2, 20).pop("train") for _ in range(3)]
+    records = [_records_with(2, 20).pop("train") for _ in range(3)]
     total = PhaseRecord().merge(records[0]).merge(records[1]).merge(records[2])
     assert (total.requests, total.scored, total.failed) == (66, 6, 60)
     assert len(total.failures) == 32 and total.failures[0] == records[0].failures[0]
@@ -51,23 +51,23 @@ DROP = SimpleNamespace(on_error="drop", drop_budget=0.25)
 
 
 def test_raise_stops_on_one_failure_naming_the_trajectory_and_its_cause():
-    check_failures(_ledger_with(4, 0).pop("train"), RAISE, "step 3")  # nothing failed: nothing raised
+    check_failures(_records_with(4, 0).pop("train"), RAISE, "step 3")  # nothing failed: nothing raised
     with pytest.raises(RMScoreError, match=r"1 of 5 trajectories of step 3 got no RM score .*trajectory u4/0 "
                                            r"\(step 3\): NonFiniteScoreError: nan 4"):
-        check_failures(_ledger_with(4, 1).pop("train"), RAISE, "step 3")
+        check_failures(_records_with(4, 1).pop("train"), RAISE, "step 3")
 
 
 def test_drop_goes_on_within_the_budget_and_stops_past_it(caplog):
     with caplog.at_level(logging.WARNING):
-        check_failures(_ledger_with(3, 1).pop("train"), DROP, "step 3")  # 1 of 4 = the budget
+        check_failures(_records_with(3, 1).pop("train"), DROP, "step 3")  # 1 of 4 = the budget
     assert "1 of 4 trajectories of step 3 dropped" in caplog.text
     with pytest.raises(TrajectoryDroppedError, match=r"2 of 5 trajectories of step 3 .*drop_budget=0.25"):
-        check_failures(_ledger_with(3, 2).pop("train"), DROP, "step 3")
+        check_failures(_records_with(3, 2).pop("train"), DROP, "step 3")
 
 
 def test_trajectory_counts_come_from_the_phase_record_and_take_the_prefix():
     executor = StepStats(submitted=9, completed=9, failed=0, timed_out=0, batches=3, tail_s=0.2)
-    record = _ledger_with(5, 1).pop("train")
+    record = _records_with(5, 1).pop("train")
     service = service_step_metrics(executor)
     metrics = step_metrics(service, record, prefix="val-async_rm/")
     assert metrics["val-async_rm/requests"] == 6 and metrics["val-async_rm/scored"] == 5

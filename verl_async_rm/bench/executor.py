@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_async_rm.errors import RequestTimeoutError
-from verl_async_rm.batching import BatchPolicy, PendingRequestExecutor
+from verl_async_rm.service.batcher import Batcher, BatchPolicy
 
 __all__ = ["main"]
 
@@ -55,7 +55,7 @@ async def bench_overhead(requests: int, cap: int, reps: int) -> dict[str, Any]:
     callers = 4 * cap
     per_caller = max(1, requests // callers)
     for _ in range(reps):
-        executor = PendingRequestExecutor(_noop, BatchPolicy(max_batch_size=cap, max_wait_ms=1.0), slots=1)
+        executor = Batcher(_noop, BatchPolicy(max_batch_size=cap, max_wait_ms=1.0), replicas=1)
         await asyncio.gather(*(executor.submit(i) for i in range(2 * cap)))  # warm up
 
         async def caller(c: int) -> None:
@@ -98,8 +98,8 @@ async def bench_saturation(cap: int, slots: int, exec_s: float, max_wait_ms: flo
     """Open-loop arrivals at ``overload`` x what the slots can serve; batch fill and throughput."""
     capacity = slots * cap / exec_s
     rate = overload * capacity
-    executor = PendingRequestExecutor(_sleeper(exec_s), BatchPolicy(max_batch_size=cap, max_wait_ms=max_wait_ms),
-                                      slots=slots)
+    executor = Batcher(_sleeper(exec_s), BatchPolicy(max_batch_size=cap, max_wait_ms=max_wait_ms),
+                                      replicas=slots)
     loop = asyncio.get_running_loop()
     tasks: list[asyncio.Future] = []
     t0 = loop.time()
@@ -144,7 +144,7 @@ async def bench_lone(exec_s: float, max_wait_ms: float, reps: int, gap_s: float)
         return items
 
     max_wait_s = max_wait_ms / 1e3
-    executor = PendingRequestExecutor(timed, BatchPolicy(max_batch_size=64, max_wait_ms=max_wait_ms))
+    executor = Batcher(timed, BatchPolicy(max_batch_size=64, max_wait_ms=max_wait_ms))
     latencies, excess, control = [], [], []
     for i in range(reps):
         t0 = time.perf_counter()
@@ -191,8 +191,8 @@ async def bench_drain_tail(cap: int, slots: int, reps: int) -> dict[str, Any]:
             await gate.wait()
         return items
 
-    executor = PendingRequestExecutor(holdable, BatchPolicy(max_batch_size=cap, max_wait_ms=3_600_000.0),
-                                      slots=slots)
+    executor = Batcher(holdable, BatchPolicy(max_batch_size=cap, max_wait_ms=3_600_000.0),
+                                      replicas=slots)
     sizes = sorted({1, max(1, cap // 4), max(1, cap // 2), cap - 1})
     backlog = 3 * slots * cap + 5
     tails: dict[int, list[float]] = {k: [] for k in [*sizes, backlog]}
@@ -233,7 +233,7 @@ async def bench_deadline_and_cancel(deadline_s: float, reps: int) -> dict[str, A
         await gate.wait()
         return items
 
-    executor = PendingRequestExecutor(gated, BatchPolicy(max_batch_size=8, max_wait_ms=0))
+    executor = Batcher(gated, BatchPolicy(max_batch_size=8, max_wait_ms=0))
     busy = asyncio.ensure_future(executor.submit("busy"))
     await asyncio.sleep(0.01)
     late = []

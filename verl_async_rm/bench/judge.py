@@ -115,7 +115,7 @@ def run_judge_bench(args: argparse.Namespace) -> dict[str, Any]:
             scorer = RewardModelScorer(RMConfig(**base, judge_readout="generate", judge_max_tokens=budget,
                                                 judge_pattern="([0-9]+)"))
             rows.append(_mode(scorer, warm, timed, f"generate:{budget}"))
-            scorer.forward.close()
+            scorer.engine.close()
             del scorer
     return {"bench": "judge", "shape": args.shape, "parameters": parameters, "requests": args.requests,
             "rollout_n": args.rollout_n, "length_scale": args.length_scale, "host": platform.node(),

@@ -5,13 +5,13 @@ Every policy gets the same :class:`~verl_async_rm.bench.workload.Workload` (traj
 
 * ``sync``: wait for the last trajectory, then score everything: sorted longest first, cut into ``max_batch_size``
   batches, each batch to the first free replica (the best a score-after-rollout scheduler does; see ``bound``).
-* ``per-request``: the real :class:`~verl_async_rm.batching.PendingRequestExecutor` with ``max_batch_size=1,
+* ``per-request``: the real :class:`~verl_async_rm.service.batcher.Batcher` with ``max_batch_size=1,
   max_wait_ms=0``: every trajectory is its own RM call, as soon as a replica is free.
 * ``drain``: the same executor with ``max_wait_ms=0``: a replica that frees takes whatever is queued (up to the cap),
   never waiting for a batch to fill, and nothing is told about the end of the step.
 * ``async``: the same executor with this package's defaults (``BatchPolicy()``; ``--max-batch-size`` and
-  ``--max-wait-ms`` override them for every policy) and ``expect(B)`` at the start of the step, which is what the verl
-  integration does (the manager announces each step's trajectory count, so the last batch flushes at once).
+  ``--max-wait-ms`` override them for every policy) and ``drain_after(B)`` at the start of the step, which is what
+  the verl integration does (the manager announces each step's trajectory count, so the last batch flushes at once).
 
 Clocks: ``real`` runs on the stock asyncio loop with workload time scaled by ``scale`` real seconds per workload
 second (``max_wait_ms`` is scaled the same way, so the policy sees the same workload-time wait); timer lateness and
@@ -33,7 +33,7 @@ from typing import Any
 from verl_async_rm.bench.bound import sync_batches
 from verl_async_rm.bench.simrm import Clock, Item, SimulatedRM, policy_metrics
 from verl_async_rm.bench.workload import RMCostModel, Workload
-from verl_async_rm.batching import BatchPolicy, PendingRequestExecutor
+from verl_async_rm.service.batcher import Batcher, BatchPolicy
 
 __all__ = ["POLICIES", "executor_policies", "run_policies"]
 
@@ -85,7 +85,7 @@ async def _run_sync(workload: Workload, rm: SimulatedRM, clock: Clock, replicas:
 async def _run_executor(workload: Workload, rm: SimulatedRM, clock: Clock, replicas: int, policy: BatchPolicy,
                         expect: bool) -> list[Item]:
     real_policy = dataclasses.replace(policy, max_wait_ms=policy.max_wait_ms * clock.scale)
-    executor = PendingRequestExecutor(rm, real_policy, slots=replicas, name="bench")
+    executor = Batcher(rm, real_policy, replicas=replicas, name="bench")
     items = [Item(i, t, group=workload.group(i)) for i, t in enumerate(workload.tokens)]
 
     async def arrive(item: Item) -> None:
@@ -98,7 +98,7 @@ async def _run_executor(workload: Workload, rm: SimulatedRM, clock: Clock, repli
 
     try:
         if expect:
-            executor.expect(len(items))
+            executor.drain_after(len(items))
         await asyncio.gather(*(arrive(item) for item in items))
         stats = executor.stats()
     finally:

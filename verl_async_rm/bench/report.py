@@ -16,6 +16,7 @@ Top-level JSON keys: ``benchmark``, ``clock``, ``time_scale``, ``params``, ``rm_
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -148,7 +149,7 @@ def run(args: argparse.Namespace, *, progress=None) -> dict[str, Any]:
             "speedup_within_5pct_of_predicted": abs(speedup / bound.predicted_speedup - 1) <= TARGET_SPEEDUP_REL,
         },
         "policies": {name: results[name] for name in (*POLICIES, "bound")},
-        "executor_policies": {name: p.to_dict() for name, p in policies.items()},
+        "executor_policies": {name: dataclasses.asdict(p) for name, p in policies.items()},
         "environment": environment_snapshot(),
     }
 

@@ -4,7 +4,7 @@ bound measured in the same run.
 A random-weight RM is built on the device from a public config shape (``--shape``) or a ``config.json``
 (``--config``); nothing is downloaded. A seeded RL-like workload (prompts 64-512 tokens, responses log-normal with
 median ~400 up to 4096; ``tiny`` divides lengths by 16 so that a CPU run takes seconds) goes through
-:meth:`verl_async_rm.scoring.forward.RMForward.score_all`, the code each RM replica runs once the inputs are tokenized,
+:meth:`verl_async_rm.scoring.hf_engine.HFEngine.score_all`, the code each RM replica runs once the inputs are tokenized,
 for every ``--packing`` mode:
 
 - ``fresh``: the first pass over this workload's lengths (an RL step brings never-seen lengths every time); a warm-up
@@ -126,12 +126,12 @@ def run_mode(model: Any, device: Any, mode: str, workload: tuple[list[list[int]]
              warmup: tuple[list[list[int]], list[str]], budget: int) -> tuple[dict[str, Any], list[float]]:
     """One mode (``auto``, ``true``, ``false``, or one of them + ``'+shared'``): a warm-up pass, then the fresh and
     the repeat pass over ``workload`` (inputs and their groups)."""
-    from verl_async_rm.scoring.forward import RMForward
+    from verl_async_rm.scoring.hf_engine import HFEngine
 
     packing, _, shared = mode.partition("+")
     heads = (getattr(model, name, None) for name in ("score", "v_head", "classifier"))
     head = next((module for module in heads if module is not None), None)
-    forward = RMForward(model, head, device=device, pad_id=0, packing=packing,
+    forward = HFEngine(model, head, device=device, pad_id=0, packing=packing,
                         share_prompts="true" if shared else "false")
     inputs, groups = workload
     try:
@@ -174,12 +174,12 @@ def run_mode(model: Any, device: Any, mode: str, workload: tuple[list[list[int]]
 def run_vllm_mode(model: Any, device: Any, mode: str, workload: tuple[list[list[int]], list[str]],
                   warmup: tuple[list[list[int]], list[str]], budget: int) -> tuple[dict[str, Any], list[float]]:
     """``vllm`` (prefix cache off) or ``vllm+shared`` (on): the same passes as :func:`run_mode`, on
-    :class:`~verl_async_rm.scoring.vllm_forward.VLLMForward` loaded from ``model`` saved with a word-level tokenizer.
+    :class:`~verl_async_rm.scoring.vllm_engine.VLLMEngine` loaded from ``model`` saved with a word-level tokenizer.
     The prefix cache is emptied before each pass, so ``repeat`` reuses nothing of ``fresh``."""
     import tempfile
 
     from verl_async_rm.scoring.rm_config import RMConfig
-    from verl_async_rm.scoring.vllm_forward import VLLMForward
+    from verl_async_rm.scoring.vllm_engine import VLLMEngine
 
     path = tempfile.mkdtemp(prefix="bench_rm_vllm_")
     _save_for_vllm(model, path)
@@ -187,7 +187,7 @@ def run_vllm_mode(model: Any, device: Any, mode: str, workload: tuple[list[list[
     longest = max(len(ids) for ids in [*inputs, *warmup[0]])
     config = RMConfig(model_path=path, retemplate="never", micro_batch_max_tokens=budget, use_gpu=device.type != "cpu")
     shared = mode.endswith("+shared")
-    forward = VLLMForward(config, max_length=longest, dtype=model.dtype, device=device, prefix_caching=shared)
+    forward = VLLMEngine(config, max_length=longest, dtype=model.dtype, device=device, prefix_caching=shared)
 
     def one_pass(rows: list[list[int]]) -> list[Any]:
         forward.llm.reset_prefix_cache()

@@ -1,12 +1,9 @@
 """``AsyncRMAgentLoopManager``: verl's agent-loop manager plus one RM service per RM, for v0 and v1.
 
-verl builds the manager with ``.create(config=, llm_client=, teacher_client=, reward_loop_worker_handles=)`` and passes
-nothing else, so it checks the config, starts every RM service at once, lets verl build its agent-loop workers (our
-subclasses) and hands them the services' handles. It then only marks steps and closes the services; a service that
-dies is started again at the next step boundary. verl's v0 ``AgentLoopManager.__init__`` keeps a preset
-``agent_loop_workers_class`` while v1's ``AgentLoopManagerTQ.__init__`` overwrites it: v0 sets it before
-``super().__init__``, v1 after.
-"""
+verl builds the manager with ``.create(config=, llm_client=, ...)`` and passes nothing else: it starts the RM services,
+lets verl build its agent-loop workers (the plugin's subclasses) and hands them the services; then it marks steps and
+restarts a dead service at the next step boundary. verl's v0 ``AgentLoopManager.__init__`` keeps a preset
+``agent_loop_workers_class`` while v1's overwrites it: v0 sets it before ``super().__init__``, v1 after."""
 
 from __future__ import annotations
 
@@ -23,15 +20,13 @@ from verl.utils.ray_utils import auto_await
 
 from verl_async_rm.integration import v1_hooks
 from verl_async_rm.integration.checks import check_v1_trainer, check_verl_config
-from verl_async_rm.integration.drops import apply_drops, check_failures
-from verl_async_rm.integration.ledger import PhaseRecord
+from verl_async_rm.integration.drops import PhaseRecord, apply_drops, check_failures
 from verl_async_rm.integration.agent_loop_worker import remote_worker_class
 from verl_async_rm.integration.token_rewards import place_token_rewards
 from verl_async_rm.config import MAIN
-from verl_async_rm.service.fleet import start_rm_services
 from verl_async_rm.service.metrics import PREFIX, VAL_PREFIX, step_metrics
-from verl_async_rm.service.placement import kill_and_wait, remove_pool_groups
-from verl_async_rm.service.service import kill_quietly, start_rm_service
+from verl_async_rm.service.placement import kill_and_wait, kill_quietly, remove_pool_groups
+from verl_async_rm.service.service import start_rm_service, start_rm_services
 
 logger = logging.getLogger(__name__)
 
@@ -58,10 +53,9 @@ class _AsyncRMSide:
                                for e in self.async_rm_config.models}
         self._entries = {e.name: e for e in self.async_rm_config.models}
         integration = self.async_rm_config.integration
-        self.rm_services = start_rm_services(
-            self.async_rm_config.models, self._service_names, replace_replicas=integration.replace_replicas,
-            max_concurrency=integration.service_max_concurrency,
-        )
+        self.rm_services = start_rm_services(self.async_rm_config.models, self._service_names,
+                                             replace_replicas=integration.replace_replicas,
+                                             max_concurrency=integration.service_max_concurrency)
 
     @property
     def rm_service(self) -> Any:
@@ -73,10 +67,9 @@ class _AsyncRMSide:
 
     def _async_rm_start_service(self, name: str) -> Any:
         entry, integration = self._entries[name], self.async_rm_config.integration
-        return start_rm_service(
-            entry.rm, entry.batching, name=self._service_names[name],
-            replace_replicas=integration.replace_replicas, max_concurrency=integration.service_max_concurrency,
-        )
+        return start_rm_service(entry.rm, entry.batching, name=self._service_names[name],
+                                replace_replicas=integration.replace_replicas,
+                                max_concurrency=integration.service_max_concurrency)
 
     async def _init_agent_loop_workers(self):
         try:
@@ -89,16 +82,10 @@ class _AsyncRMSide:
             raise
 
     async def _async_rm_attach(self, timeout_s: float) -> None:
-        settings = self.async_rm_config
-        integration = settings.integration
-        await asyncio.wait_for(
-            asyncio.gather(*(
-                w.async_rm_attach.remote(self.rm_services, settings.mix, integration.request_timeout_s,
-                                         integration.on_error)
-                for w in self.agent_loop_workers
-            )),
-            timeout_s,
-        )
+        mix, integration = self.async_rm_config.mix, self.async_rm_config.integration
+        await asyncio.wait_for(asyncio.gather(*(
+            w.async_rm_attach.remote(self.rm_services, mix, integration.request_timeout_s, integration.on_error)
+            for w in self.agent_loop_workers)), timeout_s)
 
     async def _async_rm_restart_service(self, name: str, cause: BaseException) -> None:
         """Replace a dead (or unresponsive) RM service by a new one (the RM loads again); hand it to the workers."""
@@ -123,9 +110,8 @@ class _AsyncRMSide:
         names = list(self.rm_services)
         return dict(zip(names, await asyncio.gather(*(call(name) for name in names)), strict=True))
 
-    async def _async_rm_end_step(
-        self, trajectories: PhaseRecord | None = None, prefix: str = PREFIX
-    ) -> dict[str, float]:
+    async def _async_rm_end_step(self, trajectories: PhaseRecord | None = None, prefix: str = PREFIX
+                                 ) -> dict[str, float]:
         """End a step on every service: ``async_rm/*`` metrics (the main RM's), plus ``async_rm/<name>/*`` per RM
         when there are several. ``trajectories`` (v1: the workers' record of the phase) gives the trajectory counts
         instead of the service's, which include every phase."""
@@ -138,7 +124,7 @@ class _AsyncRMSide:
         return metrics
 
     def shutdown(self) -> None:
-        """Close the RM services (pending requests fail with ExecutorClosedError; replicas and pools released)."""
+        """Close the RM services (waiting requests fail with BatcherClosedError; replicas and pools released)."""
         services, self.rm_services = dict(getattr(self, "rm_services", None) or {}), {}
         for name, service in services.items():
             try:
@@ -182,13 +168,9 @@ class AsyncRMAgentLoopManagerV0(_AsyncRMSide, AgentLoopManager):
 
 
 class AsyncRMAgentLoopManagerV1(_AsyncRMSide, AgentLoopManagerTQ):
-    """For the v1 trainer (``trainer.use_v1=True``, TransferQueue): ``generate_sequences`` only dispatches.
-
-    A ``generate_sequences`` call is not a step (refills, validation, async modes); the step boundaries come from
-    verl's fit loop, through :mod:`~verl_async_rm.integration.v1_hooks`, which calls :meth:`async_rm_close`. In the
-    ``sync`` trainer mode each training batch announces its trajectory count (``expect``), so the step's last batch
-    flushes the moment its last trajectory arrives; the async modes rely on ``max_wait_ms``.
-    """
+    """For the v1 trainer (TransferQueue): ``generate_sequences`` only dispatches. The step boundaries come from
+    verl's fit loop (:mod:`~verl_async_rm.integration.v1_hooks`); in the ``sync`` trainer mode each batch announces its
+    trajectory count (``drain_after``), so its last RM batch leaves the moment its last trajectory arrives."""
 
     def __init__(self, config, llm_client, teacher_client=None, reward_loop_worker_handles=None):
         super().__init__(config, llm_client, teacher_client, reward_loop_worker_handles)
@@ -204,20 +186,20 @@ class AsyncRMAgentLoopManagerV1(_AsyncRMSide, AgentLoopManagerTQ):
 
     def generate_sequences(self, prompts) -> None:
         """Dispatch a batch of prompts (verl v1 semantics: returns once the agent loops are started)."""
-        expected = None
+        step_size = None
         if self._trainer_mode == "sync":
-            expected = _v1_expected(prompts, self.config.actor_rollout_ref.rollout)
-        if expected or not self._dispatched:
-            self._v1_before_dispatch(expected)
+            step_size = _v1_batch_size(prompts, self.config.actor_rollout_ref.rollout)
+        if step_size or not self._dispatched:
+            self._v1_before_dispatch(step_size)
         super().generate_sequences(prompts)
 
     @auto_await
-    async def _v1_before_dispatch(self, expected: int | None) -> None:
+    async def _v1_before_dispatch(self, step_size: int | None) -> None:
         if not self._dispatched:  # the first window starts here, not when the pool was built
-            await self._async_rm_control("begin_step", expected)
+            await self._async_rm_control("begin_step", step_size)
             self._dispatched = True
-        elif expected:
-            await self._async_rm_control("expect", expected)
+        elif step_size:
+            await self._async_rm_control("drain_after", step_size)
 
     @auto_await
     async def async_rm_close(self, phase: str, global_steps: int | None = None) -> dict[str, float]:
@@ -259,9 +241,8 @@ class AsyncRMAgentLoopManagerV1(_AsyncRMSide, AgentLoopManagerTQ):
 
     async def _async_rm_collect(self, phase: str) -> PhaseRecord:
         records = await asyncio.wait_for(
-            asyncio.gather(*(w.async_rm_pop_ledger.remote(phase) for w in self.agent_loop_workers)),
-            CONTROL_TIMEOUT_S,
-        )
+            asyncio.gather(*(w.async_rm_pop_record.remote(phase) for w in self.agent_loop_workers)),
+            CONTROL_TIMEOUT_S)
         return functools.reduce(PhaseRecord.merge, records, PhaseRecord())
 
 
@@ -274,15 +255,11 @@ class AsyncRMAgentLoopManager:
     @classmethod
     def create(cls, config, llm_client, teacher_client=None, reward_loop_worker_handles=None):
         impl = AsyncRMAgentLoopManagerV1 if config.trainer.get("use_v1", True) else AsyncRMAgentLoopManagerV0
-        return impl.create(
-            config=config,
-            llm_client=llm_client,
-            teacher_client=teacher_client,
-            reward_loop_worker_handles=reward_loop_worker_handles,
-        )
+        return impl.create(config=config, llm_client=llm_client, teacher_client=teacher_client,
+                           reward_loop_worker_handles=reward_loop_worker_handles)
 
 
-def _v1_expected(prompts: Any, rollout_config: Any) -> int | None:
+def _v1_batch_size(prompts: Any, rollout_config: Any) -> int | None:
     """Trajectories a v1 batch will produce, or None when per-prompt ``__rollout_n__`` makes it unknown here."""
     keys = set(prompts.keys())
     if "__rollout_n__" in keys:

@@ -1,16 +1,9 @@
 """Agent-loop workers that send each finished trajectory to every RM service the moment its agent loop ends.
 
-The override of verl's ``AgentLoopWorker._compute_score`` (called in the trajectory's own task) awaits every RM's
-score, then runs verl's own ``_compute_score`` (the user's reward manager, which sees the scores in ``extra_info``) and
-mixes both (:meth:`~verl_async_rm.integration.reward_mix.RewardMix.finish`). An agent loop that already set
-``reward_score`` is left alone, as verl does. If an RM fails for a trajectory, it has no reward:
-
-- v1 trainer: its session raises whatever ``on_error`` says, so verl gives its group its own ``failure`` path; the
-  manager applies ``on_error`` at the end of the step, from the workers' ledgers;
-- v0 trainer: ``on_error='raise'`` fails the trajectory (and the step); ``'drop'`` still runs the reward manager
-  (``rm_score`` NaN: verl stacks the same keys for every sample) and gives it a NaN reward flagged ``rm_dropped``,
-  which the v0 manager excludes.
-"""
+The override of verl's ``AgentLoopWorker._compute_score`` (in the trajectory's own task) awaits every RM's score,
+runs verl's own ``_compute_score`` (the reward manager, which sees the scores in ``extra_info``) and mixes both. A
+trajectory an RM failed has no reward: on v1 its session raises (verl's ``failure`` path; the manager applies
+``on_error`` at the step's end); on v0 ``on_error='drop'`` gives it a NaN reward flagged ``rm_dropped``."""
 
 from __future__ import annotations
 
@@ -26,12 +19,10 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
 
 from verl_async_rm.errors import AsyncRMError, RMServiceLostError, remote_cause
-from verl_async_rm.integration.ledger import Failure, PhaseRecord, TrajectoryLedger
+from verl_async_rm.integration.drops import Failure, PhaseRecord, PhaseRecords
 from verl_async_rm.integration.reward_mix import RewardMix, with_rm_scores
 from verl_async_rm.integration.token_rewards import TOKEN_REWARDS_KEY, token_placement, with_token_rewards
-from verl_async_rm.request import RMRequest
-from verl_async_rm.scoring.judge_text import Verdict
-from verl_async_rm.scoring.process import Score, StepRewards, score_value
+from verl_async_rm.request import RMRequest, Score, StepRewards
 from verl_async_rm.service.client import score_with_timeout
 
 logger = logging.getLogger(__name__)
@@ -54,7 +45,7 @@ class AsyncRMWorkerMixin:
     #: v1: a failed RM score always fails the trajectory's session (verl's own failure path); the manager applies
     #: ``on_error`` at the step's end. v0: ``on_error='drop'`` hands the error on to the reward manager instead.
     _async_rm_fail_session: bool = False
-    _async_rm_ledger: TrajectoryLedger | None = None
+    _async_rm_records: PhaseRecords | None = None
     #: v1: a token-level reward replaces the trajectory's output (verl builds ``rm_scores`` from it); v0: it travels
     #: in ``extra_fields`` to the manager, which rewrites ``rm_scores``.
     _async_rm_replace_output: bool = False
@@ -70,14 +61,14 @@ class AsyncRMWorkerMixin:
         self._async_rm_on_error = on_error
         return True
 
-    async def async_rm_pop_ledger(self, phase: str) -> PhaseRecord:
+    async def async_rm_pop_record(self, phase: str) -> PhaseRecord:
         """This worker's record of ``phase`` since the previous call (collected by the manager at a step's end)."""
-        return self._ledger().pop(phase)
+        return self._records().pop(phase)
 
-    def _ledger(self) -> TrajectoryLedger:
-        if self._async_rm_ledger is None:
-            self._async_rm_ledger = TrajectoryLedger()
-        return self._async_rm_ledger
+    def _records(self) -> PhaseRecords:
+        if self._async_rm_records is None:
+            self._async_rm_records = PhaseRecords()
+        return self._async_rm_records
 
     async def _compute_score(self, outputs: list, kwargs: dict) -> None:
         final = outputs[-1]
@@ -85,22 +76,19 @@ class AsyncRMWorkerMixin:
             await super()._compute_score(outputs, kwargs)  # type: ignore[misc]
             return
         start = time.perf_counter()
-        phase, ledger = _PHASE.get(), self._ledger()
+        phase, records = _PHASE.get(), self._records()
         trajectory = f"{kwargs.get('uid', '?')}/{kwargs.get('session_id', 0)}"
-        answers, failure = await self._async_rm_scores(final, kwargs, trajectory)
-        steps = {name: s for name, s in answers.items() if isinstance(s, StepRewards)}
-        verdicts = {name: s.text for name, s in answers.items() if isinstance(s, Verdict)}
-        scores = {name: score_value(s) for name, s in answers.items()}
+        scores, failure = await self._async_rm_scores(final, kwargs, trajectory)
         error = None
         if failure is not None:
             error = _describe(failure)
-            ledger.failed(phase, Failure(trajectory, _int_or_none(kwargs.get("global_steps")), error,
+            records.failed(phase, Failure(trajectory, _int_or_none(kwargs.get("global_steps")), error,
                                          cause=Failure.portable(failure)))
             if self._async_rm_fail_session or self._async_rm_on_error != "drop":
                 raise failure
             logger.warning("verl_async_rm: no RM score for trajectory %s (dropped): %s", trajectory, error)
         else:
-            ledger.scored(phase)
+            records.scored(phase)
         rm_s = time.perf_counter() - start
         # the reward manager's function sees the RM scores in extra_info (a copy: the dataset's stays as it was)
         extra_info = with_rm_scores(kwargs.get("extra_info"), scores)
@@ -108,14 +96,12 @@ class AsyncRMWorkerMixin:
         final.reward_score, final.extra_fields["reward_extra_info"] = self._async_rm_mix.finish(
             {"reward_score": final.reward_score, "reward_extra_info": final.extra_fields.get("reward_extra_info")},
             scores, data_source=kwargs.get("data_source"), extra_info=extra_info, fn=self._async_rm_combine,
-            error=error, flag_drops=self._async_rm_on_error == "drop", verdicts=verdicts,
-        )
+            error=error, flag_drops=self._async_rm_on_error == "drop")
         # verl times only its own reward-loop call (AgentLoopWorker._compute_score): count the RM wait there too
         final.metrics.compute_score = (final.metrics.compute_score or 0.0) + rm_s
-        if steps and error is None:
-            placement = token_placement(
-                final.reward_score, steps, self._async_rm_mix.weights, len(final.response_ids)
-            )
+        if error is None and any(isinstance(s, StepRewards) for s in scores.values()):
+            placement = token_placement(final.reward_score, scores, self._async_rm_mix.weights,
+                                        len(final.response_ids))
             if self._async_rm_replace_output:
                 outputs[-1] = with_token_rewards(final, placement)
             else:
@@ -123,27 +109,20 @@ class AsyncRMWorkerMixin:
         elif self._async_rm_mix.token_level and not self._async_rm_replace_output:
             final.extra_fields[TOKEN_REWARDS_KEY] = None  # verl stacks the same extra_fields for every sample
 
-    async def _async_rm_scores(
-        self, final: Any, kwargs: dict, trajectory: str
-    ) -> tuple[dict[str, Score], BaseException | None]:
-        """The trajectory's raw score from every RM at once (ready when the last answers), and the first failure.
-        A token-level process RM's score is its :class:`StepRewards`."""
+    async def _async_rm_scores(self, final: Any, kwargs: dict, trajectory: str
+                               ) -> tuple[dict[str, Score], BaseException | None]:
+        """The trajectory's score from every RM at once (ready when the last answers), as the replicas made them,
+        and the first failure."""
         if not self._async_rm_services or self._async_rm_mix is None:
-            raise AsyncRMError(
-                "this agent-loop worker has no RM service attached: build it through "
-                "verl_async_rm.AsyncRMAgentLoopManager.create(...)"
-            )
+            raise AsyncRMError("this agent-loop worker has no RM service attached: build it through "
+                               "verl_async_rm.AsyncRMAgentLoopManager.create(...)")
         reference = kwargs.get("reward_model")  # verl's datasets: {"ground_truth": ..., "style": ...}
         request = RMRequest.from_agent_loop_output(
             final, uid=trajectory, raw_prompt=kwargs.get("raw_prompt"), group=str(kwargs.get("uid", "?")),
-            ground_truth=reference.get("ground_truth") if isinstance(reference, Mapping) else None,
-        )
+            ground_truth=reference.get("ground_truth") if isinstance(reference, Mapping) else None)
         names = list(self._async_rm_services)
-        answers = await asyncio.gather(
-            *(score_with_timeout(service, request, timeout_s=self._async_rm_timeout_s)
-              for service in self._async_rm_services.values()),
-            return_exceptions=True,
-        )
+        answers = await asyncio.gather(*(score_with_timeout(service, request, timeout_s=self._async_rm_timeout_s)
+                                         for service in self._async_rm_services.values()), return_exceptions=True)
         scores: dict[str, Score] = {}
         failure: BaseException | None = None
         for name, answer in zip(names, answers, strict=True):
@@ -153,8 +132,7 @@ class AsyncRMWorkerMixin:
             if isinstance(answer, ray.exceptions.RayActorError):
                 lost = RMServiceLostError(
                     f"the RM service of RM {name!r} died while trajectory {request.uid} waited for its score "
-                    f"({answer}); the agent-loop manager starts a new one at the next step"
-                )
+                    f"({answer}); the agent-loop manager starts a new one at the next step")
                 lost.__cause__, answer = answer, lost
             elif isinstance(answer, (AsyncRMError, ray.exceptions.RayError)):
                 answer = remote_cause(answer)

@@ -1,7 +1,6 @@
-"""Checks of verl's own keys that the plugin depends on, before anything starts: each failure is a ``ValueError``
-naming the key and the fix, for mistakes that would otherwise fail late or silently (verl's own RM servers enabled,
-the RM on the policy's GPUs with a trainer that cannot put it to sleep, legacy keys verl 0.9.1's ``main_ppo`` ignores, an RM checkpoint that is not a reward model).
-"""
+"""Checks of verl's own keys before anything starts, for mistakes that would fail late or silently: verl's own RM
+servers enabled, the RM on the policy's GPUs with a trainer that cannot put it to sleep, legacy keys verl's
+``main_ppo`` ignores, an RM checkpoint that is not a reward model. Each is a ``ValueError`` naming the key and fix."""
 
 from __future__ import annotations
 
@@ -9,7 +8,8 @@ import logging
 import os
 from typing import Any
 
-from verl_async_rm.config import MAIN, AsyncRMConfig, select as _get
+from verl_async_rm.config import MAIN, AsyncRMConfig
+from verl_async_rm.options import select as _get
 
 logger = logging.getLogger(__name__)
 
@@ -49,14 +49,12 @@ def check_verl_config(config: Any) -> AsyncRMConfig:
             f"legacy keys {shown} are set, but verl's main_ppo ignores the top-level reward_model.* / "
             "custom_reward_function.* / sandbox_fusion.* keys, so the reward pool would not be reserved (and a rule "
             f"function would not be loaded). Launch with `python -m {ENTRY_MODULE}` (same overrides; it migrates "
-            f"them), or write them as {renamed}"
-        )
+            f"them), or write them as {renamed}")
     if _get(config, "reward.reward_model.enable"):
         raise ValueError(
             "reward.reward_model.enable=True makes verl start its own vLLM/SGLang reward-model servers on the reward "
             "GPUs, next to this plugin's RM worker group. Set reward.reward_model.enable=False (the plugin serves "
-            "the RM) and keep reward.reward_model.enable_resource_pool=True"
-        )
+            "the RM) and keep reward.reward_model.enable_resource_pool=True")
     _check_reward_manager(config)
     settings = _check_async_rm_settings(config)
     if settings.rm.placement == "policy_pool":
@@ -74,8 +72,7 @@ def _check_policy_pool(config: Any, settings: AsyncRMConfig) -> None:
             "reward.reward_model.enable_resource_pool=False with trainer.use_v1=False: the RM on the policy's GPUs "
             "sleeps and wakes at the v1 trainer's step boundaries (on_sample_end, on_step_end), which verl's v0 "
             "trainer does not have. Fix: use the v1 trainer (trainer.use_v1=True, verl's default), or give the RM "
-            "its own pool (reward.reward_model.enable_resource_pool=True)"
-        )
+            "its own pool (reward.reward_model.enable_resource_pool=True)")
     sized = (_get(config, "reward.reward_model.n_gpus_per_node"), _get(config, "reward.reward_model.nnodes"))
     trainer = (_get(config, "trainer.n_gpus_per_node"), _get(config, "trainer.nnodes"))
     if sized[1] and sized != trainer:  # verl's default nnodes=0; verl copies the trainer's there at start
@@ -84,8 +81,7 @@ def _check_policy_pool(config: Any, settings: AsyncRMConfig) -> None:
             f"(reward.reward_model.n_gpus_per_node={sized[0]}, nnodes={sized[1]}): without a pool of its own verl "
             f"replaces that size with the trainer's ({trainer[0]} x {trainer[1]}) and the RM runs on the policy's "
             "GPUs, one replica on each. Fix: add reward.reward_model.enable_resource_pool=True to give the RM those "
-            "GPUs, or remove reward.reward_model.n_gpus_per_node / nnodes to share the policy's"
-        )
+            "GPUs, or remove reward.reward_model.n_gpus_per_node / nnodes to share the policy's")
     mode = str(_get(config, "trainer.v1.trainer_mode") or "sync")
     if mode == "separate_async":
         raise ValueError(
@@ -93,8 +89,7 @@ def _check_policy_pool(config: Any, settings: AsyncRMConfig) -> None:
             "keeps the rollout on GPUs of its own, running through the policy's updates, so there is no rollout "
             "phase for the RM to share the trainer's GPUs with (verl refuses its own colocated RM there too). Fix: "
             "use trainer.v1.trainer_mode=sync or colocate_async, or give the RM its own pool "
-            "(reward.reward_model.enable_resource_pool=True)"
-        )
+            "(reward.reward_model.enable_resource_pool=True)")
     room = ResourcePoolManager.max_colocate_count - 1  # the actor's worker takes one place in each bundle
     if len(settings.models) > room:
         raise ValueError(
@@ -102,8 +97,7 @@ def _check_policy_pool(config: Any, settings: AsyncRMConfig) -> None:
             f"({', '.join(e.name for e in settings.models)}): a bundle of verl's policy pool holds "
             f"{ResourcePoolManager.max_colocate_count} processes (verl's ResourcePoolManager.max_colocate_count), one "
             f"of them the actor's, so at most {room} RMs fit beside it. Fix: score with at most {room} RMs, or give "
-            "the RMs pools of their own (reward.reward_model.enable_resource_pool=True)"
-        )
+            "the RMs pools of their own (reward.reward_model.enable_resource_pool=True)")
 
 
 def _check_reward_manager(config: Any) -> None:
@@ -125,8 +119,7 @@ def _check_reward_manager(config: Any) -> None:
                    "with reward.reward_manager.source=importlib")
         raise ValueError(
             f"reward.reward_manager.name={name!r} (source={source!r}) does not resolve to a reward manager: "
-            f"{type(exc).__name__}: {exc}. Fix: {fix}"
-        ) from exc
+            f"{type(exc).__name__}: {exc}. Fix: {fix}") from exc
 
 
 #: verl 0.9.1's v1 trainer modes (``trainer.v1.trainer_mode``, ``trainer/ppo/v1/__init__.py``); all work with the
@@ -143,16 +136,14 @@ def check_v1_trainer(config: Any, on_error: str) -> str:
         logger.warning(
             "verl_async_rm: trainer.v1.trainer_mode=%s is not one of verl 0.9.1's modes %s; the async_rm/* metrics "
             "and on_error reach verl only if its trainer keeps PPOTrainer.step and PPOTrainer._validate",
-            mode, ", ".join(V1_TRAINER_MODES),
-        )
+            mode, ", ".join(V1_TRAINER_MODES))
     if on_error == "drop" and mode == "sync" and not _get(config, "trainer.v1.sampler.sync_refill_failed_groups"):
         raise ValueError(
             "async_rm.on_error=drop with trainer.v1.trainer_mode=sync needs "
             "trainer.v1.sampler.sync_refill_failed_groups=True: a dropped trajectory's group takes verl's failure "
             "path, and verl's sync replay buffer stops the run when every trajectory of a group failed unless it may "
             "refill the group. Fix: add trainer.v1.sampler.sync_refill_failed_groups=True (verl then fetches one "
-            "prompt per dataloader call), or keep +async_rm.on_error=raise"
-        )
+            "prompt per dataloader call), or keep +async_rm.on_error=raise")
     return mode
 
 

@@ -1,15 +1,13 @@
-"""What a failed RM score does to a step: :func:`check_failures` (v1, at the end of a step or validation pass: verl
-already gave the trajectory's group its ``failure`` path) and :func:`apply_drops` (v0, ``on_error='drop'``).
-
-:func:`apply_drops` zeroes a dropped trajectory's ``response_mask`` (verl's ``agg_loss`` leaves fully masked sequences
-out of the policy loss) and replaces its NaN reward by the mean reward of the scored trajectories of its group, so the
-group's mean, which GRPO-style advantages subtract, does not move; a group with none left gets 0.0, which then reaches
-no loss. No reward of a dropped trajectory is ever a silent 0.0 standing in for a score.
-"""
+"""What a failed RM score does to a step: each worker records its trajectories' outcomes per phase
+(:class:`PhaseRecords`), then :func:`check_failures` applies ``on_error`` (v1, at a step's end) or
+:func:`apply_drops` excludes the dropped trajectories (v0): their ``response_mask`` zeroed, their NaN reward replaced
+by their group's mean, so GRPO's baseline does not move. Never a silent 0.0 standing in for a score."""
 
 from __future__ import annotations
 
 import logging
+import pickle
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -19,7 +17,79 @@ from verl_async_rm.errors import RMScoreError, TrajectoryDroppedError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["apply_drops", "check_failures"]
+__all__ = ["apply_drops", "check_failures", "Failure", "PhaseRecord", "PhaseRecords", "PHASES"]
+
+PHASES = ("train", "val")
+#: Failures kept in full per phase between two collections (the rest are only counted): enough to name the first
+#: ones in an error message without holding every traceback of a step where the RM is down.
+_KEEP_FAILURES = 32
+
+
+@dataclass(frozen=True)
+class Failure:
+    """One trajectory that got no RM score: its id (``<uid>/<session>``), its step, the error (``Type: message``)
+    and, where it survives pickling, the exception itself (the cause of ``RMScoreError``)."""
+
+    trajectory: str
+    global_steps: int | None
+    error: str
+    cause: BaseException | None = field(default=None, compare=False, repr=False)
+
+    @staticmethod
+    def portable(err: BaseException) -> BaseException | None:
+        """``err``, or None if it does not pickle (the record travels to the manager)."""
+        try:
+            pickle.dumps(err)
+        except Exception:  # noqa: BLE001 - an unpicklable exception keeps only its text
+            return None
+        return err
+
+    def __str__(self) -> str:
+        step = "" if self.global_steps is None else f" (step {self.global_steps})"
+        return f"trajectory {self.trajectory}{step}: {self.error}"
+
+
+@dataclass
+class PhaseRecord:
+    """Counts of one phase since the last collection (``requests = scored + failed``); ``failures`` holds the first
+    few in full."""
+
+    requests: int = 0
+    scored: int = 0
+    failed: int = 0
+    failures: list[Failure] = field(default_factory=list)
+
+    def merge(self, other: PhaseRecord) -> PhaseRecord:
+        """This record plus ``other`` (the manager adds up its workers' records); keeps the first failures."""
+        return PhaseRecord(requests=self.requests + other.requests, scored=self.scored + other.scored,
+                           failed=self.failed + other.failed,
+                           failures=(self.failures + other.failures)[:_KEEP_FAILURES])
+
+
+class PhaseRecords:
+    """One worker's :class:`PhaseRecord` per phase; :meth:`pop` hands one phase over and starts it again."""
+
+    def __init__(self) -> None:
+        self._records = {phase: PhaseRecord() for phase in PHASES}
+
+    def scored(self, phase: str) -> None:
+        """A trajectory of ``phase`` got its RM score."""
+        record = self._records[phase]
+        record.requests += 1
+        record.scored += 1
+
+    def failed(self, phase: str, failure: Failure) -> None:
+        """A trajectory of ``phase`` got no RM score (an RM, batcher or timeout error)."""
+        record = self._records[phase]
+        record.requests += 1
+        record.failed += 1
+        if len(record.failures) < _KEEP_FAILURES:
+            record.failures.append(failure)
+
+    def pop(self, phase: str) -> PhaseRecord:
+        """The record of ``phase`` since the previous pop; the phase starts again from zero."""
+        record, self._records[phase] = self._records[phase], PhaseRecord()
+        return record
 
 
 def check_failures(record: Any, integration: Any, where: str) -> None:
@@ -34,14 +104,12 @@ def check_failures(record: Any, integration: Any, where: str) -> None:
             f"{record.failed} of {record.requests} trajectories of {where} got no RM score (async_rm.on_error=raise); "
             f"{first}. verl gave their groups its failure path, so nothing was trained on them. Fix: find why the RM "
             "failed (these errors, the RM replicas' logs), or set +async_rm.on_error=drop to go on without them "
-            "within async_rm.drop_budget"
-        ) from cause
+            "within async_rm.drop_budget") from cause
     if record.failed > integration.drop_budget * record.requests:
         raise TrajectoryDroppedError(
             f"{record.failed} of {record.requests} trajectories of {where} got no RM score, more than "
             f"async_rm.drop_budget={integration.drop_budget:g} allows; {first}. Fix: find why the RM fails (these "
-            "errors, the RM replicas' logs), or raise async_rm.drop_budget"
-        ) from cause
+            "errors, the RM replicas' logs), or raise async_rm.drop_budget") from cause
     logger.warning("verl_async_rm: %d of %d trajectories of %s dropped (no RM score): %s", record.failed,
                    record.requests, where, first)
 
@@ -62,8 +130,7 @@ def apply_drops(output: Any, drop_budget: float, uids: Any = None) -> int:
         raise TrajectoryDroppedError(
             f"{count} of {total} trajectories of this step got no RM score, more than async_rm.drop_budget="
             f"{drop_budget:g} allows; first errors: {errors}. Fix: find why the RM fails (these errors, the RM "
-            "replicas' logs), or raise async_rm.drop_budget"
-        )
+            "replicas' logs), or raise async_rm.drop_budget")
     scores = output.batch["rm_scores"]
     totals = torch.nan_to_num(scores.float(), nan=0.0).sum(dim=-1)
     uids = uids if uids is not None else ntb.get("uid")

@@ -1,9 +1,5 @@
-"""verl reward manager ``async_rm``, for users who have none (any verl manager works with the plugin).
-
-It is verl's ``NaiveRewardManager`` that runs the rule only when the reward uses it (``async_rm.rule_weight`` or
-``combine_fn``), so data sources without a rule function work with the RM alone (its reward is 0.0 then). Registered
-when verl's reward-manager registry is first imported (:mod:`verl_async_rm.plugin`).
-"""
+"""verl reward manager ``async_rm``: verl's ``NaiveRewardManager`` that runs the rule only when the reward uses it
+(``rule_weight`` or ``combine_fn``), so data sources without a rule work with the RM alone."""
 
 from __future__ import annotations
 
@@ -36,8 +32,7 @@ class AsyncRMRewardManager(NaiveRewardManager):
             raise RewardModelError(
                 "reward_manager.name=async_rm found no RM score on this trajectory. It needs the package's agent "
                 "loop: +actor_rollout_ref.rollout.agent.agent_loop_manager_class="
-                "verl_async_rm.AsyncRMAgentLoopManager"
-            )
+                "verl_async_rm.AsyncRMAgentLoopManager")
         if not self._uses_rule:
             return {"reward_score": 0.0, "reward_extra_info": {}}
         return await super().run_single(data)

@@ -12,6 +12,7 @@ from typing import Any, Optional
 
 from verl_async_rm.errors import ConfigValueError, RewardModelError
 from verl_async_rm.options import check_options, option
+from verl_async_rm.request import Score, Verdict, score_value
 
 #: Checks of a weight: any finite number.
 _WEIGHT = {"why": "must be a finite number", "fix": "e.g. {key}=1.0"}
@@ -32,19 +33,12 @@ class RewardMix:
 
     rm_weight: float = option(1.0, "weight of the main RM's score (reward.reward_model.*)", **_WEIGHT)
     rule_weight: float = option(
-        0.0,
-        "weight of the reward manager's own reward (with async_rm: verl's rule, custom_reward_function or "
-        "default_compute_score). Default 0.0 with reward_manager.name=async_rm (0 skips the rule, so data sources "
-        "without a rule function work), 1.0 with any other manager",
-        **_WEIGHT,
-    )
+        0.0, "weight of the reward manager's own reward (verl's rule, custom_reward_function...). Default 0.0 with "
+        "reward_manager.name=async_rm (the rule is then skipped), 1.0 with any other manager", **_WEIGHT)
     combine_fn: Optional[str] = option(
-        None,
-        "'package.module:function' called as fn(rm_score=, rule_score=, data_source=, extra_info=, rm_scores=) -> "
-        "float; replaces the weighted sum (rm_scores: RM name -> raw score; required in the signature when "
-        "async_rm.models is set)",
-        str, optional=True, fix="e.g. +async_rm.combine_fn=my_rewards.mix:combine",
-    )
+        None, "'package.module:function' called as fn(rm_score=, rule_score=, data_source=, extra_info=, rm_scores=) "
+        "-> float instead of the weighted sum (rm_scores: RM name -> score; required with async_rm.models)",
+        str, optional=True, fix="e.g. +async_rm.combine_fn=my_rewards.mix:combine")
     #: Weights of the RMs of ``async_rm.models`` (name, weight), set from them; not a user key.
     extra_weights: tuple[tuple[str, float], ...] = field(default=(), metadata={"internal": True})
     #: Names of the RMs whose scores are token-level (process RMs with ``process_reduction='none'``); not a user key.
@@ -60,8 +54,7 @@ class RewardMix:
                 f"async_rm.combine_fn={self.combine_fn!r} cannot be used with token-level rewards (RM(s) "
                 f"{', '.join(self.token_level_rms)} with process_reduction=none): combine_fn returns one number, "
                 "while step rewards are placed on their tokens by weight. Fix: remove async_rm.combine_fn, or set "
-                "process_reduction to min, mean, last or product"
-            )
+                "process_reduction to min, mean, last or product")
         module, _, attr = (self.combine_fn or ":").partition(":")
         if self.combine_fn is not None and not (module and attr):
             raise ConfigValueError("async_rm.combine_fn", self.combine_fn, "must be 'package.module:function'",
@@ -98,16 +91,14 @@ class RewardMix:
         if problem is not None:
             raise ValueError(
                 f"async_rm.combine_fn={self.combine_fn!r}: {problem}; it must name an importable function (its package "
-                "on PYTHONPATH in every Ray worker), e.g. +async_rm.combine_fn=my_rewards.mix:combine"
-            )
+                "on PYTHONPATH in every Ray worker), e.g. +async_rm.combine_fn=my_rewards.mix:combine")
         if _accepts(fn, "rm_scores"):
             return fn
         if self.extra_weights:
             raise ValueError(
                 f"async_rm.combine_fn={self.combine_fn!r} takes no rm_scores parameter, so the scores of "
                 f"async_rm.models ({', '.join(n for n, _ in self.extra_weights)}) would never reach the reward. Fix: "
-                "add rm_scores=None to its signature (a dict: RM name -> raw score, 'main' included)"
-            )
+                "add rm_scores=None to its signature (a dict: RM name -> raw score, 'main' included)")
         return lambda *, rm_scores=None, **kwargs: fn(**kwargs)
 
     def rm_total(self, rm_scores: Mapping[str, float]) -> float:
@@ -126,33 +117,26 @@ class RewardMix:
                    rm_scores=scores)
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
             raise ValueError(
-                f"async_rm.combine_fn {self.combine_fn!r} returned {value!r}; it must return a finite float"
-            )
+                f"async_rm.combine_fn {self.combine_fn!r} returned {value!r}; it must return a finite float")
         return float(value)
 
-    def finish(self, manager_result: Mapping[str, Any], rm_scores: Mapping[str, float], *, data_source: Any = None,
+    def finish(self, manager_result: Mapping[str, Any], rm_scores: Mapping[str, Score], *, data_source: Any = None,
                extra_info: Optional[Mapping] = None, fn: Optional[Callable[..., float]] = None,
-               error: Optional[str] = None, flag_drops: bool = False,
-               verdicts: Optional[Mapping[str, str]] = None) -> tuple[float, dict[str, Any]]:
+               error: Optional[str] = None, flag_drops: bool = False) -> tuple[float, dict[str, Any]]:
         """The trajectory's reward and ``reward_extra_info`` from its reward manager's result and its RM scores.
 
-        ``rm_scores`` are finite (the scorer refuses NaN/inf where the score is made). ``reward_extra_info`` keeps the
-        manager's own keys (one named like a key below becomes ``rule/<key>``) and adds ``rm_score`` (main, raw),
-        ``rm_score_<name>`` for every RM, ``rm_total`` (the weighted RM sum) and ``rule_score`` (the manager's
-        reward), and ``rm_verdict_<name>`` for every judge that writes its verdict (``verdicts``: its text's end; ""
-        when it has none, as verl stacks the keys of all samples). ``error`` (an RM failed, ``on_error='drop'`` on v0): the reward is NaN, never a partial sum, and
-        ``rm_dropped``/``rm_error`` flag it; ``flag_drops`` adds them (0.0, "") to every trajectory, since verl stacks
-        the keys of all samples.
-        """
+        ``reward_extra_info`` keeps the manager's keys (one clashing with ours becomes ``rule/<key>``) and adds
+        ``rm_score``, ``rm_score_<name>``, ``rm_total``, ``rule_score`` and ``rm_verdict_<name>`` ("" when none: verl
+        stacks the keys of all samples). ``error`` (v0, ``on_error='drop'``): the reward is NaN, never a partial sum,
+        flagged by ``rm_dropped`` and ``rm_error``, which ``flag_drops`` adds to every trajectory."""
         manager_info = dict(manager_result.get("reward_extra_info") or {})
         raw_rule = manager_result.get("reward_score")
         missing = [name for name in self.weights if name not in rm_scores]
         if missing and error is None:
             raise RewardModelError(
                 f"no score from RM(s) {missing}: every RM of the run must score the trajectory (a partial sum never "
-                "becomes a reward)"
-            )
-        scores = {name: rm_scores.get(name, math.nan) for name in self.weights}
+                "becomes a reward)")
+        scores = {name: score_value(rm_scores[name]) if name in rm_scores else math.nan for name in self.weights}
         if error is not None:
             reward, total = math.nan, math.nan
             rule_score = _as_float(raw_rule)
@@ -163,7 +147,8 @@ class RewardMix:
                                   extra_info=extra_info, fn=fn)
         own = {RM_SCORE_KEY: scores[MAIN], **{f"rm_score_{name}": s for name, s in scores.items()},
                "rm_total": total, "rule_score": rule_score}
-        own.update({f"rm_verdict_{name}": (verdicts or {}).get(name, "") for name in self.verdict_rms})
+        own.update({f"rm_verdict_{name}": s.text if isinstance(s := rm_scores.get(name), Verdict) else ""
+                    for name in self.verdict_rms})
         if flag_drops or error is not None:
             own.update(rm_dropped=float(error is not None), rm_error=error or "")
         extra = {(f"rule/{k}" if k in own else k): v for k, v in manager_info.items()}
@@ -171,12 +156,13 @@ class RewardMix:
         return reward, extra
 
 
-def with_rm_scores(extra_info: Any, rm_scores: Mapping[str, float]) -> dict[str, Any]:
-    """A copy of the trajectory's ``extra_info`` with ``rm_score`` (main) and ``rm_scores`` (by name) added, for the
-    reward manager's function (verl's managers pass ``extra_info`` to it)."""
+def with_rm_scores(extra_info: Any, rm_scores: Mapping[str, Score]) -> dict[str, Any]:
+    """A copy of the trajectory's ``extra_info`` with ``rm_score`` (main) and ``rm_scores`` (by name) added as
+    numbers, for the reward manager's function (verl's managers pass ``extra_info`` to it)."""
     info = dict(extra_info) if isinstance(extra_info, Mapping) else {}
-    info[RM_SCORE_KEY] = rm_scores.get(MAIN, math.nan)
-    info[RM_SCORES_KEY] = dict(rm_scores)
+    values = {name: score_value(s) for name, s in rm_scores.items()}
+    info[RM_SCORE_KEY] = values.get(MAIN, math.nan)
+    info[RM_SCORES_KEY] = values
     return info
 
 
@@ -194,8 +180,7 @@ def _finite_rule_score(value: Any, data_source: Any) -> float:
         raise ValueError(
             f"the reward manager's reward for data_source={str(data_source)!r} is {value!r}; the reward function "
             "(reward.custom_reward_function or verl's default_compute_score) must return a finite number, or set "
-            "async_rm.rule_weight=0 to leave the manager's reward out"
-        )
+            "async_rm.rule_weight=0 to leave the manager's reward out")
     return score
 
 

@@ -1,10 +1,6 @@
-"""Token-level rewards from process RMs (``process_reduction='none'``): each step's score on the response token where
-that step ends, in verl's per-token ``rm_scores`` (where verl puts the whole reward on the last token).
-
-:func:`token_placement` spreads the reward so the per-token values still sum to ``reward_score``. On v1 the
-trajectory's output becomes a :class:`TokenRewardOutput` that builds ``rm_scores`` from it; on v0 the placement
-travels in ``extra_fields`` and :func:`place_token_rewards` rewrites the batch's ``rm_scores``.
-"""
+"""Token-level rewards of process RMs (``process_reduction='none'``): each step's score on the response token where
+it ends, in verl's ``rm_scores``, summing to the reward. v1: the output becomes a :class:`TokenRewardOutput`; v0: the
+placement travels in ``extra_fields`` and :func:`place_token_rewards` rewrites the batch."""
 
 from __future__ import annotations
 
@@ -16,7 +12,7 @@ import numpy as np
 import torch
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 
-from verl_async_rm.scoring.process import StepRewards
+from verl_async_rm.request import StepRewards
 
 __all__ = ["TOKEN_REWARDS_KEY", "token_placement", "TokenRewardOutput", "with_token_rewards", "place_token_rewards"]
 
@@ -28,14 +24,16 @@ _RESOLUTION = 1e-7
 
 
 def token_placement(
-    reward: float, steps: Mapping[str, StepRewards], weights: Mapping[str, float], response_length: int
+    reward: float, scores: Mapping[str, Any], weights: Mapping[str, float], response_length: int
 ) -> list[tuple[int, float]]:
     """``[(response token index, value), ...]`` whose values sum to ``reward``: each token-level RM's step scores
-    times its weight at their tokens (steps ending on one token add up), the rest (verl's rule, outcome RMs) on the
-    last response token."""
+    (its :class:`StepRewards`) times its weight at their tokens (steps ending on one token add up), the rest (verl's
+    rule, outcome RMs) on the last response token."""
     last = max(response_length - 1, 0)
     placed: dict[int, float] = {}
-    for name, rewards in steps.items():
+    for name, rewards in scores.items():
+        if not isinstance(rewards, StepRewards):
+            continue
         for index, score in zip(rewards.token_index, rewards.scores, strict=True):
             index = min(index, last)
             placed[index] = placed.get(index, 0.0) + weights[name] * score
@@ -62,8 +60,7 @@ def with_token_rewards(output: AgentLoopOutput, placement: list[tuple[int, float
     verl dumps only the set ones)."""
     fields = {name: getattr(output, name) for name in type(output).model_fields}
     return TokenRewardOutput.model_construct(
-        _fields_set=set(output.model_fields_set), **fields, token_rewards=list(placement)
-    )
+        _fields_set=set(output.model_fields_set), **fields, token_rewards=list(placement))
 
 
 def place_token_rewards(output: Any) -> int:

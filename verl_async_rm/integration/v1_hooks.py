@@ -1,12 +1,9 @@
-"""The one place the plugin wraps verl methods: the v1 trainer's ``PPOTrainer.step`` and ``_validate``, and (from the
-first step) the trainer's own ``on_sample_end`` / ``on_step_end`` (:func:`hook_phases`).
+"""The one place the plugin wraps verl methods: the v1 trainer's ``PPOTrainer.step`` and ``_validate``, and the
+trainer's own ``on_sample_end`` / ``on_step_end`` (:func:`hook_phases`).
 
 verl 0.9.1's v1 trainer gives the agent-loop manager no step boundary and no channel to its tracker; its fit loop logs
-what ``step`` puts in ``metrics`` and what ``_validate`` returns. The wrappers close the phase on the manager there:
-its ``async_rm/*`` (``val-async_rm/*``) metrics join verl's, and a lost RM score raises (from verl's own error if verl
-raised first). They do nothing unless the trainer's manager is the plugin's (it has :data:`CLOSE_METHOD`) and are
-installed only when one is built; a trainer class that overrides ``step`` or ``_validate`` bypasses them.
-"""
+what ``step`` puts in ``metrics`` and what ``_validate`` returns, so the wrappers close the phase there. They do
+nothing unless the trainer's manager is the plugin's, and a trainer class that overrides ``step`` bypasses them."""
 
 from __future__ import annotations
 
@@ -55,11 +52,9 @@ def closing(trainer: Any, phase: str, body: Callable[[], T]) -> tuple[T, dict[st
 
 
 def hook_phases(trainer: Any) -> None:
-    """Wrap this trainer's ``on_sample_end`` and ``on_step_end`` (idempotent): after the last sampling of a step
-    (every trajectory of the step's batch is scored by then) the manager's RMs sleep, and once the step has ended
-    (the policy updated, verl's rollout woken by its own ``on_step_end``) they wake, before the next rollout. A no-op
-    unless the RMs are on the policy's GPUs (the manager decides). Each verl trainer mode defines its own hooks, so
-    the instance's methods are wrapped, whatever its class."""
+    """Wrap this trainer's ``on_sample_end`` and ``on_step_end`` (idempotent, per instance: each trainer mode has its
+    own): after a step's last sampling the manager's RMs sleep, after the step they wake (a no-op unless they are on
+    the policy's GPUs)."""
     if getattr(trainer, _PHASES_MARK, False):
         return
     sample_end, step_end = trainer.on_sample_end, trainer.on_step_end

@@ -1,9 +1,6 @@
-"""Checks that the RM path holds a usable HuggingFace reward-model checkpoint, and its guarded loaders.
-
-The worst mistake caught here fails silently otherwise: ``AutoModelForSequenceClassification`` loads a causal-LM
-checkpoint with a *randomly initialised* score head and only logs a warning, so training would run on noise.
-:func:`check_rm_checkpoint` reads only ``config.json`` (no torch), so the driver runs it before any GPU is touched.
-"""
+"""Checks that the RM path holds a usable checkpoint, and its guarded loaders. The worst mistake caught here is
+silent otherwise: ``AutoModelForSequenceClassification`` loads a causal LM with a randomly initialised score head
+and only warns. :func:`check_rm_checkpoint` reads only ``config.json``, so the driver runs it before any GPU."""
 
 from __future__ import annotations
 
@@ -17,14 +14,10 @@ __all__ = ["check_rm_checkpoint", "load_tokenizer", "load_reward_model", "auto_c
 
 #: Architecture name endings of generation models: such a checkpoint has no trained score head.
 _GENERATION_HEADS = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration", "ForMaskedLM")
-_TRUST_FIX = (
-    "set trust_remote_code=True (verl: +async_rm.trust_remote_code=True), only if you trust the Python files in "
-    "that directory"
-)
-_RM_FIX = (
-    "point the RM path (verl: reward.reward_model.model_path) at a trained sequence-classification reward model, "
-    "whose config.json lists an architecture such as Qwen2ForSequenceClassification or LlamaForSequenceClassification"
-)
+_TRUST_FIX = ("set trust_remote_code=True (verl: +async_rm.trust_remote_code=True), only if you trust the Python "
+              "files in that directory")
+_RM_FIX = ("point the RM path (verl: reward.reward_model.model_path) at a trained sequence-classification reward "
+           "model, whose config.json lists an architecture such as Qwen2ForSequenceClassification")
 
 
 def _read_config(model_path: str) -> dict[str, Any]:
@@ -50,20 +43,16 @@ def _native_model_type(model_type: Any) -> bool:
 
 def check_rm_checkpoint(model_path: str, trust_remote_code: bool, reward_kind: str = "outcome") -> None:
     """Raise ``ValueError`` if ``model_path`` cannot be an RM: no ``config.json``; a generation architecture with no
-    reward head (a judge, ``reward_kind='judge'``, needs one instead); custom code (``auto_map``) without ``trust_remote_code`` for an unknown model type or an RM loaded
-    by its own ``AutoModel`` code (transformers would load the bare backbone and drop the reward head)."""
+    reward head (a judge needs one instead); custom code without ``trust_remote_code`` for an unknown model type or an
+    RM loaded by its own ``AutoModel`` code (transformers would load the bare backbone, dropping the reward head)."""
     config = _read_config(model_path)
     auto_map = config.get("auto_map") or {}
     model_type = config.get("model_type")
     own_model = auto_class_name(config, reward_kind) == "AutoModel"
     if auto_map and not trust_remote_code and (own_model or not _native_model_type(model_type)):
-        raise ConfigValueError(
-            "trust_remote_code",
-            False,
-            f"the RM at {model_path} (model_type={model_type!r}) is defined by its own Python code "
-            f"(auto_map in config.json: {sorted(auto_map)}), which runs only with trust_remote_code",
-            _TRUST_FIX,
-        )
+        raise ConfigValueError("trust_remote_code", False, f"the RM at {model_path} (model_type={model_type!r}) is "
+                               f"defined by its own Python code (auto_map: {sorted(auto_map)}), which runs only with "
+                               "trust_remote_code", _TRUST_FIX)
     architectures = [str(a) for a in config.get("architectures") or []]
     if reward_kind == "judge":
         if architectures and not any(a.endswith(_GENERATION_HEADS[:3]) for a in architectures) and not (
@@ -73,36 +62,25 @@ def check_rm_checkpoint(model_path: str, trust_remote_code: bool, reward_kind: s
                 "model_path", model_path, f"its config.json lists architectures={architectures}, not a causal LM, so "
                 "it has no next-token output for a judge to read",
                 "point it at a causal LM (e.g. an instruct model, or Llama-3.1-Nemotron-70B-Reward-HF), or set "
-                "reward_kind='outcome' for a sequence-classification RM",
-            )
+                "reward_kind='outcome' for a sequence-classification RM")
         return
     has_cls_code = bool({"AutoModelForSequenceClassification", "AutoModelForTokenClassification"} & set(auto_map))
-    if (
-        architectures
-        and not has_cls_code
-        and not any("ForSequenceClassification" in a for a in architectures)
-        and all(a.endswith(_GENERATION_HEADS) for a in architectures)
-    ):
-        raise ConfigValueError(
-            "model_path",
-            model_path,
-            f"its config.json lists architectures={architectures}, a generation model with no trained reward head "
-            "(loading it as a sequence classifier would score with a randomly initialised head)",
-            _RM_FIX,
-        )
+    if architectures and not has_cls_code and not any("ForSequenceClassification" in a for a in architectures) \
+            and all(a.endswith(_GENERATION_HEADS) for a in architectures):
+        raise ConfigValueError("model_path", model_path, f"its config.json lists architectures={architectures}, a "
+                               "generation model with no trained reward head (loading it as a sequence classifier "
+                               "would score with a randomly initialised head)", _RM_FIX)
 
 
 def _remote_code_error(err: Exception, path: str, key: str) -> ConfigValueError | None:
     if "trust_remote_code" in str(err):
-        return ConfigValueError(
-            "trust_remote_code", False, f"{key}={path!r} holds custom code that transformers refuses to run", _TRUST_FIX
-        )
+        return ConfigValueError("trust_remote_code", False, f"{key}={path!r} holds custom code that transformers "
+                                "refuses to run", _TRUST_FIX)
     return None
 
 
 def load_tokenizer(path: str, key: str, trust_remote_code: bool) -> Any:
-    """``AutoTokenizer.from_pretrained(path)``; a failure names ``key`` and the fix instead of transformers'
-    argument."""
+    """``AutoTokenizer.from_pretrained(path)``; a failure names ``key`` and the fix."""
     from transformers import AutoTokenizer
 
     try:
@@ -113,15 +91,12 @@ def load_tokenizer(path: str, key: str, trust_remote_code: bool) -> Any:
             raise remote from err
         raise ConfigValueError(
             key, path, f"cannot load a tokenizer from it ({type(err).__name__}: {err})",
-            "point it at a directory holding the tokenizer files (tokenizer.json / tokenizer_config.json)",
-        ) from err
+            "point it at a directory holding the tokenizer files (tokenizer.json / tokenizer_config.json)") from err
 
 
 def auto_class_name(config: dict[str, Any], reward_kind: str = "outcome") -> str:
-    """The transformers auto class that loads this RM: causal LM for judges; token (process RMs) or sequence
-    classification when the
-    architecture or the checkpoint's code provides it, else the checkpoint's own ``AutoModel`` code (InternLM2-Reward,
-    Qwen2.5-Math-PRM style), else token or sequence classification."""
+    """The auto class that loads this RM: causal LM for judges; token (process) or sequence classification when the
+    architecture or the checkpoint's code has it, else the checkpoint's own ``AutoModel`` code (InternLM2-Reward)."""
     auto_map = config.get("auto_map") or {}
     architectures = [str(a) for a in config.get("architectures") or []]
     if reward_kind == "judge":
@@ -135,9 +110,8 @@ def auto_class_name(config: dict[str, Any], reward_kind: str = "outcome") -> str
     return wanted
 
 
-def load_reward_model(
-    path: str, *, trust_remote_code: bool, attn_implementation: str, reward_kind: str = "outcome", **kwargs: Any
-) -> Any:
+def load_reward_model(path: str, *, trust_remote_code: bool, attn_implementation: str, reward_kind: str = "outcome",
+                      **kwargs: Any) -> Any:
     """The RM at ``path`` loaded with :func:`auto_class_name`'s class, refusing (``ValueError``) custom code without
     ``trust_remote_code``, a model type with no such class and a checkpoint that leaves parameters uninitialised; any
     other load failure is a ``RewardModelError``."""
@@ -149,36 +123,25 @@ def load_reward_model(
     class_name = auto_class_name(_read_config(path), reward_kind)
     auto_class = getattr(transformers, class_name)
     try:
-        model, info = auto_class.from_pretrained(
-            path,
-            trust_remote_code=trust_remote_code,
-            attn_implementation=attn_implementation,
-            output_loading_info=True,
-            **kwargs,
-        )
+        model, info = auto_class.from_pretrained(path, trust_remote_code=trust_remote_code, output_loading_info=True,
+                                                 attn_implementation=attn_implementation, **kwargs)
     except (ValueError, ImportError, OSError) as err:
         remote = _remote_code_error(err, path, "model_path") if not trust_remote_code else None
         if remote is not None:
             raise remote from err
         if "Unrecognized configuration class" in str(err):
             what = "token-classification (process RM)" if reward_kind == "process" else "sequence-classification"
-            raise ConfigValueError(
-                "model_path", path, f"transformers has no {what} class for its model type ({class_name})", _RM_FIX
-            ) from err
+            raise ConfigValueError("model_path", path, f"transformers has no {what} class for its model type "
+                                   f"({class_name})", _RM_FIX) from err
         raise RewardModelError(
             f"cannot load the RM from {path} with {class_name}, attn_implementation={attn_implementation!r}, "
             f"trust_remote_code={trust_remote_code}: {err}. Fix: try attn_implementation='eager'; set "
-            "trust_remote_code=True only for an RM you trust"
-        ) from err
+            "trust_remote_code=True only for an RM you trust") from err
     parameters = {name for name, _ in model.named_parameters()}
     missing = sorted(k for k in info.get("missing_keys") or () if k in parameters)
     if missing:
         shown = ", ".join(missing[:5]) + (f" (+{len(missing) - 5} more)" if len(missing) > 5 else "")
-        raise ConfigValueError(
-            "model_path",
-            path,
-            f"the checkpoint has no weights for {shown}, so {type(model).__name__} would score with randomly "
-            "initialised parameters (a causal-LM or base checkpoint given as the RM?)",
-            _RM_FIX,
-        )
+        raise ConfigValueError("model_path", path, f"the checkpoint has no weights for {shown}, so "
+                               f"{type(model).__name__} would score with randomly initialised parameters (a causal-LM "
+                               "or base checkpoint given as the RM?)", _RM_FIX)
     return model

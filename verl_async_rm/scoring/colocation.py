@@ -1,18 +1,7 @@
-"""Does the RM fit beside the policy on one GPU? The memory check of ``placement='policy_pool'``.
-
-With ``reward.reward_model.enable_resource_pool=False`` each RM replica shares a GPU with verl's actor and its rollout
-engine, awake while the rollout runs. Then the GPU holds, at once:
-
-- the rollout engine's share, ``actor_rollout_ref.rollout.gpu_memory_utilization`` of the GPU (vLLM and SGLang
-  reserve it whole, for weights and KV cache);
-- what the actor keeps on the GPU while the rollout runs (:func:`actor_resident_bytes`, an estimate from verl's keys:
-  its FSDP shard of fp32 parameters and Adam's two fp32 moments, unless ``param_offload`` / ``optimizer_offload``
-  move them to the host; a separate reference policy's shard likewise);
-- the RM's weights in its dtype plus one micro-batch's activations (:func:`rm_need_bytes`).
-
-:func:`check_colocated_memory` refuses, before the RM is loaded, a replica whose need exceeds what is left, naming
-the keys and the values that fit.
-"""
+"""Does the RM fit beside the policy on one GPU (``placement='policy_pool'``)? That GPU holds at once the rollout
+engine's ``gpu_memory_utilization`` share, what the actor keeps there during the rollout (:func:`actor_resident_bytes`:
+its FSDP shard of fp32 parameters and Adam moments unless offloaded) and the RM's weights plus one micro-batch
+(:func:`rm_need_bytes`). :func:`check_colocated_memory` refuses, before loading, a replica that does not fit."""
 
 from __future__ import annotations
 
@@ -25,7 +14,6 @@ from verl_async_rm.errors import ConfigValueError
 __all__ = ["actor_resident_bytes", "rm_need_bytes", "check_colocated_memory", "ACTIVATION_FACTOR"]
 
 _GIB = 1024**3
-_ELEMENT_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float64": 8}
 #: One micro-batch's working set, in hidden-state tensors of ``micro_batch_max_tokens x hidden_size``: the residual
 #: stream, the attention's q/k/v/output and the MLP's wider intermediate (about 4x hidden, twice for gated MLPs),
 #: rounded up. An estimate, printed in the error.
@@ -34,15 +22,15 @@ ACTIVATION_FACTOR = 16
 
 def actor_resident_bytes(config: Any) -> int:
     """Bytes of the policy that stay on each GPU while the rollout runs, from verl's keys (module doc)."""
-    from verl_async_rm.config import select
-    from verl_async_rm.scoring.sharding import weights_bytes
+    from verl_async_rm.options import select
+    from verl_async_rm.scoring.sharding import ELEMENT_BYTES, weights_bytes
 
     path = select(config, "actor_rollout_ref.model.path")
     stored = weights_bytes(str(path)) if path else None
     if stored is None:
         return 0
     size, dtype = stored
-    params = size // _ELEMENT_BYTES.get(str(dtype), 2)
+    params = size // ELEMENT_BYTES.get(str(dtype), 2)
     gpus = int(select(config, "trainer.n_gpus_per_node") or 1) * int(select(config, "trainer.nnodes") or 1)
     per_gpu = params / max(1, gpus)
     resident = 0.0
@@ -59,21 +47,19 @@ def actor_resident_bytes(config: Any) -> int:
 def rm_need_bytes(config: Any) -> tuple[int, int] | None:
     """``(weights, one micro-batch)`` bytes of the RM of ``config`` (an ``RMConfig``) on its GPU, from its
     checkpoint; None when the checkpoint has no weight files to size."""
-    from verl_async_rm.scoring.sharding import weights_bytes
+    from verl_async_rm.scoring.sharding import ELEMENT_BYTES, rm_weights_bytes
 
-    stored = weights_bytes(config.model_path)
-    if stored is None:
+    sized = rm_weights_bytes(config)
+    if sized is None:
         return None
-    size, stored_dtype = stored
-    dtype = "bfloat16" if config.dtype == "auto" else config.dtype
-    weights = size * _ELEMENT_BYTES[dtype] // _ELEMENT_BYTES.get(str(stored_dtype), _ELEMENT_BYTES[dtype])
+    weights, dtype = sized
     try:
         model_config = json.loads((Path(config.model_path) / "config.json").read_text())
     except (OSError, ValueError):
         model_config = {}
     text = model_config.get("text_config") or model_config
     hidden = int(text.get("hidden_size") or model_config.get("hidden_size") or 0)
-    batch = config.micro_batch_max_tokens * hidden * _ELEMENT_BYTES[dtype] * ACTIVATION_FACTOR
+    batch = config.micro_batch_max_tokens * hidden * ELEMENT_BYTES[dtype] * ACTIVATION_FACTOR
     return weights, batch
 
 
@@ -111,5 +97,4 @@ def check_colocated_memory(config: Any, device_bytes: int) -> None:
         f"{config.micro_batch_max_tokens}, estimated), and a {device_bytes / _GIB:.1f} GiB GPU has "
         f"{max(0.0, left) / _GIB:.2f} GiB left beside the rollout engine ({utilization:g} of the GPU) and the actor "
         f"({actor / _GIB:.2f} GiB kept on each GPU during the rollout, estimated)",
-        "set one of: " + "; ".join(fixes),
-    )
+        "set one of: " + "; ".join(fixes))

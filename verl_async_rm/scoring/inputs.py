@@ -1,10 +1,6 @@
-"""Turning trajectories into reward-model input (:func:`prepare_input_ids`), and grouping inputs into forward
-passes (:func:`plan_micro_batches`, :func:`plan_packed_micro_batches`): pure functions, no model, no Ray.
-
-Re-templating decodes the response with the policy tokenizer, appends it to ``raw_prompt`` as the assistant turn and
-renders the conversation with the RM's chat template; truncation cuts from the left, keeping the end of the response,
-where the score is read.
-"""
+"""Trajectories into RM input (:func:`prepare_input_ids`: re-rendered with the RM's chat template, or the
+policy's ids reused; cut from the left, keeping the response's end where the score is read) and inputs into
+micro-batches (:func:`plan_micro_batches`, :func:`plan_packed_micro_batches`). Pure functions."""
 
 from __future__ import annotations
 
@@ -14,19 +10,9 @@ from typing import Any
 from verl_async_rm.errors import RewardInputError
 from verl_async_rm.request import RMRequest
 
-__all__ = [
-    "tokenizers_match",
-    "strip_trailing",
-    "conversation_for",
-    "render_conversation",
-    "dedup_bos",
-    "truncate_left",
-    "check_token_ids",
-    "prepare_input_ids",
-    "plan_micro_batches",
-    "plan_packed_micro_batches",
-    "first_fit",
-]
+__all__ = ["tokenizers_match", "strip_trailing", "conversation_for", "render_conversation", "dedup_bos",
+           "truncate_left", "check_token_ids", "prepare_input_ids", "plan_micro_batches", "plan_packed_micro_batches",
+           "first_fit"]
 
 
 def tokenizers_match(policy_tokenizer: Any, rm_tokenizer: Any) -> bool:
@@ -56,15 +42,13 @@ def conversation_for(request: RMRequest, response_text: str | None) -> list[dict
         raise RewardInputError(
             f"trajectory {request.uid}: multi-turn trajectory (num_turns={request.num_turns}) cannot be re-rendered "
             "with the RM's chat template from its token ids; pass RMRequest.messages (the whole conversation), or "
-            "use an RM with the policy's tokenizer and template"
-        )
+            "use an RM with the policy's tokenizer and template")
     if not request.raw_prompt:
         raise RewardInputError(
             f"trajectory {request.uid}: raw_prompt is missing; it is needed to re-render the conversation with the "
             "RM's chat template, because the RM's tokenizer or template differs from the policy's. verl's "
             "RLHFDataset always provides it: a custom dataset or agent loop must keep the prompt's chat messages "
-            "under 'raw_prompt' (or pass RMRequest.messages)"
-        )
+            "under 'raw_prompt' (or pass RMRequest.messages)")
     assert response_text is not None, "the response must be decoded before it can be appended"
     return [*request.raw_prompt, {"role": "assistant", "content": response_text}]
 
@@ -96,28 +80,12 @@ def truncate_left(ids: list[int], max_length: int | None, bos_id: int | None = N
     return ids[len(ids) - max_length :], True
 
 
-def prepare_input_ids(
-    request: RMRequest,
-    *,
-    rm_tokenizer: Any,
-    policy_tokenizer: Any | None,
-    retemplate: bool,
-    response_stop_ids: Iterable[int] | None = None,
-    max_length: int | None = None,
-    id_limit: int | None = None,
-    suffix_ids: Sequence[int] = (),
-) -> tuple[list[int], bool]:
-    """The RM's input ids for one trajectory, and whether they were truncated (``RewardInputError`` if it cannot be
-    turned into RM input).
-
-    Args:
-        retemplate: re-render with the RM's chat template (else reuse ``prompt_ids + response_ids``).
-        response_stop_ids: ids stripped from the end of the response before decoding; default: the policy
-            tokenizer's EOS and pad ids.
-        id_limit: token ids read from the request must lie in ``[0, id_limit)``: the policy tokenizer's size when
-            the response is decoded, the RM's embedding rows when the ids are reused.
-        suffix_ids: ids appended after truncation, within ``max_length`` (the reward token of InternLM2-style RMs).
-    """
+def prepare_input_ids(request: RMRequest, *, rm_tokenizer: Any, policy_tokenizer: Any | None, retemplate: bool,
+                      response_stop_ids: Iterable[int] | None = None, max_length: int | None = None,
+                      id_limit: int | None = None, suffix_ids: Sequence[int] = ()) -> tuple[list[int], bool]:
+    """The RM's input ids for one trajectory and whether they were cut (``RewardInputError`` when there are none).
+    ``id_limit``: ids must lie in ``[0, id_limit)`` (the policy's vocabulary when decoded, the RM's embedding when
+    reused); ``suffix_ids`` (a reward token) are appended after truncation, within ``max_length``."""
     bos_id = rm_tokenizer.bos_token_id
     if not retemplate:
         if id_limit is not None:
@@ -156,8 +124,7 @@ def check_token_ids(request: RMRequest, name: str, limit: int, vocabulary: str) 
             f"trajectory {request.uid}: {name} holds token id {bad}, outside {vocabulary} ({limit} ids). The ids "
             "come from another vocabulary than the one they are read with: check that the policy tokenizer "
             "(actor_rollout_ref.model.tokenizer_path / path) is the one the rollout used, and that retemplate is "
-            "not 'never' for an RM with its own vocabulary"
-        )
+            "not 'never' for an RM with its own vocabulary")
 
 
 def plan_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
@@ -195,11 +162,11 @@ def first_fit(units: list[tuple[int, list[int]]], max_tokens: int) -> list[list[
     batches: list[list[int]] = []
     room: list[int] = []  # tokens left in each batch
     for cost, rows in sorted(units, key=lambda unit: unit[0], reverse=True):
-        slot = next((b for b, left in enumerate(room) if cost <= left), None)
-        if slot is None:
+        fit = next((b for b, left in enumerate(room) if cost <= left), None)
+        if fit is None:
             batches.append(list(rows))
             room.append(max_tokens - cost)
         else:
-            batches[slot].extend(rows)
-            room[slot] -= cost
+            batches[fit].extend(rows)
+            room[fit] -= cost
     return batches

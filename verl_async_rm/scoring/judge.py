@@ -1,26 +1,244 @@
-"""Judge RMs' models (``reward_kind='judge'``): the ``logits`` readout on transformers and the ``generate`` engine
-on vLLM. The prompt and the verdict's text are :mod:`.judge_text`'s.
-
-- ``judge_readout='logits'``: one forward on transformers (the replica's :class:`~.forward.RMForward`, padded or
-  packed). The final norm's output is read at each row's last token (the model computes its LM head at one position
-  only, ``logits_to_keep=1``) and :class:`JudgeLogits` applies the LM head's rows of ``judge_tokens`` to it. The
-  scorer checks it at load against the model's own next-token logits.
-- ``judge_readout='generate'``: :class:`VLLMJudge`, a vLLM engine in the replica's process (greedy, at most
-  ``judge_max_tokens``); the scorer parses each text (:func:`~.judge_text.parse_verdict`).
-"""
+"""The judge kinds (``reward_kind='judge'``): a causal LM asked about the trajectory in ``judge_prompt`` (Jinja, the
+user turn of its chat template), read at its next token (``logits``, transformers, :class:`~.readout.JudgeLogits`,
+checked at load against the model's own logits) or by the verdict it writes (``generate``, vLLM, parsed by
+``judge_pattern``; a verdict that does not parse fails its trajectory, never a default score)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import torch
+from verl_async_rm.errors import ConfigValueError, JudgeVerdictError, RewardInputError
+from verl_async_rm.request import RMRequest, Verdict
+from verl_async_rm.scoring.engine import check_rows, differs
+from verl_async_rm.scoring.inputs import check_token_ids, dedup_bos, strip_trailing
+from verl_async_rm.scoring.outcome import OutcomeKind, RMInput
 
-from verl_async_rm.errors import ConfigValueError
-from verl_async_rm.scoring.judge_text import Generated
-from verl_async_rm.scoring.vllm_forward import VLLMForward
+__all__ = ["JudgeLogitsKind", "JudgeGenerateKind", "Verdict", "compile_prompt", "compile_pattern",
+           "judge_input_ids", "parse_verdict", "judge_token_ids", "final_norm", "VERDICT_CHARS"]
 
-__all__ = ["JudgeLogits", "VLLMJudge", "judge_token_ids", "final_norm"]
+_QUESTION = (
+    "Here is a question and a response to it.\n\nQuestion: {{ prompt }}\n\nResponse: {{ response }}\n"
+    "{% if ground_truth %}\nReference answer: {{ ground_truth }}\n{% endif %}\n"
+)
+DEFAULT_PROMPTS = {
+    "logits": _QUESTION + "Is the response correct? Answer Yes or No.",
+    "generate": _QUESTION + "Grade the response from 0 (wrong) to 10 (correct). Explain briefly, then end with "
+    "'Verdict: <grade>'.",
+}
+DEFAULT_TOKENS = ("Yes", "No")
+DEFAULT_PATTERN = r"Verdict:\s*(-?[0-9]+(?:\.[0-9]+)?)"
+#: Characters of a written verdict kept in ``reward_extra_info`` (its end, where the verdict is).
+VERDICT_CHARS = 300
+_VARIABLES = ("prompt", "response", "messages", "ground_truth")
+
+
+def compile_prompt(text: str) -> Any:
+    """``judge_prompt`` as a sandboxed Jinja template that refuses unknown variables; ``ConfigValueError`` naming
+    ``judge_prompt`` when it does not parse or uses a variable other than prompt, response, messages, ground_truth."""
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    env = ImmutableSandboxedEnvironment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
+    fix = f"write it in Jinja with the variables {', '.join(_VARIABLES)}, e.g. 'Question: {{{{ prompt }}}}'"
+    try:
+        template = env.from_string(text)
+        template.render(prompt="p", response="r", messages=[{"role": "user", "content": "p"}], ground_truth="g")
+    except jinja2.TemplateError as err:
+        raise ConfigValueError("judge_prompt", text, f"{type(err).__name__}: {err}", fix) from None
+    return template
+
+
+def compile_pattern(text: str) -> re.Pattern[str]:
+    """``judge_pattern`` compiled; ``ConfigValueError`` naming it unless it is a valid expression with one group."""
+    try:
+        pattern = re.compile(text)
+    except re.error as err:
+        raise ConfigValueError("judge_pattern", text, f"not a regular expression ({err})",
+                               r"e.g. 'Verdict:\s*([0-9]+)'") from None
+    if pattern.groups != 1:
+        raise ConfigValueError(
+            "judge_pattern", text, f"it has {pattern.groups} groups; the verdict is read from exactly one",
+            r"put the verdict in one group and make the others non-capturing (?:...), e.g. 'Verdict:\s*([0-9]+)'")
+    return pattern
+
+
+def judge_input_ids(request: RMRequest, *, template: Any, tokenizer: Any, policy_tokenizer: Any,
+                    response_stop_ids: Iterable[int], max_length: int | None, id_limit: int | None) -> list[int]:
+    """The judge's input ids for one trajectory: ``judge_prompt`` rendered, as the user turn of the judge's chat
+    template with its generation prompt. ``RewardInputError`` when it is longer than ``max_length`` (cutting it would
+    cut the judge's instructions or its generation prompt)."""
+    if not request.raw_prompt:
+        raise RewardInputError(
+            f"trajectory {request.uid}: raw_prompt is missing; the judge's prompt needs the question as text. verl's "
+            "RLHFDataset always provides it: a custom dataset or agent loop must keep the prompt's chat messages "
+            "under 'raw_prompt'")
+    if id_limit is not None:
+        check_token_ids(request, "response_ids", id_limit, "the policy tokenizer's vocabulary")
+    response = policy_tokenizer.decode(strip_trailing(request.response_ids, response_stop_ids),
+                                       skip_special_tokens=True)
+    messages = request.raw_prompt
+    text = template.render(prompt=_last_user_text(messages), response=response, messages=messages,
+                           ground_truth="" if request.ground_truth is None else request.ground_truth)
+    rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                             tokenize=False)
+    ids = dedup_bos(list(tokenizer(rendered, add_special_tokens=False)["input_ids"]), tokenizer.bos_token_id)
+    if max_length is not None and len(ids) > max_length:
+        raise RewardInputError(
+            f"trajectory {request.uid}: the judge's input is {len(ids)} tokens, more than max_length={max_length} "
+            "(a judge's input is never cut: that would cut its instructions). Fix: raise max_length, or shorten "
+            "judge_prompt or the response length")
+    return ids
+
+
+def _last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
+    for message in reversed(messages):
+        if message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, str):
+                return content
+            if isinstance(content, Sequence):  # multi-part content: its text parts
+                return "".join(str(p.get("text", "")) for p in content if isinstance(p, Mapping))
+    return ""
+
+
+def parse_verdict(text: str, pattern: re.Pattern[str], labels: Mapping[str, float] | None, where: str = "") -> float:
+    """The score in a judge's text: the last match of ``pattern``'s group, as a number or one of ``labels`` (as
+    written, then ignoring case). ``JudgeVerdictError`` (``where``, then the text's end) when there is none or it is
+    not finite."""
+    matches = list(pattern.finditer(text))
+    end = text[-200:]
+    if not matches:
+        raise JudgeVerdictError(f"{where}no match of judge_pattern {pattern.pattern!r} in the judge's text (its end: "
+                                f"{end!r})")
+    verdict = (matches[-1].group(1) or "").strip()
+    if labels:
+        folded = {k.casefold(): v for k, v in labels.items()}
+        value = labels.get(verdict, folded.get(verdict.casefold()))
+        if value is None:
+            raise JudgeVerdictError(f"{where}the verdict {verdict!r} is not one of judge_labels {sorted(labels)} (the "
+                                    f"judge's text ends: {end!r})")
+        return float(value)
+    try:
+        value = float(verdict)
+    except ValueError:
+        raise JudgeVerdictError(f"{where}the verdict {verdict!r} is not a number and no judge_labels are set (the "
+                                f"judge's text ends: {end!r})") from None
+    if not math.isfinite(value):
+        raise JudgeVerdictError(f"{where}the verdict {verdict!r} is not a finite number (the judge's text ends: "
+                                f"{end!r})")
+    return value
+
+
+class JudgeLogitsKind(OutcomeKind):
+    """A judge read at its next token: one transformers forward of its prompt, the judge tokens' logits read."""
+
+    name = "judge"
+    renders = True
+    readout = "logits"
+
+    @classmethod
+    def check(cls, config: Any) -> None:
+        """The judge keys checked, those of the other readout refused, and the defaults filled in."""
+        refusals = {
+            "retemplate": (config.retemplate == "never", "a judge always reads its own prompt, rendered with its chat "
+                           "template", "use retemplate='auto' (the default)"),
+            "score_output_field": (config.score_output_field is not None, "a judge is read at its next token or "
+                                   "from its written verdict", "remove score_output_field"),
+            "gpus_per_replica": (config.gpus_per_replica > 1, "a judge replica holds one GPU (the plugin does not "
+                                 "shard judges yet)", "set gpus_per_replica=1"),
+        }
+        for key in ("judge_tokens",) if cls.readout == "generate" else ("judge_pattern", "judge_labels"):
+            other = "logits" if key == "judge_tokens" else "generate"
+            refusals[key] = (getattr(config, key) is not None, f"it is read only with judge_readout={other}, and "
+                             f"judge_readout is {config.judge_readout!r}", "remove it, or set judge_readout")
+        for key, (bad, why, fix) in refusals.items():
+            if bad:
+                raise ConfigValueError(key, getattr(config, key), why, fix)
+        # the defaults of this readout's keys, where the user set none
+        own = {"judge_tokens": DEFAULT_TOKENS} if cls.readout == "logits" else {"judge_pattern": DEFAULT_PATTERN}
+        for key, value in {"judge_prompt": DEFAULT_PROMPTS[cls.readout], **own}.items():
+            if getattr(config, key) is None:
+                object.__setattr__(config, key, value)
+        compile_prompt(config.judge_prompt)
+        if cls.readout == "generate":
+            compile_pattern(config.judge_pattern)
+
+    def __init__(self, config: Any, rm_tokenizer: Any, text_config: Any, vocab_size: int) -> None:
+        super().__init__(config, rm_tokenizer, text_config, vocab_size)
+        self.suffix_ids = []
+        self.template = compile_prompt(config.judge_prompt)
+        self.room = self.max_length  # the input's tokens at most
+
+    def hf_readout(self, model: Any) -> dict[str, Any]:
+        import inspect
+
+        from verl_async_rm.scoring.readout import JudgeLogits
+
+        self.head_name = "final norm -> judge_tokens"
+        self.token_ids = judge_token_ids(self.rm_tokenizer, self.config.judge_tokens, self.vocab_size,
+                                         self.config.model_path)
+        keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+        return {"head": final_norm(model), "transform": JudgeLogits(model, self.token_ids), "forward_kwargs": keep}
+
+    def build(self, request: RMRequest) -> RMInput:
+        return RMInput(judge_input_ids(request, template=self.template, tokenizer=self.rm_tokenizer,
+                                       policy_tokenizer=self.policy_tokenizer, response_stop_ids=self.response_stop_ids,
+                                       max_length=self.room, id_limit=self.policy_id_limit))
+
+    def verify(self, engine: Any) -> None:
+        """The readout (final norm, judge tokens' LM-head rows) must give what the model's own next-token logits
+        give, on the load-time rows; else ``ConfigValueError`` (an output scaling the plugin does not know)."""
+        import torch
+
+        from verl_async_rm.scoring.packing import pack_rows
+
+        rows = check_rows(self.vocab_size, (9, 4, 6))
+        got = [float(engine.forward_ids([ids])[0]) for ids in rows]
+        reference = []
+        with torch.no_grad():
+            for ids in rows:
+                kwargs: dict[str, Any] = {"input_ids": torch.tensor([ids], device=engine.device)}
+                if engine.kernel == "varlen":  # the model's attention is the packed kernel now
+                    packed = pack_rows([ids], engine.device)
+                    kwargs = {"input_ids": packed.input_ids, "position_ids": packed.position_ids,
+                              **packed.varlen_kwargs()}
+                chosen = engine.model(**kwargs, use_cache=False).logits[0, -1].float()[self.token_ids]
+                reference.append(float(chosen[0] if len(chosen) == 1 else torch.softmax(chosen, dim=-1)[0]))
+        half = next(engine.model.parameters()).dtype in (torch.bfloat16, torch.float16)
+        problem = differs(got, reference, half, f"reading {type(engine.model).__name__} at its final norm gives")
+        if problem is not None:
+            raise ConfigValueError("judge_readout", "logits", f"{problem}, its own next-token logits (an output "
+                                   "scaling the plugin does not apply)", "use judge_readout='generate'")
+
+
+class JudgeGenerateKind(JudgeLogitsKind):
+    """A judge that writes its verdict (vLLM, greedy, at most ``judge_max_tokens``), parsed into the score."""
+
+    readout = "generate"
+    needs_vllm = True
+
+    def __init__(self, config: Any, rm_tokenizer: Any, text_config: Any, vocab_size: int) -> None:
+        super().__init__(config, rm_tokenizer, text_config, vocab_size)
+        self.head_name = "vLLM generate -> judge_pattern"
+        self.pattern = compile_pattern(config.judge_pattern)
+        self.labels = dict(config.judge_labels or ())
+        if self.max_length is not None and self.max_length <= config.judge_max_tokens:
+            raise ConfigValueError(
+                "judge_max_tokens", config.judge_max_tokens, f"the judge's context is max_length={self.max_length} "
+                "tokens, which must hold its input and its verdict", "set judge_max_tokens below max_length (or "
+                "raise max_length)")
+        if self.room is not None:
+            self.room -= config.judge_max_tokens  # the verdict must fit in the engine's context too
+
+    def read(self, request: RMRequest, value: Any, built: RMInput) -> Any:
+        where = f"judge {self.config.model_path}: trajectory {request.uid}: "
+        try:
+            return Verdict(parse_verdict(value.text, self.pattern, self.labels, where), value.text[-VERDICT_CHARS:])
+        except JudgeVerdictError as err:
+            return err
 
 
 def judge_token_ids(tokenizer: Any, strings: Sequence[str], vocab_size: int, path: str) -> list[int]:
@@ -34,8 +252,7 @@ def judge_token_ids(tokenizer: Any, strings: Sequence[str], vocab_size: int, pat
                 f"the judge's tokenizer ({path}) reads {text!r} as {len(encoded)} tokens {encoded}, so there is no "
                 "one next-token logit to read for it",
                 "list strings that are single tokens of the judge's vocabulary (with a leading space where its "
-                "tokenizer writes one, e.g. ' Yes'); tokenizer.tokenize(text) shows how it splits",
-            )
+                "tokenizer writes one, e.g. ' Yes'); tokenizer.tokenize(text) shows how it splits")
         ids.append(int(encoded[0]))
     if len(set(ids)) != len(ids):
         raise ConfigValueError("judge_tokens", list(strings), f"they map to repeated token ids {ids}",
@@ -43,8 +260,10 @@ def judge_token_ids(tokenizer: Any, strings: Sequence[str], vocab_size: int, pat
     return ids
 
 
-def final_norm(model: torch.nn.Module) -> torch.nn.Module:
+def final_norm(model: Any) -> Any:
     """The module whose output the LM head reads (the decoder's final norm); ``ConfigValueError`` if not found."""
+    import torch
+
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", None)
     for name in ("norm", "final_layernorm", "ln_f", "final_layer_norm"):
         module = getattr(decoder, name, None)
@@ -52,59 +271,4 @@ def final_norm(model: torch.nn.Module) -> torch.nn.Module:
             return module
     raise ConfigValueError(
         "judge_readout", "logits", f"{type(model).__name__} has no final norm the plugin knows (norm, ln_f, ...) to "
-        "read the hidden state its LM head reads", "use judge_readout='generate'",
-    )
-
-
-class JudgeLogits(torch.nn.Module):
-    """The LM head's rows of ``judge_tokens`` applied to final hidden states ``(N, H) -> (N, 1)``: the first token's
-    probability renormalised over the listed tokens (two or more), or the token's raw logit (one). Gemma-style
-    ``final_logit_softcapping`` is applied as the model does; other output scalings are caught by the load check."""
-
-    def __init__(self, model: torch.nn.Module, token_ids: Sequence[int]) -> None:
-        super().__init__()
-        head = model.get_output_embeddings()
-        index = torch.tensor(list(token_ids), device=head.weight.device)
-        self.weight = head.weight.detach().index_select(0, index).clone()
-        bias = getattr(head, "bias", None)
-        self.bias = bias.detach().index_select(0, index).clone() if bias is not None else None
-        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
-        self.softcap = getattr(config, "final_logit_softcapping", None)
-
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The listed tokens' next-token logits, ``(N, K)`` float32."""
-        logits = torch.nn.functional.linear(hidden.to(self.weight.dtype), self.weight, self.bias).float()
-        if self.softcap:
-            logits = torch.tanh(logits / self.softcap) * self.softcap
-        return logits
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.logits(hidden)
-        if logits.shape[-1] == 1:
-            return logits
-        return torch.softmax(logits, dim=-1)[..., :1]
-
-
-class VLLMJudge(VLLMForward):
-    """A vLLM generation engine for a judge, in the replica's process: each row's text, greedy (temperature 0), at
-    most ``judge_max_tokens`` tokens. Rows vLLM fails on fail alone (the call is halved), a dead engine ends the
-    replica, and a group's shared judge prompt reuses the prefix cache (:class:`VLLMForward`'s behaviour)."""
-
-    runner = "generate"
-
-    def __init__(self, config: Any, *, max_length: int | None, dtype: torch.dtype, device: torch.device) -> None:
-        super().__init__(config, max_length=max_length, dtype=dtype, device=device)
-        from vllm import SamplingParams
-
-        self._sampling = SamplingParams(temperature=0.0, max_tokens=config.judge_max_tokens, seed=0)
-
-    def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "judge_readout": "generate", "judge_max_tokens": self.config.judge_max_tokens}
-
-    def _run(self, rows: Sequence[Sequence[int]]) -> list[Any]:
-        from vllm.inputs import TokensPrompt
-
-        outputs = self._engine_call(lambda llm: llm.generate(
-            [TokensPrompt(prompt_token_ids=list(ids)) for ids in rows], self._sampling, use_tqdm=False
-        ))
-        return [Generated(out.outputs[0].text, len(out.outputs[0].token_ids)) for out in outputs]
+        "read the hidden state its LM head reads", "use judge_readout='generate'")

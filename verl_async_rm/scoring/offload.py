@@ -1,12 +1,6 @@
-"""``WeightOffload``: an RM's weights off its device and back (the sleep and wake of the RM on the policy's GPUs).
-
-``sleep`` copies every parameter and buffer to host memory (pinned on CUDA, for a fast copy back) and frees the
-device's copy (each tensor's ``data`` becomes an empty tensor, then CUDA's cache is emptied); ``wake`` copies them
-back. The host buffers are allocated by the first sleep and kept: pinning is slow (an 8B RM's 15 GB took 12.2 s to
-allocate and copy on an H200, 1.2 GB/s, against 0.29 s for the copy back), so later sleeps only copy. The module objects stay, so the scorer's forwards, hooks and heads keep their references. Tied weights (one
-``Parameter`` in two places) move once. On a CPU replica the "device" is host memory: the weights still go to a
-separate copy and back, so a sleep/wake cycle is exercised, and measured, the same way.
-"""
+"""``WeightOffload``: an RM's weights to host memory and back (the RM on the policy's GPUs sleeps while the policy
+trains). The pinned host buffers of the first sleep are kept: pinning an 8B RM's 15 GB took 12.2 s on an H200
+against 0.29 s for the wake. Module objects stay, so forwards and hooks keep their references."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
-"""Padding-free (packed) RM forwards: the rows of a micro-batch as one ``(1, T)`` sequence, positions restarting at
-0 for every row, attention kept inside each row; :func:`choose_kernel` picks how:
-
-- ``varlen``: :func:`varlen_attention_forward`, registered with transformers' ``AttentionInterface``, receives the rows'
-  boundaries (``cu_seq_lens_q/k``, which HF passes down to every attention call) and runs a variable-length kernel
-  (flash-attn, else torch's ``varlen_attn``; CUDA only): the rows' own attention, no mask, no per-shape plan. On CPU
-  the same function pads only the attention (:func:`_row_padded_sdpa`), so CPU tests exercise the GPU's wiring;
-- ``mask``: transformers' own packed-sequence detection (restarting ``position_ids``, no mask, no cache) builds a
-  block-diagonal mask: exact, but ``T x T`` work, so only ``packing=true`` takes it.
-"""
+"""Packed forwards: a micro-batch's rows as one ``(1, T)`` sequence, positions restarting per row, attention kept
+in each row. ``varlen`` (:func:`varlen_attention_forward`, registered with transformers' ``AttentionInterface``) runs
+a variable-length kernel on CUDA and pads only the attention on CPU (so CPU tests run the GPU's wiring); ``mask``
+(transformers' own block-diagonal mask, ``T x T`` work) only with ``packing=true``."""
 
 from __future__ import annotations
 
@@ -21,14 +15,8 @@ import numpy as np
 import torch
 
 __all__ = [
-    "VARLEN_ATTENTION",
-    "PackedRows",
-    "pack_rows",
-    "choose_kernel",
-    "varlen_kernel_name",
-    "register_varlen_attention",
-    "varlen_attention_forward",
-]
+    "VARLEN_ATTENTION", "PackedRows", "pack_rows", "choose_kernel", "varlen_kernel_name", "register_varlen_attention",
+    "varlen_attention_forward"]
 
 #: The name the varlen attention function is registered under in transformers' ``AttentionInterface``.
 VARLEN_ATTENTION = "verl_async_rm_varlen"
@@ -48,11 +36,8 @@ class PackedRows:
     def varlen_kwargs(self) -> dict[str, Any]:
         """The keyword arguments HF passes down to every attention call (flash-attention's names)."""
         return {
-            "cu_seq_lens_q": self.cu_seqlens,
-            "cu_seq_lens_k": self.cu_seqlens,
-            "max_length_q": self.max_length,
-            "max_length_k": self.max_length,
-        }
+            "cu_seq_lens_q": self.cu_seqlens, "cu_seq_lens_k": self.cu_seqlens, "max_length_q": self.max_length,
+            "max_length_k": self.max_length}
 
 
 def flat_ids(rows: Sequence[Sequence[int]], total: int) -> np.ndarray:
@@ -80,13 +65,10 @@ def pack_rows(batch: Sequence[Sequence[int]], device: torch.device) -> PackedRow
     total = int(ends[-1])
     # position of token j of the whole pack = j - start of its row
     positions = concat_ranges(np.zeros_like(starts), lengths)
-    return PackedRows(
-        input_ids=to_device(flat_ids(batch, total), device)[None],
-        position_ids=to_device(positions, device)[None],
-        cu_seqlens=to_device(np.concatenate([[0], ends]).astype(np.int32), device),
-        last=to_device(ends - 1, device),
-        max_length=int(lengths.max()),
-    )
+    return PackedRows(input_ids=to_device(flat_ids(batch, total), device)[None],
+                      position_ids=to_device(positions, device)[None],
+                      cu_seqlens=to_device(np.concatenate([[0], ends]).astype(np.int32), device),
+                      last=to_device(ends - 1, device), max_length=int(lengths.max()))
 
 
 # ------------------------------------------------------------------------------------------------------ kernels
@@ -128,15 +110,9 @@ def _torch_varlen() -> Callable[..., torch.Tensor] | None:
 
 
 def _row_padded_sdpa(q, k, v, cu_q, cu_k, max_q, max_k, scale):
-    """The CPU kernel: each segment's attention padded to ``(segments, heads, longest, D)``, one causal
-    ``scaled_dot_product_attention``; ``(T, H, D)`` tensors in and out.
-
-    A segment's ``Lk`` keys sit at positions ``0..Lk-1`` and its ``Lq`` queries at ``Lk-Lq..Lk-1`` (``Lk == Lq``
-    unless a shared prefix precedes the segment's own keys), so the plain causal mask lets query ``i`` see keys
-    ``0..i + Lk - Lq``: causal from the bottom right, as flash-attention does. Exact: a real query never sees a
-    padded key, and padded query positions are never read back. Only the attention is padded; the rest of the model
-    runs on the real tokens.
-    """
+    """The CPU kernel: each segment's attention padded to ``(segments, heads, longest, D)``, one causal sdpa. A
+    segment's queries sit at the end of its keys (a shared prefix first), so the causal mask is aligned bottom-right as
+    flash-attention's; a real query never sees a padded key."""
     del max_q  # queries are placed in the keys' frame
     q_len, k_len = (cu_q[1:] - cu_q[:-1]).long(), (cu_k[1:] - cu_k[:-1]).long()
     segments = len(q_len)
@@ -182,30 +158,19 @@ def varlen_kernel_name(device: torch.device) -> str | None:
     return None
 
 
-def varlen_attention_forward(
-    module: torch.nn.Module,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
-    dropout: float = 0.0,
-    scaling: float | None = None,
-    **kwargs: Any,
-) -> tuple[torch.Tensor, None]:
-    """A transformers attention function for packed rows: ``query`` ``(1, H, T, D)`` -> ``((1, T, H, D), None)``.
-
-    Needs the rows' boundaries in ``kwargs`` (and ``rm_key_index`` when segments read a shared prefix:
-    :mod:`~verl_async_rm.scoring.sharing`). Raises on what it cannot honour (a padding mask, a sliding window, logit
-    soft-capping, attention sinks), so such a model fails the load-time check instead of scoring wrongly.
-    """
+def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                             attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                             **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """transformers attention for packed rows (``cu_seq_lens_q/k`` in ``kwargs``; ``rm_key_index`` for a shared
+    prefix). Raises on what it cannot honour (a padding mask, sliding window, soft-capping, sinks), so such a model
+    fails the load-time check instead of scoring wrongly."""
     unsupported = [k for k in ("sliding_window", "softcap", "s_aux") if kwargs.get(k) is not None]
     if not getattr(module, "is_causal", True):
         unsupported.append("bidirectional attention")
     if attention_mask is not None or unsupported or kwargs.get("cu_seq_lens_q") is None:
         raise RuntimeError(
             f"{VARLEN_ATTENTION}: packed rows only (got attention_mask={attention_mask is not None}, "
-            f"cu_seq_lens_q={kwargs.get('cu_seq_lens_q') is not None}, unsupported={unsupported})"
-        )
+            f"cu_seq_lens_q={kwargs.get('cu_seq_lens_q') is not None}, unsupported={unsupported})")
     if query.shape[0] != 1:
         raise RuntimeError(f"{VARLEN_ATTENTION}: expects one packed row, got a batch of {query.shape[0]}")
     cu_q, max_q = kwargs["cu_seq_lens_q"], int(kwargs["max_length_q"])
@@ -235,13 +200,8 @@ def register_varlen_attention() -> None:
 
 
 def choose_kernel(model: torch.nn.Module, device: torch.device, mode: str, per_token_head: bool) -> tuple[str, str]:
-    """``(kernel, why)`` for ``packing=mode``: ``'varlen'``, ``'mask'`` or ``'padded'``.
-
-    Packing needs attention through transformers' ``AttentionInterface``, full attention in every layer, and a
-    per-token score head. ``auto`` packs only with ``varlen`` (the ``mask`` kernel's ``T x T`` work is slower than
-    padding: tiny RM on CPU, 8192 tokens per forward, 7.5k tok/s against 90k padded); ``true`` packs whenever the
-    model allows it; ``false`` always pads.
-    """
+    """``(kernel, why)`` for ``packing=mode``: ``'varlen'``, ``'mask'`` or ``'padded'``. ``auto`` packs only with
+    ``varlen`` (the mask's ``T x T`` work is slower than padding: 7.5k against 90k tok/s, tiny RM on CPU)."""
     if mode == "false":
         return "padded", "packing=false"
     config = getattr(model, "config", None)

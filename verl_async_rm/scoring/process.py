@@ -1,85 +1,80 @@
-"""Process reward models (PRMs): one score per reasoning step, read at a separator token after each step.
-
-As the public PRMs do (Qwen2.5-Math-PRM's model card): the steps joined and ended by the separator, rendered with the
-RM's chat template; at every separator the probability of the "correct" label is the step's score. Each step maps back
-to the policy's response token where it ends, from character offsets in the decoded response (so whatever the RM's
-tokenizer is). An input longer than ``max_length`` loses the start of the prompt, then its first steps
-(:attr:`ProcessInput.dropped`).
-"""
+"""The process kind (PRM, Qwen2.5-Math-PRM's recipe): the steps joined and ended by a separator token, rendered with
+the RM's chat template; each separator's "correct" probability is its step's score, placed on the response token
+where the step ends. A long input loses its prompt's start, then its first steps."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from verl_async_rm.errors import RewardInputError
-from verl_async_rm.request import RMRequest
-from verl_async_rm.scoring.judge_text import Verdict
-from verl_async_rm.scoring.inputs import (
-    check_token_ids,
-    conversation_for,
-    dedup_bos,
-    render_conversation,
-    strip_trailing,
-    truncate_left,
-)
+from verl_async_rm.errors import ConfigValueError, NonFiniteScoreError, RewardInputError
+from verl_async_rm.request import RMRequest, StepRewards
+from verl_async_rm.scoring.inputs import (check_token_ids, conversation_for, dedup_bos, render_conversation,
+                                          strip_trailing, truncate_left)
+from verl_async_rm.scoring.outcome import OutcomeKind, RMInput, find_head
 
-__all__ = ["Score", "score_value", "StepRewards", "ProcessInput", "split_steps", "step_token_ends",
-           "prepare_process_input", "reduce_steps"]
+__all__ = ["ProcessKind", "StepRewards", "split_steps", "step_token_ends", "prepare_process_input", "reduce_steps"]
 
 
-@dataclass(frozen=True)
-class StepRewards:
-    """A process RM's token-level reward for one trajectory (``process_reduction='none'``): one score per scored
-    step, the response token where each step ends, and the leading steps ``max_length`` left unscored."""
+class ProcessKind(OutcomeKind):
+    """A process RM: its input is always rendered (steps and separators), a value is read at every separator, and
+    the score is their reduction (``process_reduction``), or with ``'none'`` the :class:`StepRewards` themselves."""
 
-    scores: tuple[float, ...]
-    token_index: tuple[int, ...]
-    dropped: int = 0
+    name = "process"
+    renders = True
 
-    def __post_init__(self) -> None:
-        if len(self.scores) != len(self.token_index):
-            raise ValueError("StepRewards needs one token index per score")
+    @staticmethod
+    def check(config: Any) -> None:
+        if not config.step_separator:
+            raise ConfigValueError(
+                "step_separator", config.step_separator, "a process RM needs the token it reads each step's score "
+                "at", "set it to the PRM's step token, e.g. +async_rm.step_separator='<extra_0>' for Qwen2.5-Math-PRM")
+        if config.retemplate == "never":
+            raise ConfigValueError("retemplate", "never", "a process RM's input is always re-rendered, with a "
+                                   "separator after each step", "use retemplate='auto' (the default)")
+        if config.score_output_field is not None:
+            raise ConfigValueError(
+                "score_output_field", config.score_output_field, "a process RM is read from its per-token logits at "
+                "each step separator, not from an output field", "remove score_output_field, or set "
+                "reward_kind='outcome'")
 
-    @property
-    def total(self) -> float:
-        """The trajectory's reward: the sum of its step rewards (what verl's ``rm_scores.sum(-1)`` gives)."""
-        return sum(self.scores, 0.0)
+    def __init__(self, config: Any, rm_tokenizer: Any, text_config: Any, vocab_size: int) -> None:
+        super().__init__(config, rm_tokenizer, text_config, vocab_size)
+        self.suffix_ids = []
+        separator = config.step_separator
+        ids = rm_tokenizer(separator, add_special_tokens=False)["input_ids"]
+        if len(ids) != 1 or ids[0] >= vocab_size:
+            raise ConfigValueError(
+                "step_separator", separator, f"the RM's tokenizer ({config.model_path}) reads it as {len(ids)} "
+                f"token(s) {ids}, so the PRM has no single position to score each step at", "set it to the PRM's own "
+                "step token (one special token of its vocabulary, e.g. '<extra_0>' for Qwen2.5-Math-PRM)")
+        self.separator_id = int(ids[0])
 
+    def hf_readout(self, model: Any) -> dict[str, Any]:
+        self.head_name, head = find_head(model, self.config.score_head)
+        labels, index = int(model.config.num_labels), self.config.process_label_index
+        if not 0 <= index < labels:
+            raise ConfigValueError("process_label_index", index, f"the process RM has {labels} label(s)",
+                                   f"use an index in [0, {labels - 1}] (1 is 'correct' for two-label PRMs)")
+        return {"head": head, "label_index": index}
 
-#: What an RM hands back for one trajectory, from the replica to the reward mix: its score (a finite float, converted
-#: once by the forward's ``.tolist()`` and checked once by the scorer), a token-level process RM's step rewards, or a
-#: judge's parsed verdict with its text.
-Score = float | StepRewards | Verdict
+    def build(self, request: RMRequest) -> RMInput:
+        return prepare_process_input(request, rm_tokenizer=self.rm_tokenizer, policy_tokenizer=self.policy_tokenizer,
+                                     delimiter=self.config.step_delimiter, separator=self.config.step_separator,
+                                     separator_id=self.separator_id, response_stop_ids=self.response_stop_ids,
+                                     max_length=self.max_length, id_limit=self.policy_id_limit)
 
-
-def score_value(score: Score) -> float:
-    """The trajectory-level value of a score: the float itself, the sum of the step rewards, or the verdict's score."""
-    if isinstance(score, StepRewards):
-        return score.total
-    return score.score if isinstance(score, Verdict) else score
-
-
-@dataclass(frozen=True)
-class ProcessInput:
-    """One trajectory's PRM input: the RM's ids, the separator positions read (one per kept step), the response
-    token where each kept step ends, the leading steps cut by ``max_length``, and whether ``ids`` were cut."""
-
-    ids: list[int]
-    positions: list[int]
-    token_index: list[int]
-    dropped: int
-    truncated: bool
+    def read(self, request: RMRequest, value: Any, built: RMInput) -> Any:
+        if not all(math.isfinite(v) for v in value):
+            return NonFiniteScoreError(f"trajectory {request.uid}: the RM returned {value}")
+        if self.config.process_reduction == "none":
+            return StepRewards(tuple(value), tuple(built.token_index or ()), built.dropped)
+        return reduce_steps(value, self.config.process_reduction)
 
 
 def split_steps(text: str, delimiter: str) -> list[tuple[str, int]]:
-    """``(step, end)`` for every non-empty step of ``text`` (``end``: the offset just past the step in ``text``).
-
-    Whitespace-only pieces are skipped; no delimiter gives one step; a text with no non-empty piece gives one step,
-    the whole text.
-    """
+    """``(step, end offset)`` of every non-empty step of ``text``; the whole text when none."""
     steps: list[tuple[str, int]] = []
     start = 0
     for piece in text.split(delimiter):
@@ -113,25 +108,15 @@ def step_token_ends(tokenizer: Any, ids: Sequence[int], char_ends: Iterable[int]
     return out
 
 
-def prepare_process_input(
-    request: RMRequest,
-    *,
-    rm_tokenizer: Any,
-    policy_tokenizer: Any,
-    delimiter: str,
-    separator: str,
-    separator_id: int,
-    response_stop_ids: Iterable[int] | None = None,
-    max_length: int | None = None,
-    id_limit: int | None = None,
-) -> ProcessInput:
+def prepare_process_input(request: RMRequest, *, rm_tokenizer: Any, policy_tokenizer: Any, delimiter: str,
+                          separator: str, separator_id: int, response_stop_ids: Iterable[int] | None = None,
+                          max_length: int | None = None, id_limit: int | None = None) -> RMInput:
     """The PRM input of one single-turn trajectory; ``RewardInputError`` for no ``raw_prompt``, a multi-turn
     trajectory, a response that contains the separator, or a rendering without one separator per step."""
     if request.messages is not None or request.num_turns > 2:
         raise RewardInputError(
             f"trajectory {request.uid}: a process RM scores the steps of one response; multi-turn trajectories "
-            "(messages or num_turns > 2) are not supported"
-        )
+            "(messages or num_turns > 2) are not supported")
     if id_limit is not None:
         check_token_ids(request, "response_ids", id_limit, "the policy tokenizer's vocabulary")
     if response_stop_ids is None:
@@ -141,8 +126,7 @@ def prepare_process_input(
     if separator in text:
         raise RewardInputError(
             f"trajectory {request.uid}: the response contains the step separator {separator!r}, so its steps "
-            "cannot be told apart from the separators the PRM reads"
-        )
+            "cannot be told apart from the separators the PRM reads")
     steps = split_steps(text, delimiter)
     if response:
         token_index = step_token_ends(policy_tokenizer, response, (end for _, end in steps))
@@ -155,8 +139,7 @@ def prepare_process_input(
     if len(found) < len(steps):
         raise RewardInputError(
             f"trajectory {request.uid}: {len(steps)} step(s) but {len(found)} separator token(s) after rendering "
-            f"with the RM's chat template; the template must keep the assistant content as it is"
-        )
+            f"with the RM's chat template; the template must keep the assistant content as it is")
     positions = found[len(found) - len(steps) :]  # a prompt may hold the separator too: the steps' are the last
     bos_id = rm_tokenizer.bos_token_id
     full_length, starts_with_bos = len(ids), bos_id is not None and ids[0] == bos_id
@@ -171,9 +154,8 @@ def prepare_process_input(
         token_index = [token_index[k] for k in kept]
     if not positions:
         raise RewardInputError(
-            f"trajectory {request.uid}: max_length={max_length} leaves no step of the response to score"
-        )
-    return ProcessInput(ids=ids, positions=positions, token_index=token_index, dropped=dropped, truncated=truncated)
+            f"trajectory {request.uid}: max_length={max_length} leaves no step of the response to score")
+    return RMInput(ids, truncated, reads=positions, token_index=token_index, dropped=dropped)
 
 
 def reduce_steps(scores: Sequence[float], reduction: str) -> float:

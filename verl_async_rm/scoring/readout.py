@@ -1,6 +1,6 @@
-"""Where an RM's score is read: the head's output at each row's last real token (outcome RMs), a named field of the
-model's output (custom outputs, ArmoRM style), or several positions per row (process RMs); and how a head's outputs
-become one value (:func:`reduce_outputs`)."""
+"""Where the transformers engine reads an RM: the head's output at each row's last real token (outcome RMs), a named
+field of the model's output (custom outputs, ArmoRM style), several positions per row (process RMs), or a judge's
+next-token logits (:class:`JudgeLogits`); and how a head's outputs become one value (:func:`reduce_outputs`)."""
 
 from __future__ import annotations
 
@@ -10,18 +10,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from verl_async_rm.errors import RewardModelError
-from verl_async_rm.errors import ConfigValueError
+from verl_async_rm.errors import ConfigValueError, RewardModelError
 
 __all__ = [
-    "last_token_logits",
-    "reduce_outputs",
-    "read_index",
-    "per_token_logits",
-    "field_scores",
-    "check_output_field",
-    "check_rows",
-]
+    "last_token_logits", "reduce_outputs", "read_index", "per_token_logits", "field_scores", "check_output_field",
+    "JudgeLogits"]
 
 
 def last_token_logits(per_token: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -54,8 +47,7 @@ def per_token_logits(output: Any, shape: torch.Size) -> torch.Tensor:
     if not isinstance(logits, torch.Tensor) or logits.dim() != 3 or tuple(logits.shape[:2]) != tuple(shape):
         raise RewardModelError(
             f"a process RM must give per-token logits (batch, tokens, labels); got {type(output).__name__} "
-            "without them"
-        )
+            "without them")
     return logits
 
 
@@ -66,8 +58,7 @@ def field_scores(output: Any, name: str, rows: int, reduction: str, index: int) 
         shape = tuple(value.shape) if isinstance(value, torch.Tensor) else type(value).__name__
         raise RewardModelError(
             f"score_output_field={name!r}: expected one value (or one row of values) per input, got {shape} for "
-            f"{rows} row(s)"
-        )
+            f"{rows} row(s)")
     return value.float() if value.dim() == 1 else reduce_outputs(value, reduction, index)
 
 
@@ -88,23 +79,13 @@ def check_output_field(
     elif not bool(torch.isfinite(value.float()).all()):
         problem = f"output.{name} is not finite on a dry forward ({value.tolist()})"
     if problem is not None:
-        raise ConfigValueError(
-            "score_output_field", name, f"{problem}; the output has the fields {_field_names(output)}",
-            "set score_output_field to the field that holds the reward (one value per row)",
-        )
+        raise ConfigValueError("score_output_field", name,
+                               f"{problem}; the output has the fields {_field_names(output)}",
+                               "set score_output_field to the field that holds the reward (one value per row)")
     width = value.shape[1] if value.dim() == 2 else 0
     if width and reduction == "index" and not -width <= index < width:
-        raise ConfigValueError(
-            "score_index", index, f"output.{name} has {width} value(s) per row",
-            f"use an index in [{-width}, {width - 1}] or a score_reduction",
-        )
-
-
-def check_rows(model: torch.nn.Module, lengths: Sequence[int]) -> list[list[int]]:
-    """Rows of random token ids of ``lengths`` (seeded) for load-time checks."""
-    vocab = int(model.get_input_embeddings().num_embeddings)
-    gen = torch.Generator().manual_seed(0)
-    return [torch.randint(0, min(vocab, 1000), (n,), generator=gen).tolist() for n in lengths]
+        raise ConfigValueError("score_index", index, f"output.{name} has {width} value(s) per row",
+                               f"use an index in [{-width}, {width - 1}] or a score_reduction")
 
 
 def _field(output: Any, name: str) -> Any:
@@ -117,3 +98,32 @@ def _field_names(output: Any) -> list[str]:
     if isinstance(output, dict):
         return [str(k) for k in output.keys()]
     return sorted(k for k in vars(output) if not k.startswith("_")) if hasattr(output, "__dict__") else []
+
+
+class JudgeLogits(torch.nn.Module):
+    """The LM head's rows of ``judge_tokens`` applied to final hidden states ``(N, H) -> (N, 1)``: the first token's
+    probability renormalised over the listed tokens (two or more), or the token's raw logit (one). Gemma-style
+    ``final_logit_softcapping`` is applied as the model does; other output scalings are caught by the load check."""
+
+    def __init__(self, model: torch.nn.Module, token_ids: Sequence[int]) -> None:
+        super().__init__()
+        head = model.get_output_embeddings()
+        index = torch.tensor(list(token_ids), device=head.weight.device)
+        self.weight = head.weight.detach().index_select(0, index).clone()
+        bias = getattr(head, "bias", None)
+        self.bias = bias.detach().index_select(0, index).clone() if bias is not None else None
+        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+        self.softcap = getattr(config, "final_logit_softcapping", None)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The listed tokens' next-token logits, ``(N, K)`` float32."""
+        logits = torch.nn.functional.linear(hidden.to(self.weight.dtype), self.weight, self.bias).float()
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        logits = self.logits(hidden)
+        if logits.shape[-1] == 1:
+            return logits
+        return torch.softmax(logits, dim=-1)[..., :1]

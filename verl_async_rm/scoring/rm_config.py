@@ -1,8 +1,5 @@
-"""Settings of an RM replica: :class:`RMConfig`, the only thing the replicas and the scorer receive.
-
-Its fields are typed :func:`~verl_async_rm.options.option` fields, checked by the one converter; the cross-field rules
-follow in ``__post_init__``. It is read from verl's config once, at the boundary (:mod:`verl_async_rm.config`).
-"""
+"""Settings of an RM replica: :class:`RMConfig`, the only thing the replicas and the scorer receive; its kind and
+engine refuse what they cannot do in ``__post_init__``."""
 
 from __future__ import annotations
 
@@ -10,13 +7,16 @@ from dataclasses import dataclass, field
 
 from verl_async_rm.errors import ConfigValueError
 from verl_async_rm.options import check_options, option
+from verl_async_rm.scoring import vllm_engine
+from verl_async_rm.scoring.outcome import kind_class
 
-__all__ = ["RMConfig", "ConfigValueError", "vllm_unsupported", "PLACEMENTS"]
+__all__ = ["RMConfig", "PLACEMENTS"]
 
 #: Where the replicas run: ``own_pool`` (a reward pool of their own, ``reward.reward_model.enable_resource_pool=True``)
 #: or ``policy_pool`` (the bundles of verl's actor/rollout pool, asleep while the policy trains; ``=False``).
 PLACEMENTS = ("own_pool", "policy_pool")
 
+_JUDGE_KEYS = ("judge_prompt", "judge_tokens", "judge_pattern", "judge_labels")
 _POOL_FIX = "set {key} to a positive integer (one RM replica on one GPU: n_gpus_per_node=1, nnodes=1)"
 _SECONDS = {"above": 0, "why": "must be a positive number of seconds", "fix": "set {key}=300"}
 
@@ -25,211 +25,110 @@ _SECONDS = {"above": 0, "why": "must be a positive number of seconds", "fix": "s
 class RMConfig:
     """How to load, feed and place the reward model (RM) worker group."""
 
-    model_path: str = option(
-        "",
-        "Local directory of a HuggingFace sequence-classification RM (config, weights, tokenizer).",
-        why="the RM path is required", fix="set it to the RM's local directory",
-    )
+    model_path: str = option("", "Local directory of a HuggingFace RM (config, weights, tokenizer).",
+                             why="the RM path is required", fix="set it to the RM's local directory")
     policy_tokenizer_path: str | None = option(
-        None,
-        "Local directory of the policy's tokenizer, used to decode responses when the RM's tokenizer or "
-        "chat template differs from the policy's. Required unless retemplate='never'.",
-        str, optional=True,
-    )
+        None, "Local directory of the policy's tokenizer, to decode responses for an RM with another tokenizer or "
+        "template. Required unless retemplate='never'.", str, optional=True)
     retemplate: str = option(
-        "auto",
-        "'auto': re-render the conversation with the RM's chat template only when the RM's tokenizer or "
-        "template differs from the policy's, else reuse the token ids; 'always'; 'never' (reuse the ids).",
-        choices=("auto", "always", "never"), why="unknown mode",
-    )
-    dtype: str = option(
-        "auto",
-        "Weights dtype: 'auto' (bfloat16 on GPU, float32 on CPU), 'bfloat16', 'float16', 'float32'.",
-        choices=("auto", "bfloat16", "float16", "float32"), why="unknown dtype",
-    )
+        "auto", "'auto': re-render the conversation with the RM's chat template when its tokenizer or template "
+        "differs from the policy's, else reuse the ids; 'always'; 'never'.",
+        choices=("auto", "always", "never"), why="unknown mode")
+    dtype: str = option("auto", "Weights dtype: 'auto' (bfloat16 on GPU, float32 on CPU), 'bfloat16', 'float16', "
+                        "'float32'.", choices=("auto", "bfloat16", "float16", "float32"), why="unknown dtype")
     attn_implementation: str = option(
-        "sdpa",
-        "HF attention implementation: 'sdpa', 'eager', 'flash_attention_2', ... Packed forwards with a "
-        "variable-length kernel (see packing) replace it with the plugin's own attention function.",
-        fix="use 'sdpa' or 'eager'",
-    )
-    trust_remote_code: bool = option(
-        False,
-        "Run the model repository's own Python code (RM and policy tokenizer). Only for code you trust.",
-    )
+        "sdpa", "HF attention implementation ('sdpa', 'eager', ...); packed forwards use the plugin's own.",
+        fix="use 'sdpa' or 'eager'")
+    trust_remote_code: bool = option(False, "Run the RM repository's own Python code. Only for code you trust.")
     max_length: int | None = option(
-        None,
-        "Longest RM input in tokens. Longer inputs keep their end (the response) and lose the start of "
-        "the prompt. None: the model's max_position_embeddings.",
-        int, optional=True, least=2, why="must be an integer >= 2 or None", fix="set a token count such as 4096",
-    )
-    score_index: int = option(
-        0,
-        "Which output of a multi-output head is the reward (Python indexing, -1 is the last).",
-        fix="use 0 for one-output RMs",
-    )
+        None, "Longest RM input in tokens; longer ones lose the start of the prompt. None: the model's "
+        "max_position_embeddings.", int, optional=True, least=2, why="must be an integer >= 2 or None",
+        fix="set a token count such as 4096")
+    score_index: int = option(0, "Which output of a multi-output head is the reward (-1: the last).",
+                              fix="use 0 for one-output RMs")
     score_reduction: str = option(
-        "index",
-        "'index' (use score_index) or a reduction over all outputs: 'mean', 'sum', 'max', 'min'.",
-        choices=("index", "mean", "sum", "max", "min"), why="unknown",
-    )
+        "index", "'index' (score_index) or a reduction over all outputs: 'mean', 'sum', 'max', 'min'.",
+        choices=("index", "mean", "sum", "max", "min"), why="unknown")
     score_head: str = option(
-        "auto",
-        "Module whose per-token output holds the scores; the score is read at the last token of the "
-        "attention mask. 'auto' tries 'score', 'v_head', 'classifier'; 'none' uses the model's own pooled "
-        "logits (which decoder RMs pick by pad_token_id).",
-        why="must be a module name", fix="use 'auto'",
-    )
+        "auto", "Module whose per-token output holds the scores, read at the mask's last token. 'auto': 'score', "
+        "'v_head' or 'classifier'; 'none': the model's own pooled logits (picked by pad_token_id).",
+        why="must be a module name", fix="use 'auto'")
     score_output_field: str | None = option(
-        None,
-        "Read the reward from this field of the model's output (e.g. 'score' for ArmoRM-style "
-        "multi-objective RMs whose forward returns a custom output), one value per row or one row of outputs "
-        "(then score_index / score_reduction pick one). Checked on a one-row forward at load. None: the score "
-        "head's per-token output (see score_head).",
+        None, "Read the reward from this field of the model's output (ArmoRM-style RMs: 'score'), one value or one "
+        "row of outputs per input (score_index / score_reduction pick one); checked at load.",
         str, optional=True, why="must be the name of a field of the model's output",
-        fix="use e.g. 'score' (ArmoRM-style RMs), or leave it unset to read the score head",
-    )
+        fix="use e.g. 'score' (ArmoRM-style RMs), or leave it unset to read the score head")
     reward_kind: str = option(
-        "outcome",
-        "'outcome': one score per trajectory; 'process': a process RM (PRM) that scores every reasoning "
-        "step at a separator token (token classification, e.g. Qwen2.5-Math-PRM); see the step_* and process_* "
-        "keys; 'judge': a causal LM asked about the trajectory in judge_prompt, scored at its next token or by the "
-        "verdict it writes (see the judge_* keys).",
-        choices=("outcome", "process", "judge"), why="unknown kind",
-    )
+        "outcome", "'outcome': one score per trajectory; 'process': a PRM scoring every step at a separator token "
+        "(step_* and process_* keys); 'judge': a causal LM asked about the trajectory (judge_* keys).",
+        choices=("outcome", "process", "judge"), why="unknown kind")
     judge_prompt: str | None = option(
-        None,
-        "reward_kind='judge': a Jinja text rendered with prompt (the last user message's text), response (the "
-        "decoded response), messages (the prompt's chat messages) and ground_truth (the dataset's, or ''); it "
-        "becomes the user turn of a one-turn conversation rendered with the judge's chat template and its "
-        "generation prompt. None: a yes/no correctness question (logits) or a 0-10 grade ending in 'Verdict: <n>' "
-        "(generate).",
-        str, optional=True, fix="write it in Jinja, e.g. 'Question: {{ prompt }} Answer: {{ response }} Correct?'",
-    )
+        None, "Judges: Jinja with prompt, response, messages, ground_truth, the user turn of the judge's chat "
+        "template. None: a yes/no question (logits) or a 0-10 grade ending 'Verdict: <n>' (generate).",
+        str, optional=True, fix="write it in Jinja, e.g. 'Question: {{ prompt }} Answer: {{ response }} Correct?'")
     judge_readout: str = option(
-        "logits",
-        "reward_kind='judge': 'logits' (one forward; the score is read at the judge's next token, see "
-        "judge_tokens) or 'generate' (the judge writes up to judge_max_tokens tokens on a vLLM engine in the "
-        "replica, greedy; the verdict is parsed by judge_pattern).",
-        choices=("logits", "generate"), why="unknown readout",
-    )
+        "logits", "Judges: 'logits' (one forward, read at the next token: judge_tokens) or 'generate' (greedy on "
+        "vLLM, at most judge_max_tokens, parsed by judge_pattern).",
+        choices=("logits", "generate"), why="unknown readout")
     judge_tokens: tuple[str, ...] | None = option(
-        None,
-        "judge_readout='logits': the next-token strings read, each one token of the judge's vocabulary. Two or "
-        "more (e.g. [Yes,No]): the score is the first one's probability renormalised over the listed tokens; one "
-        "(e.g. Nemotron-70B-Reward's): that token's raw logit. None: [Yes,No].",
-        tuple, optional=True, fix="e.g. +async_rm.judge_tokens='[Yes,No]'",
-    )
+        None, "judge_readout='logits': next-token strings, one token each; two or more: the first one's probability "
+        "among them; one: its raw logit. None: [Yes,No].", tuple, optional=True,
+        fix="e.g. +async_rm.judge_tokens='[Yes,No]'")
     judge_pattern: str | None = option(
-        None,
-        "judge_readout='generate': a regular expression with one group; its last match in the judge's text gives "
-        "the verdict, a number or one of judge_labels. None: 'Verdict:\\s*(-?[0-9]+(?:\\.[0-9]+)?)'.",
-        str, optional=True, fix="e.g. +async_rm.judge_pattern='Verdict: *([0-9]+)'",
-    )
+        None, "judge_readout='generate': a regex with one group; its last match is the verdict, a number or one of "
+        "judge_labels. None: 'Verdict:\\s*(-?[0-9]+(?:\\.[0-9]+)?)'.", str, optional=True,
+        fix="e.g. +async_rm.judge_pattern='Verdict: *([0-9]+)'")
     judge_labels: tuple[tuple[str, float], ...] | None = option(
-        None,
-        "judge_readout='generate': label -> score for verdicts that are words (matched as written, then "
-        "ignoring case), e.g. {correct: 1, wrong: 0}. None: the verdict must be a number.",
-        dict, optional=True, fix="e.g. +async_rm.judge_labels='{correct:1,wrong:0}'",
-    )
-    judge_max_tokens: int = option(
-        256,
-        "judge_readout='generate': the most tokens the judge writes per trajectory (its verdict must be in them).",
-        least=1, why="must be a positive integer", fix="set e.g. {key}=256",
-    )
+        None, "judge_readout='generate': label -> score for verdicts that are words (as written, then any case), e.g. "
+        "{correct: 1, wrong: 0}. None: the verdict is a number.", dict, optional=True,
+        fix="e.g. +async_rm.judge_labels='{correct:1,wrong:0}'")
+    judge_max_tokens: int = option(256, "judge_readout='generate': the most tokens the judge writes per trajectory.",
+                                   least=1, why="must be a positive integer", fix="set e.g. {key}=256")
     step_delimiter: str = option(
-        "\n\n",
-        "reward_kind='process': how the response text splits into steps (empty steps are skipped); "
-        "'\\n' and '\\t' written on the command line mean newline and tab.",
-        fix="use the default '\\n\\n'",
-    )
+        "\n\n", "Process RMs: how the response splits into steps; '\\n' and '\\t' on the command line mean "
+        "newline and tab.", fix="use the default '\\n\\n'")
     step_separator: str | None = option(
-        None,
-        "reward_kind='process': the token the PRM expects after each step (e.g. '<extra_0>' for "
-        "Qwen2.5-Math-PRM); it must be one token of the RM's vocabulary. Required for process RMs.",
-        str, optional=True,
-    )
+        None, "Process RMs (required): the token the PRM reads each step at, one token of its vocabulary (e.g. "
+        "'<extra_0>' for Qwen2.5-Math-PRM).", str, optional=True)
     process_label_index: int = option(
-        1,
-        "reward_kind='process': the label whose probability (softmax over the labels at each "
-        "separator) is the step's score (1: 'correct' for Qwen2.5-Math-PRM).",
-        least=0, why="must be a label index >= 0", fix="use 1 (the 'correct' label of Qwen2.5-Math-PRM)",
-    )
+        1, "Process RMs: the label whose probability at a separator is the step's score (1: 'correct').",
+        least=0, why="must be a label index >= 0", fix="use 1 (the 'correct' label of Qwen2.5-Math-PRM)")
     process_reduction: str = option(
-        "min",
-        "reward_kind='process': 'min', 'mean', 'last' or 'product' of the step scores give one outcome "
-        "score per trajectory; 'none' gives token-level rewards: each step's score on the response token where "
-        "that step ends (verl's rm_scores), their sum as the trajectory's score.",
-        choices=("min", "mean", "last", "product", "none"), why="unknown reduction",
-    )
+        "min", "Process RMs: 'min', 'mean', 'last' or 'product' of the step scores; 'none': token-level rewards, "
+        "each step's score on the response token where it ends, their sum the trajectory's score.",
+        choices=("min", "mean", "last", "product", "none"), why="unknown reduction")
     engine: str = option(
-        "hf",
-        "What runs the forwards: 'hf' (transformers, the plugin's own padded or packed forwards); 'vllm' (a vLLM "
-        "pooling engine in each replica's process: outcome sequence-classification RMs read at their last token, "
-        "one GPU or CPU per replica; checked against transformers at load, or the replica refuses to start); "
-        "'auto': vLLM where it is installed, serves the RM and passes the load-time check, else transformers "
-        "(the choice and the reason in the replica's log and describe()).",
-        choices=("auto", "hf", "vllm"), why="unknown engine",
-    )
+        "hf", "What runs the forwards: 'hf' (transformers) or 'vllm' (a vLLM pooling engine in each replica, outcome "
+        "RMs on one GPU or CPU, checked against transformers at load). Judges that write run on vLLM.",
+        choices=("hf", "vllm"), why="unknown engine", fix="use 'hf', or 'vllm' (checked against transformers at load)")
     micro_batch_max_tokens: int = option(
-        16384,
-        "Token budget of one forward pass: rows x longest row when padded, the rows' real tokens when "
-        "packed (a shared prompt counted once). A longer single input runs alone.",
+        16384, "Token budget of one forward: rows x longest row padded, real tokens packed (a shared prompt once).",
         least=1, why="must be a positive integer",
-        fix="set a token budget such as 16384 (lower it if the RM runs out of memory)",
-    )
+        fix="set a token budget such as 16384 (lower it if the RM runs out of memory)")
     packing: str = option(
-        "auto",
-        "'auto': packed forwards (a micro-batch's rows as one sequence, no padding, attention kept in "
-        "each row) where the RM's attention allows it and a variable-length kernel exists (CUDA with "
-        "flash-attn or torch's varlen_attn; CPU), checked against padded scores at load, else padded; 'true': "
-        "packed whenever the model allows it, or fail at load; 'false': always padded.",
+        "auto", "'auto': packed forwards (rows as one sequence, no padding) where the RM's attention and a "
+        "variable-length kernel allow it, checked at load, else padded; 'true': packed or fail at load; 'false'.",
         choices=("auto", "true", "false"), why="unknown mode",
-        fix="use one of ('auto', 'true', 'false') ('auto' packs where it is safe)",
-    )
+        fix="use one of ('auto', 'true', 'false') ('auto' packs where it is safe)")
     share_prompts: str = option(
-        "auto",
-        "Sibling trajectories (GRPO responses to one prompt: same uid before the last '/') in one packed "
-        "micro-batch run their longest common prefix of RM tokens once, and each response attends to its keys "
-        "and values; scores are unchanged (checked at load). 'auto': with a CUDA variable-length kernel (on "
-        "CPU the padded attention makes it slower); 'true': with any variable-length kernel, CPU included; "
-        "'false': never.",
-        choices=("auto", "true", "false"), why="unknown mode",
-    )
-    use_gpu: bool = option(
-        True,
-        "False: CPU replicas (tests, demo).",
-    )
+        "auto", "GRPO siblings in one packed forward run their common prefix once (scores unchanged, checked at "
+        "load). 'auto': with a CUDA kernel (on CPU it is slower); 'true': any variable-length kernel; 'false'.",
+        choices=("auto", "true", "false"), why="unknown mode")
+    use_gpu: bool = option(True, "False: CPU replicas (tests, demo).")
     n_gpus_per_node: int = option(
-        1,
-        "GPUs per node of the reward pool (CPU bundles with use_gpu=False); each replica holds "
-        "gpus_per_replica of them (default: a full copy of the RM on each GPU).",
-        least=1, why="the reward pool needs at least one RM replica (GPU) per node", fix=_POOL_FIX,
-    )
-    nnodes: int = option(
-        1,
-        "Nodes of the reward pool; each gets n_gpus_per_node GPUs.",
-        least=1, why="the reward pool needs at least one node", fix=_POOL_FIX,
-    )
+        1, "GPUs (CPU bundles without GPUs) per node of the reward pool, gpus_per_replica per replica.",
+        least=1, why="the reward pool needs at least one RM replica (GPU) per node", fix=_POOL_FIX)
+    nnodes: int = option(1, "Nodes of the reward pool.", least=1, why="the reward pool needs at least one node",
+                         fix=_POOL_FIX)
     gpus_per_replica: int = option(
-        1,
-        "GPUs of one RM replica, all on one node (it must divide n_gpus_per_node): an RM too large for "
-        "one GPU is sharded over them (tensor parallel where the architecture has a plan, else FSDP2); the "
-        "pool holds n_gpus_per_node * nnodes / gpus_per_replica replicas.",
-        least=1, why="a replica needs at least one GPU",
-        fix="set {key}=1 (a full copy of the RM per GPU), or the GPUs one copy needs, e.g. 2 for a 70B RM on 80 "
-        "GB GPUs",
-    )
-    placement_timeout_s: float = option(
-        300.0,
-        "How long to wait for the reward pool's placement groups.",
-        **_SECONDS,
-    )
-    init_timeout_s: float = option(
-        900.0,
-        "How long a replica may take to load the RM.",
-        **_SECONDS,
-    )
+        1, "GPUs of one replica, on one node (a divisor of n_gpus_per_node): an RM too large for one GPU is sharded "
+        "(tensor parallel where the architecture has a plan, else FSDP2).", least=1,
+        why="a replica needs at least one GPU",
+        fix="set {key}=1 (a full copy per GPU), or the GPUs one copy needs, e.g. 2 for a 70B RM on 80 GB GPUs")
+    placement_timeout_s: float = option(300.0, "How long to wait for the reward pool's placement groups.",
+                                        **_SECONDS)
+    init_timeout_s: float = option(900.0, "How long a replica may take to load the RM (and a timed-out call may "
+                                   "take to answer before its replica is replaced).", **_SECONDS)
     placement: str = field(default="own_pool", metadata={"internal": True, "help": (
         "Where the replicas run (PLACEMENTS): 'own_pool', or 'policy_pool' (verl's actor/rollout pool, asleep while "
         "the policy trains); from reward.reward_model.enable_resource_pool.")})
@@ -252,25 +151,25 @@ class RMConfig:
                 self.policy_tokenizer_path,
                 "the policy tokenizer is needed to decode responses and to tell whether the RM can reuse token ids",
                 "set it to the policy model's directory, or set retemplate='never' if the RM shares the policy's "
-                "tokenizer and chat template",
-            )
+                "tokenizer and chat template")
         if self.score_output_field is not None and not self.score_output_field.isidentifier():
-            raise ConfigValueError(
-                "score_output_field", self.score_output_field, "must be the name of a field of the model's output",
-                "use e.g. 'score' (ArmoRM-style RMs), or leave it unset to read the score head",
-            )
-        if self.reward_kind == "process":
-            self._check_process()
-        self._check_judge()
+            raise ConfigValueError("score_output_field", self.score_output_field,
+                                   "must be the name of a field of the model's output",
+                                   "use e.g. 'score' (ArmoRM-style RMs), or leave it unset to read the score head")
+        if self.reward_kind != "judge" and (key := next((k for k in _JUDGE_KEYS if getattr(self, k) is not None),
+                                                        None)) is not None:
+            raise ConfigValueError(key, getattr(self, key), f"it is read only by judge RMs, and reward_kind is "
+                                   f"{self.reward_kind!r}", "set reward_kind='judge', or remove the key")
+        kind_class(self).check(self)
+        vllm_engine.check(self)
         if self.placement not in PLACEMENTS:
             raise ValueError(f"RMConfig.placement={self.placement!r}: one of {PLACEMENTS}")
-        if self.placement == "policy_pool":
-            self._check_policy_pool()
-        if self.engine == "vllm" and (reason := vllm_unsupported(self)) is not None:
+        if self.placement == "policy_pool" and self.gpus_per_replica > 1:
             raise ConfigValueError(
-                "engine", "vllm", reason,
-                "use engine='auto' (vLLM where it can serve the RM, else transformers) or engine='hf'",
-            )
+                "gpus_per_replica", self.gpus_per_replica, "with reward.reward_model.enable_resource_pool=False the "
+                "RM shares the policy's GPUs, one replica on each of them; the plugin does not shard an RM across the "
+                "policy's GPUs", "set gpus_per_replica=1, or give the RM its own pool "
+                "(reward.reward_model.enable_resource_pool=True)")
         k, per_node = self.gpus_per_replica, self.n_gpus_per_node
         if per_node % k:
             node = "a node of the reward pool" if k < per_node else "a node"
@@ -281,80 +180,7 @@ class RMConfig:
                 f"(reward.reward_model.n_gpus_per_node, or async_rm.models.<name>.n_gpus_per_node), which is "
                 f"{'smaller than' if k > per_node else 'not a multiple of'} gpus_per_replica",
                 f"set n_gpus_per_node to a multiple of {k} (e.g. {k * max(1, -(-per_node // k))}), or {{key}} to "
-                f"one of {fits}",
-            )
-
-    def _check_policy_pool(self) -> None:
-        """What the RM on the policy's GPUs cannot do (yet): each refusal names the key and the way out."""
-        why_pool = "with reward.reward_model.enable_resource_pool=False the RM shares the policy's GPUs"
-        if self.gpus_per_replica > 1:
-            raise ConfigValueError(
-                "gpus_per_replica", self.gpus_per_replica,
-                f"{why_pool}, one replica on each of them; the plugin does not shard an RM across the policy's GPUs",
-                "set gpus_per_replica=1, or give the RM its own pool (reward.reward_model.enable_resource_pool=True)",
-            )
-        if self.reward_kind == "judge" and self.judge_readout == "generate":
-            raise ConfigValueError(
-                "judge_readout", "generate",
-                f"{why_pool} and sleeps while the policy trains; a judge that writes its verdict runs on a vLLM "
-                "engine, which the plugin does not put to sleep",
-                "use judge_readout=logits, or give the judge its own pool "
-                "(reward.reward_model.enable_resource_pool=True)",
-            )
-
-    def _check_process(self) -> None:
-        if not self.step_separator:
-            raise ConfigValueError(
-                "step_separator", self.step_separator, "a process RM needs the token it reads each step's score at",
-                "set it to the PRM's step token, e.g. +async_rm.step_separator='<extra_0>' for Qwen2.5-Math-PRM",
-            )
-        if self.retemplate == "never":
-            raise ConfigValueError(
-                "retemplate", "never", "a process RM's input is always re-rendered, with a separator after each step",
-                "use retemplate='auto' (the default)",
-            )
-        if self.score_output_field is not None:
-            raise ConfigValueError(
-                "score_output_field", self.score_output_field,
-                "a process RM is read from its per-token logits at each step separator, not from an output field",
-                "remove score_output_field, or set reward_kind='outcome'",
-            )
-
-    def _check_judge(self) -> None:
-        """Judge keys only with ``reward_kind='judge'``; their values checked and their defaults filled in."""
-        from verl_async_rm.scoring import judge_text as judge
-
-        keys = ("judge_prompt", "judge_tokens", "judge_pattern", "judge_labels")
-        if self.reward_kind != "judge":
-            if (key := next((k for k in keys if getattr(self, k) is not None), None)) is not None:
-                raise ConfigValueError(key, getattr(self, key), f"it is read only by judge RMs, and reward_kind is "
-                                       f"{self.reward_kind!r}", "set reward_kind='judge', or remove the key")
-            return
-        refusals = {
-            "retemplate": (self.retemplate == "never", "a judge always reads its own prompt, rendered with its chat "
-                           "template", "use retemplate='auto' (the default)"),
-            "score_output_field": (self.score_output_field is not None, "a judge is read at its next token or from "
-                                   "its written verdict", "remove score_output_field"),
-        }
-        generate = self.judge_readout == "generate"
-        other = ("judge_pattern", "judge_labels") if not generate else ("judge_tokens",)
-        for key in other:
-            refusals[key] = (getattr(self, key) is not None, f"it is read only with judge_readout="
-                             f"{'generate' if key != 'judge_tokens' else 'logits'}, and judge_readout is "
-                             f"{self.judge_readout!r}", "remove it, or set judge_readout accordingly")
-        refusals["gpus_per_replica"] = (self.gpus_per_replica > 1, "a judge replica holds one GPU (the plugin "
-                                        "does not shard judges yet)", "set gpus_per_replica=1")
-        for key, (bad, why, fix) in refusals.items():
-            if bad:
-                raise ConfigValueError(key, getattr(self, key), why, fix)
-        defaults = judge.defaults(self.judge_readout)
-        for key, value in defaults.items():
-            if getattr(self, key) is None:
-                object.__setattr__(self, key, value)
-        judge.compile_prompt(self.judge_prompt)
-        if generate:
-            judge.compile_pattern(self.judge_pattern)
-            judge.require_vllm()
+                f"one of {fits}")
 
     @property
     def token_level(self) -> bool:
@@ -368,27 +194,5 @@ class RMConfig:
 
     @property
     def num_replicas(self) -> int:
-        """RM replicas in the pool (one executor slot each), of ``gpus_per_replica`` GPUs each."""
+        """RM replicas in the pool (each runs one batch at a time), of ``gpus_per_replica`` GPUs each."""
         return self.replicas_per_node * self.nnodes
-
-
-def vllm_unsupported(config: RMConfig) -> str | None:
-    """Why the plugin cannot score this RM on vLLM, from its settings alone (None: it may; the load decides)."""
-    if config.placement == "policy_pool":
-        return ("the RM on the policy's GPUs sleeps while the policy trains, its weights moved by the plugin's "
-                "transformers path (a vLLM engine in the replica is not put to sleep)")
-    if config.reward_kind == "judge":
-        if config.judge_readout == "generate":
-            return None  # a judge that writes its verdict always runs on vLLM
-        return "a judge's logits readout runs on transformers (judge_readout='generate' runs on vLLM)"
-    if config.reward_kind != "outcome":
-        return "the plugin scores process RMs on transformers only (their steps are read at separator tokens)"
-    if config.score_output_field is not None:
-        return "an output field (score_output_field) is read from the model's own forward, which vLLM does not run"
-    if config.score_head not in ("auto", "score"):
-        return f"vLLM reads the 'score' head of a sequence-classification RM, not score_head={config.score_head!r}"
-    if config.gpus_per_replica > 1:
-        return "a vLLM replica holds one GPU (gpus_per_replica > 1 is served by the transformers path's sharding)"
-    if config.trust_remote_code:
-        return "the RM runs its own code (trust_remote_code=True), which vLLM's model classes do not"
-    return None

@@ -1,11 +1,6 @@
-"""An RM replica larger than one GPU (``gpus_per_replica=k``): ``k`` processes ("ranks") in their own
-``torch.distributed`` group, the RM sharded over them (transformers' tensor-parallel plan where the architecture has
-one that divides by ``k``, else FSDP2), all running the same ``score`` on the same requests, in step.
-
-A forward is a sequence of collectives every rank issues in the same order, so the scorer's failure isolation (a failed
-micro-batch halved and retried) is safe only when every rank failed: :class:`FailureAgreement` checks that, else
-:class:`~verl_async_rm.errors.ShardDesyncError` ends the replica.
-"""
+"""An RM replica over ``gpus_per_replica=k`` GPUs: ``k`` ranks in their own ``torch.distributed`` group, the RM
+sharded (tensor parallel where the architecture has a plan dividing by ``k``, else FSDP2), all scoring the same
+requests in step. Retrying a failed micro-batch is safe only when every rank failed (:class:`FailureAgreement`)."""
 
 from __future__ import annotations
 
@@ -30,7 +25,7 @@ WEIGHTS_SHARE = 0.9
 #: ranks of a failure shared by all stop between the same two collectives, so they report within moments.
 AGREE_S = 10.0
 _GIB = 1024**3
-_ELEMENT_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float64": 8}
+ELEMENT_BYTES = {"float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float64": 8}
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +48,7 @@ def host_store(world_size: int, timeout_s: float, port: int = 0) -> tuple[str, i
     All ranks of a replica are on one node (one bundle), so the store listens on the loopback address."""
     host = "127.0.0.1"
     store = torch.distributed.TCPStore(
-        host, port, world_size, is_master=True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
-    )
+        host, port, world_size, is_master=True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
     return host, store.port, store
 
 
@@ -72,8 +66,7 @@ def join_group(group: ShardGroup, device: torch.device, store: Any = None) -> An
     if device.type == "cuda":
         torch.cuda.set_device(device.index or 0)
     torch.distributed.init_process_group(
-        backend, store=store, rank=group.rank, world_size=group.world_size, timeout=timeout
-    )
+        backend, store=store, rank=group.rank, world_size=group.world_size, timeout=timeout)
     return store
 
 
@@ -83,14 +76,9 @@ def leave_group() -> None:
 
 
 class FailureAgreement:
-    """Lets a rank of a sharded replica retry a failed forward only when it failed on every rank (else
-    ``ShardDesyncError``).
-
-    Called (as ``RMForward``'s failure hook) for each failed forward: the ``n``-th call of every rank is about the same
-    forward. Each call marks this rank's failure in rank 0's store and waits up to ``AGREE_S`` for every rank's mark.
-    Out-of-band on purpose: a rank whose forward succeeded may be waiting in the next collective, where a collective of
-    this rank's retry would pair with the wrong one.
-    """
+    """The failure hook of a sharded replica's engine: the ``n``-th call of every rank is about one forward; each
+    marks its failure in rank 0's store and waits ``AGREE_S`` for every rank's, else ``ShardDesyncError``. Out of band:
+    a rank whose forward succeeded may wait in the next collective."""
 
     def __init__(self, store: Any, rank: int, world_size: int) -> None:
         self.store, self.rank, self.world_size = store, rank, world_size
@@ -115,12 +103,11 @@ class FailureAgreement:
                 self.store.set(key + "apart", str(self.rank))
             raise ShardDesyncError(
                 f"rank {self.rank} of {self.world_size}: a forward failed here ({err!r}) but not on every rank of the "
-                f"sharded replica within {self.timeout_s:g}s: the ranks are out of step"
-            ) from err
+                f"sharded replica within {self.timeout_s:g}s: the ranks are out of step") from err
 
 
 def check_same_forward(describe: dict[str, Any]) -> None:
-    """Refuse ranks that chose different forward paths at load (``describe``: this rank's ``RMForward.describe()``):
+    """Refuse ranks that chose different forward paths at load (``describe``: this rank's ``HFEngine.describe()``):
     they would issue different collectives. Every rank calls it; every rank raises alike."""
     from verl_async_rm.errors import RewardModelError
 
@@ -129,8 +116,7 @@ def check_same_forward(describe: dict[str, Any]) -> None:
     if any(view != views[0] for view in views):
         raise RewardModelError(
             f"the ranks of the sharded replica chose different forward paths at load: {views}; set async_rm.packing "
-            "and async_rm.share_prompts explicitly (not 'auto') so that every rank runs the same forwards"
-        )
+            "and async_rm.share_prompts explicitly (not 'auto') so that every rank runs the same forwards")
 
 
 def sharding_method(model_config: Any, world_size: int) -> tuple[str, str]:
@@ -197,6 +183,15 @@ def weights_bytes(path: str) -> tuple[int, str | None] | None:
     return (total, dtype) if total else None
 
 
+def rm_weights_bytes(config: Any) -> tuple[int, str] | None:
+    """The RM's weights in its dtype on the GPU, and that dtype (``'auto'``: bfloat16); None without weight files."""
+    stored = weights_bytes(config.model_path)
+    if stored is None:
+        return None
+    dtype = "bfloat16" if config.dtype == "auto" else config.dtype
+    return stored[0] * ELEMENT_BYTES[dtype] // ELEMENT_BYTES.get(str(stored[1]), ELEMENT_BYTES[dtype]), dtype
+
+
 def check_replica_memory(config: Any, device_bytes: int | None = None) -> None:
     """Refuse, before loading, an RM whose weights cannot fit its replica's ``gpus_per_replica`` GPUs of
     ``device_bytes`` each (default: this process's CUDA device; no check on CPU): a ``ConfigValueError`` on
@@ -207,12 +202,10 @@ def check_replica_memory(config: Any, device_bytes: int | None = None) -> None:
         if not config.use_gpu or not torch.cuda.is_available():
             return
         device_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-    stored = weights_bytes(config.model_path)
-    if stored is None:
+    sized = rm_weights_bytes(config)
+    if sized is None:
         return
-    size, stored_dtype = stored
-    dtype = "bfloat16" if config.dtype == "auto" else config.dtype
-    weights = size * _ELEMENT_BYTES[dtype] // _ELEMENT_BYTES.get(str(stored_dtype), _ELEMENT_BYTES[dtype])
+    weights, dtype = sized
     k, per_node = config.gpus_per_replica, config.n_gpus_per_node
     need = -(-weights // int(WEIGHTS_SHARE * device_bytes))
     if need <= k:
@@ -226,8 +219,7 @@ def check_replica_memory(config: Any, device_bytes: int | None = None) -> None:
         "gpus_per_replica", k,
         f"the RM's weights take {weights / _GIB:.1f} GiB in {dtype}, {weights / k / _GIB:.1f} GiB on each of the "
         f"replica's {k} GPU(s): more than {WEIGHTS_SHARE:.0%} of a {device_bytes / _GIB:.1f} GiB GPU of this pool",
-        fix,
-    )
+        fix)
 
 
 def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -1,12 +1,5 @@
-"""Shared prompts computed once: the common prefix of sibling RM inputs (same ``RMRequest.group``) runs once per
-packed forward.
-
-The prefix is the longest common prefix of their token ids (so template quirks cannot break it), one token short of the
-shortest sibling (every row keeps a token to read its score at). In :func:`shared_layout` it is one segment with
-positions ``0..P-1``, each sibling's own tokens a segment with positions ``P..``; a sibling's attention reads its
-prefix's keys then its own (one ``index_select`` per layer, ``rm_key_index``), causal from the bottom right: exactly
-what its tokens see in its full sequence.
-"""
+"""Shared prompts computed once: the longest common prefix of siblings' RM inputs (one token short of the shortest)
+runs once per packed forward; each sibling's attention reads its keys, then its own, causal from the bottom right."""
 
 from __future__ import annotations
 
@@ -56,10 +49,8 @@ def _sibling_sets(groups: Sequence[Hashable | None]) -> list[list[int]]:
     return out
 
 
-def plan_shared_micro_batches(
-    inputs: Sequence[Sequence[int]], groups: Sequence[Hashable | None], max_tokens: int,
-    min_prefix: int = MIN_SHARED_PREFIX,
-) -> list[list[int]]:
+def plan_shared_micro_batches(inputs: Sequence[Sequence[int]], groups: Sequence[Hashable | None], max_tokens: int,
+                              min_prefix: int = MIN_SHARED_PREFIX) -> list[list[int]]:
     """Micro-batches for packed forwards within ``max_tokens`` computed tokens (a shared prefix counted once): siblings
     with a common prefix of at least ``min_prefix`` tokens form a unit (split when over the budget), placed first-fit
     decreasing with every other input."""
@@ -102,18 +93,12 @@ class SharedLayout:
     def attention_kwargs(self) -> dict[str, Any]:
         """What HF passes down to every attention call."""
         return {
-            "cu_seq_lens_q": self.cu_q,
-            "cu_seq_lens_k": self.cu_k,
-            "max_length_q": self.max_q,
-            "max_length_k": self.max_k,
-            "rm_key_index": self.key_index,
-        }
+            "cu_seq_lens_q": self.cu_q, "cu_seq_lens_k": self.cu_k, "max_length_q": self.max_q,
+            "max_length_k": self.max_k, "rm_key_index": self.key_index}
 
 
-def shared_layout(
-    batch: Sequence[Sequence[int]], groups: Sequence[Hashable | None], device: torch.device,
-    min_prefix: int = MIN_SHARED_PREFIX,
-) -> SharedLayout:
+def shared_layout(batch: Sequence[Sequence[int]], groups: Sequence[Hashable | None], device: torch.device,
+                  min_prefix: int = MIN_SHARED_PREFIX) -> SharedLayout:
     """The :class:`SharedLayout` of ``batch``: siblings whose common prefix is at least ``min_prefix`` share it."""
     tokens: list[Sequence[int]] = []  # each segment's query tokens
     position_start: list[int] = []  # each segment's first position
@@ -149,15 +134,10 @@ def shared_layout(
     # each segment's keys: its prefix's token positions in the pack, then its own
     key_index = concat_ranges(np.stack([prefix_start, q_start], 1).ravel(), np.stack([prefix_len, q_len], 1).ravel())
     positions = concat_ranges(np.array(position_start, dtype=np.int64), q_len)
-    return SharedLayout(
-        input_ids=to_device(flat_ids(tokens, total), device)[None],
-        position_ids=to_device(positions, device)[None],
-        cu_q=to_device(np.concatenate([[0], q_end]).astype(np.int32), device),
-        cu_k=to_device(np.concatenate([[0], np.cumsum(k_len)]).astype(np.int32), device),
-        key_index=to_device(key_index, device),
-        max_q=int(q_len.max()),
-        max_k=int(k_len.max()),
-        last=to_device(q_end[np.array(last_segment)] - 1, device),
-        computed=total,
-        saved=sum(len(r) for r in batch) - total,
-    )
+    return SharedLayout(input_ids=to_device(flat_ids(tokens, total), device)[None],
+                        position_ids=to_device(positions, device)[None],
+                        cu_q=to_device(np.concatenate([[0], q_end]).astype(np.int32), device),
+                        cu_k=to_device(np.concatenate([[0], np.cumsum(k_len)]).astype(np.int32), device),
+                        key_index=to_device(key_index, device), max_q=int(q_len.max()), max_k=int(k_len.max()),
+                        last=to_device(q_end[np.array(last_segment)] - 1, device), computed=total,
+                        saved=sum(len(r) for r in batch) - total)

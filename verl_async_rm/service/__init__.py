@@ -1,24 +1,14 @@
-"""The RM service: one Ray actor per reward model that owns its pool, replicas, batcher and statistics.
-
-Everything here imports Ray and verl, so it loads on first attribute access.
-"""
+"""The RM service: one Ray actor per RM. All but the batcher import Ray and verl, so they load on first access."""
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
-_LAZY = {
-    "RMService": "verl_async_rm.service.service",
-    "start_rm_service": "verl_async_rm.service.service",
-    "score_with_timeout": "verl_async_rm.service.client",
-    "RMReplica": "verl_async_rm.service.replica",
-    "RMResourcePool": "verl_async_rm.service.placement",
-    "create_rm_worker_group": "verl_async_rm.service.placement",
-    "shutdown_rm_worker_group": "verl_async_rm.service.placement",
-    "ReplicaCall": "verl_async_rm.service.replica_call",
-    "ReplicaFactory": "verl_async_rm.service.placement",
-}
+_MODULES = {"service": ("RMService", "ReplicaCall", "start_rm_service", "start_rm_services"),
+            "batcher": ("Batcher", "BatchPolicy"), "client": ("score_with_timeout",), "replica": ("RMReplica",),
+            "placement": ("RMResourcePool", "create_rm_worker_group", "shutdown_rm_worker_group", "ReplicaFactory")}
+_LAZY = {name: f"verl_async_rm.service.{module}" for module, names in _MODULES.items() for name in names}
 __all__ = list(_LAZY)
 
 

@@ -13,13 +13,15 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["score_with_timeout"]
 
+#: How long past the request's deadline the caller still waits for the service's own answer (the Ray hop): only a
+#: dead or stuck service takes longer.
+_HOP_S = 5.0
 
-async def score_with_timeout(
-    service: Any, request: RMRequest, *, timeout_s: float, transport_grace_s: float = 2.0
-) -> Any:
+
+async def score_with_timeout(service: Any, request: RMRequest, *, timeout_s: float) -> Any:
     """Score ``request`` on an RM service; its deadline there is ``timeout_s`` (``RequestTimeoutError`` from the
-    service). A service that does not answer within ``timeout_s + transport_grace_s`` (dead, stuck) has the call
-    cancelled and ``RequestTimeoutError`` raised here; the request's other errors propagate as Ray task errors."""
+    service). A service that does not answer a few seconds later (dead, stuck) has the call cancelled and
+    ``RequestTimeoutError`` raised here; the request's other errors propagate as Ray task errors."""
     import ray
 
     if not timeout_s > 0:
@@ -29,7 +31,7 @@ async def score_with_timeout(
     # TimeoutError since Python 3.11) and must reach the caller as it is, not as "the service did not answer".
     answer = asyncio.wrap_future(ref.future())
     try:
-        done, _ = await asyncio.wait({answer}, timeout=timeout_s + transport_grace_s)
+        done, _ = await asyncio.wait({answer}, timeout=timeout_s + _HOP_S)
     except asyncio.CancelledError:  # the caller gave up: take the request out of the service's queue too
         answer.cancel()
         _cancel_quietly(ray, ref)
@@ -39,9 +41,8 @@ async def score_with_timeout(
     answer.cancel()
     _cancel_quietly(ray, ref)
     raise RequestTimeoutError(
-        f"the RM service did not answer within {timeout_s + transport_grace_s:g} s "
-        f"(timeout_s={timeout_s:g} + transport_grace_s={transport_grace_s:g}); is it alive?"
-    )
+        f"the RM service did not answer within {timeout_s + _HOP_S:g} s (the request's timeout_s={timeout_s:g} and "
+        f"{_HOP_S:g} s for the hop); is it alive?")
 
 
 def _cancel_quietly(ray: Any, ref: Any) -> None:

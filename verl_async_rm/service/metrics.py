@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from verl_async_rm.batching.stats import StepStats
+from verl_async_rm.service.batcher import StepStats
 
 if TYPE_CHECKING:
     from verl_async_rm.scoring.scorer import ScorerStats
@@ -19,31 +19,15 @@ VAL_PREFIX = "val-async_rm/"
 
 
 def service_step_metrics(step: StepStats, replica_steps: Sequence[ScorerStats] = ()) -> dict[str, float]:
-    """Flat ``{name: number}`` for one step; figures with no value this step (no batch ran) are left out.
-
-    ``replica_steps`` are the replicas' step counters (``RMReplica.pop_step_stats``): inputs truncated to
-    ``max_length``, items the RM failed (bad input, NaN score...), for process RMs leading steps left unscored, and for
-    judges that write their verdict the tokens they wrote and the verdicts that did not parse.
-    ``reward_tail_s`` runs from the step's last request reaching the service (right after its agent loop ended) to the
-    last score handed back, on the service's one clock.
-    """
+    """Flat ``{name: number}`` of one step, with the replicas' counters (``RMReplica.pop_step_stats``); figures
+    with no value are left out. ``reward_tail_s``: from the step's last request to its last score, on the service."""
     values = {
-        "requests": step.submitted,
-        "scored": step.completed,
-        "errors": step.failed + step.timed_out,
-        "batches": step.batches,
-        "mean_batch_size": step.mean_batch_size,
-        "mean_fill": step.mean_fill,
-        "queue_wait_ms/mean": step.wait_ms.mean,
-        "queue_wait_ms/p99": step.wait_ms.p99,
-        "rm_exec_ms/mean": step.exec_ms.mean,
-        "rm_exec_ms/p99": step.exec_ms.p99,
-        "rm_utilization": step.rm_utilization,
-        "reward_tail_s": step.tail_s,
-        "requeued": step.requeued,
-        "replicas_usable": step.usable_slots,
-        "replicas_replaced_total": step.replaced_slots_total,
-    }
+        "requests": step.submitted, "scored": step.completed, "errors": step.failed + step.timed_out,
+        "batches": step.batches, "mean_batch_size": step.mean_batch_size, "mean_fill": step.mean_fill,
+        "queue_wait_ms/mean": step.wait_ms.mean, "queue_wait_ms/p99": step.wait_ms.p99,
+        "rm_exec_ms/mean": step.exec_ms.mean, "rm_exec_ms/p99": step.exec_ms.p99, "rm_utilization": step.rm_utilization,
+        "reward_tail_s": step.tail_s, "requeued": step.requeued, "replicas_usable": step.usable_replicas,
+        "replicas_replaced_total": step.replaced_replicas_total}
     if replica_steps:
         values["truncated"] = sum(r.truncated for r in replica_steps)
         values["rm_failed_items"] = sum(r.failed for r in replica_steps)

@@ -1,14 +1,6 @@
-"""The reward pool (the RM's own Ray resources) and the RM worker group ("rm_wg") built on it.
-
-:class:`RMResourcePool` is a verl ``RayResourcePool`` with one bundle per replica (``gpus_per_replica`` GPUs and as
-many CPUs, so a replica is always on one node; not verl's 10 CPUs per GPU). Unlike verl's, each node's placement group
-is pinned to a distinct node free now (two ``STRICT_PACK`` groups could otherwise share one big node), and the
-reservation waits at most ``placement_timeout_s`` (verl waits on ``pg.ready()`` forever: a hang on a small cluster).
-
-Every replica is spawned by :func:`replica_group`, a verl ``RayWorkerGroup`` of :class:`RMReplica` (verl sets each
-replica's environment): of every bundle at start (the rm_wg), or of the lost replica's bundle alone for a stand-in
-(:class:`ReplicaFactory`). ``wg.workers`` are the replicas' actor handles, one executor slot each.
-"""
+"""The reward pool and the RM worker group on it. :class:`RMResourcePool` is verl's ``RayResourcePool`` with one
+bundle per replica (``gpus_per_replica`` GPUs and CPUs, not verl's 10 CPUs per GPU), its node groups on distinct
+nodes, reserved within ``placement_timeout_s`` (verl waits forever). Every replica comes from :func:`replica_group`."""
 
 from __future__ import annotations
 
@@ -21,20 +13,10 @@ from collections.abc import Iterable
 from typing import Any
 
 import ray
-from ray.util.placement_group import (
-    PlacementGroup,
-    get_placement_group,
-    placement_group,
-    remove_placement_group,
-)
-from verl.single_controller.ray.base import (
-    RayClassWithInitArgs,
-    RayResourcePool,
-    RayWorkerGroup,
-    SubRayResourcePool,
-    sort_placement_group_by_node_ip,
-)
-
+from ray.util.placement_group import (PlacementGroup, get_placement_group, placement_group, placement_group_table,
+                                      remove_placement_group)
+from verl.single_controller.ray.base import (RayClassWithInitArgs, RayResourcePool, RayWorkerGroup, SubRayResourcePool,
+                                             sort_placement_group_by_node_ip)
 from verl.utils.device import get_device_name
 
 from verl_async_rm.errors import ConfigValueError, ResourcePoolError, RewardModelError, remote_cause
@@ -44,22 +26,11 @@ from verl_async_rm.service.replica import RMReplica
 
 logger = logging.getLogger(__name__)
 
-__all__ = [
-    "RMResourcePool",
-    "reserve_placement_groups",
-    "create_rm_worker_group",
-    "replica_group",
-    "ReplicaFactory",
-    "kill_quietly",
-    "kill_and_wait",
-    "shutdown_rm_worker_group",
-    "remove_pool_groups",
-    "replica_bundle",
-]
+__all__ = ["RMResourcePool", "reserve_placement_groups", "create_rm_worker_group", "replica_group", "ReplicaFactory",
+           "kill_quietly", "kill_and_wait", "shutdown_rm_worker_group", "remove_pool_groups", "replica_bundle"]
 
 _NODE_ID_LABEL = "ray.io/node-id"
-#: Keys of a replica's size check before it loads (``check_replica_memory``, ``check_colocated_memory``): their
-#: ``ConfigValueError`` is raised as is, the fix being a setting; any other load failure is a ``RewardModelError``.
+#: Keys of a replica's size checks before it loads: their ``ConfigValueError`` is raised as is (the fix is a setting).
 _SIZE_KEYS = ("gpus_per_replica", "actor_rollout_ref.rollout.gpu_memory_utilization")
 
 
@@ -67,38 +38,18 @@ class RMResourcePool(RayResourcePool):
     """verl ``RayResourcePool`` for the RM: node-pinned placement groups reserved within ``placement_timeout_s``;
     ``use_gpu=False`` gives CPU-only bundles (tests, demo)."""
 
-    def __init__(
-        self,
-        n_gpus_per_node: int,
-        nnodes: int,
-        *,
-        gpus_per_replica: int = 1,
-        use_gpu: bool = True,
-        placement_timeout_s: float = 300.0,
-        name_prefix: str | None = None,
-    ) -> None:
-        super().__init__(
-            process_on_nodes=[n_gpus_per_node // gpus_per_replica] * nnodes,
-            use_gpu=use_gpu,
-            name_prefix=name_prefix,
-            max_colocate_count=1,
-        )
-        self.n_gpus_per_node = n_gpus_per_node
-        self.nnodes = nnodes
-        self.gpus_per_replica = gpus_per_replica
+    def __init__(self, n_gpus_per_node: int, nnodes: int, *, gpus_per_replica: int = 1, use_gpu: bool = True,
+                 placement_timeout_s: float = 300.0, name_prefix: str | None = None) -> None:
+        super().__init__(process_on_nodes=[n_gpus_per_node // gpus_per_replica] * nnodes, use_gpu=use_gpu,
+                         name_prefix=name_prefix, max_colocate_count=1)
+        self.n_gpus_per_node, self.nnodes, self.gpus_per_replica = n_gpus_per_node, nnodes, gpus_per_replica
         self.replicas_per_node = n_gpus_per_node // gpus_per_replica
         self.placement_timeout_s = placement_timeout_s
 
     @classmethod
     def from_config(cls, config: RMConfig, name_prefix: str | None = None) -> RMResourcePool:
-        return cls(
-            config.n_gpus_per_node,
-            config.nnodes,
-            gpus_per_replica=config.gpus_per_replica,
-            use_gpu=config.use_gpu,
-            placement_timeout_s=config.placement_timeout_s,
-            name_prefix=name_prefix,
-        )
+        return cls(config.n_gpus_per_node, config.nnodes, gpus_per_replica=config.gpus_per_replica,
+                   use_gpu=config.use_gpu, placement_timeout_s=config.placement_timeout_s, name_prefix=name_prefix)
 
     def replica_bundles(self) -> list[tuple[PlacementGroup, int]]:
         """``(placement group, bundle index)`` of each replica, in the rank order of verl's ``RayWorkerGroup``
@@ -107,22 +58,17 @@ class RMResourcePool(RayResourcePool):
             raise ValueError("the reward pool has no placement groups yet: reserve them first")
         return [(pg, i) for pg in sort_placement_group_by_node_ip(self.pgs) for i in range(self.replicas_per_node)]
 
-    def get_placement_groups(
-        self, strategy: str = "STRICT_PACK", name: str | None = None, device_name: str | None = None
-    ) -> list[PlacementGroup]:
+    def get_placement_groups(self, strategy: str = "STRICT_PACK", name: str | None = None,
+                             device_name: str | None = None) -> list[PlacementGroup]:
         """Reserve (once) one placement group per node, each pinned to its own node; raises ResourcePoolError."""
         if self.pgs is not None:
             return self.pgs
         bundle = replica_bundle(self.gpus_per_replica, self.use_gpu)
-        nodes = _pick_nodes(bundle, self.replicas_per_node, self.nnodes)
+        nodes = _pick_nodes(bundle, self.replicas_per_node, self.nnodes, self.placement_timeout_s)
         prefix = name or f"{self.name_prefix}verl_async_rm_pool:"
         self.pgs = reserve_placement_groups(
-            [[dict(bundle) for _ in range(self.replicas_per_node)] for _ in range(self.nnodes)],
-            node_ids=nodes,
-            strategy=strategy,
-            name_prefix=prefix,
-            timeout_s=self.placement_timeout_s,
-        )
+            [[dict(bundle) for _ in range(self.replicas_per_node)] for _ in range(self.nnodes)], node_ids=nodes,
+            strategy=strategy, name_prefix=prefix, timeout_s=self.placement_timeout_s)
         return self.pgs
 
     def release(self) -> None:
@@ -145,24 +91,14 @@ def replica_bundle(gpus_per_replica: int, use_gpu: bool) -> dict[str, float]:
     return bundle
 
 
-def reserve_placement_groups(
-    bundles_per_group: list[list[dict[str, float]]],
-    *,
-    node_ids: list[str] | None,
-    strategy: str,
-    name_prefix: str,
-    timeout_s: float,
-) -> list[PlacementGroup]:
+def reserve_placement_groups(bundles_per_group: list[list[dict[str, float]]], *, node_ids: list[str] | None,
+                             strategy: str, name_prefix: str, timeout_s: float) -> list[PlacementGroup]:
     """Create placement groups (group ``i`` pinned to ``node_ids[i]`` when given) and wait at most ``timeout_s``;
     ``ResourcePoolError`` (every group created here removed first) if they are not all placed in time."""
     pin = node_ids is not None and "bundle_label_selector" in inspect.signature(placement_group).parameters
     if node_ids is not None and not pin and len(bundles_per_group) > 1:
-        logger.warning(
-            "this Ray (%s) cannot pin placement groups to nodes (no bundle_label_selector): the reward pool's "
-            "%d node groups may share a node",
-            ray.__version__,
-            len(bundles_per_group),
-        )
+        logger.warning("this Ray (%s) cannot pin placement groups to nodes (no bundle_label_selector): the reward "
+                       "pool's %d node groups may share a node", ray.__version__, len(bundles_per_group))
     pgs = []
     for i, bundles in enumerate(bundles_per_group):
         _remove_stale(f"{name_prefix}{i}")
@@ -179,24 +115,16 @@ def reserve_placement_groups(
             f"({len(ready)} of {len(pgs)} ready). Asked: {_describe_ask(bundles_per_group)}"
             f"{' pinned to nodes ' + ', '.join(n[:8] for n in node_ids) if pin else ''}. "
             f"The cluster has: {_describe_cluster()}. Fix: free those resources (other placement groups, actors) "
-            "or make the reward pool smaller (reward.reward_model.n_gpus_per_node / nnodes)"
-        )
+            "or make the reward pool smaller (reward.reward_model.n_gpus_per_node / nnodes)")
     logger.info("reward pool reserved: %s", _describe_ask(bundles_per_group))
     return pgs
 
 
-def create_rm_worker_group(
-    config: RMConfig, pool: RMResourcePool | None = None, name_prefix: str | None = None
-) -> RayWorkerGroup:
-    """Reserve the reward pool (default: ``RMResourcePool.from_config(config)``), start one :class:`RMReplica` per
-    bundle and load the RM on each: the verl ``RayWorkerGroup`` (``wg.workers``, ``wg.resource_pool``).
-
-    ``name_prefix`` names the replicas and the placement groups (those left by a dead predecessor are removed first).
-    With ``config.placement='policy_pool'`` the pool is verl's actor/rollout pool (:class:`PolicyPool`).
-    Raises ``ResourcePoolError``, ``ValueError`` (the weights cannot fit ``gpus_per_replica`` GPUs, or beside the
-    policy) or
-    ``RewardModelError`` (a replica failed to load, or took longer than ``init_timeout_s``), the group shut down first.
-    """
+def create_rm_worker_group(config: RMConfig, pool: RMResourcePool | None = None,
+                           name_prefix: str | None = None) -> RayWorkerGroup:
+    """Reserve the pool, start one :class:`RMReplica` per bundle and load the RM on each: the verl
+    ``RayWorkerGroup``. Raises ``ResourcePoolError``, ``ValueError`` (the RM does not fit) or ``RewardModelError``,
+    everything released first."""
     if pool is None:
         pool = PolicyPool(config) if config.placement == "policy_pool" else RMResourcePool.from_config(
             config, name_prefix=name_prefix)
@@ -213,8 +141,7 @@ def create_rm_worker_group(
         shutdown_rm_worker_group(wg)
         raise RewardModelError(
             f"{len(pending)} of {len(refs)} RM replicas did not load {config.model_path} within "
-            f"{config.init_timeout_s:g}s. Fix: raise init_timeout_s for a large RM, or check the replicas' logs"
-        )
+            f"{config.init_timeout_s:g}s. Fix: raise init_timeout_s for a large RM, or check the replicas' logs")
     infos = []
     for rank, ref in enumerate(refs):
         try:
@@ -241,28 +168,21 @@ def shutdown_rm_worker_group(wg: RayWorkerGroup) -> None:
 
 def replica_group(pool: RMResourcePool | PolicyPool, config: RMConfig, *, name_prefix: str | None,
                   index: int | None = None, master: tuple[str, str] | None = None) -> RayWorkerGroup:
-    """The one way a replica is spawned: a ``RayWorkerGroup`` of :class:`RMReplica` of every bundle (``index`` None:
-    the rm_wg) or of bundle ``index`` alone (a stand-in; ``master``: the rm_wg's master address, so nothing waits for
-    the bundle before the replica is created). Creates the actors without waiting for them."""
+    """The one way a replica is spawned: a ``RayWorkerGroup`` of :class:`RMReplica` of every bundle, or of bundle
+    ``index`` alone (a replacement; ``master``: the rm_wg's address). Creates the actors without waiting for them."""
     sub = None if index is None else SubRayResourcePool(
         placement_groups=sort_placement_group_by_node_ip(pool.pgs), start_bundle_index=index, subgroup_world_size=1,
         process_on_nodes=pool.store, use_gpu=pool.use_gpu, max_colocate_count=pool.max_colocate_count,
-        name_prefix=name_prefix,
-    )
+        name_prefix=name_prefix)
     addr, port = master or (None, None)
-    return RayWorkerGroup(
-        resource_pool=sub or pool,
-        ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(RMReplica), config=config),
-        name_prefix=name_prefix,
-        device_name=get_device_name() if pool.use_gpu else "cpu",
-        master_addr=addr,
-        master_port=port,
-    )
+    return RayWorkerGroup(resource_pool=sub or pool, name_prefix=name_prefix,
+                          ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(RMReplica), config=config),
+                          device_name=get_device_name() if pool.use_gpu else "cpu", master_addr=addr, master_port=port)
 
 
 class ReplicaFactory:
-    """``async factory(old_replica, index) -> new replica`` (the executor's ``replace_slot``): a stand-in in the lost
-    replica's own bundle of the rm_wg (it never competes with the policy for resources), loaded within
+    """``async factory(old_replica, index) -> new replica`` (the batcher's ``replace_replica``): a new replica in the
+    lost replica's own bundle of the rm_wg (it never competes with the policy for resources), loaded within
     ``init_timeout_s``; a sharded replica is replaced whole. Owned by its caller (the RM service actor)."""
 
     def __init__(self, config: RMConfig, worker_group: RayWorkerGroup) -> None:
@@ -288,8 +208,7 @@ class ReplicaFactory:
             if isinstance(err, asyncio.TimeoutError):
                 raise RewardModelError(
                     f"replacement RM replica {index} did not load {self.config.model_path} within "
-                    f"init_timeout_s={self.config.init_timeout_s:g}s (its bundle may not be free yet)"
-                ) from None
+                    f"init_timeout_s={self.config.init_timeout_s:g}s (its bundle may not be free yet)") from None
             raise
         logger.warning("RM replica %d replaced on node %s", index, info.get("node_ip"))
         return replica
@@ -304,11 +223,7 @@ def kill_quietly(actor: Any) -> None:
 
 
 def kill_and_wait(actors: Iterable[Any], timeout_s: float) -> None:
-    """Kill actors and wait, at most ``timeout_s`` in all, until Ray reports each one dead.
-
-    ``ray.kill`` only sends the request: a call made right after it may still be served, and the actors a killed owner
-    leaves (its replicas) die a little later. A caller that promises "gone" on return waits here.
-    """
+    """Kill actors and wait, at most ``timeout_s``, until Ray reports each dead (``ray.kill`` only asks)."""
     actors = list(actors)
     for actor in actors:
         kill_quietly(actor)
@@ -344,53 +259,44 @@ def _remove_stale(name: str) -> None:
     remove_placement_group(stale)
 
 
-def _pick_nodes(bundle: dict[str, float], per_node: int, nnodes: int) -> list[str]:
-    """``nnodes`` distinct alive nodes with room for ``per_node`` bundles now, roomiest first."""
-    available = _available_per_node()
+def _pick_nodes(bundle: dict[str, float], per_node: int, nnodes: int, timeout_s: float) -> list[str] | None:
+    """``nnodes`` distinct nodes for the pool's groups (None for one: nothing to keep apart). Nodes too small in all
+    fail at once; among the others Ray's own scheduler picks those with room now: a probe group of one node-sized
+    bundle per node (``STRICT_SPREAD``), placed within ``timeout_s``, read back and removed."""
     need = {key: amount * per_node for key, amount in bundle.items()}
-    fits = [
-        node_id
-        for node_id, free in available.items()
-        if all(free.get(key, 0.0) + 1e-9 >= amount for key, amount in need.items())
-    ]
+    fits = [n for n in ray.nodes() if n.get("Alive")
+            and all(n.get("Resources", {}).get(key, 0.0) + 1e-9 >= amount for key, amount in need.items())]
+    fix = ("lower reward.reward_model.n_gpus_per_node / nnodes, or add nodes (for CPU runs: use_gpu=False)")
     if len(fits) < nnodes:
         raise ResourcePoolError(
-            f"the reward pool needs {nnodes} node(s) with {_fmt(need)} free each, and {len(fits)} node(s) have it. "
-            f"The cluster has: {_describe_cluster()}. Fix: lower reward.reward_model.n_gpus_per_node / nnodes, "
-            "or add nodes (for CPU runs: use_gpu=False)"
-        )
-    key = next(iter(k for k in bundle if k != "CPU"), "CPU")
-    fits.sort(key=lambda node_id: (-available[node_id].get(key, 0.0), node_id))
-    return fits[:nnodes]
-
-
-def _available_per_node() -> dict[str, dict[str, float]]:
-    """Free resources of each alive node (verl's own resource check reads the same private table)."""
-    alive = {node["NodeID"] for node in ray.nodes() if node.get("Alive")}
+            f"the reward pool needs {nnodes} node(s) with {_fmt(need)} free each, and {len(fits)} node(s) have it. The "
+            f"cluster has: {_describe_cluster()}. Fix: {fix}")
+    if nnodes == 1:
+        return None
+    probe = placement_group([need] * nnodes, strategy="STRICT_SPREAD")
     try:
-        per_node = ray._private.state.available_resources_per_node()
-    except Exception:  # private API: fall back to totals
-        per_node = {node["NodeID"]: node.get("Resources", {}) for node in ray.nodes()}
-    return {node_id: dict(free) for node_id, free in per_node.items() if node_id in alive}
+        if not ray.wait([probe.ready()], timeout=timeout_s)[0]:
+            raise ResourcePoolError(
+                f"no {nnodes} distinct nodes had {_fmt(need)} free within {timeout_s:g}s. The cluster has: "
+                f"{_describe_cluster()}. Fix: free those resources (other placement groups, actors), or {fix}")
+        nodes = placement_group_table(probe)["bundles_to_node_id"]
+        return [nodes[i] for i in range(nnodes)]
+    finally:
+        remove_placement_group(probe)
 
 
 def _describe_cluster() -> str:
-    available = _available_per_node()
-    parts = []
-    for node in ray.nodes():
-        if not node.get("Alive"):
-            continue
-        total, free = node.get("Resources", {}), available.get(node["NodeID"], {})
-        shown = [k for k in ("GPU", "NPU", "CPU") if k in total] or ["CPU"]
-        usage = ", ".join(f"{k} {free.get(k, 0):g}/{total.get(k, 0):g} free" for k in shown)
-        parts.append(f"node {node['NodeID'][:8]} ({node['NodeManagerAddress']}): {usage}")
-    return "; ".join(parts) or "no alive node"
+    shown = ("GPU", "NPU", "CPU")
+    nodes = [f"node {n['NodeID'][:8]} ({n['NodeManagerAddress']}): "
+             + ", ".join(f"{k} {v:g}" for k, v in n.get("Resources", {}).items() if k in shown)
+             for n in ray.nodes() if n.get("Alive")]
+    free = ray.available_resources()
+    return "; ".join(nodes or ["no alive node"]) + f"; free now: {_fmt({k: v for k, v in free.items() if k in shown})}"
 
 
 def _describe_ask(bundles_per_group: list[list[dict[str, float]]]) -> str:
     return f"{len(bundles_per_group)} node(s) x " + ", ".join(
-        f"{len(bundles)} bundle(s) of {_fmt(bundles[0])}" for bundles in bundles_per_group[:1]
-    )
+        f"{len(bundles)} bundle(s) of {_fmt(bundles[0])}" for bundles in bundles_per_group[:1])
 
 
 def _fmt(resources: dict[str, float]) -> str:

@@ -1,17 +1,7 @@
-"""The policy's pool as the RM's: verl's own placement groups of its actor/rollout pool, found by name.
-
-With ``reward.reward_model.enable_resource_pool=False`` the RM replicas go in the bundles of verl's ``global_pool`` (the
-actor's and the rollout's), one replica per GPU, as verl's own colocated RM would (``init_resource_pool_mgr`` maps
-``Role.RewardModel`` to ``global_pool``). verl hands the agent-loop manager no resource pool, so this module finds
-the pool's placement groups the way verl names them: ``ResourcePoolManager.create_resource_pool`` makes a
-``RayResourcePool`` with ``name_prefix="global_pool"``, and ``RayResourcePool.get_placement_groups`` names group
-``i`` ``f"{name_prefix}verl_group_{'_'.join(process_on_nodes)}:{i}"``. That naming is verl's, not an API: if a verl
-release changes it, :meth:`PolicyPool.get_placement_groups` fails at start-up with the names it looked for.
-
-A replica takes ``1 / ResourcePoolManager.max_colocate_count`` of its bundle's GPU (verl's ``RayWorkerGroup`` share
-for a process colocated in a bundle) and one of its CPUs. The groups are verl's: :meth:`PolicyPool.release` leaves
-them alone.
-"""
+"""The policy's pool as the RM's (``reward.reward_model.enable_resource_pool=False``): verl hands the manager no pool,
+so the placement groups of verl's ``global_pool`` are found by the names verl gives them
+(``{prefix}verl_group_{'_'.join(process_on_nodes)}:{i}``, not an API: a change fails the start, naming them). A
+replica takes ``1 / max_colocate_count`` of its bundle's GPU, as verl's colocated workers do."""
 
 from __future__ import annotations
 
@@ -44,12 +34,8 @@ class PolicyPool(RayResourcePool):
     ``placement_timeout_s``), one replica per bundle."""
 
     def __init__(self, config: RMConfig, name_prefix: str = POLICY_POOL_PREFIX) -> None:
-        super().__init__(
-            process_on_nodes=[config.n_gpus_per_node] * config.nnodes,
-            use_gpu=config.use_gpu,
-            name_prefix=name_prefix,
-            max_colocate_count=ResourcePoolManager.max_colocate_count,
-        )
+        super().__init__(process_on_nodes=[config.n_gpus_per_node] * config.nnodes, use_gpu=config.use_gpu,
+                         name_prefix=name_prefix, max_colocate_count=ResourcePoolManager.max_colocate_count)
         self.replicas_per_node = config.n_gpus_per_node
         self.placement_timeout_s = config.placement_timeout_s
 
@@ -76,8 +62,7 @@ class PolicyPool(RayResourcePool):
                             "which verl's trainer reserves (RayResourcePool 'global_pool') before it builds the "
                             "agent-loop manager. Fix: launch through verl's trainer with trainer.n_gpus_per_node / "
                             "nnodes as its pool, or give the RM its own pool "
-                            "(reward.reward_model.enable_resource_pool=True)"
-                        ) from None
+                            "(reward.reward_model.enable_resource_pool=True)") from None
                     time.sleep(0.2)
         ready, _ = ray.wait([pg.ready() for pg in groups], num_returns=len(groups),
                             timeout=max(1.0, deadline - time.monotonic()))

@@ -1,10 +1,6 @@
-"""The other ranks of a sharded RM replica (``gpus_per_replica=k > 1``), as its rank 0 (the ``RMReplica`` verl
-placed, the only rank the service calls) runs them: actors it owns in its own bundle, so they die with it.
-
-Every batch goes to every rank; rank 0 answers when all have finished it. Any rank that dies or fails makes rank 0
-exit at once (its collectives would otherwise fail or hang): the service sees a lost replica, re-queues its batch and
-replaces all ``k`` ranks.
-"""
+"""The other ranks of a sharded replica, owned by its rank 0 (the ``RMReplica`` the service calls) in its bundle.
+Every batch goes to every rank; any rank failing makes rank 0 exit at once (collectives would hang): the service sees
+a lost replica and replaces all ``k`` ranks."""
 
 from __future__ import annotations
 
@@ -23,11 +19,8 @@ from verl_async_rm.scoring.sharding import ShardGroup, host_store
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RankWorker", "Ranks", "RANK_FINISH_S"]
+__all__ = ["RankWorker", "Ranks"]
 
-#: Longest rank 0 waits, after its own share of a batch, for the other ranks to finish theirs (they run the same
-#: forwards in step with it, so they finish within moments).
-RANK_FINISH_S = 120.0
 _T = TypeVar("_T")
 
 
@@ -63,8 +56,7 @@ class Ranks:
         self.world_size = config.gpus_per_replica
         options: dict[str, Any] = {
             "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                placement_group=pg, placement_group_bundle_index=bundle
-            ),
+                placement_group=pg, placement_group_bundle_index=bundle),
             "max_restarts": 0,
         }
         if config.use_gpu:
@@ -99,7 +91,8 @@ class Ranks:
         refs = [w.follow.remote(list(requests)) for w in self.workers]
         what = f"a batch of {len(requests)}"
         try:
-            return self.run_with(refs, own, timeout_s=RANK_FINISH_S, what=what)
+            # the other ranks run the same forwards in step: they finish within moments of rank 0 (bounded as a load)
+            return self.run_with(refs, own, timeout_s=self.config.init_timeout_s, what=what)
         except Exception as err:  # noqa: BLE001 - the scorer isolates bad rows; anything else breaks the replica
             _lost(f"rank 0 of this sharded replica failed during {what}: {err!r}")
 
@@ -116,9 +109,9 @@ class Ranks:
             self.kill()
             raise
         done.set()
-        ready, late = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
-        if late:
-            _lost(f"{len(late)} of the replica's other ranks had not finished {what} {timeout_s:g}s after rank 0")
+        ready, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        if pending:
+            _lost(f"{len(pending)} of the replica's other ranks had not finished {what} {timeout_s:g}s after rank 0")
         for ref in ready:
             _check(ref, what)
         watcher.join(timeout=5.0)

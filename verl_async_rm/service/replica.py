@@ -1,17 +1,10 @@
-"""One RM replica: a verl ``Worker`` holding one full copy of the reward model (one data-parallel replica), or rank 0
-of a replica sharded over ``gpus_per_replica`` GPUs (:mod:`verl_async_rm.service.ranks`).
-
-The RM service calls each replica by its own actor handle, ``replica.score.remote(requests)`` (an ordinary Ray actor
-method); only :meth:`RMReplica.describe` is also a group call of the rm_wg. ``score`` returns one entry per
-request: its score, or the exception that failed that request.
-"""
+"""One RM replica: a verl ``Worker`` holding a full copy of the RM, or rank 0 of a sharded one
+(:mod:`.ranks`). The service calls it by its actor handle; ``score`` returns one score or error per request."""
 
 from __future__ import annotations
 
 import logging
 import os
-import time
-from collections import deque
 from typing import Any
 
 import ray
@@ -29,19 +22,12 @@ from verl_async_rm.service.ranks import Ranks
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["BATCH_RECORDS_KEPT", "RMReplica"]
-
-#: Most per-call records a replica keeps between two :meth:`RMReplica.pop_batch_records` calls (oldest dropped).
-BATCH_RECORDS_KEPT = 10_000
+__all__ = ["RMReplica"]
 
 
 class RMReplica(Worker):
-    """One RM replica in the reward pool's ``RayWorkerGroup`` (the "rm_wg").
-
-    Args:
-        config: the RM settings; the model is loaded by :meth:`init_model`, not here, so that every replica of a
-            group loads in parallel.
-    """
+    """One replica of the reward pool's worker group; :meth:`init_model` loads the RM (so replicas load in
+    parallel)."""
 
     def __init__(self, config: RMConfig) -> None:
         super().__init__()
@@ -49,16 +35,10 @@ class RMReplica(Worker):
         self._scorer: RewardModelScorer | None = None
         #: The other ranks of a sharded replica (``gpus_per_replica > 1``); this worker is rank 0.
         self._ranks: Ranks | None = None
-        self._batch_records: deque[dict[str, float]] = deque(maxlen=BATCH_RECORDS_KEPT)
 
     def init_model(self, placement: tuple[Any, int] | None = None) -> dict[str, Any]:
-        """Load the RM on this replica's device, or (``gpus_per_replica > 1``) sharded over the ``k`` GPUs of its
-        bundle ``placement`` (``(placement group, bundle index)``), this worker being rank 0; returns :meth:`describe`.
-
-        Raises:
-            ValueError: the RM's weights cannot fit the replica's GPUs (the message gives the ``gpus_per_replica``
-                that fits).
-        """
+        """Load the RM on this replica's device, or sharded over its bundle's GPUs (``placement``: placement group,
+        bundle); returns :meth:`describe`. ``ValueError`` when the weights cannot fit, naming what fits."""
         if self._scorer is not None:
             return self.describe()
         check_replica_memory(self.config)
@@ -72,20 +52,15 @@ class RMReplica(Worker):
             raise RewardModelError("a sharded RM replica needs its bundle: init_model(placement=(pg, bundle_index))")
         self._ranks = Ranks(self.config, placement, ray.get_runtime_context().get_actor_name())
         self._scorer = self._ranks.start(
-            lambda group, store: RewardModelScorer(self.config, shard=group, store=store)
-        )
+            lambda group, store: RewardModelScorer(self.config, shard=group, store=store))
         return self.describe()
 
     def score(self, requests: list[RMRequest]) -> list[float | RewardModelError]:
-        """One entry per request: its score, or the exception that kept that request from being scored.
-
-        Each call is recorded (wall-clock start and end, number of requests) for :meth:`pop_batch_records`.
-        """
+        """One entry per request: its score, or the exception that kept that request from being scored."""
         scorer = self._require_scorer()
         if scorer.asleep:  # the RM service holds batches while its replicas sleep: this is a stray call
             logger.warning("RM replica %s got a batch while asleep; waking it first", self.rank)
             scorer.wake()
-        start = time.time()
         try:
             if self._ranks is None:
                 return scorer.score(requests)
@@ -94,8 +69,6 @@ class RMReplica(Worker):
             logger.error("%s; ending the replica so that it is replaced", err)
             logging.shutdown()
             os._exit(1)
-        finally:
-            self._batch_records.append({"start": start, "end": time.time(), "size": len(requests)})
 
     def sleep(self) -> dict[str, float]:
         """Release the device's memory (weights to host memory): ``{"bytes", "seconds"}`` moved."""
@@ -107,16 +80,6 @@ class RMReplica(Worker):
         move = self._require_scorer().wake()
         return {"bytes": float(move.bytes), "seconds": move.seconds}
 
-    def pop_batch_records(self) -> list[dict[str, float]]:
-        """The scoring calls since the previous call, oldest first: ``{"start", "end", "size"}`` each, then forgets.
-
-        ``start``/``end`` are ``time.time()`` seconds on this replica's host, so records of replicas on one machine
-        share a clock (the timeline of ``verl-async-rm demo``). At most :data:`BATCH_RECORDS_KEPT` are kept.
-        """
-        records = list(self._batch_records)
-        self._batch_records.clear()
-        return records
-
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)  # also ``rm_wg.describe()``: every replica's, in rank order
     def describe(self) -> dict[str, Any]:
         """Where this replica runs (node, process) and what it serves (device, dtype, retemplating, max_length,
@@ -124,21 +87,13 @@ class RMReplica(Worker):
         packed, with which kernel, and why)."""
         context = ray.get_runtime_context()
         info: dict[str, Any] = {
-            "rank": self.rank,
-            "world_size": self.world_size,
-            "node_id": context.get_node_id(),
-            "node_ip": ray.util.get_node_ip_address(),
-            "actor_name": context.get_actor_name(),
-            "placement_group_id": context.get_placement_group_id(),
-            "pid": os.getpid(),
-            "model_path": self.config.model_path,
-            "loaded": self._scorer is not None,
-        }
-        info["placement"] = self.config.placement
-        if self._scorer is not None:
-            info.update(self._scorer.describe())
-            info["asleep"] = self._scorer.asleep  # device, dtype, retemplate, max_length, num_labels, packing
-        info["gpus_per_replica"] = self.config.gpus_per_replica
+            "rank": self.rank, "world_size": self.world_size, "node_id": context.get_node_id(),
+            "node_ip": ray.util.get_node_ip_address(), "actor_name": context.get_actor_name(),
+            "placement_group_id": context.get_placement_group_id(), "pid": os.getpid(),
+            "model_path": self.config.model_path, "loaded": self._scorer is not None,
+            "placement": self.config.placement, "gpus_per_replica": self.config.gpus_per_replica}
+        if self._scorer is not None:  # device, dtype, retemplate, max_length, num_labels, engine, packing
+            info.update(self._scorer.describe(), asleep=self._scorer.asleep)
         if self._ranks is not None:
             info["ranks"] = self._ranks.infos  # ranks 1..k-1: pid, actor_name, node_ip, device
         return info

@@ -1,245 +1,270 @@
-"""``RMService``: one reward model as a Ray actor that owns its pool, its replicas, the batcher and the statistics.
-
-Agent-loop workers call only :meth:`RMService.score` (through :func:`~verl_async_rm.service.client.score_with_timeout`);
-the manager starts the service, marks the steps and closes it. Nothing outside the service holds a replica handle: the
-replicas and their stand-ins are owned by this actor, so they go with it.
-"""
+"""``RMService``: one RM as a Ray actor that owns its pool, replicas, batcher and statistics. Workers call only
+:meth:`RMService.score`; the manager starts the services, marks steps and closes them."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import ray
 
-from verl_async_rm.batching import BatchPolicy, PendingRequestExecutor
-from verl_async_rm.errors import AsyncRMError, ReplicaLostError
+from verl_async_rm.errors import AsyncRMError, ReplicaLostError, ResourcePoolError, RewardModelError, remote_cause
 from verl_async_rm.request import RMRequest
 from verl_async_rm.scoring.rm_config import RMConfig
 from verl_async_rm.scoring.scorer import ScorerStats
+from verl_async_rm.service.batcher import Batcher, BatchPolicy
 from verl_async_rm.service.metrics import service_step_metrics
-from verl_async_rm.service.placement import (
-    ReplicaFactory,
-    create_rm_worker_group,
-    kill_and_wait,
-    kill_quietly,
-    shutdown_rm_worker_group,
-)
-from verl_async_rm.service.replica_call import ReplicaCall
-from verl_async_rm.service.sleep import SleepLedger
+from verl_async_rm.service.placement import (ReplicaFactory, create_rm_worker_group, kill_and_wait, kill_quietly,
+                                             remove_pool_groups, replica_bundle, shutdown_rm_worker_group)
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RMService", "start_rm_service", "launch_rm_service", "start_timeout_s", "kill_quietly",
-           "DEFAULT_LATE_LIMIT_S"]
+__all__ = ["RMService", "ReplicaCall", "SleepStats", "start_rm_service", "start_rm_services", "launch_rm_service",
+           "start_timeout_s", "check_pools_fit", "pools_text"]
 
-#: How long a replica may go on with a call the executor gave up on when ``batch_timeout_s`` is None (closing).
-DEFAULT_LATE_LIMIT_S = 60.0
-#: Longest wait for one replica's step counters at a step's end.
-_REPLICA_STATS_TIMEOUT_S = 30.0
-_REPLICA_STOP_WAIT_S = 30.0  # how long close waits for its killed replicas to be gone
+#: Longest wait for one replica's control answer (step counters, describe) and for killed actors to be gone.
+_CONTROL_S = 30.0
+#: Per-call records kept between two :meth:`RMService.pop_batch_records` (the oldest dropped).
+_RECORDS_KEPT = 10_000
+_POOLS_FIX = ("make a pool smaller (its n_gpus_per_node / nnodes), score with fewer RMs (async_rm.models.*), or give "
+              "the cluster more GPUs")
+
+
+class ReplicaCall:
+    """``batch_fn(items, replica)``: ``replica.score(items)``. A dead replica raises :class:`ReplicaLostError`; a
+    typed error passes as it is; any other becomes :class:`RewardModelError`. A replica cannot be interrupted: a call
+    the batcher cancelled (timed out) waits ``grace_s`` for its answer, then the replica counts as lost."""
+
+    def __init__(self, grace_s: float) -> None:
+        if isinstance(grace_s, bool) or not isinstance(grace_s, int | float) or not grace_s > 0:
+            raise ValueError(f"grace_s={grace_s!r}: must be a positive number of seconds")
+        self.grace_s = float(grace_s)
+
+    async def __call__(self, items: Sequence[RMRequest], replica: Any) -> list[Any]:
+        if not items:
+            return []
+        answer = asyncio.wrap_future(replica.score.remote(list(items)).future())
+        try:
+            return await asyncio.shield(answer)
+        except asyncio.CancelledError:
+            done, _ = await asyncio.wait({answer}, timeout=self.grace_s)
+            if not done:
+                answer.cancel()
+                raise ReplicaLostError(f"RM replica still had not answered a batch of {len(items)} {self.grace_s:g}s "
+                                       "after it timed out; treating it as lost") from None
+            if not answer.cancelled() and isinstance(answer.exception(), ray.exceptions.RayActorError):
+                raise ReplicaLostError(f"RM replica died during a timed-out call: {answer.exception()}") from None
+            raise
+        except ray.exceptions.RayActorError as err:
+            raise ReplicaLostError(f"RM replica is gone: {err}") from err
+        except ray.exceptions.RayError as err:
+            cause = remote_cause(err)
+            if isinstance(cause, AsyncRMError):  # typed where it happened: not wrapped again
+                raise cause from err
+            raise RewardModelError(f"RM replica failed on a batch of {len(items)}: {cause!r}") from cause
+
+
+class SleepStats:
+    """Whether the replicas are awake (``placement='policy_pool'``), and the step's sleep and wake figures; time
+    awake and asleep is split at each :meth:`pop` (a step's end)."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self.asleep = False
+        self._since = clock()
+        self._reset()
+
+    def _reset(self) -> None:
+        self.awake_s = self.asleep_s = self.sleep_s = self.wake_s = self.sleep_bytes = self.wake_bytes = 0.0
+        self.sleeps = self.wakes = 0
+
+    def _advance(self) -> None:
+        now = self._clock()
+        if self.asleep:
+            self.asleep_s += now - self._since
+        else:
+            self.awake_s += now - self._since
+        self._since = now
+
+    def slept(self, seconds: float, moved_bytes: float) -> None:
+        self._advance()
+        self.asleep, self.sleeps, self.sleep_s = True, self.sleeps + 1, self.sleep_s + seconds
+        self.sleep_bytes += moved_bytes
+
+    def woke(self, seconds: float, moved_bytes: float) -> None:
+        self._advance()
+        self.asleep, self.wakes, self.wake_s = False, self.wakes + 1, self.wake_s + seconds
+        self.wake_bytes += moved_bytes
+
+    def pop(self) -> dict[str, float]:
+        """The step's figures (the ``async_rm/`` metrics of the RM on the policy's GPUs), then starts over."""
+        self._advance()
+        total = self.awake_s + self.asleep_s
+        figures = {"rm_awake_s": self.awake_s, "rm_asleep_s": self.asleep_s,
+                   "rm_awake_share": self.awake_s / total if total > 0 else 1.0, "sleeps": float(self.sleeps),
+                   "wakes": float(self.wakes), "sleep_s": self.sleep_s, "wake_s": self.wake_s,
+                   "sleep_bytes": self.sleep_bytes, "wake_bytes": self.wake_bytes}
+        self._reset()
+        return figures
 
 
 class RMService:
-    """One RM as a Ray async actor (see :func:`start_rm_service`).
+    """One RM as a Ray async actor (see :func:`start_rm_service`). ``name`` names the pool's placement groups, the
+    replicas and the log lines (a service started again under the same name removes what its dead predecessor left).
+    ``replace_replicas``: a new replica in the bundle of one that died, else it is retired."""
 
-    ``name`` names the pool's placement groups, the replicas and the log lines (a service started again under the
-    same name removes what its dead predecessor left). ``replace_replicas``: a stand-in for a replica that died, else
-    it is retired. ``late_limit_s``: how long a replica may go on with a call given up on before it is killed and
-    replaced; default ``2 * batch_timeout_s`` (:data:`DEFAULT_LATE_LIMIT_S` without a batch timeout).
-    """
-
-    def __init__(self, rm: RMConfig, batching: BatchPolicy, *, name: str, replace_replicas: bool = True,
-                 late_limit_s: float | None = None) -> None:
-        self._rm = rm
-        self._batching = batching
-        self._name = name
-        self._replace = replace_replicas
-        timeout_s = batching.batch_timeout_s
-        self._late_limit_s = late_limit_s or (2.0 * timeout_s if timeout_s else DEFAULT_LATE_LIMIT_S)
+    def __init__(self, rm: RMConfig, batching: BatchPolicy, *, name: str, replace_replicas: bool = True) -> None:
+        self._rm, self._batching, self._name, self._replace = rm, batching, name, replace_replicas
         self._group: Any = None
-        self._executor: PendingRequestExecutor | None = None
-        self._abandoned: set[asyncio.Task] = set()  # whole-batch calls given up on, still waiting for late answers
-        #: placement='policy_pool': awake or asleep, and the step's sleep/wake figures; None for a pool of its own.
-        self._sleep = SleepLedger() if rm.placement == "policy_pool" else None
-        #: Replicas that did not answer the sleep, by slot: lost at the wake if the slot still holds them (a slot
-        #: being replaced then holds a dead replica, and its stand-in loads awake).
+        self._batcher: Batcher | None = None
+        # a timed-out call gets as long as a replacement replica would take to load before its replica is replaced
+        self._call = ReplicaCall(grace_s=rm.init_timeout_s)
+        self._records: deque[tuple[Any, float, float, int]] = deque(maxlen=_RECORDS_KEPT)
+        self._sleep = SleepStats() if rm.placement == "policy_pool" else None
+        #: Replicas that did not answer the sleep, by index: lost at the wake if the index still holds them.
         self._failed_sleep: dict[int, Any] = {}
 
     async def start(self) -> list[dict[str, Any]]:
         """Reserve the pool, load the RM on every replica and start the batcher; returns each replica's ``describe``
         (raises what kept them from starting, after releasing what was reserved)."""
-        if self._executor is not None:
+        if self._batcher is not None:
             return await self.describe()
-        # Placement and loading block on Ray calls: a thread keeps this actor's loop free to answer meanwhile.
+        # placement and loading block on Ray calls: a thread keeps this actor's loop free meanwhile
         self._group = await asyncio.to_thread(create_rm_worker_group, self._rm, None, f"{self._name}_")
-        self._executor = PendingRequestExecutor(
-            ReplicaCall(late_limit_s=self._late_limit_s),
-            self._batching,
-            slots=list(self._group.workers),
-            name=self._name,
-            replace_slot=ReplicaFactory(self._rm, self._group) if self._replace else None,
-        )
+        self._batcher = Batcher(self._score_on, self._batching, replicas=list(self._group.workers), name=self._name,
+                                replace_replica=ReplicaFactory(self._rm, self._group) if self._replace else None)
         logger.info("RM service %s: %d replica(s) of %s, batching %s", self._name, self._rm.num_replicas,
-                    self._rm.model_path, self._batching.to_dict())
+                    self._rm.model_path, self._batching)
         return await self.describe()
 
-    async def score(self, request: RMRequest, deadline_s: float | None = None) -> float:
+    async def _score_on(self, items: list[RMRequest], replica: Any) -> list[Any]:
+        start = time.time()
+        try:
+            return await self._call(items, replica)
+        finally:
+            self._records.append((replica, start, time.time(), len(items)))
+
+    async def score(self, request: RMRequest, deadline_s: float | None = None) -> Any:
         """The RM score of one trajectory, or the exception that kept it from being scored (``RequestTimeoutError``
         past ``deadline_s``). A caller that gives up (``ray.cancel``) takes its request out of the queue."""
         return await self._require().submit(request, num_tokens=request.num_tokens, deadline_s=deadline_s)
 
-    async def begin_step(self, expected: int | None = None) -> None:
-        """Start a step: the step's figures count from here; with ``expected``, see :meth:`expect`."""
+    async def begin_step(self, step_size: int | None = None) -> None:
+        """Start a step: its figures count from here; ``step_size``: see :meth:`drain_after`."""
         self._require().pop_step_stats()
-        if expected:
-            self._require().expect(int(expected))
+        if step_size:
+            self._require().drain_after(int(step_size))
 
-    async def expect(self, n: int) -> None:
-        """``n`` more trajectories belong to this step: the last batch flushes the moment the last one arrives."""
-        self._require().expect(int(n))
+    async def drain_after(self, n: int) -> None:
+        """``n`` more trajectories belong to this step: the last batch leaves the moment the last one arrives."""
+        self._require().drain_after(int(n))
 
     async def end_step(self) -> dict[str, float]:
-        """End a step: flush what is pending and return the step's figures (``service_step_metrics``), with the
+        """End a step: flush what waits and return the step's figures (``service_step_metrics``), with the
         replicas' own counters (a replica that does not answer in time is left out)."""
-        executor = self._require()
-        executor.drain()
-        executor_step = executor.pop_step_stats()
-        replica_steps = await asyncio.gather(
-            *(_bounded(replica.pop_step_stats.remote()) for replica in executor.slots), return_exceptions=True
-        )
-        figures = service_step_metrics(executor_step, [r for r in replica_steps if isinstance(r, ScorerStats)])
+        batcher = self._require()
+        batcher.drain()
+        step = batcher.pop_step_stats()
+        answers = await self._each_replica("pop_step_stats", _CONTROL_S)
+        figures = service_step_metrics(step, [a for a in answers if isinstance(a, ScorerStats)])
         if self._sleep is not None:
             figures.update(self._sleep.pop())
         return figures
 
     async def sleep(self) -> dict[str, float]:
-        """Put the replicas to sleep (``placement='policy_pool'``, before the policy's update): no new batch starts,
-        the running ones end (at most ``batch_timeout_s``), then each replica moves its weights to host memory.
-        Requests that arrive meanwhile wait for :meth:`wake` (their deadlines running). ``{"bytes", "seconds"}``;
-        a no-op for a pool of its own, or when asleep."""
-        executor, ledger = self._require(), self._sleep
-        if ledger is None or ledger.asleep:
+        """Put the replicas to sleep (``placement='policy_pool'``, before the policy's update): no batch starts, the
+        running ones end (at most ``batch_timeout_s``), then each replica moves its weights to host memory. Requests
+        that arrive meanwhile wait for :meth:`wake`. ``{"bytes", "seconds"}``; a no-op otherwise."""
+        batcher, stats = self._require(), self._sleep
+        if stats is None or stats.asleep:
             return {"bytes": 0.0, "seconds": 0.0}
         start = time.monotonic()
-        if not await executor.hold(self._batching.batch_timeout_s or DEFAULT_LATE_LIMIT_S):
+        if not await batcher.pause(self._batching.batch_timeout_s or self._rm.init_timeout_s):
             logger.warning("RM service %s: batches still running at the sleep; each replica sleeps after its call",
                            self._name)
-        replicas = executor.slots
-        answers = await self._each_replica("sleep", replicas)
+        replicas = list(batcher.replicas)
         moved = 0.0
-        for index, answer in enumerate(answers):
+        for index, answer in enumerate(await self._each_replica("sleep", self._rm.init_timeout_s)):
             if isinstance(answer, dict):
                 moved += answer["bytes"]
             else:
                 self._failed_sleep[index] = replicas[index]
-                logger.error("RM service %s: replica %d did not sleep (%r); it is replaced at the wake",
-                             self._name, index, answer)
-        seconds = time.monotonic() - start
-        ledger.slept(seconds, moved)
-        return {"bytes": moved, "seconds": seconds}
+                logger.error("RM service %s: replica %d did not sleep (%r); it is replaced at the wake", self._name,
+                             index, answer)
+        stats.slept(time.monotonic() - start, moved)
+        return {"bytes": moved, "seconds": time.monotonic() - start}
 
     async def wake(self) -> dict[str, float]:
-        """Wake the replicas (weights back on the device) and let batches start again; a replica that does not wake
-        (it died asleep) is replaced as a replica lost in a batch is. ``{"bytes", "seconds"}``; a no-op when awake."""
-        executor, ledger = self._require(), self._sleep
-        if ledger is None or not ledger.asleep:
+        """Wake the replicas and let batches start again; one that does not wake (it died asleep) is replaced as a
+        replica lost in a batch is. ``{"bytes", "seconds"}``; a no-op when awake."""
+        batcher, stats = self._require(), self._sleep
+        if stats is None or not stats.asleep:
             return {"bytes": 0.0, "seconds": 0.0}
         start = time.monotonic()
-        replicas = executor.slots
-        answers = await self._each_replica("wake", replicas)
+        replicas = list(batcher.replicas)
         moved = 0.0
-        for index, answer in enumerate(answers):
+        for index, answer in enumerate(await self._each_replica("wake", self._rm.init_timeout_s)):
             if isinstance(answer, dict) and self._failed_sleep.get(index) is not replicas[index]:
                 moved += answer["bytes"]
                 continue
             cause = answer if isinstance(answer, BaseException) else RuntimeError("it did not answer the sleep")
-            if executor.lose_slot(index, ReplicaLostError(f"RM replica {index} did not wake: {cause!r}")):
+            if batcher.lose_replica(index, ReplicaLostError(f"RM replica {index} did not wake: {cause!r}")):
                 logger.error("RM service %s: replica %d did not wake (%r); replacing it", self._name, index, cause)
         self._failed_sleep.clear()
-        executor.resume()
-        seconds = time.monotonic() - start
-        ledger.woke(seconds, moved)
-        return {"bytes": moved, "seconds": seconds}
-
-    async def _each_replica(self, method: str, replicas: tuple[Any, ...]) -> list[Any]:
-        """``replica.<method>()`` on every replica at once, each within ``init_timeout_s`` (a wake reloads the
-        weights): its answer, or the exception."""
-        async def call(replica: Any) -> Any:
-            return await asyncio.wait_for(getattr(replica, method).remote(), self._rm.init_timeout_s)
-
-        return await asyncio.gather(*(call(r) for r in replicas), return_exceptions=True)
-
-    async def score_batch(self, requests: list[RMRequest], timeout_s: float) -> list[float | Exception]:
-        """Score a whole batch at once, the synchronous way (after rollout): contiguous, even chunks, one per replica,
-        outside the batcher. One float or exception per request, in order; ``TimeoutError`` past ``timeout_s``."""
-        replicas = self._require().slots
-        bounds = [round(k * len(requests) / len(replicas)) for k in range(len(replicas) + 1)]
-        chunks = [requests[bounds[k]: bounds[k + 1]] for k in range(len(replicas))]
-        call = ReplicaCall(late_limit_s=DEFAULT_LATE_LIMIT_S)
-        calls = [asyncio.ensure_future(call(chunk, replica)) for replica, chunk in zip(replicas, chunks, strict=True)]
-        _, late = await asyncio.wait(calls, timeout=timeout_s)
-        for task in late:  # not awaited: a cancelled call waits for its replica's late answer (kept, logged)
-            task.cancel()
-            self._abandoned.add(task)
-            task.add_done_callback(self._forget)
-        if late:
-            raise TimeoutError(f"the RM replicas did not score a batch of {len(requests)} within {timeout_s:g}s")
-        return [result for task in calls for result in task.result()]
+        batcher.resume()
+        stats.woke(time.monotonic() - start, moved)
+        return {"bytes": moved, "seconds": time.monotonic() - start}
 
     async def pop_batch_records(self) -> list[list[dict[str, float]]]:
-        """Each current replica's scoring calls since the previous call (``{"start", "end", "size"}``, wall-clock
-        seconds of the replica's host), in slot order (the demo's timeline)."""
-        answers = await asyncio.gather(
-            *(_bounded(replica.pop_batch_records.remote()) for replica in self._require().slots),
-            return_exceptions=True,
-        )
-        return [a if isinstance(a, list) else [] for a in answers]
+        """The scoring calls since the previous call, per current replica in order: ``{"start", "end", "size"}``
+        (``time.time()`` of this actor's host; the demo's timeline)."""
+        replicas = list(self._require().replicas)
+        out: list[list[dict[str, float]]] = [[] for _ in replicas]
+        records, self._records = self._records, deque(maxlen=_RECORDS_KEPT)
+        for replica, start, end, size in records:
+            if replica in replicas:
+                out[replicas.index(replica)].append({"start": start, "end": end, "size": size})
+        return out
 
     async def stats(self) -> dict[str, Any]:
-        """The batcher's counters and summaries since start (``PendingRequestExecutor.stats``)."""
+        """The batcher's counters and summaries since start (:meth:`Batcher.stats`)."""
         return self._require().stats()
 
     async def describe(self) -> list[dict[str, Any]]:
-        """Each current replica's ``describe()`` (node, device, actor name, how its forwards run...), in slot order;
-        a replica that does not answer shows ``{"error": ...}``."""
-        answers = await asyncio.gather(
-            *(_bounded(replica.describe.remote()) for replica in self._require().slots), return_exceptions=True
-        )
+        """Each current replica's ``describe()``, in order; one that does not answer shows ``{"error": ...}``."""
+        answers = await self._each_replica("describe", _CONTROL_S)
         return [a if isinstance(a, dict) else {"error": repr(a)} for a in answers]
 
     async def close(self, grace_s: float = 10.0) -> None:
-        """Fail waiting requests (``ExecutorClosedError``), give running batches ``grace_s``, kill the replicas and
-        release the pool. Idempotent; the actor stays alive (the manager kills it)."""
-        executor, self._executor = self._executor, None
-        if executor is not None:
-            slots = executor.slots
-            await executor.aclose(grace_s=grace_s)
-            # stand-ins too (they are not in the rm_wg); gone when close returns
-            await asyncio.to_thread(kill_and_wait, slots, _REPLICA_STOP_WAIT_S)
+        """Fail waiting requests, give running batches ``grace_s``, kill the replicas and release the pool.
+        Idempotent; the actor stays alive (the manager kills it)."""
+        batcher, self._batcher = self._batcher, None
+        if batcher is not None:
+            replicas = list(batcher.replicas)
+            await batcher.aclose(grace_s=grace_s)
+            await asyncio.to_thread(kill_and_wait, replicas, _CONTROL_S)  # replacements too (not in the rm_wg)
         group, self._group = self._group, None
         if group is not None:
             await asyncio.to_thread(shutdown_rm_worker_group, group)
 
     async def ping(self) -> bool:
-        """Readiness of the actor itself (True once constructed; :meth:`start` loads the RM)."""
         return True
 
-    def _forget(self, task: asyncio.Task) -> None:
-        self._abandoned.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            logger.warning("RM service %s: a whole-batch call given up on ended with %r", self._name, task.exception())
+    async def _each_replica(self, method: str, timeout_s: float) -> list[Any]:
+        """``replica.<method>()`` on every replica at once: each answer, or the exception."""
+        async def call(replica: Any) -> Any:
+            return await asyncio.wait_for(getattr(replica, method).remote(), timeout_s)
 
-    def _require(self) -> PendingRequestExecutor:
-        if self._executor is None:
+        return await asyncio.gather(*(call(r) for r in self._require().replicas), return_exceptions=True)
+
+    def _require(self) -> Batcher:
+        if self._batcher is None:
             raise AsyncRMError(f"RM service {self._name!r} is not started, or is closed")
-        return self._executor
-
-
-async def _bounded(ref: Any) -> Any:
-    return await asyncio.wait_for(ref, _REPLICA_STATS_TIMEOUT_S)
+        return self._batcher
 
 
 def start_rm_service(rm: RMConfig, batching: BatchPolicy, *, name: str, **options: Any) -> Any:
@@ -254,28 +279,16 @@ def start_rm_service(rm: RMConfig, batching: BatchPolicy, *, name: str, **option
     return service
 
 
-def launch_rm_service(
-    rm: RMConfig,
-    batching: BatchPolicy,
-    *,
-    name: str,
-    replace_replicas: bool = True,
-    max_concurrency: int = 100_000,
-    actor_name: str | None = None,
-    late_limit_s: float | None = None,
-) -> tuple[Any, Any]:
-    """Create an :class:`RMService` actor and call its ``start``, without waiting: ``(handle, start's ObjectRef)``.
-
-    ``max_concurrency``: how many calls may wait in the actor at once (each waiting ``score`` holds one);
-    ``actor_name``: a Ray actor name (default: unnamed).
-    """
+def launch_rm_service(rm: RMConfig, batching: BatchPolicy, *, name: str, replace_replicas: bool = True,
+                      max_concurrency: int = 100_000, actor_name: str | None = None) -> tuple[Any, Any]:
+    """Create an :class:`RMService` actor and call its ``start`` without waiting: ``(handle, start's ObjectRef)``.
+    ``max_concurrency``: how many calls may wait in the actor at once (each waiting ``score`` holds one)."""
+    # num_cpus=0: it only runs an event loop, and must not wait for a CPU that placement groups have reserved
     options: dict[str, Any] = {"max_concurrency": max_concurrency, "num_cpus": 0}
     if actor_name is not None:
         options["name"] = actor_name
-    # num_cpus=0: it only runs an event loop, and must not wait for a CPU that placement groups have reserved.
     service = ray.remote(RMService).options(**options).remote(rm, batching, name=name,
-                                                              replace_replicas=replace_replicas,
-                                                              late_limit_s=late_limit_s)
+                                                              replace_replicas=replace_replicas)
     return service, service.start.remote()
 
 
@@ -283,3 +296,65 @@ def start_timeout_s(rm: RMConfig) -> float:
     """Longest a service's ``start`` may take: the pool's placement, the RM's load, and a minute for the actor."""
     return rm.placement_timeout_s + rm.init_timeout_s + 60.0
 
+
+def start_rm_services(entries: Sequence[Any], names: Mapping[str, str], *, replace_replicas: bool,
+                      max_concurrency: int) -> dict[str, Any]:
+    """Start one RM service per ``RMEntry`` (``names``: each one's service name) at once and wait until every RM is
+    loaded: ``{rm name: handle}``. Raises ``ValueError`` when the pools do not fit (now, or within
+    ``placement_timeout_s``), else what kept an RM from starting, noted with its name; nothing is left running."""
+    check_pools_fit(entries)
+    launched = {e.name: launch_rm_service(e.rm, e.batching, name=names[e.name], replace_replicas=replace_replicas,
+                                          max_concurrency=max_concurrency) for e in entries}
+    deadline = time.monotonic() + max(start_timeout_s(e.rm) for e in entries)
+    failure: BaseException | None = None
+    for entry in entries:
+        try:
+            ray.get(launched[entry.name][1], timeout=max(1.0, deadline - time.monotonic()))
+        except BaseException as err:  # noqa: BLE001 - every service is stopped, then the first failure raised
+            if failure is None:
+                err.add_note(f"while starting RM {entry.name!r} ({entry.key})")
+                failure = err
+    if failure is None:
+        return {name: service for name, (service, _) in launched.items()}
+    for entry in entries:  # the replicas go with their service; placement groups live as long as the job
+        kill_and_wait([launched[entry.name][0]], _CONTROL_S)
+        remove_pool_groups(f"{names[entry.name]}_", entry.rm.nnodes)
+    cause = remote_cause(failure)
+    if isinstance(cause, ResourcePoolError):
+        notes = "".join(f" ({note})" for note in getattr(failure, "__notes__", ()))
+        raise ValueError(f"the RM pools could not be reserved: {pools_text(entries)}. The first failure{notes}: "
+                         f"{cause}. Fix: {_POOLS_FIX}") from failure
+    raise failure
+
+
+def check_pools_fit(entries: Sequence[Any]) -> None:
+    """Raise ``ValueError`` when the pools ask more, in total, than the cluster has free now."""
+    need: dict[str, float] = {}
+    for entry in entries:
+        if entry.rm.placement == "policy_pool":  # in the bundles verl reserved for the policy
+            continue
+        for resource, amount in replica_bundle(entry.rm.gpus_per_replica, entry.rm.use_gpu).items():
+            need[resource] = need.get(resource, 0.0) + amount * entry.rm.num_replicas
+    free, total = ray.available_resources(), ray.cluster_resources()
+    if any(free.get(r, 0.0) + 1e-9 < amount for r, amount in need.items()):
+        raise ValueError(
+            f"the RM pools do not fit in the cluster: {pools_text(entries)}; together they need {_amounts(need)}, "
+            f"and the cluster has {_amounts({r: free.get(r, 0.0) for r in need})} free "
+            f"({_amounts({r: total.get(r, 0.0) for r in need})} in all). Fix: {_POOLS_FIX}")
+
+
+def pools_text(entries: Sequence[Any]) -> str:
+    """Each pool by its keys and size, e.g. ``async_rm.models.safety.n_gpus_per_node=1 x nnodes=1 (1 GPU)``."""
+    parts = []
+    for e in entries:
+        unit, n, k = "GPU" if e.rm.use_gpu else "CPU", e.rm.num_replicas, e.rm.gpus_per_replica
+        shape = (f"{n} {unit} bundle{'s' if n > 1 else ''}" if k == 1 else
+                 f"{n * k} {unit}s: {n} replica{'s' if n > 1 else ''} of "
+                 f"{e.key if e.key.startswith('async_rm') else 'async_rm'}.gpus_per_replica={k}")
+        parts.append(f"RM {e.name!r}: {e.key}.n_gpus_per_node={e.rm.n_gpus_per_node} x {e.key}.nnodes="
+                     f"{e.rm.nnodes} ({shape})")
+    return "; ".join(parts)
+
+
+def _amounts(resources: Mapping[str, float]) -> str:
+    return ", ".join(f"{amount:g} {name}" for name, amount in resources.items())

@@ -1,10 +1,10 @@
-"""``SleepLedger``: the step's awake/asleep time split at each step's end, and the sleeps' and wakes' figures."""
+"""``SleepStats``: the step's awake/asleep time split at each step's end, and the sleeps' and wakes' figures."""
 
 from __future__ import annotations
 
 import pytest
 
-from verl_async_rm.service.sleep import SleepLedger
+from verl_async_rm.service.service import SleepStats
 
 pytestmark = pytest.mark.unit
 
@@ -19,7 +19,7 @@ class Clock:
 
 def test_time_awake_and_asleep_is_split_at_each_pop():
     clock = Clock()
-    ledger = SleepLedger(clock)
+    ledger = SleepStats(clock)
     clock.now = 6.0
     ledger.slept(seconds=0.5, moved_bytes=1000)
     clock.now = 10.0  # the step ends while asleep
@@ -37,4 +37,4 @@ def test_time_awake_and_asleep_is_split_at_each_pop():
 
 def test_a_step_without_time_counts_as_awake():
     clock = Clock()
-    assert SleepLedger(clock).pop()["rm_awake_share"] == 1.0
+    assert SleepStats(clock).pop()["rm_awake_share"] == 1.0

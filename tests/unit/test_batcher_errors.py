@@ -10,13 +10,13 @@ import pytest
 from verl_async_rm.errors import (
     AsyncRMError,
     BatchResultError,
-    ExecutorClosedError,
-    ExecutorCrashedError,
+    BatcherClosedError,
+    BatcherCrashedError,
     RequestTimeoutError,
     RewardModelError,
 )
-from verl_async_rm.batching import BatchPolicy, PendingRequestExecutor
-from verl_async_rm.batching.stats import ExecutorStats
+from verl_async_rm.service.batcher import Batcher, BatchPolicy
+from verl_async_rm.service.batcher import BatcherStats
 from verl_async_rm.testing.executor import GatedBatchFn, run_virtual
 
 pytestmark = pytest.mark.unit
@@ -47,7 +47,7 @@ def test_raising_batch_fails_every_caller_and_the_executor_keeps_serving():
     async def main():
         boom = RuntimeError("rm forward failed")
         fn = GatedBatchFn(open=True, raise_if=lambda items: boom if "bad" in items else None)
-        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=4))
+        executor = Batcher(fn, BatchPolicy(max_batch_size=4))
         results = await outcomes(spawn(executor, ["a", "bad", "c", "d"]))
         assert results == [boom] * 4
         await still_serves(executor, fn)
@@ -74,7 +74,7 @@ def test_malformed_answer_fails_the_batch_with_a_clear_error(answer):
                 return out
 
         fn = Bad(open=True)
-        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=3))
+        executor = Batcher(fn, BatchPolicy(max_batch_size=3))
         results = await outcomes(spawn(executor, ["a", "b", "c"]))
         assert all(isinstance(r, BatchResultError) for r in results)
         assert "one entry per item" in str(results[0]) and "batch of 3" in str(results[0])
@@ -90,7 +90,7 @@ def test_a_blocking_batch_fn_is_reported():
         def sync_fn(items, slot):
             return items
 
-        executor = PendingRequestExecutor(sync_fn)
+        executor = Batcher(sync_fn)
         with pytest.raises(BatchResultError, match="async"):
             await executor.submit("x")
         await executor.aclose()
@@ -101,7 +101,7 @@ def test_a_blocking_batch_fn_is_reported():
 def test_per_item_exceptions_reach_only_their_callers():
     async def main():
         fn = GatedBatchFn(lambda x: Poison(f"cannot score {x}") if x % 3 == 0 else x * 10, open=True)
-        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=6, max_wait_ms=1))
+        executor = Batcher(fn, BatchPolicy(max_batch_size=6, max_wait_ms=1))
         results = await outcomes(spawn(executor, range(6)))
         stats = executor.stats()
         await executor.aclose()
@@ -126,7 +126,7 @@ def test_batch_timeout_frees_the_slot_and_fails_the_batch():
                 await hang.wait()  # never set
             return items
 
-        executor = PendingRequestExecutor(batch_fn, BatchPolicy(max_batch_size=2, max_wait_ms=1,
+        executor = Batcher(batch_fn, BatchPolicy(max_batch_size=2, max_wait_ms=1,
                                                                 batch_timeout_s=5.0))
         stuck = await outcomes(spawn(executor, ["hang", "x"]))
         assert all(isinstance(r, RequestTimeoutError) and "batch_timeout_s" in str(r) for r in stuck)
@@ -142,8 +142,8 @@ def test_batch_timeout_frees_the_slot_and_fails_the_batch():
 def test_a_crash_of_the_loop_fails_pending_requests_with_the_cause_and_the_loop_restarts():
     async def main():
         fn = GatedBatchFn(open=True)
-        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=4, max_wait_ms=10))
-        real = executor._room.next_flush
+        executor = Batcher(fn, BatchPolicy(max_batch_size=4, max_wait_ms=10))
+        real = executor._queue.next_flush
         bug = KeyError("bug in the loop")
         crashes = []
 
@@ -153,9 +153,9 @@ def test_a_crash_of_the_loop_fails_pending_requests_with_the_cause_and_the_loop_
                 raise bug
             return real(now)
 
-        executor._room.next_flush = flaky
+        executor._queue.next_flush = flaky
         results = await outcomes(spawn(executor, ["a", "b"]))
-        assert all(isinstance(r, ExecutorCrashedError) and r.__cause__ is bug for r in results)
+        assert all(isinstance(r, BatcherCrashedError) and r.__cause__ is bug for r in results)
         assert await asyncio.gather(*spawn(executor, ["c", "d"])) == ["c", "d"]
         stats = executor.stats()
         await executor.aclose()
@@ -169,8 +169,8 @@ def test_a_crash_of_the_loop_fails_pending_requests_with_the_cause_and_the_loop_
 def test_a_crash_while_dispatching_strands_nobody(monkeypatch):
     async def main():
         fn = GatedBatchFn(open=True)
-        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=3, max_wait_ms=10))
-        real = ExecutorStats.record_batch
+        executor = Batcher(fn, BatchPolicy(max_batch_size=3, max_wait_ms=10))
+        real = BatcherStats.record_batch
         calls = []
 
         def flaky(self, *args):
@@ -179,28 +179,28 @@ def test_a_crash_while_dispatching_strands_nobody(monkeypatch):
                 raise MemoryError("while recording")  # after the requests left the queue
             return real(self, *args)
 
-        monkeypatch.setattr(ExecutorStats, "record_batch", flaky)
+        monkeypatch.setattr(BatcherStats, "record_batch", flaky)
         first = await outcomes(spawn(executor, ["a", "b", "c", "d"]))
-        assert [type(r) for r in first[:3]] == [ExecutorCrashedError] * 3
-        assert isinstance(first[3], ExecutorCrashedError)  # still waiting when the loop died
+        assert [type(r) for r in first[:3]] == [BatcherCrashedError] * 3
+        assert isinstance(first[3], BatcherCrashedError)  # still waiting when the loop died
         assert await executor.submit("e") == "e"
         stats = executor.stats()
         await executor.aclose()
         return fn.seen, stats
 
     seen, stats = run_virtual(main)
-    assert seen == ["e"] and stats["queue_len"] == 0 and stats["free_slots"] == 1
+    assert seen == ["e"] and stats["queue_len"] == 0 and stats["replicas_free"] == 1
 
 
 def test_if_the_loop_task_is_killed_waiting_requests_fail_and_the_next_submit_restarts_it():
     async def main():
         fn = GatedBatchFn(open=True)
-        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=4, max_wait_ms=HOUR_MS))
+        executor = Batcher(fn, BatchPolicy(max_batch_size=4, max_wait_ms=HOUR_MS))
         tasks = spawn(executor, ["a", "b"])
         await asyncio.sleep(0)
-        executor._supervisor.cancel()
+        executor._task.cancel()
         results = await outcomes(tasks)
-        assert all(isinstance(r, ExecutorCrashedError) for r in results)
+        assert all(isinstance(r, BatcherCrashedError) for r in results)
         assert executor.stats()["loop_alive"] is False
         later = spawn(executor, ["c"])
         await asyncio.sleep(0)
@@ -214,22 +214,20 @@ def test_if_the_loop_task_is_killed_waiting_requests_fail_and_the_next_submit_re
 def test_aclose_fails_waiting_requests_and_lets_running_batches_finish():
     async def main():
         fn = GatedBatchFn()
-        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=2, max_wait_ms=HOUR_MS, max_pending=2))
+        executor = Batcher(fn, BatchPolicy(max_batch_size=2, max_wait_ms=HOUR_MS))
         running = spawn(executor, ["r1", "r2"])
         await fn.wait_calls(1)
-        waiting = spawn(executor, ["w1"])
-        blocked = spawn(executor, ["w2", "b1"])  # max_pending=2 blocks the last one
+        waiting = spawn(executor, ["w1", "w2", "w3"])
         await asyncio.sleep(0)
-        assert executor.stats()["blocked"] == 1
         closing = asyncio.ensure_future(executor.aclose(grace_s=60))
         await asyncio.sleep(0)
-        results = await outcomes(waiting + blocked)
-        assert all(isinstance(r, ExecutorClosedError) for r in results)
+        results = await outcomes(waiting)
+        assert all(isinstance(r, BatcherClosedError) for r in results)
         assert not closing.done()  # waiting for the running batch
         fn.open()
         assert await asyncio.gather(*running) == ["r1", "r2"]
         await closing
-        with pytest.raises(ExecutorClosedError):
+        with pytest.raises(BatcherClosedError):
             await executor.submit("after")
         await executor.aclose()  # idempotent
         return executor.stats()
@@ -241,12 +239,12 @@ def test_aclose_fails_waiting_requests_and_lets_running_batches_finish():
 def test_aclose_cancels_batches_that_outlive_the_grace_period():
     async def main():
         fn = GatedBatchFn()  # never opened
-        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=2, max_wait_ms=1))
+        executor = Batcher(fn, BatchPolicy(max_batch_size=2, max_wait_ms=1))
         running = spawn(executor, ["r1", "r2"])
         await fn.wait_calls(1)
         await executor.aclose(grace_s=2.0)
         results = await outcomes(running)
-        assert all(isinstance(r, ExecutorClosedError) and isinstance(r, AsyncRMError) for r in results)
+        assert all(isinstance(r, BatcherClosedError) and isinstance(r, AsyncRMError) for r in results)
         assert executor.stats()["in_flight_batches"] == 0
 
     run_virtual(main)
@@ -261,11 +259,11 @@ def test_aclose_does_not_hang_on_a_batch_fn_that_ignores_cancellation():
                 except asyncio.CancelledError:
                     continue
 
-        executor = PendingRequestExecutor(stubborn, BatchPolicy(max_batch_size=1, max_wait_ms=0))
+        executor = Batcher(stubborn, BatchPolicy(max_batch_size=1, max_wait_ms=0))
         running = spawn(executor, ["x"])
         await asyncio.sleep(0.5)
         await executor.aclose(grace_s=1.0)
-        assert isinstance((await outcomes(running))[0], ExecutorClosedError)
+        assert isinstance((await outcomes(running))[0], BatcherClosedError)
 
     run_virtual(main, timeout_s=100.0)
 
@@ -279,7 +277,7 @@ def test_a_batch_fn_that_raises_cancelled_error_by_itself_fails_its_batch_not_th
             return items
 
         policy = BatchPolicy(max_batch_size=2, max_wait_ms=1, batch_timeout_s=batch_timeout_s)
-        executor = PendingRequestExecutor(cancels_itself, policy)
+        executor = Batcher(cancels_itself, policy)
         results = await outcomes(spawn(executor, ["x", "y"]))
         assert all(isinstance(r, BatchResultError) and "CancelledError" in str(r) for r in results)
         assert await executor.submit("z") == "z"
@@ -299,12 +297,12 @@ def test_aclose_also_stops_a_call_running_under_batch_timeout():
                 stopped.set()
             return items
 
-        executor = PendingRequestExecutor(long_call, BatchPolicy(max_batch_size=1, max_wait_ms=0,
+        executor = Batcher(long_call, BatchPolicy(max_batch_size=1, max_wait_ms=0,
                                                                  batch_timeout_s=50.0))
         running = spawn(executor, ["a"])
         await asyncio.sleep(1)
         await executor.aclose(grace_s=0)
-        assert isinstance((await outcomes(running))[0], ExecutorClosedError)
+        assert isinstance((await outcomes(running))[0], BatcherClosedError)
         await asyncio.sleep(0)
         assert stopped.is_set()
 
@@ -314,10 +312,10 @@ def test_aclose_also_stops_a_call_running_under_batch_timeout():
 def test_async_with_closes_the_executor():
     async def main():
         fn = GatedBatchFn(open=True)
-        async with PendingRequestExecutor(fn, BatchPolicy(max_batch_size=2, max_wait_ms=1)) as executor:
+        async with Batcher(fn, BatchPolicy(max_batch_size=2, max_wait_ms=1)) as executor:
             assert await executor.submit(1) == 1
         assert executor.stats()["closed"]
-        with pytest.raises(ExecutorClosedError):
+        with pytest.raises(BatcherClosedError):
             await executor.submit(2)
 
     run_virtual(main)
@@ -334,8 +332,8 @@ def test_a_failed_slot_or_timeout_fails_the_batch_in_one_call(error):
         raise error
 
     async def main():
-        executor = PendingRequestExecutor(batch_fn, BatchPolicy(max_batch_size=8, max_wait_ms=0))
-        executor.expect(8)
+        executor = Batcher(batch_fn, BatchPolicy(max_batch_size=8, max_wait_ms=0))
+        executor.drain_after(8)
         results = await asyncio.gather(*(executor.submit(i) for i in range(8)), return_exceptions=True)
         await executor.aclose()
         return results
@@ -356,7 +354,7 @@ def test_a_timed_out_call_that_ignores_cancellation_keeps_its_slot_late_and_aclo
             return items
 
         policy = BatchPolicy(max_batch_size=1, max_wait_ms=0, batch_timeout_s=5.0)
-        executor = PendingRequestExecutor(stubborn_on_r0, policy, slots=["r0", "r1"])
+        executor = Batcher(stubborn_on_r0, policy, replicas=["r0", "r1"])
         first = await outcomes(spawn(executor, ["a"]))
         later = await asyncio.gather(*spawn(executor, ["b", "c", "d"]))  # all on r1: r0 never ended its call
         stats = executor.stats()
@@ -365,4 +363,20 @@ def test_a_timed_out_call_that_ignores_cancellation_keeps_its_slot_late_and_aclo
 
     first, later, stats = run_virtual(main, timeout_s=100.0)
     assert isinstance(first[0], RequestTimeoutError) and later == ["b", "c", "d"]
-    assert stats["slots_late"] == 1 and stats["in_flight_batches"] == 1 and stats["in_flight_requests"] == 0
+    assert stats["replicas_timed_out"] == 1 and stats["in_flight_batches"] == 1 and stats["in_flight_requests"] == 0
+
+
+@pytest.mark.parametrize("kind", [RequestTimeoutError, RewardModelError, BatcherCrashedError])
+def test_an_error_pickles_with_its_type_cause_and_notes(kind):
+    """What crosses the Ray boundary (replica -> service -> worker) is the error as it was made, cause included
+    (Python's own pickling drops ``__cause__``); a cause that cannot pickle stays behind instead of failing."""
+    import pickle
+
+    err = kind("no score")
+    err.__cause__ = KeyError("the tokenizer's")
+    err.add_note("RM 'main'")
+    back = pickle.loads(pickle.dumps(err))
+    assert type(back) is kind and back.args == ("no score",) and back.__notes__ == ["RM 'main'"]
+    assert type(back.__cause__) is KeyError and back.__cause__.args == ("the tokenizer's",)
+    err.__cause__ = RuntimeError(lambda: None)  # its argument cannot pickle
+    assert pickle.loads(pickle.dumps(err)).__cause__ is None

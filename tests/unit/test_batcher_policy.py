@@ -1,13 +1,14 @@
-"""BatchPolicy validation and the argument checks of PendingRequestExecutor (constructor, submit, expect)."""
+"""BatchPolicy validation and the argument checks of Batcher (constructor, submit, expect)."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import math
 
 import pytest
 
-from verl_async_rm.batching import BatchPolicy, PendingRequestExecutor
+from verl_async_rm.service.batcher import Batcher, BatchPolicy
 from verl_async_rm.testing.executor import GatedBatchFn, run_virtual
 
 pytestmark = pytest.mark.unit
@@ -15,10 +16,7 @@ pytestmark = pytest.mark.unit
 
 def test_defaults_are_valid_and_round_trip():
     policy = BatchPolicy()
-    assert policy.max_batch_size >= 1 and policy.overflow == "block"
-    assert BatchPolicy.from_mapping(policy.to_dict()) == policy
-    assert BatchPolicy.from_mapping(None) == policy
-    assert BatchPolicy.from_mapping(policy) is policy
+    assert policy.max_batch_size >= 1 and BatchPolicy(**dataclasses.asdict(policy)) == policy
     assert BatchPolicy(max_wait_ms=5).max_wait_s == pytest.approx(0.005)
 
 
@@ -35,10 +33,8 @@ def test_defaults_are_valid_and_round_trip():
         ("max_wait_ms", math.inf, ValueError),
         ("max_wait_ms", math.nan, ValueError),
         ("max_wait_ms", "10", TypeError),
-        ("max_pending", 0, ValueError),
-        ("overflow", "drop", ValueError),
-        ("default_deadline_s", 0, ValueError),
-        ("default_deadline_s", -1.0, ValueError),
+        ("batch_timeout_s", 0, ValueError),
+        ("batch_timeout_s", -1.0, ValueError),
         ("batch_timeout_s", math.inf, ValueError),
         ("group_by_length", "yes", TypeError),
     ],
@@ -53,14 +49,6 @@ def test_bad_values_name_the_field_the_value_and_a_fix(field, value, error):
         assert any(word in message for word in ("set ", "use ", "give ")), message
 
 
-def test_from_mapping_rejects_unknown_keys_and_non_mappings():
-    with pytest.raises(ValueError, match="max_batch_szie"):
-        BatchPolicy.from_mapping({"max_batch_szie": 4})
-    with pytest.raises(TypeError):
-        BatchPolicy.from_mapping([("max_batch_size", 4)])  # type: ignore[arg-type]
-    assert BatchPolicy.from_mapping({"max_batch_size": 4, "overflow": "reject"}).overflow == "reject"
-
-
 def test_policy_is_frozen():
     with pytest.raises(AttributeError):
         BatchPolicy().max_batch_size = 3  # type: ignore[misc]
@@ -68,24 +56,24 @@ def test_policy_is_frozen():
 
 @pytest.mark.parametrize("slots", [0, -1, [], (), "ab", True, 2.0])
 def test_executor_rejects_bad_slots(slots):
-    with pytest.raises((ValueError, TypeError), match="slot"):
-        PendingRequestExecutor(GatedBatchFn(), slots=slots)
+    with pytest.raises((ValueError, TypeError), match="replicas"):
+        Batcher(GatedBatchFn(), replicas=slots)
 
 
 def test_executor_rejects_a_non_callable_batch_fn():
     with pytest.raises(TypeError, match="batch_fn"):
-        PendingRequestExecutor("not callable")  # type: ignore[arg-type]
+        Batcher("not callable")  # type: ignore[arg-type]
 
 
-def test_executor_accepts_a_policy_mapping_and_slot_objects():
-    executor = PendingRequestExecutor(GatedBatchFn(), {"max_batch_size": 3}, slots=["a", "b"])
+def test_executor_accepts_replica_objects():
+    executor = Batcher(GatedBatchFn(), BatchPolicy(max_batch_size=3), replicas=["a", "b"])
     assert executor.policy.max_batch_size == 3
-    assert executor.stats()["slots"] == 2
+    assert executor.stats()["replicas"] == 2
 
 
 def test_submit_and_expect_validate_their_arguments():
     async def main():
-        executor = PendingRequestExecutor(GatedBatchFn(open=True), BatchPolicy(max_batch_tokens=10))
+        executor = Batcher(GatedBatchFn(open=True), BatchPolicy(max_batch_tokens=10))
         with pytest.raises(ValueError, match="num_tokens"):
             await executor.submit("x")
         with pytest.raises(ValueError, match="num_tokens"):
@@ -99,8 +87,8 @@ def test_submit_and_expect_validate_their_arguments():
         with pytest.raises(ValueError, match="deadline_s"):
             await executor.submit("x", num_tokens=1, deadline_s=math.nan)
         for bad in (0, -2, 1.5, True):
-            with pytest.raises(ValueError, match="expect"):
-                executor.expect(bad)
+            with pytest.raises(ValueError, match="drain_after"):
+                executor.drain_after(bad)
         assert executor.stats()["submitted"] == 0
         assert await executor.submit("ok", num_tokens=3) == "ok"
         await executor.aclose()
@@ -112,7 +100,7 @@ def test_the_executor_package_imports_without_ray():
     import subprocess
     import sys
 
-    code = "import sys, verl_async_rm.batching; assert 'ray' not in sys.modules, 'ray was imported'"
+    code = "import sys, verl_async_rm.service.batcher; assert 'ray' not in sys.modules, 'ray was imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 

@@ -11,9 +11,9 @@ import random
 
 import pytest
 
-from verl_async_rm.batching import BatchPolicy, PendingRequestExecutor
-from verl_async_rm.batching.formation import select_batch
-from verl_async_rm.batching.request import Request
+from verl_async_rm.service.batcher import Batcher, BatchPolicy
+from verl_async_rm.service.batcher import select_batch
+from verl_async_rm.service.batcher import Request
 from verl_async_rm.testing.executor import GatedBatchFn, run_virtual
 
 pytestmark = pytest.mark.unit
@@ -155,7 +155,7 @@ def test_executor_groups_a_backlog_that_is_already_past_max_wait():
         async def main():
             fn = GatedBatchFn()
             policy = BatchPolicy(max_batch_size=8, max_wait_ms=5, group_by_length=group)
-            executor = PendingRequestExecutor(fn, policy)
+            executor = Batcher(fn, policy)
             blocker = asyncio.ensure_future(executor.submit("blocker", num_tokens=5))
             await fn.wait_calls(1)
             lengths = [10, 1000] * 8
@@ -231,7 +231,7 @@ def test_executor_batches_rm_requests_with_their_siblings(policy_tok):
     def run():
         async def main():
             fn = GatedBatchFn()
-            executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=4, max_wait_ms=5, prefer_siblings=True))
+            executor = Batcher(fn, BatchPolicy(max_batch_size=4, max_wait_ms=5, prefer_siblings=True))
             blocker = asyncio.ensure_future(executor.submit(RMRequest("blocker", [1], [2]), num_tokens=2))
             await fn.wait_calls(1)
             # p0/0, p1/0, p2/0, p0/1, ...: siblings arrive apart, lengths interleaved

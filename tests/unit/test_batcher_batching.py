@@ -1,4 +1,4 @@
-"""Batch formation: slots, flush triggers (size, tokens, age, drain, expect), token budget, length grouping.
+"""Batch formation: replicas, flush triggers (size, tokens, age, drain, drain_after), token budget, length grouping.
 
 Most tests run on a virtual-time loop (``run_virtual``): timers fire exactly, and time only moves when every task
 waits, so "resolves within max_wait + execution" is checked exactly and without real waiting. Batch functions are
@@ -11,9 +11,9 @@ import asyncio
 
 import pytest
 
-from verl_async_rm.batching import BatchPolicy, PendingRequestExecutor
-from verl_async_rm.batching.formation import select_batch
-from verl_async_rm.batching.request import Request
+from verl_async_rm.service.batcher import Batcher, BatchPolicy
+from verl_async_rm.service.batcher import select_batch
+from verl_async_rm.service.batcher import Request
 from verl_async_rm.testing.executor import GatedBatchFn, run_virtual
 
 pytestmark = pytest.mark.unit
@@ -39,7 +39,7 @@ async def test_burst_of_k_times_n_flushes_full_batches_at_once(k):
     """Real event loop: k*N requests at once give k batches of exactly N, without waiting for max_wait."""
     n = 8
     fn = GatedBatchFn(lambda x: x + 1000)
-    executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=n, max_wait_ms=HOUR_MS), slots=k)
+    executor = Batcher(fn, BatchPolicy(max_batch_size=n, max_wait_ms=HOUR_MS), replicas=k)
     tasks = spawn(executor, range(k * n))
     await asyncio.wait_for(fn.wait_calls(k), 60)
     assert fn.batch_sizes == [n] * k and not any(t.done() for t in tasks)
@@ -58,7 +58,7 @@ def test_every_count_resolves_within_max_wait_plus_execution(count):
     async def main():
         loop = asyncio.get_running_loop()
         fn = GatedBatchFn(open=True, delay_s=exec_s)
-        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=n, max_wait_ms=wait_s * 1000), slots=3)
+        executor = Batcher(fn, BatchPolicy(max_batch_size=n, max_wait_ms=wait_s * 1000), replicas=3)
         done_at = {}
 
         async def one(i):
@@ -82,7 +82,7 @@ def test_lone_request_waits_exactly_max_wait_then_runs():
     async def main():
         loop = asyncio.get_running_loop()
         fn = GatedBatchFn(open=True, delay_s=0.010)
-        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=64, max_wait_ms=25))
+        executor = Batcher(fn, BatchPolicy(max_batch_size=64, max_wait_ms=25))
         latencies = []
         for i in range(3):
             t0 = loop.time()
@@ -101,7 +101,7 @@ def test_lone_request_waits_exactly_max_wait_then_runs():
 def test_max_wait_zero_is_work_conserving():
     async def main():
         fn = GatedBatchFn(open=True, delay_s=0.010)
-        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=8, max_wait_ms=0), slots=2)
+        executor = Batcher(fn, BatchPolicy(max_batch_size=8, max_wait_ms=0), replicas=2)
         first = spawn(executor, ["a"])
         await idle()
         assert fn.batch_sizes == [1]  # an idle slot takes the lone request at once
@@ -117,7 +117,7 @@ def test_drain_flushes_a_partial_batch_at_once_and_later_requests_wait():
     async def main():
         loop = asyncio.get_running_loop()
         fn = GatedBatchFn(open=True)
-        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=8, max_wait_ms=HOUR_MS))
+        executor = Batcher(fn, BatchPolicy(max_batch_size=8, max_wait_ms=HOUR_MS))
         tasks = spawn(executor, range(5))
         await idle(10.0)
         assert fn.calls == [] and not any(t.done() for t in tasks)
@@ -141,7 +141,7 @@ def test_drain_flushes_a_partial_batch_at_once_and_later_requests_wait():
 def test_drain_splits_evenly_across_free_slots():
     async def main():
         fn = GatedBatchFn()
-        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=16, max_wait_ms=HOUR_MS), slots=3)
+        executor = Batcher(fn, BatchPolicy(max_batch_size=16, max_wait_ms=HOUR_MS), replicas=3)
         tasks = spawn(executor, range(10))
         await idle()
         executor.drain()
@@ -155,13 +155,31 @@ def test_drain_splits_evenly_across_free_slots():
     assert sizes == [3, 3, 4] and slots == {0, 1, 2}
 
 
+def test_a_drain_that_also_fills_the_batch_is_split_over_the_free_replicas():
+    """drain_after(n) with n = max_batch_size: the step's last request both fills the batch and ends the step; what
+    the drain covers still leaves split over the free replicas, not as one batch on one of them."""
+    async def main():
+        fn = GatedBatchFn()
+        executor = Batcher(fn, BatchPolicy(max_batch_size=8, max_wait_ms=HOUR_MS), replicas=2)
+        executor.drain_after(8)
+        tasks = spawn(executor, range(8))
+        await fn.wait_calls(2)
+        fn.open()
+        await asyncio.gather(*tasks)
+        await executor.aclose()
+        return sorted(fn.batch_sizes), {replica for _, replica in fn.calls}
+
+    sizes, replicas = run_virtual(main)
+    assert sizes == [4, 4] and replicas == {0, 1}
+
+
 def test_expect_flushes_on_the_nth_request_of_the_step():
     async def main():
         fn = GatedBatchFn(open=True)
-        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=16, max_wait_ms=HOUR_MS))
+        executor = Batcher(fn, BatchPolicy(max_batch_size=16, max_wait_ms=HOUR_MS))
         early = spawn(executor, range(2))  # arrive before expect(): they belong to this step too
         await idle()
-        executor.expect(5)
+        executor.drain_after(5)
         more = spawn(executor, range(2, 4))
         await idle(1.0)
         assert fn.calls == []
@@ -171,14 +189,14 @@ def test_expect_flushes_on_the_nth_request_of_the_step():
         nxt = spawn(executor, range(10, 13))
         await idle()
         assert fn.batch_sizes == [5]
-        executor.expect(3)
+        executor.drain_after(3)
         await asyncio.gather(*nxt)
         stats = executor.stats()
         await executor.aclose()
         return fn.batch_sizes, stats
 
     sizes, stats = run_virtual(main)
-    assert sizes == [5, 3] and stats["flush_reasons"]["expect"] == 2
+    assert sizes == [5, 3] and stats["flush_reasons"]["drain"] == 2
 
 
 def test_saturation_grows_batches_to_the_cap():
@@ -187,7 +205,7 @@ def test_saturation_grows_batches_to_the_cap():
 
     async def main():
         fn = GatedBatchFn(open=True, delay_s=exec_s)
-        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=cap, max_wait_ms=5))
+        executor = Batcher(fn, BatchPolicy(max_batch_size=cap, max_wait_ms=5))
         tasks = []
         for i in range(20 * cap):
             tasks.append(asyncio.ensure_future(executor.submit(i)))
@@ -206,8 +224,8 @@ def test_saturation_grows_batches_to_the_cap():
 def test_an_idle_slot_never_waits_for_a_busy_one():
     async def main():
         fn = GatedBatchFn()
-        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=4, max_wait_ms=HOUR_MS),
-                                          slots=["replica-a", "replica-b"])
+        executor = Batcher(fn, BatchPolicy(max_batch_size=4, max_wait_ms=HOUR_MS),
+                                          replicas=["replica-a", "replica-b"])
         first = spawn(executor, range(4))
         await fn.wait_calls(1)
         second = spawn(executor, range(4, 8))  # replica-a is still busy: replica-b takes the next full batch
@@ -227,7 +245,7 @@ def test_an_idle_slot_never_waits_for_a_busy_one():
 def test_token_budget_flushes_at_once_and_caps_tokens():
     async def main():
         fn = GatedBatchFn(open=True)
-        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=64, max_batch_tokens=100,
+        executor = Batcher(fn, BatchPolicy(max_batch_size=64, max_batch_tokens=100,
                                                           max_wait_ms=HOUR_MS))
         await asyncio.gather(*spawn(executor, range(9), num_tokens=30))
         stats = executor.stats()
@@ -244,7 +262,7 @@ def test_oversized_item_goes_alone_and_a_deferred_item_keeps_its_place(group):
     async def main():
         fn = GatedBatchFn(open=True)
         policy = BatchPolicy(max_batch_size=8, max_batch_tokens=100, max_wait_ms=HOUR_MS, group_by_length=group)
-        executor = PendingRequestExecutor(fn, policy)
+        executor = Batcher(fn, policy)
         tasks = []
         for name, tokens in [("huge", 150), ("a60", 60), ("b50", 50), ("c10", 10)]:
             tasks.append(asyncio.ensure_future(executor.submit(name, num_tokens=tokens)))
@@ -266,7 +284,7 @@ def _lengths_run(group: bool):
     async def main():
         fn = GatedBatchFn()
         policy = BatchPolicy(max_batch_size=8, max_wait_ms=HOUR_MS, group_by_length=group)
-        executor = PendingRequestExecutor(fn, policy)
+        executor = Batcher(fn, policy)
         blocker = spawn(executor, ["blocker"] * 8, num_tokens=5)  # fills and holds the only slot
         await fn.wait_calls(1)
         lengths = [10, 1000] * 8
@@ -323,9 +341,9 @@ def test_expect_adds_up_across_overlapping_dispatches():
 
     async def main():
         fn = GatedBatchFn(open=True)
-        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=16, max_wait_ms=HOUR_MS))
-        executor.expect(3)
-        executor.expect(2)
+        executor = Batcher(fn, BatchPolicy(max_batch_size=16, max_wait_ms=HOUR_MS))
+        executor.drain_after(3)
+        executor.drain_after(2)
         first = spawn(executor, range(3))
         await idle(1.0)
         assert fn.calls == []  # 3 of the 5 expected: still waiting
@@ -338,10 +356,10 @@ def test_expect_adds_up_across_overlapping_dispatches():
 
 
 def test_the_flush_rule_says_now_and_why_or_until_when():
-    """``WaitingRoom.next_flush`` is the one place the flush rule is written: the loop both flushes and sleeps by it."""
-    from verl_async_rm.batching.waiting_room import WaitingRoom
+    """``RequestQueue.next_flush`` is the one place the flush rule is written: the loop both flushes and sleeps by it."""
+    from verl_async_rm.service.batcher import RequestQueue
 
-    room = WaitingRoom(BatchPolicy(max_batch_size=3, max_batch_tokens=100, max_wait_ms=10))
+    room = RequestQueue(BatchPolicy(max_batch_size=3, max_batch_tokens=100, max_wait_ms=10))
     loop = asyncio.new_event_loop()
     try:
         def put(seq, t, tokens):
@@ -353,8 +371,8 @@ def test_the_flush_rule_says_now_and_why_or_until_when():
         put(2, 1.005, 10)
         assert room.next_flush(1.005) == (None, pytest.approx(1.010))  # the OLDEST request sets the time
         assert room.next_flush(1.010) == ("age", None)
-        room.drain_seq, room.drain_reason = 2, "expect"
-        assert room.next_flush(1.006) == ("expect", None)
+        room.drain_seq = 2
+        assert room.next_flush(1.006) == ("drain", None)
         room.drain_seq = 0
         put(3, 1.007, 90)
         assert room.next_flush(1.007) == ("size", None)

@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-from verl_async_rm.errors import NoSlotsError, RequestTimeoutError, SlotLostError
-from verl_async_rm.batching import BatchPolicy, PendingRequestExecutor
+from verl_async_rm.errors import NoReplicasError, RequestTimeoutError, ReplicaLostError
+from verl_async_rm.service.batcher import Batcher, BatchPolicy
 from verl_async_rm.testing.executor import run_virtual
 
 pytestmark = pytest.mark.unit
@@ -18,9 +18,9 @@ HOUR_MS = 3_600_000.0
 
 
 class Replicas:
-    """A batch function over named slots; a slot in ``dead`` raises SlotLostError; a call on a slot in ``stuck``
+    """A batch function over named slots; a slot in ``dead`` raises ReplicaLostError; a call on a slot in ``stuck``
     hangs, and once cancelled (``batch_timeout_s``) waits for ``stuck[slot]`` like the RM side waits for the remote call
-    to come back: it then ends, or raises what that future holds (SlotLostError: the replica never answered)."""
+    to come back: it then ends, or raises what that future holds (ReplicaLostError: the replica never answered)."""
 
     def __init__(self, delay_s: float = 0.01) -> None:
         self.delay_s = delay_s
@@ -40,7 +40,7 @@ class Replicas:
                 await release
                 raise
         if slot in self.dead:
-            raise SlotLostError(f"{slot} died")
+            raise ReplicaLostError(f"{slot} died")
         return [f"{item}@{slot}" for item in items]
 
     def slots_used(self) -> list:
@@ -55,7 +55,7 @@ def test_requests_of_a_lost_slot_are_scored_on_the_other_slot_and_the_slot_is_re
     async def main():
         fn = Replicas()
         fn.dead.add("r0")
-        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=4, max_wait_ms=HOUR_MS), slots=["r0", "r1"])
+        executor = Batcher(fn, BatchPolicy(max_batch_size=4, max_wait_ms=HOUR_MS), replicas=["r0", "r1"])
         results = await asyncio.gather(*spawn(executor, list("abcdefgh")))
         stats = executor.stats()
         assert await asyncio.gather(*spawn(executor, ["i"])) == ["i@r1"]  # r0 is never used again
@@ -66,7 +66,7 @@ def test_requests_of_a_lost_slot_are_scored_on_the_other_slot_and_the_slot_is_re
     assert sorted(results) == [f"{c}@r1" for c in "abcdefgh"]
     assert fn.slots_used().count("r0") == 1  # one failed call, then retired
     assert stats["requeued"] == 4 and stats["completed"] == 8 and stats["failed"] == 0
-    assert stats["slots_lost"] == 1 and stats["slots_lost_total"] == 1 and stats["slots_free"] == 1
+    assert stats["replicas_lost"] == 1 and stats["replicas_lost_total"] == 1 and stats["replicas_free"] == 1
 
 
 def test_a_lost_slot_is_replaced_and_takes_batches_again():
@@ -80,8 +80,8 @@ def test_a_lost_slot_is_replaced_and_takes_batches_again():
             replaced.append((slot, index))
             return "r0-new"
 
-        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=2, max_wait_ms=HOUR_MS), slots=["r0"],
-                                          replace_slot=replace)
+        executor = Batcher(fn, BatchPolicy(max_batch_size=2, max_wait_ms=HOUR_MS), replicas=["r0"],
+                                          replace_replica=replace)
         first = spawn(executor, ["a", "b"])
         await asyncio.sleep(1.0)
         assert not any(t.done() for t in first)  # re-queued, waiting for the replacement instead of failing
@@ -93,21 +93,21 @@ def test_a_lost_slot_is_replaced_and_takes_batches_again():
     replaced, results, stats = run_virtual(main)
     assert replaced == [("r0", 0)]
     assert results == ["a@r0-new", "b@r0-new"]
-    assert stats["slots_replaced_total"] == 1 and stats["slots_free"] == 1 and stats["requeued"] == 2
+    assert stats["replicas_replaced_total"] == 1 and stats["replicas_free"] == 1 and stats["requeued"] == 2
 
 
 def test_requeues_are_bounded_then_the_request_fails_with_the_slot_error():
     async def main():
         fn = Replicas()
         fn.dead.update({"r0", "r1", "r2", "r3"})
-        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=1, max_wait_ms=0, slot_retries=2),
-                                          slots=["r0", "r1", "r2", "r3"])
+        executor = Batcher(fn, BatchPolicy(max_batch_size=1, max_wait_ms=0, replica_retries=2),
+                                          replicas=["r0", "r1", "r2", "r3"])
         outcome = await asyncio.gather(executor.submit("a"), return_exceptions=True)
         await executor.aclose()
         return fn, outcome[0]
 
     fn, outcome = run_virtual(main)
-    assert isinstance(outcome, SlotLostError)
+    assert isinstance(outcome, ReplicaLostError)
     assert len(fn.calls) == 3  # the first try and two re-queues, each on another slot
     assert len(set(fn.slots_used())) == 3
 
@@ -120,23 +120,23 @@ def test_with_no_slot_left_waiters_and_new_submits_fail_at_once():
         async def cannot_replace(slot, index):
             raise RuntimeError("no resources for a new replica")
 
-        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=2, max_wait_ms=HOUR_MS, slot_retries=5),
-                                          slots=["r0", "r1"], replace_slot=cannot_replace)
+        executor = Batcher(fn, BatchPolicy(max_batch_size=2, max_wait_ms=HOUR_MS, replica_retries=5),
+                                          replicas=["r0", "r1"], replace_replica=cannot_replace)
         loop = asyncio.get_running_loop()
         t0 = loop.time()
         waiting = spawn(executor, ["a", "b", "c", "d", "e"])
         outcomes = await asyncio.gather(*waiting, return_exceptions=True)
         elapsed = loop.time() - t0
-        with pytest.raises(NoSlotsError, match="all 2 slot"):
+        with pytest.raises(NoReplicasError, match="all 2 replica"):
             await executor.submit("late")
         stats = executor.stats()
         await executor.aclose()
         return outcomes, elapsed, stats
 
     outcomes, elapsed, stats = run_virtual(main)
-    assert all(isinstance(o, NoSlotsError) for o in outcomes)
+    assert all(isinstance(o, NoReplicasError) for o in outcomes)
     assert elapsed < 1.0  # virtual seconds: nothing waited for max_wait_ms (an hour) or a deadline
-    assert stats["slots_lost"] == 2 and stats["slots_replace_failed_total"] == 2
+    assert stats["replicas_lost"] == 2 and stats["replicas_replace_failed_total"] == 2
 
 
 def test_a_late_slot_gets_no_batch_until_its_call_answers():
@@ -144,7 +144,7 @@ def test_a_late_slot_gets_no_batch_until_its_call_answers():
         fn = Replicas()
         fn.stuck["r0"] = None
         policy = BatchPolicy(max_batch_size=1, max_wait_ms=0, batch_timeout_s=5.0)
-        executor = PendingRequestExecutor(fn, policy, slots=["r0", "r1"], name="rm")
+        executor = Batcher(fn, policy, replicas=["r0", "r1"], name="rm")
         first = await asyncio.gather(executor.submit("a"), return_exceptions=True)
         late_stats = executor.stats()
         release = fn.stuck.pop("r0")
@@ -159,12 +159,12 @@ def test_a_late_slot_gets_no_batch_until_its_call_answers():
 
     first, late_stats, during, after_stats, both = run_virtual(main)
     assert isinstance(first, RequestTimeoutError)
-    for part in ("'rm'", "batch of 1", "slot 0 ('r0')", "batch_timeout_s=5"):
+    for part in ("'rm'", "batch of 1", "replica 0 ('r0')", "batch_timeout_s=5"):
         assert part in str(first), (part, str(first))
-    assert late_stats["slots_late"] == 1 and late_stats["slots_late_total"] == 1
+    assert late_stats["replicas_timed_out"] == 1 and late_stats["replicas_timed_out_total"] == 1
     assert late_stats["timed_out"] == 1 and late_stats["in_flight_requests"] == 0
     assert all(r.endswith("@r1") for r in during)
-    assert after_stats["slots_late"] == 0 and after_stats["slots_free"] == 2
+    assert after_stats["replicas_timed_out"] == 0 and after_stats["replicas_free"] == 2
     assert {r.split("@")[1] for r in both} == {"r0", "r1"}
 
 
@@ -178,11 +178,11 @@ def test_a_late_call_that_ends_with_the_replica_dead_loses_the_slot(replace):
             return "r0-new"
 
         policy = BatchPolicy(max_batch_size=1, max_wait_ms=0, batch_timeout_s=5.0)
-        executor = PendingRequestExecutor(fn, policy, slots=["r0", "r1"],
-                                          replace_slot=replace_slot if replace else None)
+        executor = Batcher(fn, policy, replicas=["r0", "r1"],
+                                          replace_replica=replace_slot if replace else None)
         first = await asyncio.gather(executor.submit("a"), return_exceptions=True)
         release = fn.stuck.pop("r0")
-        release.set_exception(SlotLostError("r0 died while late"))
+        release.set_exception(ReplicaLostError("r0 died while late"))
         await asyncio.sleep(0.1)
         stats = executor.stats()
         await executor.aclose()
@@ -191,11 +191,11 @@ def test_a_late_call_that_ends_with_the_replica_dead_loses_the_slot(replace):
     first, stats, calls = run_virtual(main)
     assert isinstance(first, RequestTimeoutError)  # failed at the timeout; not re-queued when the slot is lost later
     assert stats["requeued"] == 0 and len(calls) == 1 and stats["timed_out"] == 1 and stats["failed"] == 0
-    assert stats["slots_lost_total"] == 1 and stats["slots_late"] == 0
+    assert stats["replicas_lost_total"] == 1 and stats["replicas_timed_out"] == 0
     if replace:
-        assert stats["slots_replaced_total"] == 1 and stats["slots_free"] == 2 and stats["slots_lost"] == 0
+        assert stats["replicas_replaced_total"] == 1 and stats["replicas_free"] == 2 and stats["replicas_lost"] == 0
     else:
-        assert stats["slots_lost"] == 1 and stats["slots_free"] == 1
+        assert stats["replicas_lost"] == 1 and stats["replicas_free"] == 1
 
 
 def test_a_slot_lost_while_closing_fails_its_requests_instead_of_requeueing_them():
@@ -208,13 +208,13 @@ def test_a_slot_lost_while_closing_fails_its_requests_instead_of_requeueing_them
             replaced.append(index)
             return "never used"
 
-        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=2, max_wait_ms=0), slots=["r0"],
-                                          replace_slot=replace)
+        executor = Batcher(fn, BatchPolicy(max_batch_size=2, max_wait_ms=0), replicas=["r0"],
+                                          replace_replica=replace)
         running = spawn(executor, ["a", "b"])
         await asyncio.sleep(0.5)  # the batch is running on r0, which will turn out dead
         await executor.aclose(grace_s=5.0)
         return await asyncio.gather(*running, return_exceptions=True), replaced
 
     outcomes, replaced = run_virtual(main)
-    assert [type(o).__name__ for o in outcomes] == ["ExecutorClosedError"] * 2  # not stranded in a dead queue
+    assert [type(o).__name__ for o in outcomes] == ["BatcherClosedError"] * 2  # not stranded in a dead queue
     assert replaced == []  # no replica is started while shutting down

@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from verl_async_rm.batching import BatchPolicy, PendingRequestExecutor
-from verl_async_rm.errors import RequestTimeoutError, SlotLostError
+from verl_async_rm.service.batcher import Batcher, BatchPolicy
+from verl_async_rm.errors import RequestTimeoutError, ReplicaLostError
 from verl_async_rm.testing.executor import run_virtual
 
 pytestmark = pytest.mark.unit
@@ -30,9 +30,9 @@ class Slow:
 def test_held_requests_wait_for_resume_and_then_score_all():
     async def main():
         fn = Slow()
-        ex = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=8, max_wait_ms=10), slots=2)
+        ex = Batcher(fn, BatchPolicy(max_batch_size=8, max_wait_ms=10), replicas=2)
         loop = asyncio.get_running_loop()
-        assert await ex.hold(timeout_s=5) is True and ex.held
+        assert await ex.pause(timeout_s=5) is True and ex.paused
         tasks = [asyncio.ensure_future(ex.submit(i)) for i in range(3)]
         await asyncio.sleep(100)  # far past max_wait_ms: nothing starts while held
         assert fn.calls == [] and not any(t.done() for t in tasks)
@@ -49,14 +49,14 @@ def test_held_requests_wait_for_resume_and_then_score_all():
 def test_hold_waits_for_the_running_batch_and_is_bounded():
     async def main():
         fn = Slow(delay_s=3.0)
-        ex = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=1, max_wait_ms=0), slots=1)
+        ex = Batcher(fn, BatchPolicy(max_batch_size=1, max_wait_ms=0), replicas=1)
         loop = asyncio.get_running_loop()
         running = asyncio.ensure_future(ex.submit("a"))
         await asyncio.sleep(0.5)
         assert len(fn.calls) == 1
-        assert await ex.hold(timeout_s=1.0) is False  # the batch still runs after the bound
+        assert await ex.pause(timeout_s=1.0) is False  # the batch still runs after the bound
         assert loop.time() == pytest.approx(1.5)
-        assert await ex.hold(timeout_s=10.0) is True  # it ends at t=3.0
+        assert await ex.pause(timeout_s=10.0) is True  # it ends at t=3.0
         assert loop.time() == pytest.approx(3.0) and await running == "a@0"
         ex.resume()
         await ex.aclose()
@@ -67,8 +67,8 @@ def test_hold_waits_for_the_running_batch_and_is_bounded():
 def test_a_deadline_still_fails_a_request_held_too_long():
     async def main():
         fn = Slow()
-        ex = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=8, max_wait_ms=10), slots=1)
-        await ex.hold(timeout_s=1)
+        ex = Batcher(fn, BatchPolicy(max_batch_size=8, max_wait_ms=10), replicas=1)
+        await ex.pause(timeout_s=1)
         task = asyncio.ensure_future(ex.submit("late", deadline_s=30.0))
         with pytest.raises(RequestTimeoutError, match="waiting for a batch"):
             await task
@@ -89,19 +89,19 @@ def test_lose_slot_replaces_a_free_slot_and_ignores_a_busy_one():
             made.append((old, index))
             return f"new{index}"
 
-        ex = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=1, max_wait_ms=0), slots=["r0", "r1"],
-                                    replace_slot=replace)
+        ex = Batcher(fn, BatchPolicy(max_batch_size=1, max_wait_ms=0), replicas=["r0", "r1"],
+                                    replace_replica=replace)
         busy = asyncio.ensure_future(ex.submit("x"))
         await asyncio.sleep(0.1)
-        busy_index = ex.slots.index(fn.calls[0][2])
-        assert ex.lose_slot(busy_index, SlotLostError("gone")) is False  # a running batch will tell
+        busy_index = ex.replicas.index(fn.calls[0][2])
+        assert ex.lose_replica(busy_index, ReplicaLostError("gone")) is False  # a running batch will tell
         free_index = 1 - busy_index
-        assert ex.lose_slot(free_index, SlotLostError("died asleep")) is True
-        assert ex.stats()["slots_replacing"] == 1
+        assert ex.lose_replica(free_index, ReplicaLostError("died asleep")) is True
+        assert ex.stats()["replicas_replacing"] == 1
         await busy
         await asyncio.sleep(3.0)
-        assert made == [(f"r{free_index}", free_index)] and ex.slots[free_index] == f"new{free_index}"
-        assert ex.stats()["slots_free"] == 2
+        assert made == [(f"r{free_index}", free_index)] and ex.replicas[free_index] == f"new{free_index}"
+        assert ex.stats()["replicas_free"] == 2
         await ex.aclose()
 
     run_virtual(main)

@@ -1,7 +1,7 @@
 """Fuzz: random arrival patterns, slot counts, policies, failures, cancellations, deadlines, drains, crashes of the
 loop and shutdowns, on the virtual-time loop (deterministic; a hang raises instead of blocking).
 
-Slots die too (a call raises SlotLostError; the executor re-queues its requests and asks for a replacement, which may
+Slots die too (a call raises ReplicaLostError; the executor re-queues its requests and asks for a replacement, which may
 fail). Invariants checked on every run: every submitted request resolves exactly once, with an outcome it is allowed to
 have; no batch exceeds ``max_batch_size`` or (unless alone) ``max_batch_tokens``; no slot runs two calls at once; a
 request that was settled before being dispatched (cancelled, timed out, closed, crashed) never reaches ``batch_fn``; the
@@ -20,14 +20,13 @@ from hypothesis import strategies as st
 
 from verl_async_rm.errors import (
     BatchResultError,
-    ExecutorClosedError,
-    ExecutorCrashedError,
-    NoSlotsError,
-    QueueFullError,
+    BatcherClosedError,
+    BatcherCrashedError,
+    NoReplicasError,
     RequestTimeoutError,
-    SlotLostError,
+    ReplicaLostError,
 )
-from verl_async_rm.batching import BatchPolicy, PendingRequestExecutor
+from verl_async_rm.service.batcher import Batcher, BatchPolicy
 from verl_async_rm.testing.executor import run_virtual
 
 pytestmark = pytest.mark.unit
@@ -49,9 +48,7 @@ class Scenario:
     max_batch_size: int
     max_batch_tokens: int | None
     max_wait_ms: float
-    max_pending: int | None
-    overflow: str
-    default_deadline_s: float | None
+    default_deadline_s: float | None  # the deadline of requests that give none
     batch_timeout_s: float | None
     group_by_length: bool
     mean_gap_s: float
@@ -61,7 +58,7 @@ class Scenario:
     p_poison: float
     p_wrong_length: float
     p_drain: float
-    crash_at: int | None  # make the loop raise on this call of the flush rule (WaitingRoom.next_flush)
+    crash_at: int | None  # make the loop raise on this call of the flush rule (RequestQueue.next_flush)
     close_at_s: float | None  # aclose at this virtual time (else: wait for everything, then close)
     p_kill: float = 0.0  # a call's slot dies under it
     p_replace_fail: float = 0.0  # a replacement of a dead slot fails
@@ -69,7 +66,6 @@ class Scenario:
 
 def random_scenario(rng: random.Random, requests: int) -> Scenario:
     cap = rng.choice([1, 2, 3, 4, 8, 16])
-    max_pending = rng.choice([None, None, rng.randint(1, 40)])
     return Scenario(
         seed=rng.randrange(2**32),
         requests=requests,
@@ -77,8 +73,6 @@ def random_scenario(rng: random.Random, requests: int) -> Scenario:
         max_batch_size=cap,
         max_batch_tokens=rng.choice([None, None, rng.randint(20, 300)]),
         max_wait_ms=rng.choice([0.0, 1.0, 5.0, 20.0]),
-        max_pending=max_pending,
-        overflow=rng.choice(["block", "reject"]),
         default_deadline_s=rng.choice([None, None, rng.uniform(0.005, 0.3)]),
         batch_timeout_s=rng.choice([None, None, rng.uniform(0.02, 0.2)]),
         group_by_length=rng.random() < 0.5,
@@ -137,7 +131,7 @@ class FuzzBatchFn:
             if exec_s:
                 await asyncio.sleep(exec_s)
             if slot in self.dead:
-                raise SlotLostError(f"{slot} died")
+                raise ReplicaLostError(f"{slot} died")
             if any(self.reqs[i].kind == "poison" for i in items):
                 raise Poison(f"poison in {items}")
             out: list[object] = [ItemError(i) if self.reqs[i].kind == "item_error" else i * 2 for i in items]
@@ -172,7 +166,6 @@ def run_scenario(sc: Scenario) -> dict:
     ]
     policy = BatchPolicy(
         max_batch_size=sc.max_batch_size, max_batch_tokens=sc.max_batch_tokens, max_wait_ms=sc.max_wait_ms,
-        max_pending=sc.max_pending, overflow=sc.overflow, default_deadline_s=sc.default_deadline_s,
         batch_timeout_s=sc.batch_timeout_s, group_by_length=sc.group_by_length,
     )
     fn = FuzzBatchFn(reqs, random.Random(sc.seed + 1), sc.p_wrong_length, sc.p_kill, sc.p_replace_fail)
@@ -180,10 +173,10 @@ def run_scenario(sc: Scenario) -> dict:
 
     async def main() -> dict:
         loop = asyncio.get_running_loop()
-        executor = PendingRequestExecutor(fn, policy, slots=[f"slot{k}" for k in range(sc.slots)],
-                                          replace_slot=fn.replace)
+        executor = Batcher(fn, policy, replicas=[f"slot{k}" for k in range(sc.slots)],
+                                          replace_replica=fn.replace)
         if sc.crash_at is not None:
-            real, count = executor._room.next_flush, [0]
+            real, count = executor._queue.next_flush, [0]
 
             def flaky(now: float):
                 count[0] += 1
@@ -191,11 +184,12 @@ def run_scenario(sc: Scenario) -> dict:
                     raise RuntimeError("injected crash")
                 return real(now)
 
-            executor._room.next_flush = flaky
+            executor._queue.next_flush = flaky
 
         async def call(req: Req) -> None:
             try:
-                req.outcome = await executor.submit(req.i, num_tokens=req.tokens, deadline_s=req.deadline_s)
+                deadline_s = sc.default_deadline_s if req.deadline_s is None else req.deadline_s
+                req.outcome = await executor.submit(req.i, num_tokens=req.tokens, deadline_s=deadline_s)
             except asyncio.CancelledError as exc:
                 req.outcome = exc
             except Exception as exc:  # noqa: BLE001 - recorded and checked below
@@ -222,7 +216,7 @@ def run_scenario(sc: Scenario) -> dict:
             if rng.random() < sc.p_drain:
                 executor.drain()
             elif rng.random() < 0.01:
-                executor.expect(rng.randint(1, 10))
+                executor.drain_after(rng.randint(1, 10))
         executor.drain()
         await asyncio.gather(*tasks)
         if closer is not None:
@@ -254,15 +248,13 @@ def check(sc: Scenario, reqs: list[Req], fn: FuzzBatchFn, stats: dict, cancelled
             assert req.i in fn.seen, req
         elif isinstance(o, RequestTimeoutError):
             assert deadlines or req.deadline_s is not None, (req, o)
-        elif isinstance(o, QueueFullError):
-            assert sc.overflow == "reject" and sc.max_pending is not None and req.i not in fn.seen, req
-        elif isinstance(o, ExecutorClosedError):
+        elif isinstance(o, BatcherClosedError):
             assert closed, req
-        elif isinstance(o, ExecutorCrashedError):
+        elif isinstance(o, BatcherCrashedError):
             assert sc.crash_at is not None, (req, o)
-        elif isinstance(o, SlotLostError):  # re-queued slot_retries times, each time onto a slot that died
+        elif isinstance(o, ReplicaLostError):  # re-queued replica_retries times, each time onto a slot that died
             assert sc.p_kill > 0 and req.i in fn.seen, req
-        elif isinstance(o, NoSlotsError):  # every slot died and could not be replaced
+        elif isinstance(o, NoReplicasError):  # every slot died and could not be replaced
             assert sc.p_kill > 0 and sc.p_replace_fail > 0, req
         elif isinstance(o, BatchResultError):
             assert sc.p_wrong_length > 0 and req.i in fn.seen, req
@@ -270,7 +262,7 @@ def check(sc: Scenario, reqs: list[Req], fn: FuzzBatchFn, stats: dict, cancelled
             raise AssertionError(f"unexpected outcome for {req}: {o!r}")
         if req.settled_unseen:
             assert req.i not in fn.seen, f"request {req.i} reached batch_fn after it was settled ({o!r})"
-    max_calls_per_item = 1 + BatchPolicy().slot_retries  # each re-queue after a lost slot may run it again
+    max_calls_per_item = 1 + BatchPolicy().replica_retries  # each re-queue after a lost slot may run it again
     per_item: dict[int, int] = {}
     for items, _ in fn.calls:
         assert 1 <= len(items) <= sc.max_batch_size, items
@@ -285,9 +277,9 @@ def check(sc: Scenario, reqs: list[Req], fn: FuzzBatchFn, stats: dict, cancelled
     assert settled == stats["submitted"], stats
     assert stats["submitted"] + stats["rejected"] == len(reqs), stats
     assert values <= stats["completed"] <= values + len(cancelled_by_us)
-    assert stats["queue_len"] == stats["blocked"] == stats["in_flight_batches"] == stats["in_flight_requests"] == 0
-    assert stats["free_slots"] + stats["slots_lost"] == sc.slots
-    assert stats["slots_lost_total"] == stats["slots_replaced_total"] + stats["slots_replace_failed_total"]
+    assert stats["queue_len"] == stats["in_flight_batches"] == stats["in_flight_requests"] == 0
+    assert stats["replicas_free"] + stats["replicas_lost"] == sc.slots
+    assert stats["replicas_lost_total"] == stats["replicas_replaced_total"] + stats["replicas_replace_failed_total"]
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -306,8 +298,6 @@ def test_fuzz_seeded_ten_thousand_arrivals(seed):
     cap=st.sampled_from([1, 2, 3, 5, 8]),
     tokens=st.one_of(st.none(), st.integers(1, 500)),
     max_wait_ms=st.sampled_from([0.0, 1.0, 10.0]),
-    max_pending=st.one_of(st.none(), st.integers(1, 20)),
-    overflow=st.sampled_from(["block", "reject"]),
     group=st.booleans(),
     p_cancel=st.sampled_from([0.0, 0.3]),
     p_deadline=st.sampled_from([0.0, 0.3]),
@@ -315,11 +305,11 @@ def test_fuzz_seeded_ten_thousand_arrivals(seed):
     crash_at=st.one_of(st.none(), st.integers(1, 20)),
     close_at_s=st.one_of(st.none(), st.floats(0.0, 0.05)),
 )
-def test_fuzz_hypothesis(seed, requests, slots, cap, tokens, max_wait_ms, max_pending, overflow, group,
+def test_fuzz_hypothesis(seed, requests, slots, cap, tokens, max_wait_ms, group,
                          p_cancel, p_deadline, p_poison, crash_at, close_at_s):
     run_scenario(Scenario(
         seed=seed, requests=requests, slots=slots, max_batch_size=cap, max_batch_tokens=tokens,
-        max_wait_ms=max_wait_ms, max_pending=max_pending, overflow=overflow, default_deadline_s=None,
+        max_wait_ms=max_wait_ms, default_deadline_s=None,
         batch_timeout_s=0.1, group_by_length=group, mean_gap_s=0.001, p_cancel=p_cancel,
         p_deadline=p_deadline, p_item_error=0.05, p_poison=p_poison, p_wrong_length=0.05, p_drain=0.05,
         crash_at=crash_at, close_at_s=close_at_s,

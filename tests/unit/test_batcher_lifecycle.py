@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from verl_async_rm.errors import QueueFullError, RequestTimeoutError
-from verl_async_rm.batching import FLUSH_REASONS, BatchPolicy, PendingRequestExecutor
+from verl_async_rm.errors import BatcherClosedError, RequestTimeoutError
+from verl_async_rm.service.batcher import FLUSH_REASONS, Batcher, BatchPolicy
 from verl_async_rm.testing.executor import GatedBatchFn, run_virtual
 
 pytestmark = pytest.mark.unit
@@ -30,7 +30,7 @@ async def yield_all() -> None:
 async def test_cancel_before_dispatch_never_reaches_batch_fn():
     """Real event loop."""
     fn = GatedBatchFn(open=True)
-    executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=8, max_wait_ms=HOUR_MS))
+    executor = Batcher(fn, BatchPolicy(max_batch_size=8, max_wait_ms=HOUR_MS))
     tasks = spawn(executor, range(5))
     await yield_all()
     tasks[1].cancel()
@@ -51,7 +51,7 @@ def test_cancel_racing_with_the_flush_still_never_executes():
 
     async def main():
         fn = GatedBatchFn(open=True)
-        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=4, max_wait_ms=HOUR_MS))
+        executor = Batcher(fn, BatchPolicy(max_batch_size=4, max_wait_ms=HOUR_MS))
         tasks = spawn(executor, range(3))
         await yield_all()
         last = asyncio.ensure_future(executor.submit(3))  # reaching the cap wakes the loop...
@@ -70,7 +70,7 @@ def test_cancel_racing_with_the_flush_still_never_executes():
 def test_cancel_during_execution_disturbs_nothing_else():
     async def main():
         fn = GatedBatchFn(lambda x: x * 2)
-        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=4, max_wait_ms=HOUR_MS))
+        executor = Batcher(fn, BatchPolicy(max_batch_size=4, max_wait_ms=HOUR_MS))
         tasks = spawn(executor, range(4))
         await fn.wait_calls(1)
         tasks[2].cancel()
@@ -91,7 +91,7 @@ def test_deadline_fires_on_time_while_every_slot_is_busy():
     async def main():
         loop = asyncio.get_running_loop()
         fn = GatedBatchFn()
-        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=1, max_wait_ms=0), slots=2)
+        executor = Batcher(fn, BatchPolicy(max_batch_size=1, max_wait_ms=0), replicas=2)
         busy = spawn(executor, ["busy-a", "busy-b"])
         await fn.wait_calls(2)
         t0 = loop.time()
@@ -112,7 +112,7 @@ def test_deadline_fires_on_time_while_every_slot_is_busy():
 def test_deadline_during_execution_fails_only_that_caller_and_drops_its_late_result():
     async def main():
         fn = GatedBatchFn()
-        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=3, max_wait_ms=HOUR_MS))
+        executor = Batcher(fn, BatchPolicy(max_batch_size=3, max_wait_ms=HOUR_MS))
         quick = asyncio.ensure_future(executor.submit("quick", deadline_s=1.0))
         others = spawn(executor, ["a", "b"])
         await fn.wait_calls(1)
@@ -128,88 +128,39 @@ def test_deadline_during_execution_fails_only_that_caller_and_drops_its_late_res
     assert stats["timed_out"] == 1 and stats["completed"] == 2 and stats["submitted"] == 3
 
 
-def test_default_deadline_applies_and_inf_opts_out():
+def test_a_deadline_applies_and_none_or_inf_opts_out():
     async def main():
         fn = GatedBatchFn()
-        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=8, max_wait_ms=HOUR_MS,
-                                                          default_deadline_s=2.0))
-        default, forever = spawn(executor, ["d"]), spawn(executor, ["f"], deadline_s=math.inf)
+        executor = Batcher(fn, BatchPolicy(max_batch_size=8, max_wait_ms=HOUR_MS))
+        timed, forever = spawn(executor, ["d"], deadline_s=2.0), spawn(executor, ["f"], deadline_s=math.inf)
+        untimed = spawn(executor, ["n"])
         await asyncio.sleep(10.0)
-        assert isinstance(default[0].exception(), RequestTimeoutError)
-        assert not forever[0].done()
+        assert isinstance(timed[0].exception(), RequestTimeoutError)
+        assert not forever[0].done() and not untimed[0].done()
         fn.open()
         executor.drain()
-        assert await forever[0] == "f"
+        assert await forever[0] == "f" and await untimed[0] == "n"
         await executor.aclose()
 
     run_virtual(main)
 
 
-def test_full_queue_rejects_at_once_with_reject():
-    async def main():
-        fn = GatedBatchFn(open=True)
-        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=8, max_wait_ms=HOUR_MS, max_pending=2,
-                                                          overflow="reject"))
-        accepted = spawn(executor, ["a", "b"])
-        await yield_all()
-        with pytest.raises(QueueFullError, match="max_pending=2"):
-            await executor.submit("c")
-        executor.drain()
-        assert await asyncio.gather(*accepted) == ["a", "b"]
-        room = spawn(executor, ["d"])  # the queue has room again
-        await yield_all()
-        executor.drain()
-        assert await room[0] == "d"
-        stats = executor.stats()
-        await executor.aclose()
-        return stats
-
-    stats = run_virtual(main)
-    assert stats["rejected"] == 1 and stats["submitted"] == 3 and stats["completed"] == 3
-
-
-def test_full_queue_blocks_in_order_and_blocked_requests_honour_deadlines_and_cancellation():
-    async def main():
-        fn = GatedBatchFn()
-        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=2, max_wait_ms=HOUR_MS, max_pending=2))
-        running = spawn(executor, ["r1", "r2"])  # a full batch: dispatched, the queue is empty again
-        await fn.wait_calls(1)
-        queued = spawn(executor, ["q1", "q2"])
-        blocked_timeout = asyncio.ensure_future(executor.submit("b-timeout", deadline_s=5.0))
-        blocked_cancel = asyncio.ensure_future(executor.submit("b-cancel"))
-        blocked = spawn(executor, ["b1", "b2"])
-        await yield_all()
-        assert executor.stats()["blocked"] == 4 and executor.stats()["queue_len"] == 2
-        blocked_cancel.cancel()
-        await asyncio.sleep(6.0)
-        assert isinstance(blocked_timeout.exception(), RequestTimeoutError)
-        assert "blocked on a full queue" in str(blocked_timeout.exception())
-        assert executor.stats()["blocked"] == 2
-        fn.open()
-        results = await asyncio.gather(*running, *queued, *blocked)
-        stats = executor.stats()
-        await executor.aclose()
-        return results, fn.calls, stats
-
-    results, calls, stats = run_virtual(main)
-    assert results == ["r1", "r2", "q1", "q2", "b1", "b2"]
-    assert [items for items, _ in calls] == [["r1", "r2"], ["q1", "q2"], ["b1", "b2"]]  # arrival order kept
-    assert stats["cancelled"] == 1 and stats["timed_out"] == 1 and stats["blocked"] == 0
-
-
 def test_stats_account_for_every_request():
     async def main():
         fn = GatedBatchFn(lambda x: ValueError("bad") if x == "fail" else x, open=True, delay_s=0.01)
-        policy = BatchPolicy(max_batch_size=4, max_wait_ms=5, max_pending=6, overflow="reject")
-        executor = PendingRequestExecutor(fn, policy, slots=2)
+        policy = BatchPolicy(max_batch_size=4, max_wait_ms=5)
+        executor = Batcher(fn, policy, replicas=2)
         tasks = spawn(executor, ["ok1", "ok2", "fail", "ok3", "slow"], num_tokens=7)
         tasks += spawn(executor, ["timeout"], num_tokens=7, deadline_s=0.001)
-        tasks += spawn(executor, ["reject"], num_tokens=7)  # the 7th arrives before the loop runs: queue full
         results = await asyncio.gather(*tasks, return_exceptions=True)
+        closing = asyncio.ensure_future(executor.aclose())
+        await asyncio.sleep(0)
+        results += await asyncio.gather(executor.submit("reject", num_tokens=7), return_exceptions=True)
+        await closing
         return results, executor.stats()
 
     results, stats = run_virtual(main)
-    assert isinstance(results[-1], QueueFullError) and isinstance(results[-2], RequestTimeoutError)
+    assert isinstance(results[-1], BatcherClosedError) and isinstance(results[-2], RequestTimeoutError)
     assert stats["submitted"] == 6 and stats["rejected"] == 1
     assert stats["completed"] + stats["failed"] + stats["timed_out"] + stats["cancelled"] == stats["submitted"]
     assert (stats["completed"], stats["failed"], stats["timed_out"]) == (4, 1, 1)

