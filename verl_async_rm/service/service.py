@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -28,8 +27,6 @@ __all__ = ["RMService", "ReplicaCall", "SleepStats", "start_rm_service", "start_
 
 #: Longest wait for one replica's control answer (step counters, describe) and for killed actors to be gone.
 _CONTROL_S = 30.0
-#: Per-call records kept between two :meth:`RMService.pop_batch_records` (the oldest dropped).
-_RECORDS_KEPT = 10_000
 _POOLS_FIX = ("make a pool smaller (its n_gpus_per_node / nnodes), score with fewer RMs (async_rm.models.*), or give "
               "the cluster more GPUs")
 
@@ -123,7 +120,6 @@ class RMService:
         self._batcher: Batcher | None = None
         # a timed-out call gets as long as a replacement replica would take to load before its replica is replaced
         self._call = ReplicaCall(grace_s=rm.init_timeout_s)
-        self._records: deque[tuple[Any, float, float, int]] = deque(maxlen=_RECORDS_KEPT)
         self._sleep = SleepStats() if rm.placement == "policy_pool" else None
         #: Replicas that did not answer the sleep, by index: lost at the wake if the index still holds them.
         self._failed_sleep: dict[int, Any] = {}
@@ -135,18 +131,11 @@ class RMService:
             return await self.describe()
         # placement and loading block on Ray calls: a thread keeps this actor's loop free meanwhile
         self._group = await asyncio.to_thread(create_rm_worker_group, self._rm, None, f"{self._name}_")
-        self._batcher = Batcher(self._score_on, self._batching, replicas=list(self._group.workers), name=self._name,
+        self._batcher = Batcher(self._call, self._batching, replicas=list(self._group.workers), name=self._name,
                                 replace_replica=ReplicaFactory(self._rm, self._group) if self._replace else None)
         logger.info("RM service %s: %d replica(s) of %s, batching %s", self._name, self._rm.num_replicas,
                     self._rm.model_path, self._batching)
         return await self.describe()
-
-    async def _score_on(self, items: list[RMRequest], replica: Any) -> list[Any]:
-        start = time.time()
-        try:
-            return await self._call(items, replica)
-        finally:
-            self._records.append((replica, start, time.time(), len(items)))
 
     async def score(self, request: RMRequest, deadline_s: float | None = None) -> Any:
         """The RM score of one trajectory, or the exception that kept it from being scored (``RequestTimeoutError``
@@ -218,17 +207,6 @@ class RMService:
         batcher.resume()
         stats.woke(time.monotonic() - start, moved)
         return {"bytes": moved, "seconds": time.monotonic() - start}
-
-    async def pop_batch_records(self) -> list[list[dict[str, float]]]:
-        """The scoring calls since the previous call, per current replica in order: ``{"start", "end", "size"}``
-        (``time.time()`` of this actor's host; the demo's timeline)."""
-        replicas = list(self._require().replicas)
-        out: list[list[dict[str, float]]] = [[] for _ in replicas]
-        records, self._records = self._records, deque(maxlen=_RECORDS_KEPT)
-        for replica, start, end, size in records:
-            if replica in replicas:
-                out[replicas.index(replica)].append({"start": start, "end": end, "size": size})
-        return out
 
     async def stats(self) -> dict[str, Any]:
         """The batcher's counters and summaries since start (:meth:`Batcher.stats`)."""
