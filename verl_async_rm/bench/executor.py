@@ -1,14 +1,14 @@
-"""``verl-async-rm bench executor``: measure the pending-request executor on this machine (a benchmark, not a test).
+"""``verl-async-rm bench executor``: measure the batcher on this machine (a benchmark, not a test).
 
 Measures, in one process with the stock asyncio loop:
 
 * per-request overhead with a no-op batch function: closed loop (callers that each submit again as soon as they get
   an answer: the full submit -> batch -> result path) and burst (one new task per request, as many trajectories
   finishing at once; also reported net of the cost of the same burst of trivial tasks);
-* throughput and mean batch fill at saturation (open-loop arrivals faster than the slots can serve);
+* throughput and mean batch fill at saturation (open-loop arrivals faster than the replicas can serve);
 * lone-request latency at low load (bound: max_wait + execution + 5 ms);
 * tail after drain (from ``drain()`` to the last caller holding its result; bound: 5 ms);
-* deadline expiry while every slot is busy (bound: deadline + 10 ms), and that cancelled requests never execute.
+* deadline expiry while every replica is busy (bound: deadline + 10 ms), and that cancelled requests never execute.
 
 Prints a table and writes ``executor.json`` under ``--out`` (default: a fresh ``bench-executor-<time>`` folder).
 """
@@ -33,12 +33,12 @@ from verl_async_rm.service.batcher import Batcher, BatchPolicy
 __all__ = ["main"]
 
 
-async def _noop(items: list[Any], slot: Any) -> list[Any]:
+async def _noop(items: list[Any], replica: Any) -> list[Any]:
     return items
 
 
 def _sleeper(exec_s: float):
-    async def batch_fn(items: list[Any], slot: Any) -> list[Any]:
+    async def batch_fn(items: list[Any], replica: Any) -> list[Any]:
         await asyncio.sleep(exec_s)
         return items
 
@@ -50,7 +50,7 @@ async def _trivial(i: int) -> int:
 
 
 async def bench_overhead(requests: int, cap: int, reps: int) -> dict[str, Any]:
-    """No-op batch function, one slot: microseconds per request, closed loop and burst."""
+    """No-op batch function, one replica: microseconds per request, closed loop and burst."""
     closed, burst, base, fills = [], [], [], []
     callers = 4 * cap
     per_caller = max(1, requests // callers)
@@ -93,13 +93,13 @@ async def bench_overhead(requests: int, cap: int, reps: int) -> dict[str, Any]:
     }
 
 
-async def bench_saturation(cap: int, slots: int, exec_s: float, max_wait_ms: float, duration_s: float,
+async def bench_saturation(cap: int, replicas: int, exec_s: float, max_wait_ms: float, duration_s: float,
                            overload: float) -> dict[str, Any]:
-    """Open-loop arrivals at ``overload`` x what the slots can serve; batch fill and throughput."""
-    capacity = slots * cap / exec_s
+    """Open-loop arrivals at ``overload`` x what the replicas can serve; batch fill and throughput."""
+    capacity = replicas * cap / exec_s
     rate = overload * capacity
     executor = Batcher(_sleeper(exec_s), BatchPolicy(max_batch_size=cap, max_wait_ms=max_wait_ms),
-                                      replicas=slots)
+                                      replicas=replicas)
     loop = asyncio.get_running_loop()
     tasks: list[asyncio.Future] = []
     t0 = loop.time()
@@ -124,7 +124,7 @@ async def bench_saturation(cap: int, slots: int, exec_s: float, max_wait_ms: flo
         "mean_fill": stats["mean_fill"],
         "flush_reasons": stats["flush_reasons"],
         "wait_ms_p50": stats["wait_ms"]["p50"],
-        "cap": cap, "slots": slots, "exec_ms": exec_s * 1e3, "max_wait_ms": max_wait_ms,
+        "cap": cap, "replicas": replicas, "exec_ms": exec_s * 1e3, "max_wait_ms": max_wait_ms,
     }
 
 
@@ -137,7 +137,7 @@ async def bench_lone(exec_s: float, max_wait_ms: float, reps: int, gap_s: float)
     """
     spans: list[tuple[float, float]] = []
 
-    async def timed(items: list[Any], slot: Any) -> list[Any]:
+    async def timed(items: list[Any], replica: Any) -> list[Any]:
         t0 = time.perf_counter()
         await asyncio.sleep(exec_s)
         spans.append((t0, time.perf_counter()))
@@ -178,29 +178,29 @@ def _quantile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def bench_drain_tail(cap: int, slots: int, reps: int) -> dict[str, Any]:
+async def bench_drain_tail(cap: int, replicas: int, reps: int) -> dict[str, Any]:
     """Requests that would never flush by themselves; time from drain() to the last caller resuming.
 
     The checked sizes stay below the cap (more would flush by size before the drain); ``backlog`` drains several
-    batches' worth per slot at once, which measures mostly how fast the callers can be resumed one after another.
+    batches' worth per replica at once, which measures mostly how fast the callers can be resumed one after another.
     """
     gate = asyncio.Event()
 
-    async def holdable(items: list[Any], slot: Any) -> list[Any]:
+    async def holdable(items: list[Any], replica: Any) -> list[Any]:
         if items[0] == "hold":
             await gate.wait()
         return items
 
     executor = Batcher(holdable, BatchPolicy(max_batch_size=cap, max_wait_ms=3_600_000.0),
-                                      replicas=slots)
+                                      replicas=replicas)
     sizes = sorted({1, max(1, cap // 4), max(1, cap // 2), cap - 1})
-    backlog = 3 * slots * cap + 5
+    backlog = 3 * replicas * cap + 5
     tails: dict[int, list[float]] = {k: [] for k in [*sizes, backlog]}
     for _ in range(reps):
         for k in tails:
-            if k == backlog:  # hold every slot so that the backlog cannot flush by size before the drain
+            if k == backlog:  # hold every replica so that the backlog cannot flush by size before the drain
                 gate.clear()
-                tasks = [asyncio.ensure_future(executor.submit("hold")) for _ in range(slots)]
+                tasks = [asyncio.ensure_future(executor.submit("hold")) for _ in range(replicas)]
                 await asyncio.sleep(0)
                 executor.drain()
             else:
@@ -219,16 +219,16 @@ async def bench_drain_tail(cap: int, slots: int, reps: int) -> dict[str, Any]:
         "p50_ms": statistics.median(checked) * 1e3,
         "max_ms": max(checked) * 1e3,
         "by_pending": {k: {"p50_ms": statistics.median(ts) * 1e3, "max_ms": max(ts) * 1e3} for k, ts in tails.items()},
-        "backlog": backlog, "reps": reps, "cap": cap, "slots": slots,
+        "backlog": backlog, "reps": reps, "cap": cap, "replicas": replicas,
     }
 
 
 async def bench_deadline_and_cancel(deadline_s: float, reps: int) -> dict[str, Any]:
-    """Deadline expiry while the only slot is busy; cancelled and expired requests never executed."""
+    """Deadline expiry while the only replica is busy; cancelled and expired requests never executed."""
     gate = asyncio.Event()
     seen: set[Any] = set()
 
-    async def gated(items: list[Any], slot: Any) -> list[Any]:
+    async def gated(items: list[Any], replica: Any) -> list[Any]:
         seen.update(items)
         await gate.wait()
         return items
@@ -271,10 +271,10 @@ async def _run(args: argparse.Namespace) -> dict[str, Any]:
     results: dict[str, Any] = {}
     results["overhead"] = await bench_overhead(args.requests // (5 if quick else 1), args.max_batch_size,
                                                reps=1 if quick else 5)
-    results["saturation"] = await bench_saturation(args.max_batch_size, args.slots, args.exec_ms / 1e3,
+    results["saturation"] = await bench_saturation(args.max_batch_size, args.replicas, args.exec_ms / 1e3,
                                                    args.max_wait_ms, duration_s=0.5 if quick else 2.0, overload=1.5)
     results["lone"] = await bench_lone(args.exec_ms / 1e3, args.max_wait_ms, reps=10 if quick else 40, gap_s=0.02)
-    results["drain_tail"] = await bench_drain_tail(args.max_batch_size, args.slots, reps=3 if quick else 20)
+    results["drain_tail"] = await bench_drain_tail(args.max_batch_size, args.replicas, reps=3 if quick else 20)
     results["deadline"] = await bench_deadline_and_cancel(0.05, reps=5 if quick else 20)
     return results
 
@@ -302,7 +302,7 @@ def _rows(r: dict[str, Any], args: argparse.Namespace) -> tuple[list[tuple[str, 
         row("overhead, burst (task per request)", f"{o['burst_us']:.1f} us/req"),
         row("  of which creating the tasks", f"{o['burst_trivial_task_us']:.1f} us/req"),
         row("  net of task creation", f"{o['burst_net_us']:.1f} us/req", "<= 30 us", "overhead_burst_net"),
-        row(f"fill at saturation (cap {s['cap']}, {s['slots']} slots)", f"{s['mean_fill']:.3f} x cap",
+        row(f"fill at saturation (cap {s['cap']}, {s['replicas']} replicas)", f"{s['mean_fill']:.3f} x cap",
             ">= 0.9 x cap", "fill_at_saturation"),
         row("  throughput at saturation", f"{s['throughput_per_s']:,.0f} req/s",
             f"(capacity {s['capacity_per_s']:,.0f})"),
@@ -317,7 +317,7 @@ def _rows(r: dict[str, Any], args: argparse.Namespace) -> tuple[list[tuple[str, 
         row(f"tail after drain, max (1..{s['cap'] - 1} pending)", f"{tail['max_ms']:.2f} ms", "<= 5 ms",
             "tail_after_drain"),
         row("  p50", f"{tail['p50_ms']:.2f} ms"),
-        row(f"  backlog of {tail['backlog']} over {tail['slots']} slots, p50",
+        row(f"  backlog of {tail['backlog']} over {tail['replicas']} replicas, p50",
             f"{tail['by_pending'][tail['backlog']]['p50_ms']:.2f} ms", "(info)"),
         row("deadline expiry while busy, late by (max)", f"{d['late_max_ms']:.2f} ms", "<= 10 ms",
             "deadline_while_busy"),
@@ -342,14 +342,14 @@ def main(argv: list[str]) -> tuple[int, str]:
     parser.add_argument("--out", default=None, help="folder for executor.json (default: ./bench-executor-<time>)")
     parser.add_argument("--requests", type=int, default=20_000, help="requests per overhead run (default 20000)")
     parser.add_argument("--max-batch-size", type=int, default=64, help="batch cap (default 64)")
-    parser.add_argument("--slots", type=int, default=2, help="slots for saturation and drain runs (default 2)")
+    parser.add_argument("--replicas", type=int, default=2, help="replicas for saturation and drain runs (default 2)")
     parser.add_argument("--exec-ms", type=float, default=20.0, help="batch execution time in ms (default 20)")
     parser.add_argument("--max-wait-ms", type=float, default=10.0, help="max_wait_ms (default 10)")
     parser.add_argument("--quick", action="store_true", help="fewer requests and repetitions (a smoke run)")
     parser.add_argument("--strict", action="store_true", help="exit with status 1 if a target is missed")
     args = parser.parse_args(argv)
-    if args.requests < 1 or args.max_batch_size < 2 or args.slots < 1 or args.exec_ms <= 0 or args.max_wait_ms < 0:
-        parser.error("need --requests >= 1, --max-batch-size >= 2, --slots >= 1, --exec-ms > 0, --max-wait-ms >= 0")
+    if args.requests < 1 or args.max_batch_size < 2 or args.replicas < 1 or args.exec_ms <= 0 or args.max_wait_ms < 0:
+        parser.error("need --requests >= 1, --max-batch-size >= 2, --replicas >= 1, --exec-ms > 0, --max-wait-ms >= 0")
     out_dir = Path(args.out) if args.out else Path.cwd() / time.strftime("bench-executor-%Y%m%d-%H%M%S")
     out_dir.mkdir(parents=True, exist_ok=True)
 

@@ -68,17 +68,17 @@ async def _run_sync(workload: Workload, rm: SimulatedRM, clock: Clock, replicas:
     await asyncio.gather(*(arrive(item) for item in items))
     queue = deque(sync_batches(workload.tokens, cap))
 
-    async def replica(slot: int) -> None:
+    async def serve(replica: int) -> None:
         while queue:
             batch = [items[i] for i in queue.popleft()]
-            result = await rm(batch, slot)
+            result = await rm(batch, replica)
             done = clock.now()
             for item, value in zip(batch, result, strict=True):
                 if value != item.index:
                     raise RuntimeError(f"sync: trajectory {item.index} got the score of {value}")
                 item.scored_s = done
 
-    await asyncio.gather(*(replica(slot) for slot in range(replicas)))
+    await asyncio.gather(*(serve(replica) for replica in range(replicas)))
     return items
 
 

@@ -1,8 +1,8 @@
 """The simulated RM replicas of the overlap benchmark, the clock they run on, and the figures read from their records.
 
-:class:`SimulatedRM` is an ``async batch_fn(items, slot)``: it sleeps ``RMCostModel.batch_s`` (scaled to the clock)
+:class:`SimulatedRM` is an ``async batch_fn(items, replica)``: it sleeps ``RMCostModel.batch_s`` (scaled to the clock)
 and returns each item's index, so a caller that gets another trajectory's answer is caught. It refuses to run two
-batches at once on one slot (a replica is one GPU), records every batch, and stamps each item's batch start.
+batches at once on one replica (a replica is one GPU), records every batch, and stamps each item's batch start.
 
 All times are "workload seconds": :class:`Clock` divides the event loop's time since the start by ``scale`` (real
 seconds per workload second; 1 on the virtual clock).
@@ -57,7 +57,7 @@ class Item:
 
 @dataclass(frozen=True)
 class BatchRecord:
-    slot: Any
+    replica: Any
     start_s: float
     end_s: float
     size: int
@@ -68,17 +68,17 @@ class BatchRecord:
 
 @dataclass
 class SimulatedRM:
-    """``async (items, slot) -> [item.index, ...]`` sleeping ``cost.batch_s`` workload seconds per call."""
+    """``async (items, replica) -> [item.index, ...]`` sleeping ``cost.batch_s`` workload seconds per call."""
 
     cost: RMCostModel
     clock: Clock
     batches: list[BatchRecord] = field(default_factory=list)
     _busy: set = field(default_factory=set)
 
-    async def __call__(self, items: list[Item], slot: Any) -> list[int]:
-        if slot in self._busy:
-            raise RuntimeError(f"simulated RM replica {slot!r} got a second batch while one is running")
-        self._busy.add(slot)
+    async def __call__(self, items: list[Item], replica: Any) -> list[int]:
+        if replica in self._busy:
+            raise RuntimeError(f"simulated RM replica {replica!r} got a second batch while one is running")
+        self._busy.add(replica)
         try:
             lengths = [item.tokens for item in items]
             start = self.clock.now()
@@ -87,12 +87,12 @@ class SimulatedRM:
                 item.start_s, item.batch_size, item.batch_model_s = start, len(items), model_s
             await self.clock.sleep(model_s)
             groups = Counter(item.group for item in items if item.group is not None)
-            self.batches.append(BatchRecord(slot, start, self.clock.now(), len(items), sum(lengths),
+            self.batches.append(BatchRecord(replica, start, self.clock.now(), len(items), sum(lengths),
                                             self.cost.padded_tokens(lengths),
                                             sum(n for n in groups.values() if n > 1)))
             return [item.index for item in items]
         finally:
-            self._busy.discard(slot)
+            self._busy.discard(replica)
 
 
 def _quantile(values: list[float], q: float) -> float:

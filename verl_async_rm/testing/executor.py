@@ -66,7 +66,7 @@ def run_virtual(main: Callable[[], Coroutine[Any, Any, T]] | Coroutine[Any, Any,
 
 
 class GatedBatchFn:
-    """``async (items, slot) -> list`` that records its calls and waits at a gate before answering.
+    """``async (items, replica) -> list`` that records its calls and waits at a gate before answering.
 
     Args:
         fn: turns one item into its entry of the result list (a value, or an ``Exception`` instance); default: the
@@ -94,10 +94,10 @@ class GatedBatchFn:
         self._gate: asyncio.Event | None = None
         self._changed: asyncio.Condition | None = None
 
-    async def __call__(self, items: list[Any], slot: Any) -> list[Any]:
+    async def __call__(self, items: list[Any], replica: Any) -> list[Any]:
         self._bind()
         assert self._gate is not None and self._changed is not None
-        self.calls.append((list(items), slot))
+        self.calls.append((list(items), replica))
         self.active += 1
         self.max_active = max(self.max_active, self.active)
         async with self._changed:
@@ -139,7 +139,7 @@ class GatedBatchFn:
 
     @property
     def seen(self) -> list[Any]:
-        """Every item passed to any call, in call order (repeats when a batch was re-queued after a lost slot)."""
+        """Every item passed to any call, in call order (repeats when a batch was re-queued after a lost replica)."""
         return [item for items, _ in self.calls for item in items]
 
     def _bind(self) -> None:
