@@ -167,14 +167,15 @@ def test_vllm_refuses_what_it_cannot_score_and_says_why(ray_local, vllm_required
 
 
 def test_settings_vllm_does_not_serve_are_refused_before_any_load(tiny_models):
-    """No engine needed: process RMs, output fields and sharded replicas are refused with engine='vllm'."""
+    """No engine needed: process RMs and output fields are refused with engine='vllm'; replicas of several GPUs are
+    not (one tensor-parallel engine each)."""
     from verl_async_rm.scoring.vllm_engine import unsupported as vllm_unsupported
 
     with pytest.raises(ValueError, match=r"engine='vllm': the plugin scores process RMs on transformers only.*"
                                          r"Fix: use engine='hf'"):
         config(tiny_models.rm, tiny_models.policy, engine="vllm", reward_kind="process", step_separator="<s>")
     sharded = config(tiny_models.rm, tiny_models.policy, engine="hf", gpus_per_replica=2)
-    assert "one GPU" in vllm_unsupported(sharded)
+    assert vllm_unsupported(sharded) is None
     process = config(tiny_models.rm, tiny_models.policy, engine="hf", reward_kind="process", step_separator="<s>")
     assert "process RMs" in vllm_unsupported(process)
     assert vllm_unsupported(config(tiny_models.rm, tiny_models.policy, engine="hf")) is None
