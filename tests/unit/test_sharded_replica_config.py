@@ -144,3 +144,35 @@ def test_the_pools_text_of_a_start_failure_gives_the_replica_shape(tiny_models):
         "async_rm.gpus_per_replica=2); RM 'big': async_rm.models.big.n_gpus_per_node=8 x "
         "async_rm.models.big.nnodes=1 (8 CPUs: 2 replicas of async_rm.models.big.gpus_per_replica=4)"
     )
+
+
+def test_vllm_rms_and_generate_judges_take_k_gpus_and_a_logits_judge_is_told_what_works(tmp_path):
+    """engine=vllm and judge_readout=generate run one tensor-parallel engine per replica; a logits judge holds one GPU,
+    and both its refusal and the memory check's fix name the readout that runs on k GPUs (never a value refused)."""
+    assert rm(tmp_path, engine="vllm", gpus_per_replica=2, n_gpus_per_node=4).on_vllm
+
+    def judge(path, **kwargs) -> RMConfig:
+        return RMConfig(model_path=str(path), policy_tokenizer_path="policy", reward_kind="judge", n_gpus_per_node=8,
+                        **kwargs)
+
+    assert judge(tmp_path, judge_readout="generate", gpus_per_replica=4).num_replicas == 2
+    with pytest.raises(ValueError, match=r"^gpus_per_replica=4: a judge read at its next token runs on transformers, "
+                                         r"on one GPU per replica\. Fix: set judge_readout=generate .*tensor parallel"
+                                         r".*, or gpus_per_replica=1$"):
+        judge(tmp_path, gpus_per_replica=4)
+    path = fake_checkpoint(tmp_path, 145 * GB)  # a 72B judge
+    with pytest.raises(ValueError, match=r"135\.0 GiB.*Fix: set gpus_per_replica=4 and judge_readout=generate$"):
+        check_replica_memory(judge(path), device_bytes=80 * GB)
+    check_replica_memory(judge(path, judge_readout="generate", gpus_per_replica=4), device_bytes=80 * GB)
+
+
+@pytest.mark.parametrize(("ranks", "asked", "cores", "bind"), [
+    (1, None, {0, 1}, "nobind"), (1, "auto", {0, 1}, "auto"), (2, None, {0, 1}, "0|1"),
+    (2, "nobind", {0, 1, 2, 3}, "0,1|2,3"), (2, "0|3", {0, 1, 2, 3}, "0|3"), (2, None, {5}, "nobind")])
+def test_each_cpu_rank_gets_its_own_share_of_the_cores(monkeypatch, ranks, asked, cores, bind):
+    import os
+
+    from verl_async_rm.scoring.vllm_engine import cpu_binding
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cores)
+    assert cpu_binding(ranks, asked) == bind

@@ -107,9 +107,11 @@ class VLLMEngine(Engine):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine lives and dies with this replica
         k = config.gpus_per_replica
         options: dict[str, Any] = {} if device.type == "cpu" else {"gpu_memory_utilization": GPU_MEMORY_UTILIZATION}
+        asked_bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
         if device.type == "cpu":
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(k, os.environ.get("VLLM_CPU_OMP_THREADS_BIND"))
+            # read while the engine starts its ranks; put back after, for the next engine of this process
+            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(k, asked_bind)
             if k > 1:  # each rank reserves this share of host memory (the KV cache is VLLM_CPU_KVCACHE_SPACE)
                 options["gpu_memory_utilization"] = CPU_MEMORY_UTILIZATION
         if k > 1:
@@ -120,10 +122,16 @@ class VLLMEngine(Engine):
 
         self.config, self.generate = config, generate
         start = time.perf_counter()
-        self.llm = LLM(model=config.model_path, runner="generate" if generate else "pooling",
-                       dtype=str(dtype).removeprefix("torch."), max_model_len=max_length,
-                       max_num_batched_tokens=max(config.micro_batch_max_tokens, max_length or 0),
-                       enable_prefix_caching=prefix_caching, enforce_eager=device.type == "cpu", seed=0, **options)
+        try:
+            self.llm = LLM(model=config.model_path, runner="generate" if generate else "pooling",
+                           dtype=str(dtype).removeprefix("torch."), max_model_len=max_length,
+                           max_num_batched_tokens=max(config.micro_batch_max_tokens, max_length or 0),
+                           enable_prefix_caching=prefix_caching, enforce_eager=device.type == "cpu", seed=0, **options)
+        finally:
+            if asked_bind is None:
+                os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
+            else:
+                os.environ["VLLM_CPU_OMP_THREADS_BIND"] = asked_bind
         self._params = (SamplingParams(temperature=0.0, max_tokens=config.judge_max_tokens, seed=0) if generate
                         else PoolingParams(use_activation=False))
         #: Ids the engine is known to run (set after the load-time check): when a row fails alone and these fail
