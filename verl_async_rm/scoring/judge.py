@@ -33,9 +33,6 @@ DEFAULT_PATTERN = r"Verdict:\s*(-?[0-9]+(?:\.[0-9]+)?)"
 #: Characters of a written verdict kept in ``reward_extra_info`` (its end, where the verdict is).
 VERDICT_CHARS = 300
 _VARIABLES = ("prompt", "response", "messages", "ground_truth")
-#: The fix of a logits judge too large for one GPU: the readout that runs tensor parallel.
-LOGITS_ON_ONE_GPU = ("set judge_readout=generate (one vLLM engine per replica, tensor parallel over its "
-                     "gpus_per_replica GPUs), or gpus_per_replica=1")
 
 
 def compile_prompt(text: str) -> Any:
@@ -150,8 +147,6 @@ class JudgeLogitsKind(OutcomeKind):
                            "template", "use retemplate='auto' (the default)"),
             "score_output_field": (config.score_output_field is not None, "a judge is read at its next token or "
                                    "from its written verdict", "remove score_output_field"),
-            "gpus_per_replica": (config.gpus_per_replica > 1 and cls.readout == "logits", "a judge read at its "
-                                 "next token runs on transformers, on one GPU per replica", LOGITS_ON_ONE_GPU),
         }
         for key in ("judge_tokens",) if cls.readout == "generate" else ("judge_pattern", "judge_labels"):
             other = "logits" if key == "judge_tokens" else "generate"

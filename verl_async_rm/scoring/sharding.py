@@ -211,9 +211,7 @@ def check_replica_memory(config: Any, device_bytes: int | None = None) -> None:
     if need <= k:
         return
     fits = [d for d in range(need, per_node + 1) if per_node % d == 0]
-    # a judge read at its next token holds one GPU: only the readout on vLLM's tensor parallelism spans several
-    logits_judge = config.reward_kind == "judge" and config.judge_readout == "logits"
-    fix = (f"set {{key}}={fits[0]}{' and judge_readout=generate' if logits_judge else ''}" if fits else
+    fix = (f"set {{key}}={fits[0]}" if fits else
            f"the RM needs {need} GPUs of this kind per replica, all on one node, and the pool's nodes have "
            f"n_gpus_per_node={per_node}: give the pool nodes of at least {need} GPUs (n_gpus_per_node a multiple of "
            f"{need}), or GPUs with more memory")
