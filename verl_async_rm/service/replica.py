@@ -1,5 +1,6 @@
 """One RM replica: a verl ``Worker`` holding a full copy of the RM, rank 0 of a sharded one (:mod:`.ranks`), or a
-vLLM engine tensor parallel over the replica's whole bundle (its ranks: processes of this one). The service calls it by its actor handle; ``score`` returns one score or error per request."""
+vLLM engine tensor parallel over the replica's whole bundle (its ranks: processes of this one). The service calls it
+by its actor handle; ``score`` returns one score or error per request."""
 
 from __future__ import annotations
 
