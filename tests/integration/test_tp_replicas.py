@@ -158,22 +158,3 @@ def test_one_v1_step_with_a_tensor_parallel_judge_next_to_an_outcome_rm(ray_loca
         assert batch.reward(i) == pytest.approx(RM_W * main + GRADE_W * verdict + RULE_W * rule, abs=ATOL)
     assert batch.metrics["async_rm/scored"] == len(batch.keys) and batch.metrics["async_rm/errors"] == 0
 
-
-@pytest.mark.parametrize(("engine", "held"), [("vllm", TP), ("hf", 1)])
-def test_a_vllm_replica_holds_its_whole_bundle_of_gpus(vllm_ray, tiny_models, engine, held):
-    """On the cluster with logical GPUs (no model loaded): a vLLM replica's actor holds every GPU of its bundle, for
-    its engine's ranks to run on; a transformers replica's rank 0 holds one (its other ranks hold the rest)."""
-    from verl_async_rm.service.placement import RMResourcePool, replica_group
-
-    cfg = RMConfig(model_path=str(tiny_models.rm), policy_tokenizer_path=str(tiny_models.policy), engine=engine,
-                   gpus_per_replica=TP, n_gpus_per_node=TP, placement_timeout_s=60)
-    pool = RMResourcePool.from_config(cfg, name_prefix=f"tp_bundle_{engine}_")
-    pool.get_placement_groups()
-    try:
-        [replica] = replica_group(pool, cfg, name_prefix=f"tp_bundle_{engine}_").workers
-        gpus = ray.get(replica.__ray_call__.remote(lambda self: ray.get_runtime_context().get_accelerator_ids()),
-                       timeout=120)["GPU"]
-        ray.kill(replica)
-    finally:
-        pool.release()
-    assert len(gpus) == held

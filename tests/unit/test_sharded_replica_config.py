@@ -165,7 +165,7 @@ def test_every_kind_and_engine_takes_k_gpus_and_the_memory_fix_is_a_value_the_co
 
 
 @pytest.mark.parametrize(("ranks", "asked", "cores", "bind"), [
-    (1, None, {0, 1}, "nobind"), (1, "auto", {0, 1}, "auto"), (2, None, {0, 1}, "0|1"),
+    (2, None, {0, 1}, "0|1"), (2, "auto", {0, 1}, "0|1"),
     (2, "nobind", {0, 1, 2, 3}, "0,1|2,3"), (2, "0|3", {0, 1, 2, 3}, "0|3"), (2, None, {5}, "nobind")])
 def test_each_cpu_rank_gets_its_own_share_of_the_cores(monkeypatch, ranks, asked, cores, bind):
     import os

@@ -82,8 +82,8 @@ class RewardModelScorer:
         kind = kind_class(config)
         self.model, self.sharding, agreement = None, {"sharding": "none"}, None
         #: a vLLM pooling RM too large for one device has no transformers reference (see :meth:`_start_vllm`)
-        self.reference = config.engine == "vllm" and not kind.needs_vllm and fits_one_device(config, self.device)
-        if kind.needs_vllm or (config.engine == "vllm" and not self.reference):  # no transformers model at all
+        self.hf_reference = config.engine == "vllm" and not kind.needs_vllm and fits_one_device(config, self.device)
+        if kind.needs_vllm or (config.engine == "vllm" and not self.hf_reference):  # no transformers model at all
             from transformers import AutoConfig
 
             model_config = AutoConfig.from_pretrained(config.model_path, trust_remote_code=config.trust_remote_code)
@@ -153,7 +153,7 @@ class RewardModelScorer:
         where = (f"{'engine' if pooling else 'judge_readout'}="
                  f"{'vllm' if pooling else 'generate'!r} for the RM at {self.config.model_path}")
         fix = "use engine='hf'" if pooling else "use judge_readout='logits'"
-        if not self.reference and pooling:
+        if not self.hf_reference and pooling:
             self.kind.head_name = "vLLM pooling (the model's classification head)"
         if self.engine is not None:
             if self.kind.head_name != "score":
@@ -192,11 +192,9 @@ class RewardModelScorer:
             self.engine_reason = f"judge_readout='generate' (vLLM {vllm_version()})"
         else:
             diff = max(abs(a - b) for a, b in zip(got, reference, strict=True))
-            self.engine_reason = (
-                f"vLLM {vllm_version()} scores the {len(rows)} load-time check inputs as transformers within {diff:.2g}"
-                if self.reference else f"vLLM {vllm_version()} scores the {len(rows)} load-time check inputs finite "
-                f"and alike batched and alone (within {diff:.2g}); no transformers reference: the weights exceed one "
-                "device")
+            checked = (f"as transformers within {diff:.2g}" if self.hf_reference else f"finite and alike batched and "
+                       f"alone (within {diff:.2g}); no transformers reference: the weights exceed one device")
+            self.engine_reason = f"vLLM {vllm_version()} scores the {len(rows)} load-time check inputs {checked}"
         logger.info("RM %s: engine vllm (%s; started in %.1f s)", self.config.model_path, self.engine_reason,
                     engine.start_s)
 

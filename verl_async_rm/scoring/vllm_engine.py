@@ -28,11 +28,11 @@ CPU_MEMORY_UTILIZATION = 0.05
 
 
 def cpu_binding(ranks: int, asked: str | None) -> str:
-    """``VLLM_CPU_OMP_THREADS_BIND`` for ``ranks`` ranks on CPU: an explicit list as asked, else ``nobind`` for one
-    rank and, for several, this process's allowed cores cut into one contiguous share per rank (``"0|1"`` on two
-    cores; vLLM's ``auto`` wants a NUMA node per rank)."""
-    if asked and asked not in ("auto", "nobind") or ranks == 1:
-        return asked or "nobind"
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``ranks > 1`` ranks on CPU: an explicit list as asked, else this process's
+    allowed cores cut into one contiguous share per rank (``"0|1"`` on two cores; vLLM's ``auto`` wants a NUMA node
+    per rank, ``nobind`` lets every rank's threads spin on every core)."""
+    if asked and asked not in ("auto", "nobind"):
+        return asked
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < ranks:
         return "nobind"
@@ -107,13 +107,14 @@ class VLLMEngine(Engine):
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine lives and dies with this replica
         k = config.gpus_per_replica
         options: dict[str, Any] = {} if device.type == "cpu" else {"gpu_memory_utilization": GPU_MEMORY_UTILIZATION}
-        asked_bind = os.environ.get("VLLM_CPU_OMP_THREADS_BIND")
+        bind = None
         if device.type == "cpu":
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-            # read while the engine starts its ranks; put back after, for the next engine of this process
-            os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(k, asked_bind)
+            # one rank runs in this process, its threads unbound
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
             if k > 1:  # each rank reserves this share of host memory (the KV cache is VLLM_CPU_KVCACHE_SPACE)
                 options["gpu_memory_utilization"] = CPU_MEMORY_UTILIZATION
+                bind = cpu_binding(k, os.environ["VLLM_CPU_OMP_THREADS_BIND"])
         if k > 1:
             # the ranks are processes of this replica on the devices its actor holds (the bundle's k GPUs), as
             # verl's vLLMHttpServer runs a tensor-parallel rollout; a rank that dies ends the engine, so the replica
@@ -122,16 +123,16 @@ class VLLMEngine(Engine):
 
         self.config, self.generate = config, generate
         start = time.perf_counter()
+        if bind is not None:  # read by the ranks' processes as the engine starts them; this process keeps its own
+            asked, os.environ["VLLM_CPU_OMP_THREADS_BIND"] = os.environ["VLLM_CPU_OMP_THREADS_BIND"], bind
         try:
             self.llm = LLM(model=config.model_path, runner="generate" if generate else "pooling",
                            dtype=str(dtype).removeprefix("torch."), max_model_len=max_length,
                            max_num_batched_tokens=max(config.micro_batch_max_tokens, max_length or 0),
                            enable_prefix_caching=prefix_caching, enforce_eager=device.type == "cpu", seed=0, **options)
         finally:
-            if asked_bind is None:
-                os.environ.pop("VLLM_CPU_OMP_THREADS_BIND", None)
-            else:
-                os.environ["VLLM_CPU_OMP_THREADS_BIND"] = asked_bind
+            if bind is not None:
+                os.environ["VLLM_CPU_OMP_THREADS_BIND"] = asked
         self._params = (SamplingParams(temperature=0.0, max_tokens=config.judge_max_tokens, seed=0) if generate
                         else PoolingParams(use_activation=False))
         #: Ids the engine is known to run (set after the load-time check): when a row fails alone and these fail
