@@ -4,7 +4,8 @@ The pool holds 2 replicas of 2 ranks each: every replica is 2 Ray processes that
 group (tensor parallel: its heads and MLP width divide by 2) and score each batch together. Scores equal the
 unsharded model's (fp32, 1e-4) through the agent-loop manager on verl's v1 trainer, and a rank killed in the middle
 of a batch costs no trajectory: the batch is re-queued, and the replica is replaced with all its ranks. Without Ray,
-two spawned ranks score as the unsharded model by either layout (tensor parallel, FSDP2), and alike.
+two spawned ranks score as the unsharded model by either layout (tensor parallel, FSDP2), and alike, and so does a
+``logits`` judge.
 """
 
 from __future__ import annotations
@@ -350,3 +351,22 @@ def test_ranks_that_chose_different_forward_paths_are_refused_on_every_rank(tiny
         assert kind == "error" and isinstance(error, RewardModelError), (rank, error)
         assert "chose different forward paths at load" in str(error) and "packed on rank 1" in str(error)
         assert "reasons may differ" not in str(error)  # only the choices are compared
+
+
+@pytest.mark.parametrize("layout", ["tensor_parallel", "fsdp2"])
+def test_a_logits_judge_on_two_ranks_reads_as_the_unsharded_judge(tiny_models, tiny_judges, policy_tok, layout):
+    """A ``logits`` judge is sharded as an outcome RM: its readout (final norm, the judge tokens' LM-head rows, whole
+    on every rank) passes the load-time check against the sharded model's own logits and reads as one copy does."""
+    from judge_cases import TOKENS
+
+    from verl_async_rm.scoring.scorer import RewardModelScorer
+
+    config = RMConfig(model_path=str(tiny_judges.lm), policy_tokenizer_path=str(tiny_models.policy), use_gpu=False,
+                      reward_kind="judge", judge_tokens=TOKENS)
+    reqs = [make_request(policy_tok, q, a, uid=f"j{i}") for i, (q, a) in enumerate(zip(QUESTIONS, ANSWERS))]
+    answers = run_ranks(config, Score(reqs), layout)
+    expected = RewardModelScorer(config).score(reqs)
+    assert max(expected) - min(expected) > 1e-3  # the judge tells the trajectories apart
+    for rank, sharding, scores in answers:
+        assert sharding == layout, scores
+        assert scores == pytest.approx(expected, abs=1e-4)

@@ -167,14 +167,15 @@ def test_vllm_refuses_what_it_cannot_score_and_says_why(ray_local, vllm_required
 
 
 def test_settings_vllm_does_not_serve_are_refused_before_any_load(tiny_models):
-    """No engine needed: process RMs, output fields and sharded replicas are refused with engine='vllm'."""
+    """No engine needed: process RMs and output fields are refused with engine='vllm'; replicas of several GPUs are
+    not (one tensor-parallel engine each)."""
     from verl_async_rm.scoring.vllm_engine import unsupported as vllm_unsupported
 
     with pytest.raises(ValueError, match=r"engine='vllm': the plugin scores process RMs on transformers only.*"
                                          r"Fix: use engine='hf'"):
         config(tiny_models.rm, tiny_models.policy, engine="vllm", reward_kind="process", step_separator="<s>")
     sharded = config(tiny_models.rm, tiny_models.policy, engine="hf", gpus_per_replica=2)
-    assert "one GPU" in vllm_unsupported(sharded)
+    assert vllm_unsupported(sharded) is None
     process = config(tiny_models.rm, tiny_models.policy, engine="hf", reward_kind="process", step_separator="<s>")
     assert "process RMs" in vllm_unsupported(process)
     assert vllm_unsupported(config(tiny_models.rm, tiny_models.policy, engine="hf")) is None
@@ -205,3 +206,30 @@ def test_a_broken_engine_is_a_dead_replica_not_failed_rows(ray_local, vllm_requi
     before, outcome = ray.get(_broken_engine_probe.remote(str(tiny_models.rm)), timeout=HANG_S)
     assert all(isinstance(v, float) for v in before)
     assert outcome.startswith("the vLLM engine of this replica fails on a known-good input too")
+
+
+@ray.remote(num_cpus=0, max_calls=1)  # a process of its own, which exits after: vLLM's in-process state goes with it
+def _no_reference_probe(rm_path: str, policy_path: str, ids: list) -> tuple[list, str, bool]:
+    import verl_async_rm.scoring.scorer as scorer_module
+
+    # as for an RM whose weights exceed one GPU of its replica: no transformers copy to compare with
+    scorer_module.fits_one_device = lambda config, device: False
+    scorer = scorer_module.RewardModelScorer(RMConfig(model_path=rm_path, policy_tokenizer_path=policy_path,
+                                                      use_gpu=False, engine="vllm"))
+    values = scorer.engine.score_all(ids, 1024)
+    reason, loaded = scorer.engine_reason, scorer.model is not None
+    scorer.engine.close()
+    return values, reason, loaded
+
+
+def test_an_rm_too_large_for_one_device_gets_the_smaller_check_and_scores_as_transformers(ray_local, vllm_required,
+                                                                                         tiny_models, policy_tok):
+    """The smaller load-time check (rows finite and alike batched and alone) runs without loading transformers, and
+    says so; the engine then scores as transformers would have."""
+    reqs = requests(policy_tok, 4, "s")
+    ids = [r.prompt_ids + r.response_ids for r in reqs]
+    values, reason, loaded = ray.get(_no_reference_probe.remote(str(tiny_models.rm), str(tiny_models.policy), ids),
+                                     timeout=HANG_S)
+    assert not loaded and "finite and alike batched and alone" in reason and "no transformers reference" in reason
+    model = hf_model(tiny_models.rm)
+    assert values == pytest.approx([direct_score(model, row) for row in ids], abs=ATOL)

@@ -56,7 +56,6 @@ def judge_requests(policy_tok, ground_truth="7"):
     ({"judge_pattern": "(x)"}, "judge_pattern", "read only with judge_readout=generate"),
     ({"judge_readout": "generate", "judge_tokens": ["Yes"]}, "judge_tokens", "read only with judge_readout=logits"),
     ({"retemplate": "never"}, "retemplate", "always reads its own prompt"),
-    ({"gpus_per_replica": 2, "n_gpus_per_node": 2}, "gpus_per_replica", "one GPU"),
     ({"judge_readout": "generate", "judge_max_tokens": 0}, "judge_max_tokens", "positive integer"),
     ({"engine": "vllm"}, "engine", "logits readout runs on transformers"),
 ])

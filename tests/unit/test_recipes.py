@@ -47,8 +47,6 @@ GPUS_PER_NODE = 8
 HOME = "/home/recipe-user"
 POLICY_HUB_ID = "Qwen/Qwen2.5-3B-Instruct"
 RM_HUB_ID = "Skywork/Skywork-Reward-Llama-3.1-8B-v0.2"
-DEFAULT_POLICY = f"{HOME}/models/Qwen2.5-3B-Instruct"
-DEFAULT_RM = f"{HOME}/models/Skywork-Reward-Llama-3.1-8B-v0.2"
 DEFAULT_DATA = f"{HOME}/data/gsm8k"
 
 
@@ -67,6 +65,10 @@ class Layout:
     extra_rms: dict = field(default_factory=dict)
     #: RMs whose replicas take more than one GPU: name -> gpus_per_replica
     sharded_rms: dict = field(default_factory=dict)
+    #: the policy's and the pool RM's Hub ids and default directories, and the variable that moves the RM
+    policy_hub: str = POLICY_HUB_ID
+    rm_hub: str = RM_HUB_ID
+    rm_env: str = "RM_PATH"
 
 
 RECIPES: dict[str, Layout] = {
@@ -86,7 +88,17 @@ RECIPES: dict[str, Layout] = {
     # the same with a 72B process RM: one replica of 4 GPUs (gpus_per_replica=4), the policy on 3
     "grpo_gsm8k_prm72b_sharded.sh": Layout(VERL_ENTRY, 1, 3, 1, 1, rm_weight=0.1, rule_weight=1.0,
                                            extra_rms={"prm": (4, 1, 0.5)}, sharded_rms={"prm": 4}),
+    # a 72B judge writing a 0-10 verdict as the pool's RM, one 4-GPU tensor-parallel vLLM replica per node, a 32B
+    # policy on 4+4 GPUs, verl's naive manager's rule
+    "grpo_gsm8k_judge70b_2nodes.sh": Layout(VERL_ENTRY, 2, 4, 4, 2, rm_weight=0.05, rule_weight=1.0,
+                                            sharded_rms={"main": 4}, policy_hub="Qwen/Qwen2.5-32B-Instruct",
+                                            rm_hub="Qwen/Qwen2.5-72B-Instruct", rm_env="JUDGE_PATH"),
 }
+
+
+def default_path(hub_id: str) -> str:
+    """Where a recipe's header downloads ``hub_id`` to (``$HOME/models/<name>``)."""
+    return f"{HOME}/models/{hub_id.split('/')[-1]}"
 
 
 def dry_run(recipe: str, *args: str, **env: str) -> list[str]:
@@ -194,7 +206,7 @@ def test_header_names_prerequisites_models_and_the_launch_command(recipe):
     for section in ("Prerequisites", "GPUs", "Install", "Models", "Data", "Launch"):
         assert re.search(rf"^#\s+{section}\b", header, re.MULTILINE), f"{recipe}: header has no {section!r} entry"
     assert f"bash recipes/{recipe}" in header
-    assert POLICY_HUB_ID in header and RM_HUB_ID in header
+    assert RECIPES[recipe].policy_hub in header and RECIPES[recipe].rm_hub in header
     assert "ForSequenceClassification" in header
     assert "examples/data_preprocess/gsm8k.py" in header
     assert f"{RECIPES[recipe].nnodes} node{'s' if RECIPES[recipe].nnodes > 1 else ''} x {GPUS_PER_NODE} GPUs" in header
@@ -224,12 +236,12 @@ def test_recipe_composes_and_passes_verl_and_plugin_checks(recipe, trainer):
     assert config.data.train_files == f"{DEFAULT_DATA}/train.parquet"
     assert config.data.val_files == f"{DEFAULT_DATA}/test.parquet"
     assert config.data.return_raw_chat is True  # the RM re-renders raw_prompt + response with its own template
-    assert config.actor_rollout_ref.model.path == DEFAULT_POLICY
+    assert config.actor_rollout_ref.model.path == default_path(layout.policy_hub)
     # the pools: the policy's and the RM's GPUs fill each 8-GPU node exactly
     assert (config.trainer.nnodes, config.trainer.n_gpus_per_node) == (layout.nnodes, layout.policy_gpus_per_node)
     rm = settings.rm
     assert (rm.nnodes, rm.n_gpus_per_node) == (layout.rm_nnodes, layout.rm_gpus_per_node)
-    assert rm.num_replicas == layout.rm_nnodes * layout.rm_gpus_per_node
+    assert rm.num_replicas == layout.rm_nnodes * layout.rm_gpus_per_node // rm.gpus_per_replica
     assert rm.nnodes <= config.trainer.nnodes
     extras = {e.name: (e.rm.n_gpus_per_node, e.rm.nnodes, e.weight) for e in settings.models[1:]}
     assert extras == layout.extra_rms
@@ -239,8 +251,8 @@ def test_recipe_composes_and_passes_verl_and_plugin_checks(recipe, trainer):
     assert config.reward.reward_model.enable is False and config.reward.reward_model.enable_resource_pool is True
     assert rm.use_gpu is True
     # the RM replicas load both from local directories on the cluster (not Hub ids)
-    assert rm.model_path == DEFAULT_RM
-    assert rm.policy_tokenizer_path == DEFAULT_POLICY
+    assert rm.model_path == default_path(layout.rm_hub)
+    assert rm.policy_tokenizer_path == default_path(layout.policy_hub)
     assert os.path.isabs(rm.model_path) and os.path.isabs(rm.policy_tokenizer_path)
     assert rm.retemplate == "auto"  # Llama-3 RM, Qwen policy: re-rendered
     assert (settings.mix.rm_weight, settings.mix.rule_weight) == (layout.rm_weight, layout.rule_weight)
@@ -248,12 +260,14 @@ def test_recipe_composes_and_passes_verl_and_plugin_checks(recipe, trainer):
 
 
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
-def test_paths_come_from_the_environment(recipe, tiny_models, tmp_path):
+def test_paths_come_from_the_environment(recipe, tiny_models, tiny_judges, tmp_path):
     """POLICY_PATH / RM_PATH / DATA_DIR replace the defaults. They point at real local checkpoints here (the tiny
     Qwen2 policy and the tiny Llama sequence-classification RM with its own chat template, like the recipes' pair), so
     any check that reads a checkpoint found on this machine runs on a real one."""
     policy, rm = str(tiny_models.policy), str(tiny_models.rm_alt)
-    argv = dry_run(recipe, POLICY_PATH=policy, RM_PATH=rm, DATA_DIR=str(tmp_path))
+    if RECIPES[recipe].rm_env == "JUDGE_PATH":  # the pool's RM is a judge: a causal LM
+        rm = str(tiny_judges.lm)
+    argv = dry_run(recipe, POLICY_PATH=policy, **{RECIPES[recipe].rm_env: rm}, DATA_DIR=str(tmp_path))
     config, settings = validate(argv)
     assert config.actor_rollout_ref.model.path == policy
     assert (settings.rm.model_path, settings.rm.policy_tokenizer_path) == (rm, policy)
@@ -290,6 +304,17 @@ def test_the_judge_recipe_reads_yes_against_no_at_the_judges_next_token():
     judge = {e.name: e.rm for e in settings.models}["judge"]
     assert (judge.reward_kind, judge.judge_readout, judge.judge_tokens) == ("judge", "logits", ("Yes", "No"))
     assert judge.model_path == f"{HOME}/models/Qwen2.5-7B-Instruct" and "{{ ground_truth }}" in judge.judge_prompt
+
+
+def test_the_72b_judge_recipe_runs_one_4_gpu_tensor_parallel_replica_per_node():
+    """Two replicas of 4 GPUs, a judge writing a 0-10 verdict weighted so that a perfect grade is half a correct
+    answer (the header's sizing note), the rule from verl's naive manager."""
+    _, settings = validate(dry_run("grpo_gsm8k_judge70b_2nodes.sh"))
+    [judge] = [e.rm for e in settings.models]
+    assert (judge.reward_kind, judge.judge_readout, judge.on_vllm) == ("judge", "generate", True)
+    assert (judge.gpus_per_replica, judge.replicas_per_node, judge.num_replicas) == (4, 1, 2)
+    assert "0 (wrong) to 10 (correct)" in judge.judge_prompt and "{{ ground_truth }}" in judge.judge_prompt
+    assert settings.mix.combine(rm_score=10.0, rule_score=1.0) == pytest.approx(0.5 + 1.0)
 
 
 def test_the_rule_of_the_rm_plus_rule_recipe_is_verls_gsm8k_rule():

@@ -144,3 +144,33 @@ def test_the_pools_text_of_a_start_failure_gives_the_replica_shape(tiny_models):
         "async_rm.gpus_per_replica=2); RM 'big': async_rm.models.big.n_gpus_per_node=8 x "
         "async_rm.models.big.nnodes=1 (8 CPUs: 2 replicas of async_rm.models.big.gpus_per_replica=4)"
     )
+
+
+def test_every_kind_and_engine_takes_k_gpus_and_the_memory_fix_is_a_value_the_config_accepts(tmp_path):
+    """engine=vllm and judge_readout=generate run one tensor-parallel engine per replica, a logits judge is sharded
+    as an outcome RM; the memory check's fix for a 72B judge is a gpus_per_replica the config then accepts."""
+    assert rm(tmp_path, engine="vllm", gpus_per_replica=2, n_gpus_per_node=4).on_vllm
+
+    def judge(path, **kwargs) -> RMConfig:
+        return RMConfig(model_path=str(path), policy_tokenizer_path="policy", reward_kind="judge", n_gpus_per_node=8,
+                        **kwargs)
+
+    assert judge(tmp_path, judge_readout="generate", gpus_per_replica=4).num_replicas == 2
+    assert judge(tmp_path, gpus_per_replica=4).num_replicas == 2  # logits: sharded on transformers
+    path = fake_checkpoint(tmp_path, 145 * GB)  # a 72B judge
+    for readout in ("logits", "generate"):
+        with pytest.raises(ValueError, match=r"135\.0 GiB.*Fix: set gpus_per_replica=4$"):
+            check_replica_memory(judge(path, judge_readout=readout), device_bytes=80 * GB)
+        check_replica_memory(judge(path, judge_readout=readout, gpus_per_replica=4), device_bytes=80 * GB)
+
+
+@pytest.mark.parametrize(("ranks", "asked", "cores", "bind"), [
+    (2, None, {0, 1}, "0|1"), (2, "auto", {0, 1}, "0|1"),
+    (2, "nobind", {0, 1, 2, 3}, "0,1|2,3"), (2, "0|3", {0, 1, 2, 3}, "0|3"), (2, None, {5}, "nobind")])
+def test_each_cpu_rank_gets_its_own_share_of_the_cores(monkeypatch, ranks, asked, cores, bind):
+    import os
+
+    from verl_async_rm.scoring.vllm_engine import cpu_binding
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: cores)
+    assert cpu_binding(ranks, asked) == bind

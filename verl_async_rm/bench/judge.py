@@ -7,7 +7,8 @@ included), after a warm-up on other trajectories:
 
 - ``logits``: one transformers forward per micro-batch, read at the next token;
 - ``generate:<n>``: the replica's vLLM engine writes at most ``n`` tokens per trajectory, greedy (random weights
-  rarely stop early, so this is close to the cost of an ``n``-token verdict), and the text is parsed.
+  rarely stop early, so this is close to the cost of an ``n``-token verdict), and the text is parsed; with
+  ``--tensor-parallel 1,2`` once per ``gpus_per_replica`` (``generate:<n> tp<k>``, with the engine's start time).
 
 Throughput does not depend on the weights' values; the verdicts of a random model mostly do not parse, which the
 report counts and which does not change the timing.
@@ -38,6 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--length-scale", type=int, default=4,
                         help="divide rl_workload's lengths by this (default: 4: ~150-token inputs)")
     parser.add_argument("--max-tokens", default="32,128", help="judge_max_tokens of the generate passes")
+    parser.add_argument("--tensor-parallel", default="1", help="gpus_per_replica of the generate passes, e.g. 1,2 "
+                        "(on CPU: one core per rank)")
     parser.add_argument("--out", default=None, help="directory for bench_judge.json")
     return parser
 
@@ -100,6 +103,7 @@ def run_judge_bench(args: argparse.Namespace) -> dict[str, Any]:
     from verl_async_rm.scoring.scorer import RewardModelScorer
 
     budgets = [int(n) for n in str(args.max_tokens).split(",") if n]
+    parallel = [int(k) for k in str(args.tensor_parallel).split(",") if k]
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench_judge_") as tmp:
         path = Path(tmp)
@@ -112,11 +116,13 @@ def run_judge_bench(args: argparse.Namespace) -> dict[str, Any]:
         rows.append(_mode(scorer, warm, timed, "logits"))
         del scorer
         for budget in budgets:
-            scorer = RewardModelScorer(RMConfig(**base, judge_readout="generate", judge_max_tokens=budget,
-                                                judge_pattern="([0-9]+)"))
-            rows.append(_mode(scorer, warm, timed, f"generate:{budget}"))
-            scorer.engine.close()
-            del scorer
+            for k in parallel:
+                scorer = RewardModelScorer(RMConfig(**base, judge_readout="generate", judge_max_tokens=budget,
+                                                    judge_pattern="([0-9]+)", gpus_per_replica=k, n_gpus_per_node=k))
+                mode = f"generate:{budget}" + (f" tp{k}" if parallel != [1] else "")
+                rows.append({**_mode(scorer, warm, timed, mode), "start_s": scorer.engine.start_s})
+                scorer.engine.close()
+                del scorer
     return {"bench": "judge", "shape": args.shape, "parameters": parameters, "requests": args.requests,
             "rollout_n": args.rollout_n, "length_scale": args.length_scale, "host": platform.node(),
             "cpus": os.cpu_count(), "modes": rows}
@@ -125,13 +131,14 @@ def run_judge_bench(args: argparse.Namespace) -> dict[str, Any]:
 def format_table(report: dict[str, Any]) -> str:
     lines = [f"judge bench: shape {report['shape']} ({report['parameters'] / 1e6:.1f}M parameters), "
              f"{report['requests']} trajectories, groups of {report['rollout_n']}, {report['cpus']} CPUs",
-             "| mode | s per pass | trajectories/s | input tok/s | generated tok/s | failed (parse) |",
-             "|---|---|---|---|---|---|"]
+             "| mode | s per pass | trajectories/s | input tok/s | generated tok/s | failed (parse) | engine start s |",
+             "|---|---|---|---|---|---|---|"]
     for row in report["modes"]:
         generated = "-" if row["generated_tokens_per_s"] is None else f"{row['generated_tokens_per_s']:,.0f}"
         parse = "" if row["parse_failures"] is None else f" ({row['parse_failures']})"
+        start = f"{row['start_s']:.1f}" if "start_s" in row else "-"
         lines.append(f"| {row['mode']} | {row['seconds']:.2f} | {row['trajectories_per_s']:,.1f} | "
-                     f"{row['input_tokens_per_s']:,.0f} | {generated} | {row['failed']}{parse} |")
+                     f"{row['input_tokens_per_s']:,.0f} | {generated} | {row['failed']}{parse} | {start} |")
     return "\n".join(lines)
 
 

@@ -147,8 +147,6 @@ class JudgeLogitsKind(OutcomeKind):
                            "template", "use retemplate='auto' (the default)"),
             "score_output_field": (config.score_output_field is not None, "a judge is read at its next token or "
                                    "from its written verdict", "remove score_output_field"),
-            "gpus_per_replica": (config.gpus_per_replica > 1, "a judge replica holds one GPU (the plugin does not "
-                                 "shard judges yet)", "set gpus_per_replica=1"),
         }
         for key in ("judge_tokens",) if cls.readout == "generate" else ("judge_pattern", "judge_labels"):
             other = "logits" if key == "judge_tokens" else "generate"

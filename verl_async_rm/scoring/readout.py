@@ -109,9 +109,9 @@ class JudgeLogits(torch.nn.Module):
         super().__init__()
         head = model.get_output_embeddings()
         index = torch.tensor(list(token_ids), device=head.weight.device)
-        self.weight = head.weight.detach().index_select(0, index).clone()
+        self.weight = _full(head.weight).index_select(0, index).clone()
         bias = getattr(head, "bias", None)
-        self.bias = bias.detach().index_select(0, index).clone() if bias is not None else None
+        self.bias = _full(bias).index_select(0, index).clone() if bias is not None else None
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.softcap = getattr(config, "final_logit_softcapping", None)
 
@@ -127,3 +127,9 @@ class JudgeLogits(torch.nn.Module):
         if logits.shape[-1] == 1:
             return logits
         return torch.softmax(logits, dim=-1)[..., :1]
+
+
+def _full(param: torch.Tensor) -> torch.Tensor:
+    """A parameter's whole value: an FSDP2-sharded one is gathered (every rank of a sharded replica calls this)."""
+    param = param.detach()
+    return param.full_tensor() if hasattr(param, "full_tensor") else param

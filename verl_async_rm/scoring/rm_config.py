@@ -99,7 +99,8 @@ class RMConfig:
         choices=("min", "mean", "last", "product", "none"), why="unknown reduction")
     engine: str = option(
         "hf", "What runs the forwards: 'hf' (transformers) or 'vllm' (a vLLM pooling engine in each replica, outcome "
-        "RMs on one GPU or CPU, checked against transformers at load). Judges that write run on vLLM.",
+        "RMs, tensor parallel over gpus_per_replica GPUs, checked against transformers at load). Judges that write "
+        "run on vLLM.",
         choices=("hf", "vllm"), why="unknown engine", fix="use 'hf', or 'vllm' (checked against transformers at load)")
     micro_batch_max_tokens: int = option(
         16384, "Token budget of one forward: rows x longest row padded, real tokens packed (a shared prompt once).",
@@ -122,7 +123,8 @@ class RMConfig:
                          fix=_POOL_FIX)
     gpus_per_replica: int = option(
         1, "GPUs of one replica, on one node (a divisor of n_gpus_per_node): an RM too large for one GPU is sharded "
-        "(tensor parallel where the architecture has a plan, else FSDP2).", least=1,
+        "(transformers: tensor parallel where the architecture has a plan, else FSDP2; engine='vllm' and judges "
+        "that write their verdict: one vLLM engine, tensor parallel over the k GPUs; logits judges: 1 only).", least=1,
         why="a replica needs at least one GPU",
         fix="set {key}=1 (a full copy per GPU), or the GPUs one copy needs, e.g. 2 for a 70B RM on 80 GB GPUs")
     placement_timeout_s: float = option(300.0, "How long to wait for the reward pool's placement groups.",
@@ -186,6 +188,11 @@ class RMConfig:
     def token_level(self) -> bool:
         """True when each step's score becomes a token-level reward (``reward_kind='process'``, no reduction)."""
         return self.reward_kind == "process" and self.process_reduction == "none"
+
+    @property
+    def on_vllm(self) -> bool:
+        """True when the replicas run a vLLM engine (``engine='vllm'``, or a judge that writes its verdict)."""
+        return self.engine == "vllm" or (self.reward_kind == "judge" and self.judge_readout == "generate")
 
     @property
     def replicas_per_node(self) -> int:

@@ -21,7 +21,8 @@ from verl_async_rm.scoring.hf_engine import HFEngine
 from verl_async_rm.scoring.offload import Move, WeightOffload
 from verl_async_rm.scoring.outcome import RMInput, kind_class
 from verl_async_rm.scoring.rm_config import RMConfig
-from verl_async_rm.scoring.sharding import FailureAgreement, ShardGroup, check_same_forward, join_group, load_sharded
+from verl_async_rm.scoring.sharding import (WEIGHTS_SHARE, FailureAgreement, ShardGroup, check_same_forward, join_group,
+                                            load_sharded, rm_weights_bytes)
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +81,9 @@ class RewardModelScorer:
         self.rm_tokenizer = load_tokenizer(config.model_path, "model_path", config.trust_remote_code)
         kind = kind_class(config)
         self.model, self.sharding, agreement = None, {"sharding": "none"}, None
-        if kind.needs_vllm:  # no transformers model at all
+        #: a vLLM pooling RM too large for one device has no transformers reference (see :meth:`_start_vllm`)
+        self.hf_reference = config.engine == "vllm" and not kind.needs_vllm and fits_one_device(config, self.device)
+        if kind.needs_vllm or (config.engine == "vllm" and not self.hf_reference):  # no transformers model at all
             from transformers import AutoConfig
 
             model_config = AutoConfig.from_pretrained(config.model_path, trust_remote_code=config.trust_remote_code)
@@ -139,15 +142,19 @@ class RewardModelScorer:
 
     def _start_vllm(self) -> None:
         """Move the forwards to a vLLM engine. Its load-time check: it runs the check rows, and for an outcome RM it
-        scores them as the transformers forward did, within :func:`~.engine.differs`; else the replica refuses to
-        load (``RewardModelError``)."""
+        scores them as the transformers forward did, within :func:`~.engine.differs`. An outcome RM whose weights
+        exceed one device (``gpus_per_replica > 1``) has no transformers reference: its rows must score finite and
+        alike alone and in one batch. Else the replica refuses to load (``RewardModelError``)."""
         from verl_async_rm.scoring.vllm_engine import VLLMEngine, vllm_version
 
         rows = check_rows(self.kind.vocab_size, _CHECK_LENGTHS)
         reference = None
-        where = (f"{'engine' if self.engine is not None else 'judge_readout'}="
-                 f"{'vllm' if self.engine is not None else 'generate'!r} for the RM at {self.config.model_path}")
-        fix = "use engine='hf'" if self.engine is not None else "use judge_readout='logits'"
+        pooling = self.config.engine == "vllm" and not self.kind.needs_vllm
+        where = (f"{'engine' if pooling else 'judge_readout'}="
+                 f"{'vllm' if pooling else 'generate'!r} for the RM at {self.config.model_path}")
+        fix = "use engine='hf'" if pooling else "use judge_readout='logits'"
+        if not self.hf_reference and pooling:
+            self.kind.head_name = "vLLM pooling (the model's classification head)"
         if self.engine is not None:
             if self.kind.head_name != "score":
                 raise RewardModelError(f"{where}: vLLM reads a 'score' head; this RM's scores come from "
@@ -161,11 +168,16 @@ class RewardModelScorer:
         engine = None
         try:
             engine = VLLMEngine(self.config, max_length=self.kind.max_length, dtype=self.dtype, device=self.device,
-                                generate=reference is None)
+                                generate=not pooling)
             got = engine.score_all(rows, self.config.micro_batch_max_tokens)
             failed = next((v for v in got if isinstance(v, Exception)), None)
             problem = None if failed is None else f"vLLM could not run the RM: {failed!r}"
-            if problem is None and reference is not None and differs(got, reference, self.dtype != torch.float32, ""):
+            if problem is None and pooling and reference is None:  # the smaller check: batched as alone
+                reference = [engine.score_all([ids], self.config.micro_batch_max_tokens)[0] for ids in rows]
+                if differs(got, reference, True, ""):
+                    problem = f"vLLM scores the load-time check inputs {got} batched and {reference} alone"
+            elif problem is None and reference is not None and differs(got, reference, self.dtype != torch.float32,
+                                                                       ""):
                 problem = (f"vLLM scores the load-time check inputs differently from transformers: {got} against "
                            f"{reference}")
         except Exception as err:  # noqa: BLE001 - an architecture, kernel or setting vLLM refuses: say which
@@ -176,12 +188,13 @@ class RewardModelScorer:
             raise RewardModelError(f"{where}: {problem}. Fix: {fix}")
         engine.canary = rows[0]
         self.engine = engine
-        if reference is None:
+        if not pooling:
             self.engine_reason = f"judge_readout='generate' (vLLM {vllm_version()})"
         else:
             diff = max(abs(a - b) for a, b in zip(got, reference, strict=True))
-            self.engine_reason = (f"vLLM {vllm_version()} scores the {len(rows)} load-time check inputs as "
-                                  f"transformers within {diff:.2g}")
+            checked = (f"as transformers within {diff:.2g}" if self.hf_reference else f"finite and alike batched and "
+                       f"alone (within {diff:.2g}); no transformers reference: the weights exceed one device")
+            self.engine_reason = f"vLLM {vllm_version()} scores the {len(rows)} load-time check inputs {checked}"
         logger.info("RM %s: engine vllm (%s; started in %.1f s)", self.config.model_path, self.engine_reason,
                     engine.start_s)
 
@@ -281,6 +294,15 @@ class RewardModelScorer:
     def _kind_key(self) -> str:
         return "generate" if self.config.reward_kind == "judge" and self.config.judge_readout == "generate" else \
             self.config.reward_kind
+
+
+def fits_one_device(config: RMConfig, device: torch.device) -> bool:
+    """Whether the RM's weights fit one device of the replica (always on CPU, and for one GPU per replica: the
+    memory check passed), so that a transformers copy can be the vLLM engine's load-time reference."""
+    if config.gpus_per_replica == 1 or device.type != "cuda":
+        return True
+    sized = rm_weights_bytes(config)
+    return sized is None or sized[0] <= WEIGHTS_SHARE * torch.cuda.get_device_properties(device).total_memory
 
 
 def _text_config(config: Any) -> Any:

@@ -1,7 +1,9 @@
 """The vLLM engine (``engine='vllm'``, and judges that write their verdict), in the replica's own process: a killed
 replica takes it along, and a broken one (vLLM's ``EngineDeadError``, or a known-good input failing too) raises
 :class:`~verl_async_rm.errors.EngineDeadError`, which ends the replica. ``pooling`` reads the head's raw outputs at the
-last token (``use_activation=False``); ``generate`` writes greedy text. On CPU: 1 GiB of KV cache, threads unbound."""
+last token (``use_activation=False``); ``generate`` writes greedy text. With ``gpus_per_replica=k > 1`` the engine is
+tensor parallel over the replica's ``k`` GPUs (its ranks: processes of the replica). On CPU: 1 GiB of KV cache, one
+rank's threads unbound, ``k`` ranks' threads each on a share of the process's cores."""
 
 from __future__ import annotations
 
@@ -17,10 +19,25 @@ from verl_async_rm.scoring.engine import Engine, Row
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["VLLMEngine", "Generated", "check", "unsupported", "vllm_version"]
+__all__ = ["VLLMEngine", "Generated", "check", "unsupported", "vllm_version", "cpu_binding"]
 
-#: GPU memory share of a vLLM replica's engine (the replica's GPU is its own).
+#: GPU memory share of a vLLM replica's engine (the replica's GPUs are its own).
 GPU_MEMORY_UTILIZATION = 0.85
+#: On CPU each tensor-parallel rank first checks that this share of host memory is free.
+CPU_MEMORY_UTILIZATION = 0.05
+
+
+def cpu_binding(ranks: int, asked: str | None) -> str:
+    """``VLLM_CPU_OMP_THREADS_BIND`` for ``ranks > 1`` ranks on CPU: an explicit list as asked, else this process's
+    allowed cores cut into one contiguous share per rank (``"0|1"`` on two cores; vLLM's ``auto`` wants a NUMA node
+    per rank, ``nobind`` lets every rank's threads spin on every core)."""
+    if asked and asked not in ("auto", "nobind"):
+        return asked
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < ranks:
+        return "nobind"
+    shares = [cores[i * len(cores) // ranks:(i + 1) * len(cores) // ranks] for i in range(ranks)]
+    return "|".join(",".join(map(str, share)) for share in shares)
 
 
 def vllm_version() -> str | None:
@@ -37,8 +54,6 @@ def unsupported(config: Any) -> str | None:
     if config.placement == "policy_pool":
         return ("the RM on the policy's GPUs sleeps while the policy trains, its weights moved by the plugin's "
                 "transformers path (a vLLM engine in the replica is not put to sleep)")
-    if config.gpus_per_replica > 1:
-        return "a vLLM replica holds one GPU (gpus_per_replica > 1 is served by the transformers path's sharding)"
     if config.reward_kind == "judge":
         return None if config.judge_readout == "generate" else (
             "a judge's logits readout runs on transformers (judge_readout='generate' runs on vLLM)")
@@ -90,18 +105,34 @@ class VLLMEngine(Engine):
     def __init__(self, config: Any, *, max_length: int | None, dtype: Any, device: Any, generate: bool = False,
                  prefix_caching: bool = True) -> None:
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine lives and dies with this replica
+        k = config.gpus_per_replica
+        options: dict[str, Any] = {} if device.type == "cpu" else {"gpu_memory_utilization": GPU_MEMORY_UTILIZATION}
+        bind = None
         if device.type == "cpu":
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+            # one rank runs in this process, its threads unbound
             os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+            if k > 1:  # each rank reserves this share of host memory (the KV cache is VLLM_CPU_KVCACHE_SPACE)
+                options["gpu_memory_utilization"] = CPU_MEMORY_UTILIZATION
+                bind = cpu_binding(k, os.environ["VLLM_CPU_OMP_THREADS_BIND"])
+        if k > 1:
+            # the ranks are processes of this replica on the devices its actor holds (the bundle's k GPUs), as
+            # verl's vLLMHttpServer runs a tensor-parallel rollout; a rank that dies ends the engine, so the replica
+            options.update(tensor_parallel_size=k, distributed_executor_backend="mp")
         from vllm import LLM, PoolingParams, SamplingParams
 
         self.config, self.generate = config, generate
         start = time.perf_counter()
-        options: dict[str, Any] = {} if device.type == "cpu" else {"gpu_memory_utilization": GPU_MEMORY_UTILIZATION}
-        self.llm = LLM(model=config.model_path, runner="generate" if generate else "pooling",
-                       dtype=str(dtype).removeprefix("torch."), max_model_len=max_length,
-                       max_num_batched_tokens=max(config.micro_batch_max_tokens, max_length or 0),
-                       enable_prefix_caching=prefix_caching, enforce_eager=device.type == "cpu", seed=0, **options)
+        if bind is not None:  # read by the ranks' processes as the engine starts them; this process keeps its own
+            asked, os.environ["VLLM_CPU_OMP_THREADS_BIND"] = os.environ["VLLM_CPU_OMP_THREADS_BIND"], bind
+        try:
+            self.llm = LLM(model=config.model_path, runner="generate" if generate else "pooling",
+                           dtype=str(dtype).removeprefix("torch."), max_model_len=max_length,
+                           max_num_batched_tokens=max(config.micro_batch_max_tokens, max_length or 0),
+                           enable_prefix_caching=prefix_caching, enforce_eager=device.type == "cpu", seed=0, **options)
+        finally:
+            if bind is not None:
+                os.environ["VLLM_CPU_OMP_THREADS_BIND"] = asked
         self._params = (SamplingParams(temperature=0.0, max_tokens=config.judge_max_tokens, seed=0) if generate
                         else PoolingParams(use_activation=False))
         #: Ids the engine is known to run (set after the load-time check): when a row fails alone and these fail
@@ -110,7 +141,7 @@ class VLLMEngine(Engine):
         self.start_s = time.perf_counter() - start
 
     def describe(self) -> dict[str, Any]:
-        info = {"packing": "vllm", "vllm": vllm_version()}
+        info = {"packing": "vllm", "vllm": vllm_version(), "tensor_parallel_size": self.config.gpus_per_replica}
         if self.generate:
             info.update(judge_readout="generate", judge_max_tokens=self.config.judge_max_tokens)
         return info

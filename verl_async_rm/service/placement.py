@@ -175,8 +175,19 @@ def replica_group(pool: RMResourcePool | PolicyPool, config: RMConfig, *, name_p
         process_on_nodes=pool.store, use_gpu=pool.use_gpu, max_colocate_count=pool.max_colocate_count,
         name_prefix=name_prefix)
     addr, port = master or (None, None)
-    return RayWorkerGroup(resource_pool=sub or pool, name_prefix=name_prefix,
-                          ray_cls_with_init=RayClassWithInitArgs(cls=ray.remote(RMReplica), config=config),
+    replica = RayClassWithInitArgs(cls=ray.remote(RMReplica), config=config)
+    if config.on_vllm and config.gpus_per_replica > 1:
+        # the replica's actor holds its whole bundle: vLLM's tensor-parallel ranks are its processes, on those k
+        # GPUs (CPUs), as verl's vLLMHttpServer runs a rollout replica over its workers' GPUs
+        k = config.gpus_per_replica
+        if pool.use_gpu:
+            from verl.plugin.platform import get_platform
+
+            # RayClassWithInitArgs.__call__ applies these after its one-GPU default (when there are two or more)
+            replica.set_additional_resource({**get_platform().ray_resource_options(k), "num_cpus": k})
+        else:
+            replica.update_options({"num_cpus": k})
+    return RayWorkerGroup(resource_pool=sub or pool, name_prefix=name_prefix, ray_cls_with_init=replica,
                           device_name=get_device_name() if pool.use_gpu else "cpu", master_addr=addr, master_port=port)
 
 

@@ -1,5 +1,6 @@
-"""One RM replica: a verl ``Worker`` holding a full copy of the RM, or rank 0 of a sharded one
-(:mod:`.ranks`). The service calls it by its actor handle; ``score`` returns one score or error per request."""
+"""One RM replica: a verl ``Worker`` holding a full copy of the RM, rank 0 of a sharded one (:mod:`.ranks`), or a
+vLLM engine tensor parallel over the replica's whole bundle (its ranks: processes of this one). The service calls it
+by its actor handle; ``score`` returns one score or error per request."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ class RMReplica(Worker):
         if self.config.placement == "policy_pool" and self.config.use_gpu and torch.cuda.is_available():
             device = torch.cuda.current_device()
             check_colocated_memory(self.config, torch.cuda.get_device_properties(device).total_memory)
-        if self.config.gpus_per_replica == 1:
+        if self.config.gpus_per_replica == 1 or self.config.on_vllm:  # vLLM: one tensor-parallel engine here
             self._scorer = RewardModelScorer(self.config)
             return self.describe()
         if placement is None:

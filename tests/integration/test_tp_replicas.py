@@ -1,0 +1,160 @@
+"""``gpus_per_replica=2`` on vLLM: each replica runs one engine, tensor parallel over the two CPUs of its bundle (vLLM's
+CPU build, one core per rank), its ranks processes of the replica's actor.
+
+Real parts throughout, and few engine starts (CI time): one pooling RM service for the module (scores equal to
+transformers, then a rank killed under load, and its replacement), and one step of the v1 agent loop with a
+tensor-parallel ``generate`` judge next to an outcome RM (the judge's verdicts equal transformers' greedy
+``generate`` of the same prompt, every reward exact). That step runs on the stubbed fit loop the judge tests
+use (:class:`~verl_async_rm.testing.v1.V1FitLoop`: verl's v1 agent-loop manager, workers and reward path through the
+plugin's manager, without verl's rollout engine and actor update), not on verl's real trainer: a vLLM rollout and an
+FSDP actor next to a tensor-parallel judge are too heavy for a 2-core CI machine.
+
+The judge is the tiny ``digit`` judge (``verl_async_rm.testing.judges``), whose greedy verdicts no numerical path can
+flip, so they are compared exactly with transformers' greedy ``generate`` of the same prompt.
+
+These tests skip with the reason where vLLM cannot run; ``VERL_ASYNC_RM_REQUIRE_VLLM=1`` turns that into a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import ray
+import torch
+from conftest import require_vllm
+from judge_cases import DIGIT_PROMPT, generate_reference, judge_ids, response_text
+from manager_cases import RM_W, RULE_W, running_manager
+from rm_cases import direct_score, hf_model, make_request, score_all, wait_stats
+
+from verl_async_rm.scoring import RMConfig
+from verl_async_rm.service import score_with_timeout, start_rm_service
+from verl_async_rm.service.batcher import BatchPolicy
+
+pytestmark = pytest.mark.integration
+
+ATOL = 1e-4
+HANG_S = 300.0
+MAX_TOKENS = 4
+GRADE_W = -0.25
+TP = 2
+ANSWERS = ["the farmer has 7 apples", "it costs 12 dollars", "five plus two is seven", "no", "half of ten is five",
+           "the total is 30 pens", "she bought eggs", "two trains", "answer 9", "we saved money"]
+
+
+@pytest.fixture(scope="module")
+def vllm_required():
+    require_vllm()
+
+
+def config(model_path, policy_path, **kwargs) -> RMConfig:
+    return RMConfig(model_path=str(model_path), policy_tokenizer_path=str(policy_path), use_gpu=False,
+                    gpus_per_replica=TP, n_gpus_per_node=TP, nnodes=1, placement_timeout_s=60, init_timeout_s=240,
+                    **kwargs)
+
+
+def start(cfg: RMConfig):
+    return start_rm_service(cfg, BatchPolicy(max_batch_size=16, max_wait_ms=20), name=f"tp_{time.monotonic_ns()}")
+
+
+def stop(service) -> None:
+    ray.get(service.close.remote(), timeout=HANG_S)
+    ray.kill(service)
+
+
+def requests(policy_tok, n: int, tag: str):
+    return [make_request(policy_tok, f"question {i % 4}", ANSWERS[i % len(ANSWERS)], uid=f"{tag}{i}",
+                         group=f"{tag}{i % 4}") for i in range(n)]
+
+
+def ranks_of(info) -> list:
+    """The engine's rank processes: the replica actor's children that vLLM named ``Worker_TP<r>``."""
+    import psutil
+
+    children = psutil.Process(info["pid"]).children(recursive=True)
+    return [p for p in children if "Worker_TP" in " ".join(p.cmdline()) + p.name()]
+
+
+@pytest.fixture(scope="module")
+def tp_rm(ray_local, vllm_required, tiny_models):
+    """One replica of the tiny RM on a two-rank vLLM pooling engine."""
+    service = start(config(tiny_models.rm, tiny_models.policy, engine="vllm"))
+    yield service
+    stop(service)
+
+
+def test_a_tensor_parallel_pooling_rm_scores_as_transformers(tp_rm, tiny_models, policy_tok):
+    reqs = requests(policy_tok, 24, "a")
+    results = score_all(tp_rm, reqs, HANG_S)
+    model = hf_model(tiny_models.rm)
+    assert results == pytest.approx([direct_score(model, r.prompt_ids + r.response_ids) for r in reqs], abs=ATOL)
+    [info] = ray.get(tp_rm.describe.remote(), timeout=60)
+    assert info["engine"] == "vllm" and info["tensor_parallel_size"] == TP and info["gpus_per_replica"] == TP
+    assert "load-time check inputs as transformers within" in info["engine_reason"]
+    assert len(ranks_of(info)) == TP  # the ranks are the replica's own processes
+
+
+def test_a_rank_killed_under_load_ends_its_replica_which_is_replaced_and_nothing_is_lost(tp_rm, tiny_models,
+                                                                                      policy_tok):
+    """The module's pooling service, last: one rank of its only replica is killed while requests are submitted; the
+    replica ends, its batch is re-queued, a new two-rank replica loads and scores every request."""
+    reqs = requests(policy_tok, 24, "k")
+
+    async def main():
+        before = await tp_rm.stats.remote()
+        [info] = await tp_rm.describe.remote()
+        waiting = [asyncio.ensure_future(score_with_timeout(tp_rm, r, timeout_s=HANG_S)) for r in reqs]
+        ranks_of(info)[-1].kill()
+        scores = await asyncio.gather(*waiting)
+        replaced = await wait_stats(tp_rm, lambda s: s["replicas_replaced_total"] > before["replicas_replaced_total"],
+                                    "the replica replaced", timeout_s=HANG_S)
+        return before, info, scores, replaced, await tp_rm.describe.remote()
+
+    before, old, scores, replaced, [new] = asyncio.run(main())
+    model = hf_model(tiny_models.rm)
+    assert scores == pytest.approx([direct_score(model, r.prompt_ids + r.response_ids) for r in reqs], abs=ATOL)
+    assert replaced["replicas_lost_total"] == before["replicas_lost_total"] + 1
+    assert replaced["failed"] == before["failed"]
+    assert new["pid"] != old["pid"] and new["tensor_parallel_size"] == TP and len(ranks_of(new)) == TP
+
+
+def test_one_v1_step_with_a_tensor_parallel_judge_next_to_an_outcome_rm(ray_local, vllm_required, tiny_models,
+                                                                          tiny_judges, policy_tok):
+    """Every reward exact: the outcome RM (transformers, two one-CPU replicas) within 1e-4 of a plain forward, the
+    two-rank judge's verdict and text as transformers' greedy ``generate`` of the same prompt, the rule, and their
+    weighted sum."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from verl_async_rm.testing.v1 import V1FitLoop, prompt_batch
+
+    questions = ["how many apples does the farmer have", "what is the total cost of two books", "how many eggs"]
+    grade = [f"+async_rm.models.grade.model_path={tiny_judges.digit}", "+async_rm.models.grade.reward_kind=judge",
+             "+async_rm.models.grade.judge_readout=generate", f"+async_rm.models.grade.judge_prompt='{DIGIT_PROMPT}'",
+             "+async_rm.models.grade.judge_pattern='^([0-9])'",
+             f"+async_rm.models.grade.judge_max_tokens={MAX_TOKENS}", f"+async_rm.models.grade.weight={GRADE_W}",
+             f"+async_rm.models.grade.n_gpus_per_node={TP}", f"+async_rm.models.grade.gpus_per_replica={TP}",
+             "+async_rm.models.grade.init_timeout_s=240"]
+    with running_manager(ray_local, tiny_models, "v1", *grade) as (manager, config):
+        prompts = prompt_batch(questions, ground_truth="42")
+        asked = dict(zip(prompts["uid"], questions, strict=True))
+        batch = V1FitLoop(config, manager).train_step(prompts)
+        described = ray.get(manager.rm_services["grade"].describe.remote(), timeout=60)
+    assert [(info["tensor_parallel_size"], info["judge_readout"]) for info in described] == [(TP, "generate")]
+    main_rm = hf_model(tiny_models.rm)
+    digit = AutoModelForCausalLM.from_pretrained(tiny_judges.digit, dtype=torch.float32).eval()
+    digit_tok = AutoTokenizer.from_pretrained(tiny_judges.digit)
+    assert len(batch.keys) == len(questions) * 2
+    for i in range(len(batch.keys)):
+        info, response = batch.reward_extra_info(i), batch.data["responses"][i]
+        text = response_text(policy_tok, response)
+        main = direct_score(main_rm, torch.cat([batch.data["prompts"][i], response]).tolist())
+        verdict_text, verdict = generate_reference(
+            digit, digit_tok, judge_ids(digit_tok, DIGIT_PROMPT, asked[batch.data["uid"][i]], text), MAX_TOKENS,
+            "^([0-9])")
+        rule = (len(policy_tok.decode(response, skip_special_tokens=True)) % 7) / 7.0
+        assert info["rm_score_main"] == pytest.approx(main, abs=ATOL)
+        assert info["rm_score_grade"] == verdict and info["rm_verdict_grade"] == verdict_text
+        assert batch.reward(i) == pytest.approx(RM_W * main + GRADE_W * verdict + RULE_W * rule, abs=ATOL)
+    assert batch.metrics["async_rm/scored"] == len(batch.keys) and batch.metrics["async_rm/errors"] == 0
+
