@@ -120,7 +120,7 @@ def ray_cluster(shape: str):
         from verl_async_rm.testing.vllm_rollout import set_vllm_env
 
         set_vllm_env()
-    ray.init(**want, include_dashboard=False, log_to_driver=True, runtime_env=ray_runtime_env(),
+    ray.init(address="local", **want, include_dashboard=False, log_to_driver=True, runtime_env=ray_runtime_env(),
              namespace="verl_async_rm_tests")
     return ray
 

@@ -92,17 +92,8 @@ def test_vllm_replicas_score_every_request_as_transformers(vllm_service, nan_rm,
         assert "load-time check inputs as transformers within" in info["engine_reason"]
 
 
-def test_a_row_that_scores_nan_on_vllm_fails_alone(vllm_service, nan_rm, policy_tok):
-    reqs = requests(policy_tok, 6, "p")
-    reqs[2].response_ids = [*reqs[2].response_ids, nan_rm[1]]  # ends in the NaN-RM's poisoned token
-    results = score_all(vllm_service, reqs, HANG_S)
-    assert isinstance(results[2], NonFiniteScoreError)
-    good = [r for i, r in enumerate(reqs) if i != 2]
-    assert [s for i, s in enumerate(results) if i != 2] == pytest.approx(expected(nan_rm[0], good), abs=ATOL)
-
-
 def test_a_killed_vllm_replica_loses_no_request_and_is_replaced(vllm_service, nan_rm, policy_tok):
-    """The module's service, last: replica 0 is killed while the requests are submitted; every request is scored (a
+    """The module's service: replica 0 is killed while the requests are submitted; every request is scored (a
     batch it held is re-queued on the other replica) and a new replica loads vLLM again."""
     service, first, second = vllm_service, requests(policy_tok, 24, "k"), requests(policy_tok, 16, "l")
 
@@ -111,8 +102,9 @@ def test_a_killed_vllm_replica_loses_no_request_and_is_replaced(vllm_service, na
         waiting = [asyncio.ensure_future(score_with_timeout(service, r, timeout_s=HANG_S)) for r in first]
         ray.kill((await _replicas(service))[0], no_restart=True)
         scores = await asyncio.gather(*waiting)
-        replaced = await wait_stats(service, lambda s: s["replicas_replaced_total"] == before["replicas_replaced_total"] + 1,
-                                    "the replica replaced")
+        replaced = await wait_stats(
+            service, lambda s: s["replicas_replaced_total"] == before["replicas_replaced_total"] + 1,
+            "the replica replaced")
         described = await asyncio.wait_for(service.describe.remote(), 60)
         again = await asyncio.gather(*(score_with_timeout(service, r, timeout_s=HANG_S) for r in second))
         return before, scores, replaced, described, again, await service.stats.remote()
@@ -123,6 +115,18 @@ def test_a_killed_vllm_replica_loses_no_request_and_is_replaced(vllm_service, na
     assert [info["engine"] for info in described] == ["vllm", "vllm"]  # the replacement loaded vLLM again
     assert again == pytest.approx(expected(nan_rm[0], second), abs=ATOL)
     assert final["failed"] == before["failed"] and final["completed"] == before["completed"] + 40
+
+
+def test_a_row_that_scores_nan_on_vllm_fails_alone(vllm_service, nan_rm, policy_tok):
+    """The module's service, last: a row whose K/V are NaN stays in vLLM's KV-cache blocks; on vLLM's CPU build a later
+    row of the same engine was once seen to score NaN after it (failed as NonFiniteScoreError, never silently; see
+    docs/engines.md), so no other test uses the engine after this one."""
+    reqs = requests(policy_tok, 6, "p")
+    reqs[2].response_ids = [*reqs[2].response_ids, nan_rm[1]]  # ends in the NaN-RM's poisoned token
+    results = score_all(vllm_service, reqs, HANG_S)
+    assert isinstance(results[2], NonFiniteScoreError)
+    good = [r for i, r in enumerate(reqs) if i != 2]
+    assert [s for i, s in enumerate(results) if i != 2] == pytest.approx(expected(nan_rm[0], good), abs=ATOL)
 
 
 @pytest.fixture(scope="module")
