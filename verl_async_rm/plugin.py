@@ -6,13 +6,17 @@ Two things happen here, each when the verl module it needs is imported (:func:`a
   eagerly would roughly double the time of ``import verl`` in every process);
 - on a machine without an accelerator, verl's CPU platform and its workarounds are activated
   (:mod:`verl_async_rm.cpu_platform`) when verl's platform registry is imported, which ``import verl`` does before it
-  loads this entry point; on a machine with one, nothing changes.
+  loads this entry point; on a machine with one, nothing changes;
+- verl's ``validate_config``, which verl's ``main_ppo`` calls before it starts Ray and the policy's workers, also runs
+  the plugin's config checks for a run that opts in (:func:`check_config_first`): a bad ``async_rm`` key fails in
+  seconds, not after the policy's workers have loaded.
 
 A failure is logged (verl would only say ``Unknown reward manager: async_rm``, or fall back to its nvidia platform).
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.abc
 import logging
 import sys
@@ -22,12 +26,15 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["PLATFORM_MODULE", "REGISTRY_MODULE", "after_import", "pending_hooks", "register_reward_manager"]
+__all__ = ["CONFIG_MODULE", "PLATFORM_MODULE", "REGISTRY_MODULE", "after_import", "check_config_first", "pending_hooks",
+           "register_reward_manager"]
 
 #: verl's reward-manager package; importing it registers verl's own managers.
 REGISTRY_MODULE = "verl.experimental.reward_loop.reward_manager"
 #: verl's platform registry (``PlatformRegistry``), imported by ``verl.utils.device`` early in ``import verl``.
 PLATFORM_MODULE = "verl.plugin.platform"
+#: verl's ``validate_config``, which verl's ``main_ppo`` calls (and binds by name) before ``run_ppo``.
+CONFIG_MODULE = "verl.utils.config"
 
 _lock = threading.RLock()
 _registered = False
@@ -128,9 +135,39 @@ def _activate_cpu_platform(_platform_module: Any) -> None:
     cpu_platform.activate(after_import)
 
 
+def check_config_first(config_module: Any) -> None:
+    """Wrap ``config_module.validate_config`` (verl's) so that, after verl's own checks, a config that opts into the
+    plugin (its agent-loop manager or the ``async_rm`` reward manager) gets the plugin's checks too
+    (:func:`verl_async_rm.integration.checks.check_verl_config`); other configs are untouched. verl's ``main_ppo``
+    imports the name after this hook has run, so it calls the wrapper."""
+    validate = config_module.validate_config
+    if getattr(validate, "async_rm_checks", False):
+        return
+
+    @functools.wraps(validate)
+    def validate_config(config: Any, *args: Any, **kwargs: Any) -> Any:
+        result = validate(config, *args, **kwargs)
+        if _opts_in(config):
+            from verl_async_rm.integration.checks import check_verl_config
+
+            check_verl_config(config)
+        return result
+
+    validate_config.async_rm_checks = True  # type: ignore[attr-defined]
+    config_module.validate_config = validate_config
+
+
+def _opts_in(config: Any) -> bool:
+    from verl_async_rm.options import select
+
+    manager = select(config, "actor_rollout_ref.rollout.agent.agent_loop_manager_class") or ""
+    return str(manager).startswith("verl_async_rm.") or select(config, "reward.reward_manager.name") == "async_rm"
+
+
 def _install() -> None:
     after_import(REGISTRY_MODULE, lambda _module: register_reward_manager())
     after_import(PLATFORM_MODULE, _activate_cpu_platform)
+    after_import(CONFIG_MODULE, check_config_first)
 
 
 try:

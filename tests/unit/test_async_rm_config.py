@@ -238,7 +238,11 @@ def test_a_valid_config_passes(tiny_models, trainer):
         (
             ["reward.reward_model.enable=True"],
             r"reward\.reward_model\.enable=True makes verl start its own vLLM/SGLang .* "
-            r"Set reward\.reward_model\.enable=False",
+            r"Fix: set reward\.reward_model\.enable=False; the plugin then serves the RM on the reward pool",
+        ),
+        (  # the fix follows the layout in use
+            ["reward.reward_model.enable=True", "reward.reward_model.enable_resource_pool=False"],
+            r"Fix: set reward\.reward_model\.enable=False; the plugin then serves the RM on the policy's GPUs",
         ),
     ],
 )

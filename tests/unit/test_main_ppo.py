@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -116,3 +117,44 @@ def test_the_entry_module_migrates_then_checks_before_starting_ray(tiny_models, 
         proc.stderr[-3000:]
     assert "legacy keys" not in proc.stderr
     assert "ray init kwargs" not in proc.stdout  # verl's run_ppo prints this when it starts Ray
+
+
+def test_verls_own_main_ppo_reports_a_bad_plugin_key_before_starting_ray(tiny_models, tmp_path):
+    """``python -m verl.trainer.main_ppo`` (verl's entry, not the plugin's): the plugin's checks run inside verl's
+    ``validate_config`` (the plugin's import hook, ``plugin.check_config_first``), so a bad ``async_rm`` value fails
+    before verl's ``run_ppo`` starts Ray and the policy's workers."""
+    from verl_async_rm.testing.cpu_trainer import cpu_trainer_overrides, plugin_overrides
+
+    overrides = [*cpu_trainer_overrides(policy_path=str(tiny_models.policy), train_files="unused.parquet",
+                                        val_files="unused.parquet"),
+                 *plugin_overrides(str(tiny_models.rm), extra=["+async_rm.max_wait_ms=-5"])]
+    proc = subprocess.run(
+        [sys.executable, "-m", "verl.trainer.main_ppo", *overrides, f"hydra.run.dir={tmp_path}"],
+        capture_output=True, text=True, env={**os.environ, "HYDRA_FULL_ERROR": "1"}, timeout=240, cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "async_rm.max_wait_ms" in proc.stderr and "-5" in proc.stderr, proc.stderr[-3000:]
+    assert "check_verl_config" in proc.stderr and "run_ppo" not in proc.stderr  # raised in verl's validate_config
+    assert "ray init kwargs" not in proc.stdout  # verl's run_ppo prints this when it starts Ray
+
+
+def test_verls_validate_config_is_wrapped_for_plugin_runs_only(tiny_models):
+    import verl.trainer.main_ppo as verl_main_ppo
+    import verl.utils.config
+
+    from verl_async_rm.plugin import check_config_first
+
+    assert verl.utils.config.validate_config.async_rm_checks  # the plugin's hook ran on verl's import
+    assert verl_main_ppo.validate_config is verl.utils.config.validate_config  # main_ppo bound the wrapper
+    # the wrapper's choice, on a module whose validate_config only records its calls (verl's needs a whole run's
+    # batch sizes; the test above runs it for real)
+    calls = []
+    module = SimpleNamespace(validate_config=lambda config, **kwargs: calls.append(kwargs))
+    check_config_first(module)
+    check_config_first(module)  # idempotent: wrapped once
+    bad = ["+async_rm.max_wait_ms=-5"]
+    opted_in = compose_trainer_config(tiny_models.policy, trainer="v1", overrides=[
+        "reward.reward_manager.name=async_rm", f"reward.reward_model.model_path={tiny_models.rm}", *bad])
+    with pytest.raises(ValueError, match="async_rm.max_wait_ms"):
+        module.validate_config(opted_in, use_critic=False)
+    module.validate_config(compose_trainer_config(tiny_models.policy, trainer="v1", overrides=bad), use_critic=False)
+    assert calls == [{"use_critic": False}] * 2  # verl's own checks ran first, both times

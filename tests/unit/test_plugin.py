@@ -117,3 +117,14 @@ def test_a_trainer_process_imports_the_runtime_core_only():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_a_verl_outside_the_tested_range_is_named_with_both_versions():
+    import verl_async_rm
+
+    assert verl_async_rm.verl_version_warning("0.9.1") is None and verl_async_rm.verl_version_warning("0.9.3") is None
+    message = verl_async_rm.verl_version_warning("0.10.0")
+    assert "verl 0.10.0 is installed" in message and f"verl{verl_async_rm.SUPPORTED_VERL}" in message
+    assert verl_async_rm.__version__ in message and "Fix: pip install" in message
+    assert verl_async_rm.verl_version_warning("0.8.5") is not None
+    assert verl_async_rm.verl_version_warning() is None  # the verl installed here is in the range

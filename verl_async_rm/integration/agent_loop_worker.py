@@ -70,10 +70,11 @@ class AsyncRMWorkerMixin:
             self._async_rm_records = PhaseRecords()
         return self._async_rm_records
 
-    async def _compute_score(self, outputs: list, kwargs: dict) -> None:
+    async def _compute_score(self, outputs: list, kwargs: dict, *args: Any, **options: Any) -> None:
+        # verl's later arguments (a `validate` flag is proposed upstream) go on to verl's own method unchanged
         final = outputs[-1]
         if final.reward_score is not None:  # the agent loop scored itself: no RM call, as verl does
-            await super()._compute_score(outputs, kwargs)  # type: ignore[misc]
+            await super()._compute_score(outputs, kwargs, *args, **options)  # type: ignore[misc]
             return
         start = time.perf_counter()
         phase, records = _PHASE.get(), self._records()
@@ -92,7 +93,8 @@ class AsyncRMWorkerMixin:
         rm_s = time.perf_counter() - start
         # the reward manager's function sees the RM scores in extra_info (a copy: the dataset's stays as it was)
         extra_info = with_rm_scores(kwargs.get("extra_info"), scores)
-        await super()._compute_score(outputs, {**kwargs, "extra_info": extra_info})  # type: ignore[misc]
+        kwargs = {**kwargs, "extra_info": extra_info}
+        await super()._compute_score(outputs, kwargs, *args, **options)  # type: ignore[misc]
         final.reward_score, final.extra_fields["reward_extra_info"] = self._async_rm_mix.finish(
             {"reward_score": final.reward_score, "reward_extra_info": final.extra_fields.get("reward_extra_info")},
             scores, data_source=kwargs.get("data_source"), extra_info=extra_info, fn=self._async_rm_combine,

@@ -51,10 +51,12 @@ def check_verl_config(config: Any) -> AsyncRMConfig:
             f"function would not be loaded). Launch with `python -m {ENTRY_MODULE}` (same overrides; it migrates "
             f"them), or write them as {renamed}")
     if _get(config, "reward.reward_model.enable"):
+        own_pool = bool(_get(config, "reward.reward_model.enable_resource_pool"))
+        where = ("on the reward pool (enable_resource_pool=True)" if own_pool
+                 else "on the policy's GPUs (enable_resource_pool=False)")
         raise ValueError(
-            "reward.reward_model.enable=True makes verl start its own vLLM/SGLang reward-model servers on the reward "
-            "GPUs, next to this plugin's RM worker group. Set reward.reward_model.enable=False (the plugin serves "
-            "the RM) and keep reward.reward_model.enable_resource_pool=True")
+            "reward.reward_model.enable=True makes verl start its own vLLM/SGLang reward-model servers next to this "
+            f"plugin's RM replicas. Fix: set reward.reward_model.enable=False; the plugin then serves the RM {where}")
     _check_reward_manager(config)
     settings = _check_async_rm_settings(config)
     if settings.rm.placement == "policy_pool":
