@@ -11,6 +11,7 @@ import dataclasses
 import html
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import typing
@@ -103,3 +104,34 @@ def test_the_options_reference_lists_every_per_rm_key(site):
     missing = sorted(name for name in per_rm if f"<code>async_rm.models.&lt;name&gt;.{name}</code>" not in extra
                      and f"<code>{name}</code>" not in extra)
     assert missing == []
+
+
+#: An option as a user writes it: ``async_rm.<key>`` or ``async_rm.models.<name>.<key>``, with or without Hydra's
+#: ``+`` (not the package, ``verl_async_rm.``).
+_NAMED_OPTION = re.compile(r"(?<![\w.])\+?async_rm\.((?:models\.[\w<>]+\.)?)(\w+)")
+
+
+def _pages() -> list[Path]:
+    return [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md")),
+            *sorted((REPO_ROOT / "recipes").glob("*"))]
+
+
+def test_every_option_the_docs_and_recipes_name_is_accepted_by_the_config():
+    from verl_async_rm.config import CONFIG_GROUP, MODELS_KEY, option_groups
+
+    def keys(prefix: str) -> set[str]:
+        return {f.name for cls in option_groups()[prefix] for f in dataclasses.fields(cls)
+                if not f.metadata.get("internal")}
+
+    top, per_rm = keys(f"{CONFIG_GROUP}."), keys(f"{CONFIG_GROUP}.{MODELS_KEY}.<name>.") | {"weight"}
+    named, unknown = 0, []
+    for page in _pages():
+        for match in _NAMED_OPTION.finditer(page.read_text()):
+            per, key = bool(match.group(1)), match.group(2)
+            if key == MODELS_KEY and not per:  # the group itself
+                continue
+            named += 1
+            if key not in (per_rm if per else top):
+                unknown.append(f"{page.relative_to(REPO_ROOT)}: {match.group(0)}")
+    assert named > 50, "no options found: has the docs' spelling of keys changed? Update _NAMED_OPTION"
+    assert unknown == [], "the docs name options the config does not accept"
