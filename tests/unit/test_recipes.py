@@ -69,11 +69,20 @@ class Layout:
     policy_hub: str = POLICY_HUB_ID
     rm_hub: str = RM_HUB_ID
     rm_env: str = "RM_PATH"
+    #: the RM on the policy's GPUs (enable_resource_pool=False): one replica per GPU of the trainer
+    policy_pool: bool = False
+    #: the rollout's tensor_model_parallel_size
+    rollout_tp: int = 1
 
 
 RECIPES: dict[str, Layout] = {
     "grpo_gsm8k_1node.sh": Layout(VERL_ENTRY, 1, 6, 2, 1, rm_weight=1.0, rule_weight=0.0),
     "grpo_gsm8k_2nodes.sh": Layout(VERL_ENTRY, 2, 6, 2, 2, rm_weight=1.0, rule_weight=0.0),
+    # a 7B policy with its rollout tensor parallel over 2 of its 6 GPUs, batch sizes that split over 6
+    "grpo_gsm8k_7b_tp2.sh": Layout(VERL_ENTRY, 1, 6, 2, 1, rm_weight=1.0, rule_weight=0.0,
+                                   policy_hub="Qwen/Qwen2.5-7B-Instruct", rollout_tp=2),
+    # the RM on the policy's 8 GPUs: one replica beside the actor on each, asleep during the update
+    "grpo_gsm8k_policy_gpus.sh": Layout(VERL_ENTRY, 1, 8, 8, 1, rm_weight=1.0, rule_weight=0.0, policy_pool=True),
     "grpo_gsm8k_legacy_keys.sh": Layout(ENTRY_MODULE, 1, 6, 2, 1, rm_weight=1.0, rule_weight=0.0),
     "grpo_gsm8k_rm_plus_rule.sh": Layout(VERL_ENTRY, 1, 6, 2, 1, rm_weight=0.1, rule_weight=1.0),
     # two RMs, 1 GPU each (the second's pool is async_rm.models.second.*), verl's naive manager (rule_weight 1.0)
@@ -92,7 +101,7 @@ RECIPES: dict[str, Layout] = {
     # policy on 4+4 GPUs, verl's naive manager's rule
     "grpo_gsm8k_judge70b_2nodes.sh": Layout(VERL_ENTRY, 2, 4, 4, 2, rm_weight=0.05, rule_weight=1.0,
                                             sharded_rms={"main": 4}, policy_hub="Qwen/Qwen2.5-32B-Instruct",
-                                            rm_hub="Qwen/Qwen2.5-72B-Instruct", rm_env="JUDGE_PATH"),
+                                            rm_hub="Qwen/Qwen2.5-72B-Instruct", rm_env="JUDGE_PATH", rollout_tp=4),
 }
 
 
@@ -227,6 +236,10 @@ def test_recipe_composes_and_passes_verl_and_plugin_checks(recipe, trainer):
     extra = [] if trainer == "v1" else ["trainer.use_v1=False"]  # extra arguments go through "$@", last
     argv = dry_run(recipe, *extra)
     assert argv[len(argv) - len(extra) :] == extra
+    if layout.policy_pool and trainer == "v0":  # the RM sleeps at the v1 trainer's step boundaries only
+        with pytest.raises(ValueError, match="enable_resource_pool=False with trainer.use_v1=False.*Fix: use the v1"):
+            validate(argv)
+        return
 
     config, settings = validate(argv)
 
@@ -246,9 +259,15 @@ def test_recipe_composes_and_passes_verl_and_plugin_checks(recipe, trainer):
     extras = {e.name: (e.rm.n_gpus_per_node, e.rm.nnodes, e.weight) for e in settings.models[1:]}
     assert extras == layout.extra_rms
     assert {e.name: e.rm.gpus_per_replica for e in settings.models if e.rm.gpus_per_replica > 1} == layout.sharded_rms
-    assert config.trainer.n_gpus_per_node + sum(e.rm.n_gpus_per_node for e in settings.models) == GPUS_PER_NODE
+    own_pools = [e.rm for e in settings.models if e.rm.placement != "policy_pool"]
+    assert config.trainer.n_gpus_per_node + sum(rm.n_gpus_per_node for rm in own_pools) == GPUS_PER_NODE
     assert all(e.rm.use_gpu and os.path.isabs(e.rm.model_path) for e in settings.models)
-    assert config.reward.reward_model.enable is False and config.reward.reward_model.enable_resource_pool is True
+    assert config.reward.reward_model.enable is False
+    assert config.reward.reward_model.enable_resource_pool is not layout.policy_pool
+    assert (rm.placement == "policy_pool") is layout.policy_pool
+    rollout = config.actor_rollout_ref.rollout
+    assert rollout.tensor_model_parallel_size == layout.rollout_tp
+    assert layout.policy_gpus_per_node % layout.rollout_tp == 0  # the rollout's TP divides the policy's GPUs
     assert rm.use_gpu is True
     # the RM replicas load both from local directories on the cluster (not Hub ids)
     assert rm.model_path == default_path(layout.rm_hub)
