@@ -135,3 +135,11 @@ def test_every_option_the_docs_and_recipes_name_is_accepted_by_the_config():
                 unknown.append(f"{page.relative_to(REPO_ROOT)}: {match.group(0)}")
     assert named > 50, "no options found: has the docs' spelling of keys changed? Update _NAMED_OPTION"
     assert unknown == [], "the docs name options the config does not accept"
+
+
+def test_the_readme_reads_in_five_minutes_and_its_links_resolve():
+    readme = (REPO_ROOT / "README.md").read_text()
+    assert len(readme.split()) <= 1000  # about 4-5 minutes at 200-250 words a minute
+    links = re.findall(r"\]\(([^)#]+)(?:#[^)]*)?\)", readme)
+    local = [link for link in links if not link.startswith(("http://", "https://"))]
+    assert local and [link for link in local if not (REPO_ROOT / link).exists()] == []
