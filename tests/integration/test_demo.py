@@ -27,12 +27,14 @@ STEPS, PROMPTS, N = 6, 8, 4
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory, tiny_models):
     require_vllm()
-    out = tmp_path_factory.mktemp("demo")
+    cwd = tmp_path_factory.mktemp("demo")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
-    cmd = [sys.executable, "-m", "verl_async_rm", "demo", "--steps", str(STEPS), "--out", str(out),
+    # no --out: the README's command writes to ./async_rm_demo/<time>, a relative folder verl's workers must find
+    cmd = [sys.executable, "-m", "verl_async_rm", "demo", "--steps", str(STEPS),
            "--cache-dir", str(tiny_models.root.parent), "--no-progress"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, timeout=840, cwd=str(out))
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, timeout=840, cwd=str(cwd))
     assert proc.returncode == 0, proc.stderr[-4000:]
+    [out] = (cwd / "async_rm_demo").iterdir()
     return out, proc.stdout, json.loads((out / "summary.json").read_text())
 
 

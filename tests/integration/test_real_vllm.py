@@ -70,7 +70,7 @@ def rollout(vllm_ray, tiny_models, tmp_path_factory):
     """verl's vLLM rollout replica of the tiny policy (started once for the module) and its client."""
     import transfer_queue as tq
 
-    from verl_async_rm.testing.vllm_rollout import rollout_actors, start_vllm_rollout
+    from verl_async_rm.testing.vllm_rollout import start_vllm_rollout, stop_vllm_rollout
 
     config = _plugin_config(tiny_models, tmp_path_factory)
     tq.init(config.transfer_queue)
@@ -78,8 +78,7 @@ def rollout(vllm_ray, tiny_models, tmp_path_factory):
     try:
         yield client
     finally:
-        for actor in rollout_actors(replica):
-            vllm_ray.kill(actor)
+        stop_vllm_rollout(replica)  # its placement group too: the cluster's next module needs the GPU
         tq.close()
 
 
@@ -153,7 +152,7 @@ def test_verls_served_rm_scores_the_same_trajectories_as_the_plugin(plugin_step,
     import ray
     from verl.protocol import DataProto
 
-    from verl_async_rm.demo.served_rm import start_served_rm
+    from verl_async_rm.demo.served_rm import start_served_rm, stop_served_rm
     from verl_async_rm.testing import compose_trainer_config
     from verl_async_rm.testing.vllm_rollout import served_rm_overrides
 
@@ -177,5 +176,4 @@ def test_verls_served_rm_scores_the_same_trajectories_as_the_plugin(plugin_step,
             assert float(batch.reward_extra_info(i)["rm_score"]) == pytest.approx(served_score, abs=1e-4), i
         assert len(ray.get(worker.pop_calls.remote(), timeout=60)) == len(batch.keys)
     finally:
-        for actor in served.reward_loop_workers:
-            ray.kill(actor)
+        stop_served_rm(served)

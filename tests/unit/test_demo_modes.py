@@ -135,3 +135,15 @@ def test_the_served_mode_sends_what_verls_compute_score_disrm_sends(tiny_models)
     rendered = tok.apply_chat_template([{"role": "user", "content": "how many?"},
                                         {"role": "assistant", "content": "seven"}], tokenize=False)
     assert rendered.startswith(tok.bos_token) and payload["input"] == rendered[len(tok.bos_token):]
+
+
+def test_the_demo_folder_is_absolute_wherever_it_is_named(tmp_path, monkeypatch):
+    """Each mode's main_ppo runs in its own folder and verl's workers resolve the paths the demo passes from theirs,
+    so a relative folder (the default ./async_rm_demo/<time>, or --out rel) must become absolute first."""
+    from verl_async_rm.demo.options import DemoConfig
+    from verl_async_rm.demo.run import out_dir_of
+
+    monkeypatch.chdir(tmp_path)
+    default = out_dir_of(DemoConfig())
+    assert default.is_absolute() and default.parent == tmp_path / "async_rm_demo"
+    assert out_dir_of(DemoConfig(out_dir="rel/out")) == tmp_path / "rel" / "out"

@@ -65,8 +65,14 @@ class ModeRun:
 
 
 def default_out_dir() -> Path:
-    """A fresh ``./async_rm_demo/<UTC timestamp>`` folder name."""
-    return Path("async_rm_demo") / datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-%f")
+    """A fresh ``./async_rm_demo/<UTC timestamp>`` folder name (absolute: see :func:`out_dir_of`)."""
+    return (Path("async_rm_demo") / datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S-%f")).resolve()
+
+
+def out_dir_of(config: DemoConfig) -> Path:
+    """The demo's folder as an absolute path: each mode's ``main_ppo`` runs in its own folder, and verl's workers
+    resolve the paths the demo passes them (the agent-loop file, the records) from theirs."""
+    return Path(config.out_dir).resolve() if config.out_dir else default_out_dir()
 
 
 def run_demo(config: DemoConfig | None = None) -> DemoResult:
@@ -86,7 +92,7 @@ def run_demo(config: DemoConfig | None = None) -> DemoResult:
     if reason:
         raise RuntimeError(f"the demo trains with verl's vLLM rollout, and {reason}")
     start = time.perf_counter()
-    out_dir = Path(config.out_dir) if config.out_dir else default_out_dir()
+    out_dir = out_dir_of(config)
     out_dir.mkdir(parents=True, exist_ok=True)
     modes = config.mode_list()
     with _progress(len(modes) * config.steps, config.progress) as bar:

@@ -27,7 +27,7 @@ from typing import Any
 from verl.experimental.reward_loop import RewardLoopManager
 from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
 
-__all__ = ["TimedRewardLoopManager", "TimedRewardLoopWorker", "start_served_rm"]
+__all__ = ["TimedRewardLoopManager", "TimedRewardLoopWorker", "start_served_rm", "stop_served_rm"]
 
 
 class TimedRewardLoopWorker(RewardLoopWorker):
@@ -59,6 +59,10 @@ class TimedRewardLoopManager(RewardLoopManager):
     ``served_reward_loop_worker_{i}``, placed as verl places them (round-robin over the nodes, soft affinity).
     """
 
+    #: The ``reward_pool`` its served RM's engines run in (set by :func:`start_served_rm`, removed by
+    #: :func:`stop_served_rm`).
+    reward_pool: Any = None
+
     def _init_reward_loop_workers(self) -> None:
         import ray
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -81,4 +85,17 @@ def start_served_rm(config: Any) -> TimedRewardLoopManager:
     rm = config.reward.reward_model
     pools = ResourcePoolManager(resource_pool_spec={"reward_pool": [rm.n_gpus_per_node] * rm.nnodes}, mapping={})
     pools.create_resource_pool()
-    return TimedRewardLoopManager(config=config, rm_resource_pool=pools.resource_pool_dict["reward_pool"])
+    manager = TimedRewardLoopManager(config=config, rm_resource_pool=pools.resource_pool_dict["reward_pool"])
+    manager.reward_pool = pools.resource_pool_dict["reward_pool"]
+    return manager
+
+
+def stop_served_rm(manager: TimedRewardLoopManager) -> None:
+    """Kill its reward-loop workers and remove its reward pool (and so the served RM's engines in it)."""
+    import ray
+
+    from verl_async_rm.testing.vllm_rollout import remove_pool
+
+    for worker in manager.reward_loop_workers:
+        ray.kill(worker)
+    remove_pool(manager.reward_pool)

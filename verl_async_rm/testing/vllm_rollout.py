@@ -20,15 +20,16 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
     "VLLM_ENV_DEFAULTS",
     "cpu_rollout_overrides",
+    "remove_pool",
     "served_rm_overrides",
     "set_vllm_env",
     "start_vllm_rollout",
+    "stop_vllm_rollout",
 ]
 
 #: Environment every process that may start a vLLM engine needs on CPU (set before ``ray.init``; kept if set).
@@ -108,6 +109,19 @@ def start_vllm_rollout(config: Any, *, replica_rank: int = 0, timeout_s: float =
     return replica, make_llm_client(config, {replica.server_address: replica.server_handle})
 
 
-def rollout_actors(replica: Any) -> Sequence[Any]:
-    """The Ray actors a standalone replica started (its workers and HTTP servers), to kill at the end."""
-    return [*getattr(replica, "workers", []), *getattr(replica, "servers", [])]
+def stop_vllm_rollout(replica: Any) -> None:
+    """Kill what a standalone replica started (its workers and HTTP servers) and remove its placement groups, so its
+    GPU is free for the next test on the same cluster (verl's replica has no stop of its own)."""
+    import ray
+
+    for actor in [*getattr(replica, "workers", []), *getattr(replica, "servers", [])]:
+        ray.kill(actor)
+    remove_pool(getattr(replica, "resource_pool", None))
+
+
+def remove_pool(pool: Any) -> None:
+    """Remove the placement groups of verl's ``RayResourcePool`` ``pool`` (Ray kills the actors still in them)."""
+    import ray
+
+    for pg in getattr(pool, "pgs", None) or []:
+        ray.util.remove_placement_group(pg)
