@@ -35,11 +35,12 @@ def _key(override: str) -> str:
 
 
 @contextlib.contextmanager
-def running_manager(ray, tiny_models, trainer: str, *extra: str, rm_path=None, server_kwargs=None):
+def running_manager(ray, tiny_models, trainer: str, *extra: str, rm_path=None, server_kwargs=None, num_workers=1):
     """Build the manager as verl's trainer does (after verl's RewardLoopManager); yield (manager, config); tear down.
 
     ``extra`` overrides are added to :func:`overrides`; ``rm_path`` replaces the tiny RM; ``server_kwargs`` go to the
-    synthetic generation server (for example ``steps=3``).
+    synthetic generation server (for example ``steps=3``); ``num_workers``: agent-loop and reward-loop workers (one
+    unless the module is about several: each is a process that imports verl, seconds of a 2-core machine).
     """
     from verl.experimental.reward_loop import RewardLoopManager
 
@@ -52,7 +53,7 @@ def running_manager(ray, tiny_models, trainer: str, *extra: str, rm_path=None, s
     )
 
     config = compose_trainer_config(tiny_models.policy, trainer=trainer, rollout_n=2, response_length=24,
-                                    overrides=overrides(tiny_models, *extra, rm_path=rm_path))
+                                    num_workers=num_workers, overrides=overrides(tiny_models, *extra, rm_path=rm_path))
     if trainer == "v1":
         import transfer_queue as tq
 

@@ -13,7 +13,7 @@ PRESET_REWARD = 7.25  # set by tests/integration/assets/async_rm_preset_loop.py 
 
 @pytest.fixture(scope="module")
 def v0_manager(ray_local, tiny_models):
-    with running_manager(ray_local, tiny_models, "v0") as (manager, config):
+    with running_manager(ray_local, tiny_models, "v0", num_workers=2) as (manager, config):  # requests of both workers
         yield manager, config
 
 

@@ -95,7 +95,7 @@ def _check_step(output) -> None:
 @pytest.mark.timeout(900)
 def test_many_steps_grow_nothing_and_shutdown_leaves_nothing(ray_local, tiny_models):
     actors_before, groups_before = set(_alive_actors()), _live_groups()
-    with running_manager(ray_local, tiny_models, "v0") as (manager, _):
+    with running_manager(ray_local, tiny_models, "v0", num_workers=2) as (manager, _):
         service, replicas = manager.rm_service, replicas_of(manager)
         ours = {"rm_service": service._actor_id.hex()}
         ours.update({f"rm_replica_{i}": h._actor_id.hex() for i, h in enumerate(replicas)})

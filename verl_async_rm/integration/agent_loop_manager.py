@@ -1,8 +1,8 @@
 """``AsyncRMAgentLoopManager``: verl's agent-loop manager plus one RM service per RM, for v0 and v1.
 
-verl builds the manager with ``.create(config=, llm_client=, ...)`` and passes nothing else: it starts the RM services,
-lets verl build its agent-loop workers (the plugin's subclasses) and hands them the services; then it marks steps and
-restarts a dead service at the next step boundary. verl's v0 ``AgentLoopManager.__init__`` keeps a preset
+verl builds the manager with ``.create(config=, llm_client=, ...)`` and passes nothing else: it launches the RM
+services, lets verl build its agent-loop workers (the plugin's subclasses) while the RMs load, and hands them the
+services; then it marks steps and restarts a dead service at the next step boundary. verl's v0 ``AgentLoopManager.__init__`` keeps a preset
 ``agent_loop_workers_class`` while v1's overwrites it: v0 sets it before ``super().__init__``, v1 after."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from verl_async_rm.integration.token_rewards import place_token_rewards
 from verl_async_rm.config import MAIN
 from verl_async_rm.service.metrics import PREFIX, VAL_PREFIX, step_metrics
 from verl_async_rm.service.placement import kill_and_wait, kill_quietly, remove_pool_groups
-from verl_async_rm.service.service import start_rm_service, start_rm_services
+from verl_async_rm.service.service import launch_rm_services, start_rm_service, wait_rm_services
 
 logger = logging.getLogger(__name__)
 
@@ -53,9 +53,10 @@ class _AsyncRMSide:
                                for e in self.async_rm_config.models}
         self._entries = {e.name: e for e in self.async_rm_config.models}
         integration = self.async_rm_config.integration
-        self.rm_services = start_rm_services(self.async_rm_config.models, self._service_names,
-                                             replace_replicas=integration.replace_replicas,
-                                             max_concurrency=integration.service_max_concurrency)
+        self._rm_launched = launch_rm_services(self.async_rm_config.models, self._service_names,
+                                               replace_replicas=integration.replace_replicas,
+                                               max_concurrency=integration.service_max_concurrency)
+        self.rm_services = {name: service for name, (service, _) in self._rm_launched.items()}
 
     @property
     def rm_service(self) -> Any:
@@ -74,11 +75,22 @@ class _AsyncRMSide:
     async def _init_agent_loop_workers(self):
         try:
             await super()._init_agent_loop_workers()
-            # The first call on each worker also waits for its construction (tokenizer, tools...): allow the RM's
-            # load time, not the short control timeout.
-            await self._async_rm_attach(self.async_rm_config.rm.init_timeout_s)
+            # The RMs load while the workers start. The first call on each worker also waits for its construction
+            # (tokenizer, tools...): allow the RM's load time, not the short control timeout.
+            await asyncio.gather(self._async_rm_wait_loaded(),
+                                 self._async_rm_attach(self.async_rm_config.rm.init_timeout_s))
         except BaseException:
             self.shutdown()
+            for worker in getattr(self, "agent_loop_workers", []):
+                kill_quietly(worker)
+            raise
+
+    async def _async_rm_wait_loaded(self) -> None:
+        try:
+            await asyncio.to_thread(wait_rm_services, self.async_rm_config.models, self._service_names,
+                                    self._rm_launched)
+        except BaseException:
+            self.rm_services = {}  # stopped, their pools released
             raise
 
     async def _async_rm_attach(self, timeout_s: float) -> None:

@@ -23,7 +23,7 @@ from verl_async_rm.service.placement import (ReplicaFactory, create_rm_worker_gr
 logger = logging.getLogger(__name__)
 
 __all__ = ["RMService", "ReplicaCall", "SleepStats", "start_rm_service", "start_rm_services", "launch_rm_service",
-           "start_timeout_s", "check_pools_fit", "pools_text"]
+           "launch_rm_services", "wait_rm_services", "start_timeout_s", "check_pools_fit", "pools_text"]
 
 #: Longest wait for one replica's control answer (step counters, describe) and for killed actors to be gone.
 _CONTROL_S = 30.0
@@ -278,11 +278,26 @@ def start_timeout_s(rm: RMConfig) -> float:
 def start_rm_services(entries: Sequence[Any], names: Mapping[str, str], *, replace_replicas: bool,
                       max_concurrency: int) -> dict[str, Any]:
     """Start one RM service per ``RMEntry`` (``names``: each one's service name) at once and wait until every RM is
-    loaded: ``{rm name: handle}``. Raises ``ValueError`` when the pools do not fit (now, or within
-    ``placement_timeout_s``), else what kept an RM from starting, noted with its name; nothing is left running."""
+    loaded: ``{rm name: handle}``. Raises as :func:`wait_rm_services`; nothing is left running."""
+    launched = launch_rm_services(entries, names, replace_replicas=replace_replicas, max_concurrency=max_concurrency)
+    wait_rm_services(entries, names, launched)
+    return {name: service for name, (service, _) in launched.items()}
+
+
+def launch_rm_services(entries: Sequence[Any], names: Mapping[str, str], *, replace_replicas: bool,
+                       max_concurrency: int) -> dict[str, tuple[Any, Any]]:
+    """Check that the pools fit (``ValueError`` if not), then create every RM's service and call its ``start``
+    without waiting: ``{rm name: (handle, start's ObjectRef)}``, for :func:`wait_rm_services`."""
     check_pools_fit(entries)
-    launched = {e.name: launch_rm_service(e.rm, e.batching, name=names[e.name], replace_replicas=replace_replicas,
-                                          max_concurrency=max_concurrency) for e in entries}
+    return {e.name: launch_rm_service(e.rm, e.batching, name=names[e.name], replace_replicas=replace_replicas,
+                                      max_concurrency=max_concurrency) for e in entries}
+
+
+def wait_rm_services(entries: Sequence[Any], names: Mapping[str, str], launched: Mapping[str, tuple[Any, Any]]
+                     ) -> None:
+    """Wait until every launched RM is loaded. Raises ``ValueError`` when the pools could not be reserved within
+    ``placement_timeout_s``, else what kept an RM from starting, noted with its name; then every service is stopped
+    and its pool released."""
     deadline = time.monotonic() + max(start_timeout_s(e.rm) for e in entries)
     failure: BaseException | None = None
     for entry in entries:
@@ -293,7 +308,7 @@ def start_rm_services(entries: Sequence[Any], names: Mapping[str, str], *, repla
                 err.add_note(f"while starting RM {entry.name!r} ({entry.key})")
                 failure = err
     if failure is None:
-        return {name: service for name, (service, _) in launched.items()}
+        return
     for entry in entries:  # the replicas go with their service; placement groups live as long as the job
         kill_and_wait([launched[entry.name][0]], _CONTROL_S)
         remove_pool_groups(f"{names[entry.name]}_", entry.rm.nnodes)
