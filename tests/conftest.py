@@ -115,7 +115,7 @@ def ray_cluster(shape: str):
         if have.get("CPU", 0) == want["num_cpus"] and have.get("GPU", 0) == want["num_gpus"] and \
                 len([n for n in ray.nodes() if n["Alive"]]) == 1:
             return ray
-        ray.shutdown()
+        stop_ray()
     if want["num_gpus"]:
         from verl_async_rm.testing.vllm_rollout import set_vllm_env
 
@@ -123,6 +123,34 @@ def ray_cluster(shape: str):
     ray.init(address="local", **want, include_dashboard=False, log_to_driver=True, runtime_env=ray_runtime_env(),
              namespace="verl_async_rm_tests")
     return ray
+
+
+def transfer_queue(config) -> None:
+    """verl's TransferQueue (``config.transfer_queue``) on the session's Ray cluster, empty: started by the first v1
+    test that asks and kept until the cluster stops (its controller and storage actors take about 9 s of this 2-core
+    machine to start), every key the previous user left cleared."""
+    import transfer_queue as tq
+
+    tq.init(config.transfer_queue)  # attaches to this cluster's controller when it has one
+    empty_transfer_queue()
+
+
+def empty_transfer_queue() -> None:
+    import transfer_queue as tq
+
+    for partition, keys in tq.kv_list().items():
+        if keys:
+            tq.kv_clear(keys=list(keys), partition_id=partition)
+
+
+def stop_ray() -> None:
+    """Stop the session's Ray cluster, and TransferQueue's client in this process with it."""
+    import ray
+
+    import transfer_queue as tq
+
+    tq.close()  # a no-op when not started; else its handles would point into the stopped cluster
+    ray.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -163,6 +191,6 @@ def pytest_sessionfinish(session, exitstatus):
         import ray
 
         if ray.is_initialized():
-            ray.shutdown()
+            stop_ray()
     except ImportError:
         pass

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 
+from conftest import empty_transfer_queue, transfer_queue
+
 RULE = "tests/integration/assets/rule.py"
 AGENT_LOOPS = "tests/integration/assets/agent_loops.yaml"
 RM_W, RULE_W = 2.0, 0.5
@@ -55,9 +57,7 @@ def running_manager(ray, tiny_models, trainer: str, *extra: str, rm_path=None, s
     config = compose_trainer_config(tiny_models.policy, trainer=trainer, rollout_n=2, response_length=24,
                                     num_workers=num_workers, overrides=overrides(tiny_models, *extra, rm_path=rm_path))
     if trainer == "v1":
-        import transfer_queue as tq
-
-        tq.init(config.transfer_queue)
+        transfer_queue(config)  # the cluster's, emptied
     servers = start_generation_servers(1, mode="synthetic", model_path=str(tiny_models.policy), response_length=24,
                                        lengths=LengthDistribution(median_tokens=8, sigma=1.0),
                                        name_prefix=f"{trainer}gen", **(server_kwargs or {}))
@@ -70,8 +70,6 @@ def running_manager(ray, tiny_models, trainer: str, *extra: str, rm_path=None, s
     except BaseException:  # e.g. a start that must fail: leave nothing running
         for worker in reward_loop.reward_loop_workers + list(servers.values()):
             ray.kill(worker)
-        if trainer == "v1":
-            tq.close()
         raise
     try:
         yield manager, config
@@ -80,7 +78,7 @@ def running_manager(ray, tiny_models, trainer: str, *extra: str, rm_path=None, s
         for worker in reward_loop.reward_loop_workers + manager.agent_loop_workers + list(servers.values()):
             ray.kill(worker)
         if trainer == "v1":
-            tq.close()
+            empty_transfer_queue()
 
 
 def replicas_of(manager, wait_s: float = 180.0) -> list:

@@ -12,7 +12,7 @@ import contextlib
 import os
 from pathlib import Path
 
-from conftest import REPO_ROOT, TEST_ASSETS, ray_runtime_env
+from conftest import REPO_ROOT, TEST_ASSETS, ray_runtime_env, stop_ray
 
 RULE = str(TEST_ASSETS / "rule.py")
 RM_W, RULE_W = 2.0, 0.5
@@ -86,7 +86,7 @@ def running_trainer(config, metrics_file: Path):
     from verl_async_rm.testing.trainer_run import TrainerRun, init_ray
 
     if ray.is_initialized():  # the session's CPU-only cluster: verl's pools need logical GPUs
-        ray.shutdown()
+        stop_ray()
     os.environ.update({k: v for k, v in cpu_env().items() if k not in os.environ})
     os.environ["VERL_FILE_LOGGER_PATH"] = str(metrics_file)
     env = ray_runtime_env()["env_vars"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import ray
-from conftest import ray_runtime_env
+from conftest import ray_runtime_env, stop_ray
 from ray.cluster_utils import Cluster
 
 from verl_async_rm.errors import ResourcePoolError
@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture
 def two_nodes():
     """A head and a worker node, 2 logical CPUs each; conftest's ``ray_local`` is shut down first."""
-    ray.shutdown()
+    stop_ray()
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 0})
     cluster.add_node(num_cpus=2, num_gpus=0)
     cluster.wait_for_nodes()

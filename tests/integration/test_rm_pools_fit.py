@@ -3,8 +3,8 @@ names each pool's keys and size and what the cluster has, and nothing left behin
 
 - too large in total: the manager fails before any service starts (nothing reserved, nothing loaded);
 - enough in total but not node by node (an RM asks two nodes of a one-node cluster): the services start together,
-  the one that cannot be placed fails, and every service started with it is stopped and its pool removed; through
-  the manager, the agent-loop workers it started while the RMs loaded are stopped too.
+  the one that cannot be placed fails, and every service started with it is stopped and its pool removed, and the
+  agent-loop workers the manager started while the RMs loaded.
 
 Run on the tests' local Ray cluster (8 CPUs, one node) while no other manager holds it.
 """
@@ -15,7 +15,7 @@ import time
 
 import pytest
 import ray
-from manager_cases import overrides, running_manager
+from manager_cases import running_manager
 
 pytestmark = pytest.mark.integration
 
@@ -40,43 +40,22 @@ def test_pools_that_do_not_fit_in_total_fail_before_anything_starts(ray_local, t
 
 
 def test_pools_that_do_not_fit_node_by_node_fail_at_placement_and_leave_nothing(ray_local, tiny_models):
-    from verl_async_rm.service.service import start_rm_services
-    from verl_async_rm.config import AsyncRMConfig
-    from verl_async_rm.testing import compose_trainer_config
+    """Through the manager: the RMs load while verl's agent-loop workers start, so those are stopped too."""
+
+    def ours() -> set:  # the RM replicas (named after their service) and verl's agent-loop workers
+        return {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                if a["name"].startswith(("verl_async_rm_", "agent_loop_worker_"))}
 
     wide = [f"+async_rm.models.wide.model_path={tiny_models.rm_alt}", "+async_rm.models.wide.nnodes=2"]
-    config = compose_trainer_config(tiny_models.policy, overrides=overrides(tiny_models, *wide))
-    entries = AsyncRMConfig.from_verl(config).models
-    before = _pool_groups()
+    before, groups = ours(), _pool_groups()
     with pytest.raises(ValueError, match=r"the RM pools could not be reserved: RM 'main': .*; RM 'wide': "
                                          r"async_rm\.models\.wide\.n_gpus_per_node=1 x async_rm\.models\.wide\."
                                          r"nnodes=2 \(2 CPU bundles\)\. The first failure \(while starting RM 'wide' "
                                          r"\(async_rm\.models\.wide\)\): the reward pool needs 2 node\(s\)"):
-        start_rm_services(entries, {"main": "fit_main", "wide": "fit_wide"}, replace_replicas=True,
-                          max_concurrency=100)
-    assert _pool_groups() == before
-    deadline = time.monotonic() + 60  # the replicas go with their killed service: wait (bounded) until they are gone
-    while [a for a in ray.util.list_named_actors(all_namespaces=True) if "fit_" in a["name"]]:
-        assert time.monotonic() < deadline, "the replicas of the services that were stopped are still alive"
-        time.sleep(0.2)
-
-
-def test_a_manager_whose_rm_cannot_be_placed_stops_the_workers_it_started_meanwhile(ray_local, tiny_models):
-    """The RMs load while verl's agent-loop workers start: when an RM fails, the manager's ``create`` raises the
-    pools' ``ValueError`` and stops those workers and every RM service too."""
-
-    def workers() -> set:
-        return {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                if a["name"].startswith("agent_loop_worker_")}
-
-    wide = [f"+async_rm.models.wide.model_path={tiny_models.rm_alt}", "+async_rm.models.wide.nnodes=2"]
-    before, groups = workers(), _pool_groups()
-    with pytest.raises(ValueError, match=r"the RM pools could not be reserved: RM 'main': .*the reward pool needs 2 "
-                                         r"node\(s\)"):
         with running_manager(ray_local, tiny_models, "v1", *wide):
             pass
     assert _pool_groups() == groups
     deadline = time.monotonic() + 60  # ray.kill only asks: wait (bounded) until Ray reports them gone
-    while workers() - before:
-        assert time.monotonic() < deadline, f"agent-loop workers left: {sorted(workers() - before)}"
+    while ours() - before:
+        assert time.monotonic() < deadline, f"still alive: {sorted(ours() - before)}"
         time.sleep(0.2)
