@@ -2,8 +2,9 @@
 
 verl builds the manager with ``.create(config=, llm_client=, ...)`` and passes nothing else: it launches the RM
 services, lets verl build its agent-loop workers (the plugin's subclasses) while the RMs load, and hands them the
-services; then it marks steps and restarts a dead service at the next step boundary. verl's v0 ``AgentLoopManager.__init__`` keeps a preset
-``agent_loop_workers_class`` while v1's overwrites it: v0 sets it before ``super().__init__``, v1 after."""
+services; then it marks steps and restarts a dead service at the next step boundary. verl's v0
+``AgentLoopManager.__init__`` keeps a preset ``agent_loop_workers_class`` while v1's overwrites it: v0 sets it before
+``super().__init__``, v1 after."""
 
 from __future__ import annotations
 

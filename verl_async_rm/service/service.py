@@ -22,8 +22,8 @@ from verl_async_rm.service.placement import (ReplicaFactory, create_rm_worker_gr
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RMService", "ReplicaCall", "SleepStats", "start_rm_service", "start_rm_services", "launch_rm_service",
-           "launch_rm_services", "wait_rm_services", "start_timeout_s", "check_pools_fit", "pools_text"]
+__all__ = ["RMService", "ReplicaCall", "SleepStats", "start_rm_service", "launch_rm_service", "launch_rm_services",
+           "wait_rm_services", "start_timeout_s", "check_pools_fit", "pools_text"]
 
 #: Longest wait for one replica's control answer (step counters, describe) and for killed actors to be gone.
 _CONTROL_S = 30.0
@@ -273,15 +273,6 @@ def launch_rm_service(rm: RMConfig, batching: BatchPolicy, *, name: str, replace
 def start_timeout_s(rm: RMConfig) -> float:
     """Longest a service's ``start`` may take: the pool's placement, the RM's load, and a minute for the actor."""
     return rm.placement_timeout_s + rm.init_timeout_s + 60.0
-
-
-def start_rm_services(entries: Sequence[Any], names: Mapping[str, str], *, replace_replicas: bool,
-                      max_concurrency: int) -> dict[str, Any]:
-    """Start one RM service per ``RMEntry`` (``names``: each one's service name) at once and wait until every RM is
-    loaded: ``{rm name: handle}``. Raises as :func:`wait_rm_services`; nothing is left running."""
-    launched = launch_rm_services(entries, names, replace_replicas=replace_replicas, max_concurrency=max_concurrency)
-    wait_rm_services(entries, names, launched)
-    return {name: service for name, (service, _) in launched.items()}
 
 
 def launch_rm_services(entries: Sequence[Any], names: Mapping[str, str], *, replace_replicas: bool,
