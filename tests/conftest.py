@@ -143,12 +143,18 @@ def empty_transfer_queue() -> None:
             tq.kv_clear(keys=list(keys), partition_id=partition)
 
 
+#: Actors the tests of one session cluster share (:func:`manager_cases.generation`), by what they were started with;
+#: dropped when the cluster stops.
+CLUSTER_SHARED: dict = {}
+
+
 def stop_ray() -> None:
     """Stop the session's Ray cluster, and TransferQueue's client in this process with it."""
     import ray
 
     import transfer_queue as tq
 
+    CLUSTER_SHARED.clear()
     tq.close()  # a no-op when not started; else its handles would point into the stopped cluster
     ray.shutdown()
 
@@ -173,17 +179,43 @@ def vllm_ray():
 
 
 def pytest_collection_modifyitems(config, items):
-    """Skip the ``gpu`` tier where CUDA is not available; run the modules of one cluster shape together, those that
-    build their own cluster last, so each shape starts once."""
+    """Skip the ``gpu`` tier where CUDA is not available. Run the unit tier first (beside the program runs, see
+    :func:`program_runs`), then the modules of one cluster shape together, and those that build a cluster of their
+    own (``own_cluster``, ``two_nodes``) last, so that each shape starts once."""
     order = {name: k for k, name in enumerate(CLUSTERS)}
 
     def rank(item) -> int:
-        if "two_nodes" in item.fixturenames:
+        if item.path.parent.name == "unit":
+            return -1
+        if "two_nodes" in item.fixturenames or item.get_closest_marker("own_cluster"):
             return len(order)
         return max((order[f] for f in item.fixturenames if f in order), default=0)
 
     items.sort(key=rank)  # stable: the modules' own order is kept within a shape
     _skip_gpu_tier(items)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def program_runs(request):
+    """The program runs of the collected modules that define ``program_command(request)`` (the demo, the CPU recipe:
+    :mod:`program_runs`), started before the first test where vLLM can run, so that they run beside the unit tier.
+    Each module's fixture waits for its run with ``program_runs.finish``; a run no test waited for is killed at the
+    end."""
+    from program_runs import ProgramRuns
+
+    from verl_async_rm.vllm_cpu import vllm_unavailable_reason
+
+    runs = ProgramRuns()
+    modules = {item.module.__name__: item.module for item in request.session.items
+               if hasattr(item.module, "program_command")}
+    if modules and vllm_unavailable_reason() is None:
+        from verl_async_rm.demo.data import demo_assets
+
+        demo_assets(request.getfixturevalue("tiny_models").root.parent)  # built once here, not raced by the runs
+        for name, module in sorted(modules.items()):
+            runs.start(name, module.program_command(request))
+    yield runs
+    runs.stop_all()
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 
-from conftest import empty_transfer_queue, transfer_queue
+from conftest import CLUSTER_SHARED, empty_transfer_queue, transfer_queue
 
 RULE = "tests/integration/assets/rule.py"
 AGENT_LOOPS = "tests/integration/assets/agent_loops.yaml"
@@ -36,46 +36,61 @@ def _key(override: str) -> str:
     return override.split("=", 1)[0].lstrip("+")
 
 
+def generation(ray, tiny_models, server_kwargs=None):
+    """``(servers, load balancer)``: the synthetic generation server with ``server_kwargs`` (for example ``steps=3``)
+    and verl's load balancer over it, started once per session cluster and reused by every manager of that cluster
+    (each is a process that imports verl: seconds of a 2-core machine per manager start). Reset here, so that the
+    responses a test gets do not depend on the tests before it."""
+    from verl.workers.rollout.router import get_router_handle
+
+    from verl_async_rm.testing import LengthDistribution, start_generation_servers
+
+    kwargs = {"mode": "synthetic", "model_path": str(tiny_models.policy), "response_length": 24,
+              "lengths": LengthDistribution(median_tokens=8, sigma=1.0), **(server_kwargs or {})}
+    key = ("generation", repr(sorted(kwargs.items())))
+    if key not in CLUSTER_SHARED:
+        servers = start_generation_servers(1, name_prefix=f"gen{len(CLUSTER_SHARED)}", **kwargs)
+        CLUSTER_SHARED[key] = servers, get_router_handle(servers)
+    servers, balancer = CLUSTER_SHARED[key]
+    ray.get([server.reset.remote() for server in servers.values()], timeout=60)
+    return servers, balancer
+
+
 @contextlib.contextmanager
 def running_manager(ray, tiny_models, trainer: str, *extra: str, rm_path=None, server_kwargs=None, num_workers=1):
-    """Build the manager as verl's trainer does (after verl's RewardLoopManager); yield (manager, config); tear down.
+    """Build the manager as verl's trainer does (after verl's RewardLoopManager), on the cluster's shared generation
+    server (:func:`generation`); yield (manager, config); tear down.
 
     ``extra`` overrides are added to :func:`overrides`; ``rm_path`` replaces the tiny RM; ``server_kwargs`` go to the
     synthetic generation server (for example ``steps=3``); ``num_workers``: agent-loop and reward-loop workers (one
     unless the module is about several: each is a process that imports verl, seconds of a 2-core machine).
     """
     from verl.experimental.reward_loop import RewardLoopManager
+    from verl.workers.rollout.llm_server import LLMServerClient
 
     from verl_async_rm import AsyncRMAgentLoopManager
-    from verl_async_rm.testing import (
-        LengthDistribution,
-        compose_trainer_config,
-        make_llm_client,
-        start_generation_servers,
-    )
+    from verl_async_rm.testing import compose_trainer_config
 
     config = compose_trainer_config(tiny_models.policy, trainer=trainer, rollout_n=2, response_length=24,
                                     num_workers=num_workers, overrides=overrides(tiny_models, *extra, rm_path=rm_path))
     if trainer == "v1":
         transfer_queue(config)  # the cluster's, emptied
-    servers = start_generation_servers(1, mode="synthetic", model_path=str(tiny_models.policy), response_length=24,
-                                       lengths=LengthDistribution(median_tokens=8, sigma=1.0),
-                                       name_prefix=f"{trainer}gen", **(server_kwargs or {}))
+    _, balancer = generation(ray, tiny_models, server_kwargs)
     reward_loop = RewardLoopManager(config=config, rm_resource_pool=None)
     try:
         manager = AsyncRMAgentLoopManager.create(
-            config=config, llm_client=make_llm_client(config, servers), teacher_client=None,
-            reward_loop_worker_handles=reward_loop.reward_loop_worker_handles,
+            config=config, llm_client=LLMServerClient(config=config, load_balancer_handle=balancer),
+            teacher_client=None, reward_loop_worker_handles=reward_loop.reward_loop_worker_handles,
         )
     except BaseException:  # e.g. a start that must fail: leave nothing running
-        for worker in reward_loop.reward_loop_workers + list(servers.values()):
+        for worker in reward_loop.reward_loop_workers:
             ray.kill(worker)
         raise
     try:
         yield manager, config
     finally:
         manager.shutdown()
-        for worker in reward_loop.reward_loop_workers + manager.agent_loop_workers + list(servers.values()):
+        for worker in reward_loop.reward_loop_workers + manager.agent_loop_workers:
             ray.kill(worker)
         if trainer == "v1":
             empty_transfer_queue()

@@ -3,7 +3,7 @@ verl.trainer.main_ppo`` builds it (:class:`verl_async_rm.testing.trainer_run.Tra
 FSDP2 actor, reference model and weight sync, and the plugin opted in as the README says.
 
 Each module that uses :func:`running_trainer` gets a Ray cluster of its own (logical GPUs for verl's pools) and shuts
-it down; the next test asking for the session's ``ray_local`` starts that one again.
+it down; such modules are marked ``own_cluster`` and run after every module of the session's shared clusters.
 """
 
 from __future__ import annotations

@@ -6,30 +6,35 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
-import time
 
 import pytest
 from conftest import REPO_ROOT, require_vllm
+from program_runs import Command
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 STEPS, TRAJECTORIES = 2, 8 * 4  # the recipe's 8 prompts x 4 responses
 
 
-@pytest.fixture(scope="module")
-def recipe_run(tmp_path_factory, tiny_models):
-    require_vllm()
-    out = tmp_path_factory.mktemp("cpu_recipe")
+def program_command(request) -> Command:
+    """The recipe for two steps, in a folder of its own, with verl's file logger on (:mod:`program_runs`: the session
+    starts it beside the unit tier)."""
+    tiny_models = request.getfixturevalue("tiny_models")
+    out = request.getfixturevalue("tmp_path_factory").mktemp("cpu_recipe")
     env = {k: v for k, v in os.environ.items() if k not in ("POLICY_PATH", "RM_PATH", "TRAIN_FILE", "VAL_FILE")}
     env.update(PATH=os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")]),
                VERL_ASYNC_RM_CACHE=str(tiny_models.root.parent), VERL_FILE_LOGGER_PATH=str(out / "metrics.jsonl"))
-    start = time.monotonic()
     recipe = REPO_ROOT / "recipes" / "grpo_cpu_tiny.sh"
     argv = ["bash", str(recipe), f"trainer.total_training_steps={STEPS}", "trainer.logger=[console,file]"]
-    proc = subprocess.run(argv, cwd=out, env=env, capture_output=True, text=True, timeout=840, check=False)
-    return proc, time.monotonic() - start, out / "metrics.jsonl"
+    return Command(argv, cwd=out, env=env, timeout_s=840)
+
+
+@pytest.fixture(scope="module")
+def recipe_run(request, program_runs):
+    require_vllm()
+    proc = program_runs.finish(__name__, lambda: program_command(request))
+    return proc, proc.seconds, proc.command.cwd / "metrics.jsonl"
 
 
 def test_the_recipe_runs_verls_main_ppo_to_the_end(recipe_run):

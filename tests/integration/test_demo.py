@@ -13,28 +13,34 @@ from __future__ import annotations
 import json
 import math
 import os
-import subprocess
 import sys
 
 import pytest
 from conftest import REPO_ROOT, require_vllm
+from program_runs import Command
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 STEPS, PROMPTS, N = 6, 8, 4
 
 
-@pytest.fixture(scope="module")
-def demo_run(tmp_path_factory, tiny_models):
-    require_vllm()
-    cwd = tmp_path_factory.mktemp("demo")
+def program_command(request) -> Command:
+    """The README's demo command (6 steps instead of 8), run in a folder of its own (:mod:`program_runs`: the
+    session starts it beside the unit tier)."""
+    tiny_models = request.getfixturevalue("tiny_models")
+    cwd = request.getfixturevalue("tmp_path_factory").mktemp("demo")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
     # no --out: the README's command writes to ./async_rm_demo/<time>, a relative folder verl's workers must find
-    cmd = [sys.executable, "-m", "verl_async_rm", "demo", "--steps", str(STEPS),
-           "--cache-dir", str(tiny_models.root.parent), "--no-progress"]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False, timeout=840, cwd=str(cwd))
+    return Command([sys.executable, "-m", "verl_async_rm", "demo", "--steps", str(STEPS), "--cache-dir",
+                    str(tiny_models.root.parent), "--no-progress"], cwd=cwd, env=env, timeout_s=840)
+
+
+@pytest.fixture(scope="module")
+def demo_run(request, program_runs):
+    require_vllm()
+    proc = program_runs.finish(__name__, lambda: program_command(request))
     assert proc.returncode == 0, proc.stderr[-4000:]
-    [out] = (cwd / "async_rm_demo").iterdir()
+    [out] = (proc.command.cwd / "async_rm_demo").iterdir()
     return out, proc.stdout, json.loads((out / "summary.json").read_text())
 
 

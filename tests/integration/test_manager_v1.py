@@ -30,7 +30,7 @@ from trainer_cases import (
     trainer_overrides,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.integration, pytest.mark.own_cluster, pytest.mark.timeout(900)]
 
 STEPS = 3
 

@@ -16,7 +16,7 @@ from manager_cases import replicas_of
 from trainer_cases import N, PROMPTS, RM_W, RULE_W, compose, rm_reference, rule_reference, running_trainer, \
     trainer_overrides
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.integration, pytest.mark.own_cluster, pytest.mark.timeout(900)]
 
 STEPS = 3
 

@@ -18,8 +18,7 @@ import time
 import pytest
 import ray
 import torch
-from manager_cases import replicas_of, running_manager
-from manager_cases import prompts_batch
+from manager_cases import generation, prompts_batch, replicas_of, running_manager
 
 # Imported here, not first inside running_manager: verl modules that fail to import while the integration loads
 # (verl/checkpoint_engine/{nccl,hccl}_checkpoint_engine.py without cupy/vllm) leave tracebacks behind that hold the
@@ -94,18 +93,21 @@ def _check_step(output) -> None:
 
 @pytest.mark.timeout(900)
 def test_many_steps_grow_nothing_and_shutdown_leaves_nothing(ray_local, tiny_models):
+    servers, balancer = generation(ray_local, tiny_models)  # the cluster's, shared: alive before and after this test
     actors_before, groups_before = set(_alive_actors()), _live_groups()
     with running_manager(ray_local, tiny_models, "v0", num_workers=2) as (manager, _):
         service, replicas = manager.rm_service, replicas_of(manager)
         ours = {"rm_service": service._actor_id.hex()}
         ours.update({f"rm_replica_{i}": h._actor_id.hex() for i, h in enumerate(replicas)})
         ours.update({f"agent_loop_worker_{i}": h._actor_id.hex() for i, h in enumerate(manager.agent_loop_workers)})
-        # everything else the set-up started (verl's reward-loop workers, the generation server)
+        # everything else the set-up started (verl's reward-loop workers)
         started = set(_alive_actors()) - actors_before
         names = {a["ActorID"]: a["ActorClassName"] for a in _alive_actors().values()}
         for actor_id in sorted(started - set(ours.values())):
             ours[f"{names[actor_id]}_{actor_id[:6]}"] = actor_id
         assert set(ours.values()) <= started
+        ours.update({f"generation_server_{i}": h._actor_id.hex() for i, h in enumerate(servers.values())})
+        ours["load_balancer"] = balancer._actor_id.hex()
         our_groups = _live_groups() - groups_before
         assert our_groups  # the RM pool's placement group(s)
 
@@ -155,8 +157,7 @@ def test_many_steps_grow_nothing_and_shutdown_leaves_nothing(ray_local, tiny_mod
     assert _wait_until(lambda: not (set(plugin.values()) & set(_alive_actors()))), \
         {label: i for label, i in plugin.items() if i in _alive_actors()}
     assert _wait_until(lambda: not (our_groups & _live_groups())), our_groups & _live_groups()
-    # once the driver drops the manager, nothing started here is left: verl's load-balancer actor goes with the LLM
-    # client the manager holds, the rest was killed
+    # once the driver drops the manager, nothing started here is left: the rest was killed
     del manager, service, replicas, output
     gc.collect()
     assert _wait_until(lambda: set(_alive_actors()) <= actors_before), \
