@@ -180,13 +180,16 @@ def vllm_ray():
 
 def pytest_collection_modifyitems(config, items):
     """Skip the ``gpu`` tier where CUDA is not available. Run the unit tier first (beside the program runs, see
-    :func:`program_runs`), then the modules of one cluster shape together, and those that build a cluster of their
-    own (``own_cluster``, ``two_nodes``) last, so that each shape starts once."""
+    :func:`program_runs`), then the modules of one cluster shape together, then those that build a cluster of their
+    own (``own_cluster``, ``two_nodes``), so that each shape starts once; the modules that read a program run last
+    (the runs started with the session and finish while the other modules run)."""
     order = {name: k for k, name in enumerate(CLUSTERS)}
 
     def rank(item) -> int:
         if item.path.parent.name == "unit":
             return -1
+        if hasattr(item.module, "program_command"):  # its run started with the session: by now it is done
+            return len(order) + 1
         if "two_nodes" in item.fixturenames or item.get_closest_marker("own_cluster"):
             return len(order)
         return max((order[f] for f in item.fixturenames if f in order), default=0)
@@ -198,9 +201,9 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session", autouse=True)
 def program_runs(request):
     """The program runs of the collected modules that define ``program_command(request)`` (the demo, the CPU recipe:
-    :mod:`program_runs`), started before the first test where vLLM can run, so that they run beside the unit tier.
-    Each module's fixture waits for its run with ``program_runs.finish``; a run no test waited for is killed at the
-    end."""
+    :mod:`program_runs`), started before the first test where vLLM can run, beside the unit tier (which keeps only one
+    core busy; their modules run last). Each module's fixture waits for its run with ``program_runs.finish``; a run no
+    test waited for is killed at the end."""
     from program_runs import ProgramRuns
 
     from verl_async_rm.vllm_cpu import vllm_unavailable_reason
