@@ -35,7 +35,6 @@ class Finished:
     returncode: int
     stdout: str
     stderr: str
-    seconds: float
 
 
 @dataclass
@@ -72,8 +71,7 @@ class ProgramRuns:
         except subprocess.TimeoutExpired:
             _kill(run.proc)
             raise
-        return Finished(run.command, run.proc.returncode, run.out.read_text(), run.err.read_text(),
-                        time.monotonic() - run.started)
+        return Finished(run.command, run.proc.returncode, run.out.read_text(), run.err.read_text())
 
     def stop_all(self) -> None:
         """Kill the runs no test waited for (a deselected or failed module)."""
