@@ -311,10 +311,11 @@ def test_engine_vllm_scores_as_transformers_on_the_gpu(big_rm, scorer):
     have none)."""
     pytest.importorskip("vllm", reason="vLLM is not installed on this machine")
     from verl_async_rm.scoring.scorer import RewardModelScorer
+    from verl_async_rm.scoring.vllm_engine import VLLMEngine
 
     on_vllm = RewardModelScorer(gpu_config(big_rm, engine="vllm"))
     try:
-        assert on_vllm.engine == "vllm", on_vllm.engine_reason
+        assert isinstance(on_vllm.engine, VLLMEngine), on_vllm.engine_reason
         requests = random_requests(24, seed=3)
         assert on_vllm.score(requests) == pytest.approx(scorer.score(requests), abs=BF16_TOL, rel=BF16_TOL)
     finally:
@@ -374,7 +375,7 @@ def test_a_logits_judge_on_the_gpu_equals_single_row_forwards(big_judge, tiny_mo
         for request in requests:
             ids, _ = judge.prepare(request)
             logits = model(input_ids=torch.tensor([ids], device="cuda")).logits[0, -1].float()
-            expected.append(float(torch.softmax(logits[judge.judge_token_ids], -1)[0]))
+            expected.append(float(torch.softmax(logits[judge.kind.token_ids], -1)[0]))
     assert scores == pytest.approx(expected, abs=BF16_TOL, rel=BF16_TOL)
 
 
@@ -383,7 +384,7 @@ def test_a_generate_judge_on_the_gpu_writes_and_parses(big_judge, tiny_models, p
     anything else, and the tokens written stay within the budget. Skipped where vLLM is not installed."""
     pytest.importorskip("vllm", reason="vLLM is not installed on this machine")
     from verl_async_rm.errors import JudgeVerdictError
-    from verl_async_rm.scoring.judge import Verdict
+    from verl_async_rm.request import Verdict
     from verl_async_rm.scoring.scorer import RewardModelScorer
 
     judge = RewardModelScorer(RMConfig(model_path=str(big_judge), policy_tokenizer_path=str(tiny_models.policy),
