@@ -178,22 +178,37 @@ def vllm_ray():
     yield ray_cluster("vllm_ray")
 
 
+def pytest_addoption(parser):
+    parser.addoption("--part", choices=("shared", "own"), default=None,
+                     help="run only the modules on the session's shared Ray clusters (shared), or only the others: "
+                          "the unit tier, the modules with a cluster of their own, the program runs (own). "
+                          "scripts/test.sh runs the two parts at once, in two processes.")
+
+
 def pytest_collection_modifyitems(config, items):
     """Skip the ``gpu`` tier where CUDA is not available. Run the unit tier first (beside the program runs, see
     :func:`program_runs`), then the modules of one cluster shape together, then those that build a cluster of their
-    own (``own_cluster``, ``two_nodes``), so that each shape starts once; the modules that read a program run last
-    (the runs started with the session and finish while the other modules run)."""
+    own (``own_cluster``), so that each shape starts once; then the modules that read a program run (the runs
+    started with the session and finish while the other modules run); the ``two_nodes`` module last. ``--part`` keeps
+    one of the two parts: the shared clusters' modules, or the rest."""
     order = {name: k for k, name in enumerate(CLUSTERS)}
 
     def rank(item) -> int:
         if item.path.parent.name == "unit":
             return -1
+        if "two_nodes" in item.fixturenames:  # after the program runs: their main_ppo's ray.init() (no address)
+            return len(order) + 2             # would join its ray.cluster_utils cluster, were one up at that moment
         if hasattr(item.module, "program_command"):  # its run started with the session: by now it is done
             return len(order) + 1
-        if "two_nodes" in item.fixturenames or item.get_closest_marker("own_cluster"):
+        if item.get_closest_marker("own_cluster"):
             return len(order)
         return max((order[f] for f in item.fixturenames if f in order), default=0)
 
+    part = config.getoption("part")
+    if part is not None:
+        shared = [(0 <= rank(item) < len(order)) == (part == "shared") for item in items]
+        config.hook.pytest_deselected(items=[item for item, keep in zip(items, shared) if not keep])
+        items[:] = [item for item, keep in zip(items, shared) if keep]
     items.sort(key=rank)  # stable: the modules' own order is kept within a shape
     _skip_gpu_tier(items)
 

@@ -71,7 +71,10 @@ def trainer_overrides(assets, *extra: str, rm_path=None, steps: int = 3, rm_gpus
     ])
     run = [f"trainer.v1.trainer_mode={trainer_mode}", f"trainer.total_training_steps={steps}",
            "trainer.logger=[console,file]", "trainer.resume_mode=disable",
-           "trainer.val_before_train=False", "data.shuffle=False", "trainer.project_name=verl_async_rm_tests"]
+           "trainer.val_before_train=False", "data.shuffle=False", "trainer.project_name=verl_async_rm_tests",
+           # a cluster of the run's own, as main_ppo starts: ray.init() with no address would join a cluster another
+           # test process started with ray.cluster_utils (test_rm_multinode.py), were one up at that moment
+           "+ray_kwargs.ray_init.address=local"]
     return base + plugin + (short_poll_overrides(trainer_mode) if short_poll else []) + run + list(extra)
 
 
