@@ -41,16 +41,14 @@ def generation(ray, tiny_models, server_kwargs=None):
     and verl's load balancer over it, started once per session cluster and reused by every manager of that cluster
     (each is a process that imports verl: seconds of a 2-core machine per manager start). Reset here, so that the
     responses a test gets do not depend on the tests before it."""
-    from verl.workers.rollout.router import get_router_handle
-
-    from verl_async_rm.testing import LengthDistribution, start_generation_servers
+    from verl_async_rm.testing import LengthDistribution, start_generation_servers, start_load_balancer
 
     kwargs = {"mode": "synthetic", "model_path": str(tiny_models.policy), "response_length": 24,
               "lengths": LengthDistribution(median_tokens=8, sigma=1.0), **(server_kwargs or {})}
     key = ("generation", repr(sorted(kwargs.items())))
     if key not in CLUSTER_SHARED:
         servers = start_generation_servers(1, name_prefix=f"gen{len(CLUSTER_SHARED)}", **kwargs)
-        CLUSTER_SHARED[key] = servers, get_router_handle(servers)
+        CLUSTER_SHARED[key] = servers, start_load_balancer(servers)
     servers, balancer = CLUSTER_SHARED[key]
     ray.get([server.reset.remote() for server in servers.values()], timeout=60)
     return servers, balancer

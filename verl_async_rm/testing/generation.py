@@ -26,7 +26,8 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Optional
 
-__all__ = ["LengthDistribution", "CPUGenerationServer", "start_generation_servers", "make_llm_client"]
+__all__ = ["LengthDistribution", "CPUGenerationServer", "start_generation_servers", "start_load_balancer",
+           "make_llm_client"]
 
 
 @dataclass(frozen=True)
@@ -247,21 +248,41 @@ class CPUGenerationServer:
         self._finished = []
 
 
-def start_generation_servers(num_servers: int = 1, *, name_prefix: str = "cpu_gen", **server_kwargs) -> dict:
-    """Start ``num_servers`` :class:`CPUGenerationServer` actors; returns ``{address: handle}`` for verl's router.
+#: How long :func:`start_generation_servers` and :func:`make_llm_client` wait for their actors to start. Each is a
+#: process that imports verl (seconds of CPU); on a loaded machine (a test suite beside training runs) that can take
+#: minutes, and it should not eat into a caller's deadline for the requests themselves.
+START_TIMEOUT_S = 600.0
+
+
+def start_generation_servers(num_servers: int = 1, *, name_prefix: str = "cpu_gen",
+                             start_timeout_s: float = START_TIMEOUT_S, **server_kwargs) -> dict:
+    """Start ``num_servers`` :class:`CPUGenerationServer` actors and wait until they are up (raises
+    ``ray.exceptions.GetTimeoutError`` after ``start_timeout_s``); returns ``{address: handle}`` for verl's router.
 
     The addresses are labels (no socket is opened); verl's load balancer only uses them as keys.
     """
     import ray
 
     actor_cls = ray.remote(num_cpus=0)(CPUGenerationServer).options(max_concurrency=4096)
-    return {f"{name_prefix}-{i}": actor_cls.remote(**server_kwargs) for i in range(num_servers)}
+    servers = {f"{name_prefix}-{i}": actor_cls.remote(**server_kwargs) for i in range(num_servers)}
+    ray.get([handle.__ray_ready__.remote() for handle in servers.values()], timeout=start_timeout_s)
+    return servers
+
+
+def start_load_balancer(servers: dict, *, full_determinism: bool = False, start_timeout_s: float = START_TIMEOUT_S):
+    """verl's load balancer over ``servers`` (``verl.workers.rollout.router.get_router_handle``), once it is up."""
+    import ray
+    from verl.workers.rollout.router import get_router_handle
+
+    balancer = get_router_handle(servers, full_determinism=full_determinism)
+    ray.get(balancer.__ray_ready__.remote(), timeout=start_timeout_s)
+    return balancer
 
 
 def make_llm_client(config, servers: dict):
-    """verl's real ``LLMServerClient`` over ``servers`` (``{address: handle}``), routed by verl's load balancer."""
+    """verl's real ``LLMServerClient`` over ``servers`` (``{address: handle}``), routed by verl's load balancer
+    (:func:`start_load_balancer`)."""
     from verl.workers.rollout.llm_server import LLMServerClient
-    from verl.workers.rollout.router import get_router_handle
 
     full_det = bool(getattr(config.actor_rollout_ref.rollout, "full_determinism", False))
-    return LLMServerClient(config=config, load_balancer_handle=get_router_handle(servers, full_determinism=full_det))
+    return LLMServerClient(config=config, load_balancer_handle=start_load_balancer(servers, full_determinism=full_det))
