@@ -94,8 +94,8 @@ def require_vllm() -> None:
         pytest.skip(reason)
 
 
-#: The Ray cluster shapes the tests use, in the order their modules run (:func:`pytest_collection_modifyitems`): a
-#: cluster is started once per shape and shared by every module of that shape, not once per module.
+#: The Ray cluster shapes the tests use (their modules run together, :data:`ORDER`): a cluster is started once per
+#: shape and shared by every module of that shape, not once per module.
 CLUSTERS = {
     "ray_local": {"num_cpus": 8, "num_gpus": 0},  # most modules
     "ray_wide": {"num_cpus": 16, "num_gpus": 0},  # room for eight one-replica pools
@@ -180,36 +180,46 @@ def vllm_ray():
 
 def pytest_addoption(parser):
     parser.addoption("--part", choices=("shared", "own"), default=None,
-                     help="run only the modules on the session's shared Ray clusters (shared), or only the others: "
-                          "the unit tier, the modules with a cluster of their own, the program runs (own). "
+                     help="run only the modules on the session's ray_local cluster (shared), or only the others: the "
+                          "unit tier, the modules with a cluster of their own, the program runs, the ray_wide and "
+                          "vllm_ray modules (own). "
                           "scripts/test.sh runs the two parts at once, in two processes.")
 
 
+#: The order the modules run in (:func:`pytest_collection_modifyitems`); ``--part shared`` runs the ``ray_local``
+#: modules, ``--part own`` the rest, at once (scripts/test.sh). The ``ray_wide`` and ``vllm_ray`` modules run after
+#: the program runs are done (their vLLM engines are not beside those of the runs) and beside the last ``ray_local``
+#: modules, so that the two parts end together; the two-node module runs last: a ``ray.init()`` with no address
+#: (verl's ``main_ppo``) would join its ``ray.cluster_utils`` cluster, were one up at that moment.
+ORDER = ("unit", "ray_local", "own_cluster", "program_run", "ray_wide", "vllm_ray", "two_nodes")
+SHARED_PART = ("ray_local",)
+
+
+def _group(item) -> str:
+    """The :data:`ORDER` group of a test."""
+    if item.path.parent.name == "unit":
+        return "unit"
+    if "two_nodes" in item.fixturenames:
+        return "two_nodes"
+    if hasattr(item.module, "program_command"):  # its run started with the session: by now it is done
+        return "program_run"
+    if item.get_closest_marker("own_cluster"):
+        return "own_cluster"
+    shapes = [shape for shape in CLUSTERS if shape in item.fixturenames]
+    return max(shapes, key=ORDER.index, default="ray_local")  # the gpu tier and the rest: with ray_local
+
+
 def pytest_collection_modifyitems(config, items):
-    """Skip the ``gpu`` tier where CUDA is not available. Run the unit tier first (beside the program runs, see
-    :func:`program_runs`), then the modules of one cluster shape together, then those that build a cluster of their
-    own (``own_cluster``), so that each shape starts once; then the modules that read a program run (the runs
-    started with the session and finish while the other modules run); the ``two_nodes`` module last. ``--part`` keeps
-    one of the two parts: the shared clusters' modules, or the rest."""
-    order = {name: k for k, name in enumerate(CLUSTERS)}
-
-    def rank(item) -> int:
-        if item.path.parent.name == "unit":
-            return -1
-        if "two_nodes" in item.fixturenames:  # after the program runs: their main_ppo's ray.init() (no address)
-            return len(order) + 2             # would join its ray.cluster_utils cluster, were one up at that moment
-        if hasattr(item.module, "program_command"):  # its run started with the session: by now it is done
-            return len(order) + 1
-        if item.get_closest_marker("own_cluster"):
-            return len(order)
-        return max((order[f] for f in item.fixturenames if f in order), default=0)
-
+    """Skip the ``gpu`` tier where CUDA is not available. Run the modules in the :data:`ORDER` of their groups: the
+    unit tier first (beside the program runs, see :func:`program_runs`), the modules of one cluster shape together so
+    that each shape starts once, the modules that read a program run after the runs have had time to finish.
+    ``--part`` keeps one of the two parts: the :data:`SHARED_PART` modules, or the rest."""
     part = config.getoption("part")
     if part is not None:
-        shared = [(0 <= rank(item) < len(order)) == (part == "shared") for item in items]
-        config.hook.pytest_deselected(items=[item for item, keep in zip(items, shared) if not keep])
-        items[:] = [item for item, keep in zip(items, shared) if keep]
-    items.sort(key=rank)  # stable: the modules' own order is kept within a shape
+        keep = [(_group(item) in SHARED_PART) == (part == "shared") for item in items]
+        config.hook.pytest_deselected(items=[item for item, k in zip(items, keep) if not k])
+        items[:] = [item for item, k in zip(items, keep) if k]
+    items.sort(key=lambda item: ORDER.index(_group(item)))  # stable: the modules' own order is kept within a group
     _skip_gpu_tier(items)
 
 
