@@ -25,14 +25,70 @@ def test_entry_point_is_declared():
     assert eps.get("async_rm") == "verl_async_rm.plugin"
 
 
-def test_import_verl_loads_the_plugin():
-    out = _run("import sys, verl; print('verl_async_rm.plugin' in sys.modules)")
-    assert out.splitlines()[-1] == "True"
+# --- what a process that imports verl loads: two subprocesses (each pays verl's import) serve the tests below ----------
+
+_AUTO = """
+import json, sys
+import verl
+seen = {"plugin_loaded_by_verl": "verl_async_rm.plugin" in sys.modules}
+from verl_async_rm import plugin
+
+def hooks():
+    return {"finders": [type(f).__name__ for f in sys.meta_path if type(f).__module__ == "verl_async_rm.plugin"],
+            "waiting_for": plugin.pending_hooks()}
+
+seen["after_import_verl"] = {
+    "manager_imported": "verl_async_rm.integration.reward_manager" in sys.modules, **hooks(),
+}
+from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls
+cls = get_reward_manager_cls("async_rm")
+from verl_async_rm.integration.reward_manager import AsyncRMRewardManager
+seen["after_registry"] = {"is_plugin_class": cls is AsyncRMRewardManager, **hooks()}
+import verl_async_rm.integration.agent_loop_manager
+tools = ("matplotlib", "verl_async_rm.demo", "verl_async_rm.bench", "verl_async_rm.testing")
+seen["tools"] = sorted(m for m in sys.modules if m.startswith(tools))  # before the hooks' own imports below
+for name in list(plugin.pending_hooks()):  # what the CPU platform's workarounds wait for (none on a GPU machine)
+    __import__(name)
+seen["after_all"] = hooks()
+print(json.dumps(seen))
+"""
+
+_NONE = """
+import json, sys
+import verl
+seen = {"plugin_loaded_by_verl": "verl_async_rm.plugin" in sys.modules}
+from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls
+import verl_async_rm.plugin
+seen["registered"] = get_reward_manager_cls("async_rm").__name__
+seen["still_waiting"] = "verl.experimental.reward_loop.reward_manager" in verl_async_rm.plugin.pending_hooks()
+print(json.dumps(seen))
+"""
 
 
-def test_verl_policy_none_disables_it():
-    out = _run("import sys, verl; print('verl_async_rm.plugin' in sys.modules)", VERL_USE_EXTERNAL_PLUGINS="none")
-    assert out.splitlines()[-1] == "False"
+def _seen(code: str, **env) -> dict:
+    import json
+
+    return json.loads(_run(code, **env).splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def hook_sequence():
+    """``import verl`` with verl's default plugin policy, then verl's reward-manager registry, then the manager."""
+    return _seen(_AUTO)
+
+
+@pytest.fixture(scope="module")
+def plugins_off():
+    """``import verl`` with ``VERL_USE_EXTERNAL_PLUGINS=none``, verl's registry, then the plugin by hand."""
+    return _seen(_NONE, VERL_USE_EXTERNAL_PLUGINS="none")
+
+
+def test_import_verl_loads_the_plugin(hook_sequence):
+    assert hook_sequence["plugin_loaded_by_verl"] is True
+
+
+def test_verl_policy_none_disables_it(plugins_off):
+    assert plugins_off["plugin_loaded_by_verl"] is False
 
 
 def test_loading_the_plugin_imports_nothing_heavy():
@@ -44,35 +100,6 @@ def test_loading_the_plugin_imports_nothing_heavy():
 
 
 # --- the reward manager is registered lazily, by a one-shot post-import hook ----------------------------------------
-
-_HOOK_SEQUENCE = """
-import json, sys
-from verl_async_rm import plugin
-
-def hooks():
-    return {"finders": [type(f).__name__ for f in sys.meta_path if type(f).__module__ == "verl_async_rm.plugin"],
-            "waiting_for": plugin.pending_hooks()}
-
-import verl
-seen = {"after_import_verl": {
-    "manager_imported": "verl_async_rm.integration.reward_manager" in sys.modules, **hooks(),
-}}
-from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls
-cls = get_reward_manager_cls("async_rm")
-from verl_async_rm.integration.reward_manager import AsyncRMRewardManager
-seen["after_registry"] = {"is_plugin_class": cls is AsyncRMRewardManager, **hooks()}
-for name in list(plugin.pending_hooks()):  # what the CPU platform's workarounds wait for (none on a GPU machine)
-    __import__(name)
-seen["after_all"] = hooks()
-print(json.dumps(seen))
-"""
-
-
-@pytest.fixture(scope="module")
-def hook_sequence():
-    import json
-
-    return json.loads(_run(_HOOK_SEQUENCE).splitlines()[-1])
 
 
 def test_import_verl_does_not_import_the_reward_manager(hook_sequence):
@@ -90,33 +117,15 @@ def test_each_hook_fires_once_and_the_finder_goes_with_the_last(hook_sequence):
     assert hook_sequence["after_all"] == {"finders": [], "waiting_for": []}
 
 
-def test_registry_imported_before_the_plugin_registers_at_once():
-    out = _run(
-        "import sys, verl\n"
-        "from verl.experimental.reward_loop.reward_manager import get_reward_manager_cls\n"
-        "import verl_async_rm.plugin\n"
-        "print(get_reward_manager_cls('async_rm').__name__, "
-        "'verl.experimental.reward_loop.reward_manager' in verl_async_rm.plugin.pending_hooks())",
-        VERL_USE_EXTERNAL_PLUGINS="none",
-    )
-    assert out.splitlines()[-1] == "AsyncRMRewardManager False"
+def test_registry_imported_before_the_plugin_registers_at_once(plugins_off):
+    assert plugins_off["registered"] == "AsyncRMRewardManager" and plugins_off["still_waiting"] is False
 
 
-def test_a_trainer_process_imports_the_runtime_core_only():
+def test_a_trainer_process_imports_the_runtime_core_only(hook_sequence):
     """What verl loads (the plugin entry point, the manager class, the reward manager) pulls in no tool: no demo,
     benchmark or test utilities, no plotting library (the `demo` extra). tqdm is not checked: Ray and transformers
     import it themselves."""
-    import subprocess
-    import sys
-
-    code = (
-        "import sys, verl_async_rm.plugin, verl_async_rm.integration.agent_loop_manager, "
-        "verl_async_rm.integration.reward_manager\n"
-        "tools = ('matplotlib', 'verl_async_rm.demo', 'verl_async_rm.bench', 'verl_async_rm.testing')\n"
-        "print(sorted(m for m in sys.modules if m.startswith(tools)))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=240, check=True)
-    assert out.stdout.strip() == "[]", out.stdout
+    assert hook_sequence["tools"] == []
 
 
 def test_a_verl_outside_the_tested_range_is_named_with_both_versions():
