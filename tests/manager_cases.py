@@ -11,13 +11,18 @@ AGENT_LOOPS = "tests/integration/assets/agent_loops.yaml"
 RM_W, RULE_W = 2.0, 0.5
 
 
+#: The override that gives the main RM two replicas (the tests' default is one).
+TWO_REPLICAS = "reward.reward_model.n_gpus_per_node=2"
+
+
 def overrides(tiny_models, *extra, rm_path=None):
-    """The recipe overrides a user adds, plus test settings (2 CPU replicas, a rule, custom agent loops); an ``extra``
-    override of a key set here replaces it."""
+    """The recipe overrides a user adds, plus test settings (one CPU replica, a rule, custom agent loops); an ``extra``
+    override of a key set here replaces it (:data:`TWO_REPLICAS` where a test is about several: each replica is a
+    process that imports verl and loads the RM, seconds of a 2-core machine)."""
     base = [
         "+actor_rollout_ref.rollout.agent.agent_loop_manager_class=verl_async_rm.AsyncRMAgentLoopManager",
         "reward.reward_model.enable_resource_pool=True",
-        "reward.reward_model.n_gpus_per_node=2",
+        "reward.reward_model.n_gpus_per_node=1",
         "reward.reward_model.nnodes=1",
         f"reward.reward_model.model_path={rm_path or tiny_models.rm}",
         "reward.reward_manager.name=async_rm",

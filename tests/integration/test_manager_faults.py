@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import ray
 import torch
-from manager_cases import running_manager
+from manager_cases import TWO_REPLICAS, running_manager
 from manager_cases import prompts_batch
 
 from verl_async_rm.errors import RMServiceLostError, TrajectoryDroppedError
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def drop_manager(ray_local, tiny_models, nan_rm):
     with running_manager(ray_local, tiny_models, "v0", "+async_rm.on_error=drop", "+async_rm.drop_budget=0.5",
-                         rm_path=nan_rm[0]) as (manager, config):
+                         TWO_REPLICAS, rm_path=nan_rm[0]) as (manager, config):
         yield manager, config
 
 

@@ -10,7 +10,7 @@ replica is then killed and replaced, as the faults table of docs/faults.md says)
 from __future__ import annotations
 
 import pytest
-from manager_cases import running_manager
+from manager_cases import TWO_REPLICAS, running_manager
 
 pytestmark = pytest.mark.integration
 
@@ -19,7 +19,8 @@ def test_a_batch_past_batch_timeout_fails_its_trajectories_and_stops_the_run(ray
     from verl_async_rm.errors import RMScoreError
     from verl_async_rm.testing.v1 import V1FitLoop, prompt_batch
 
-    with running_manager(ray_local, tiny_models, "v1", "+async_rm.batch_timeout_s=0.001") as (manager, config):
+    with running_manager(ray_local, tiny_models, "v1", "+async_rm.batch_timeout_s=0.001",
+                         TWO_REPLICAS) as (manager, config):
         loop = V1FitLoop(config, manager)
         with pytest.raises(RMScoreError, match=r"4 of 4 trajectories of step 1 got no RM score.*RequestTimeoutError: "
                                                r".*batch of \d+.*batch_timeout_s=0.001"):

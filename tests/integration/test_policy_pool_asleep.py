@@ -49,7 +49,7 @@ def colocated(ray_local, tiny_models, policy_pool):
     from verl_async_rm.testing.v1 import V1FitLoop
 
     extra = ("reward.reward_model.enable_resource_pool=False", f"trainer.n_gpus_per_node={POLICY_GPUS}",
-             "trainer.nnodes=1")
+             "trainer.nnodes=1", f"reward.reward_model.n_gpus_per_node={POLICY_GPUS}")  # verl's size: the trainer's
     with running_manager(ray_local, tiny_models, "v1", *extra) as (manager, config):
         yield V1FitLoop(config, manager), manager
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import ray
 import torch
-from manager_cases import RM_W, RULE_W, running_manager, wait_until_busy
+from manager_cases import RM_W, RULE_W, TWO_REPLICAS, running_manager, wait_until_busy
 from rm_cases import direct_score, hf_model
 
 pytestmark = pytest.mark.integration
@@ -23,8 +23,9 @@ ALT_W = -0.5
 
 
 def two_rms(tiny_models) -> list[str]:
-    return [f"+async_rm.models.alt.model_path={tiny_models.rm_alt}", f"+async_rm.models.alt.weight={ALT_W}",
-            "+async_rm.models.alt.n_gpus_per_node=2", "+async_rm.models.alt.max_wait_ms=10"]
+    return [TWO_REPLICAS, f"+async_rm.models.alt.model_path={tiny_models.rm_alt}",
+            f"+async_rm.models.alt.weight={ALT_W}", "+async_rm.models.alt.n_gpus_per_node=2",
+            "+async_rm.models.alt.max_wait_ms=10"]
 
 
 @pytest.fixture(scope="module")
