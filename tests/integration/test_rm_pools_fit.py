@@ -26,7 +26,8 @@ def _pool_groups() -> set:
 
 def test_pools_that_do_not_fit_in_total_fail_before_anything_starts(ray_local, tiny_models):
     before = _pool_groups()
-    big = [TWO_REPLICAS, f"+async_rm.models.big.model_path={tiny_models.rm_alt}", "+async_rm.models.big.n_gpus_per_node=64"]
+    big = [TWO_REPLICAS, f"+async_rm.models.big.model_path={tiny_models.rm_alt}",
+           "+async_rm.models.big.n_gpus_per_node=64"]
     with pytest.raises(ValueError) as info:
         with running_manager(ray_local, tiny_models, "v1", *big):
             pass

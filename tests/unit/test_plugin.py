@@ -25,7 +25,7 @@ def test_entry_point_is_declared():
     assert eps.get("async_rm") == "verl_async_rm.plugin"
 
 
-# --- what a process that imports verl loads: two subprocesses (each pays verl's import) serve the tests below ----------
+# --- what a process that imports verl loads: two subprocesses (each pays verl's import) serve the tests below -------
 
 _AUTO = """
 import json, sys
