@@ -214,27 +214,88 @@ def _rank(rank: int, world: int, port: int, config: RMConfig, work, layout: str,
         out.put((rank, "error", err))
 
 
-def run_ranks(config: RMConfig, work, layout: str = "tensor_parallel", world: int = 2) -> list[tuple]:
-    """``work(scorer, rank)`` on ``world`` spawned ranks of one sharded replica (gloo, no Ray): each rank's
-    ``(rank, sharding, result)``, sorted by rank."""
-    import multiprocessing
+def _free_port() -> int:
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    context = multiprocessing.get_context("spawn")
+        return s.getsockname()[1]
+
+
+def _answers(out, world: int) -> list[tuple]:
+    return sorted((out.get(timeout=HANG_S) for _ in range(world)), key=lambda answer: answer[0])
+
+
+def _stop(processes) -> None:
+    for process in processes:
+        process.join(timeout=30)
+        if process.is_alive():
+            process.kill()
+
+
+def run_ranks(config: RMConfig, work, layout: str = "tensor_parallel", world: int = 2) -> list[tuple]:
+    """``work(scorer, rank)`` on ``world`` new spawned ranks of one sharded replica (gloo, no Ray), which end with
+    it: each rank's ``(rank, sharding, result)``, sorted by rank. For work that leaves the ranks out of step."""
+    import multiprocessing
+
+    port, context = _free_port(), multiprocessing.get_context("spawn")
     out = context.Queue()
     ranks = [context.Process(target=_rank, args=(r, world, port, config, work, layout, out)) for r in range(world)]
     for process in ranks:
         process.start()
     try:
-        return sorted((out.get(timeout=HANG_S) for _ in ranks), key=lambda answer: answer[0])
+        return _answers(out, world)
     finally:
-        for process in ranks:
-            process.join(timeout=30)
-            if process.is_alive():
-                process.kill()
+        _stop(ranks)
+
+
+def _serve(inbox, out) -> None:
+    """A spawned rank kept for several tests: each job forms a new group, runs, and leaves it (error or not)."""
+    import verl_async_rm.scoring.sharding as sharding
+
+    for job in iter(inbox.get, None):
+        _rank(*job, out)
+        sharding.leave_group()
+
+
+class RankPool:
+    """``world`` spawned ranks started once for the module's tests whose ranks stay in step (each spawned rank
+    imports torch and transformers: seconds of CPU); :meth:`run` is :func:`run_ranks` on them. A job that does not
+    answer in time ends the ranks, and the next job starts new ones."""
+
+    def __init__(self, world: int = 2) -> None:
+        self.world, self.ranks, self.inboxes, self.out = world, [], [], None
+
+    def run(self, config: RMConfig, work, layout: str = "tensor_parallel") -> list[tuple]:
+        import multiprocessing
+
+        if not self.ranks:
+            context = multiprocessing.get_context("spawn")
+            self.inboxes, self.out = [context.Queue() for _ in range(self.world)], context.Queue()
+            self.ranks = [context.Process(target=_serve, args=(inbox, self.out), daemon=True) for inbox in self.inboxes]
+            for process in self.ranks:
+                process.start()
+        port = _free_port()
+        for r, inbox in enumerate(self.inboxes):
+            inbox.put((r, self.world, port, config, work, layout))
+        try:
+            return _answers(self.out, self.world)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        for inbox in self.inboxes:
+            inbox.put(None)
+        _stop(self.ranks)
+        self.ranks, self.inboxes = [], []
+
+
+@pytest.fixture(scope="module")
+def ranks():
+    pool = RankPool()
+    yield pool
+    pool.close()
 
 
 def rank_config(tiny_models) -> RMConfig:
@@ -252,13 +313,13 @@ class Score:
 
 
 @pytest.mark.parametrize("layout", ["tensor_parallel", "fsdp2"])
-def test_two_ranks_score_as_the_unsharded_model_by_either_layout(tiny_models, policy_tok, layout):
+def test_two_ranks_score_as_the_unsharded_model_by_either_layout(ranks, tiny_models, policy_tok, layout):
     """The sharding itself, with two real ranks (gloo) and no Ray: tensor parallel, and FSDP2's per-layer gathers."""
     from verl_async_rm.scoring.scorer import RewardModelScorer
 
     config = rank_config(tiny_models)
     reqs = requests(policy_tok, 6, "t")
-    answers = run_ranks(config, Score(reqs), layout)
+    answers = ranks.run(config, Score(reqs), layout)
     expected = RewardModelScorer(config).score(reqs)
     for rank, sharding, scores in answers:
         assert sharding == layout, scores
@@ -281,14 +342,15 @@ class PoisonedRows:
 
 
 @pytest.mark.parametrize("layout", ["tensor_parallel", "fsdp2"])
-def test_a_row_that_fails_on_every_rank_fails_alone_and_the_ranks_stay_in_step(tiny_models, policy_tok, layout):
+def test_a_row_that_fails_on_every_rank_fails_alone_and_the_ranks_stay_in_step(ranks, tiny_models, policy_tok,
+                                                                                 layout):
     """A failure every rank meets (a row the model refuses): the ranks agree on it and retry the same halves in step,
     so only that row gets an error and every other row its unsharded score."""
     from verl_async_rm.scoring.scorer import RewardModelScorer
 
     config = rank_config(tiny_models)
     rows = [r.prompt_ids + r.response_ids for r in requests(policy_tok, 5, "p")]
-    answers = run_ranks(config, PoisonedRows(rows), layout)
+    answers = ranks.run(config, PoisonedRows(rows), layout)
     plain = RewardModelScorer(config).engine
     expected = [plain.score_batch([row])[0] for row in rows]
     for rank, _, result in answers:
@@ -343,10 +405,10 @@ class DifferentForwards:
                             "packing_reason": f"reasons may differ in wording ({rank})"})
 
 
-def test_ranks_that_chose_different_forward_paths_are_refused_on_every_rank(tiny_models):
+def test_ranks_that_chose_different_forward_paths_are_refused_on_every_rank(ranks, tiny_models):
     from verl_async_rm.errors import RewardModelError
 
-    answers = run_ranks(rank_config(tiny_models), DifferentForwards())
+    answers = ranks.run(rank_config(tiny_models), DifferentForwards())
     for rank, kind, error in answers:
         assert kind == "error" and isinstance(error, RewardModelError), (rank, error)
         assert "chose different forward paths at load" in str(error) and "packed on rank 1" in str(error)
@@ -354,7 +416,8 @@ def test_ranks_that_chose_different_forward_paths_are_refused_on_every_rank(tiny
 
 
 @pytest.mark.parametrize("layout", ["tensor_parallel", "fsdp2"])
-def test_a_logits_judge_on_two_ranks_reads_as_the_unsharded_judge(tiny_models, tiny_judges, policy_tok, layout):
+def test_a_logits_judge_on_two_ranks_reads_as_the_unsharded_judge(ranks, tiny_models, tiny_judges, policy_tok,
+                                                                    layout):
     """A ``logits`` judge is sharded as an outcome RM: its readout (final norm, the judge tokens' LM-head rows, whole
     on every rank) passes the load-time check against the sharded model's own logits and reads as one copy does."""
     from judge_cases import TOKENS
@@ -364,7 +427,7 @@ def test_a_logits_judge_on_two_ranks_reads_as_the_unsharded_judge(tiny_models, t
     config = RMConfig(model_path=str(tiny_judges.lm), policy_tokenizer_path=str(tiny_models.policy), use_gpu=False,
                       reward_kind="judge", judge_tokens=TOKENS)
     reqs = [make_request(policy_tok, q, a, uid=f"j{i}") for i, (q, a) in enumerate(zip(QUESTIONS, ANSWERS))]
-    answers = run_ranks(config, Score(reqs), layout)
+    answers = ranks.run(config, Score(reqs), layout)
     expected = RewardModelScorer(config).score(reqs)
     assert max(expected) - min(expected) > 1e-3  # the judge tells the trajectories apart
     for rank, sharding, scores in answers:
