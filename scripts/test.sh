@@ -5,8 +5,8 @@
 # With no args (the README's command, CI) it runs the suite in two pytest processes at once, because it is CPU-bound
 # and neither part keeps a 2-core machine busy alone (tests/conftest.py, --part, ORDER): the modules on the session's
 # ray_local cluster, and beside them the rest (the unit tier, one core; the modules with a Ray cluster of their own;
-# the demo's and the recipe's runs; then the ray_wide and vllm_ray modules). The second part's output is printed after
-# the first's; it fails if either fails.
+# the demo's and the recipe's runs; then the ray_wide and vllm_ray modules, and those with no cluster). The second
+# part's output is printed after the first's; it fails if either fails.
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$ROOT"
 if [ $# -gt 0 ]; then
@@ -25,7 +25,7 @@ wait "$own"
 own_rc=$?
 set -e
 echo
-echo "== the rest: unit tier, own clusters, program runs, ray_wide and vllm_ray (ran beside the above; log: $LOG) =="
+echo "== the rest: unit tier, own clusters, program runs, ray_wide, vllm_ray, no cluster (ran beside; log: $LOG) =="
 cat "$LOG"
 echo "== pytest exit codes: ray_local $shared, the rest $own_rc =="
 [ "$shared" -eq 0 ] && [ "$own_rc" -eq 0 ]

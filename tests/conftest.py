@@ -182,21 +182,22 @@ def pytest_addoption(parser):
     parser.addoption("--part", choices=("shared", "own"), default=None,
                      help="run only the modules on the session's ray_local cluster (shared), or only the others: the "
                           "unit tier, the modules with a cluster of their own, the program runs, the ray_wide and "
-                          "vllm_ray modules (own). "
+                          "vllm_ray modules, the integration modules with no cluster (own). "
                           "scripts/test.sh runs the two parts at once, in two processes.")
 
 
 #: The order the modules run in (:func:`pytest_collection_modifyitems`); ``--part shared`` runs the ``ray_local``
 #: modules, ``--part own`` the rest, at once (scripts/test.sh). The ``ray_wide`` and ``vllm_ray`` modules run after
 #: the program runs are done (their vLLM engines are not beside those of the runs) and beside the last ``ray_local``
-#: modules, so that the two parts end together; the two-node module runs last: a ``ray.init()`` with no address
-#: (verl's ``main_ppo``) would join its ``ray.cluster_utils`` cluster, were one up at that moment.
-ORDER = ("unit", "ray_local", "own_cluster", "program_run", "ray_wide", "vllm_ray", "two_nodes")
+#: modules, then the integration modules with no Ray cluster (subprocesses), so that the two parts end together; the
+#: two-node module runs last: a ``ray.init()`` with no address (verl's ``main_ppo``) would join its
+#: ``ray.cluster_utils`` cluster, were one up at that moment.
+ORDER = ("unit", "ray_local", "own_cluster", "program_run", "ray_wide", "vllm_ray", "no_cluster", "two_nodes")
 SHARED_PART = ("ray_local",)
 
 
-def _group(item) -> str:
-    """The :data:`ORDER` group of a test."""
+def _group(item, clustered: set) -> str:
+    """The :data:`ORDER` group of a test; ``clustered``: the paths of the modules with a test on a cluster fixture."""
     if item.path.parent.name == "unit":
         return "unit"
     if "two_nodes" in item.fixturenames:
@@ -206,7 +207,9 @@ def _group(item) -> str:
     if item.get_closest_marker("own_cluster"):
         return "own_cluster"
     shapes = [shape for shape in CLUSTERS if shape in item.fixturenames]
-    return max(shapes, key=ORDER.index, default="ray_local")  # the gpu tier and the rest: with ray_local
+    if shapes or item.path in clustered or item.path.parent.name == "gpu":  # the gpu tier: with ray_local
+        return max(shapes, key=ORDER.index, default="ray_local")
+    return "no_cluster"
 
 
 def pytest_collection_modifyitems(config, items):
@@ -214,12 +217,14 @@ def pytest_collection_modifyitems(config, items):
     unit tier first (beside the program runs, see :func:`program_runs`), the modules of one cluster shape together so
     that each shape starts once, the modules that read a program run after the runs have had time to finish.
     ``--part`` keeps one of the two parts: the :data:`SHARED_PART` modules, or the rest."""
+    clustered = {item.path for item in items if any(shape in item.fixturenames for shape in CLUSTERS)}
+    group = {item: _group(item, clustered) for item in items}
     part = config.getoption("part")
     if part is not None:
-        keep = [(_group(item) in SHARED_PART) == (part == "shared") for item in items]
+        keep = [(group[item] in SHARED_PART) == (part == "shared") for item in items]
         config.hook.pytest_deselected(items=[item for item, k in zip(items, keep) if not k])
         items[:] = [item for item, k in zip(items, keep) if k]
-    items.sort(key=lambda item: ORDER.index(_group(item)))  # stable: the modules' own order is kept within a group
+    items.sort(key=lambda item: ORDER.index(group[item]))  # stable: the modules' own order is kept within a group
     _skip_gpu_tier(items)
 
 
