@@ -5,7 +5,7 @@ overhead against the no-RM run is reported, and nothing of the runs' Ray cluster
 
 The README's command runs 8 steps; the full comparison (``--modes all``: verl's served RM and the plugin on the
 policy's GPU too) is run by hand for the README (the modes' commands are checked in ``tests/unit/test_demo_modes.py``,
-the plugin on the policy's GPUs in verl's trainer by ``test_policy_pool_v1.py``).
+the plugin on the policy's GPUs in verl's trainer by ``test_manager_v1.py``).
 """
 
 from __future__ import annotations

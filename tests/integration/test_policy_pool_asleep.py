@@ -5,7 +5,7 @@ This one test keeps the stubbed fit loop (:class:`verl_async_rm.testing.V1FitLoo
 and a stand-in policy pool): it must hold the RM asleep while a trajectory arrives and check that no batch forms in the
 meantime, which needs control over when the sleep and the wake happen. In verl's real trainer the RM sleeps only
 between the sampling and the end of the step, when no trajectory of the step is left to arrive; everything else
-about the policy's GPUs runs through verl's real trainer in ``test_policy_pool_v1.py``.
+about the policy's GPUs runs through verl's real trainer in ``test_manager_v1.py``.
 
 The policy pool is verl's own ``RayResourcePool`` named as verl's trainer names it (``global_pool``), holding a verl
 ``Worker`` per bundle in the actor's place; its bundles are CPU-only and hold 2 processes each.
