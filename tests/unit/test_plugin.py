@@ -50,6 +50,10 @@ seen["tools"] = sorted(m for m in sys.modules if m.startswith(tools))  # before 
 for name in list(plugin.pending_hooks()):  # what the CPU platform's workarounds wait for (none on a GPU machine)
     __import__(name)
 seen["after_all"] = hooks()
+from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+from verl_async_rm.integration import v1_hooks
+seen["v1_trainer"] = {"hooks_installed": v1_hooks.installed(),
+                      "step_wrapped": hasattr(PPOTrainer.step, "__async_rm_wrapped__")}
 print(json.dumps(seen))
 """
 
@@ -73,7 +77,8 @@ def _seen(code: str, **env) -> dict:
 
 @pytest.fixture(scope="module")
 def hook_sequence():
-    """``import verl`` with verl's default plugin policy, then verl's reward-manager registry, then the manager."""
+    """``import verl`` with verl's default plugin policy, then verl's reward-manager registry, then the manager, then
+    verl's v1 trainer."""
     return _seen(_AUTO)
 
 
@@ -126,6 +131,11 @@ def test_a_trainer_process_imports_the_runtime_core_only(hook_sequence):
     benchmark or test utilities, no plotting library (the `demo` extra). tqdm is not checked: Ray and transformers
     import it themselves."""
     assert hook_sequence["tools"] == []
+
+
+def test_importing_the_plugin_and_verls_trainer_wraps_nothing(hook_sequence):
+    """verl's ``PPOTrainer.step`` is wrapped only when the plugin's manager is built (``v1_hooks``), never at import."""
+    assert hook_sequence["v1_trainer"] == {"hooks_installed": False, "step_wrapped": False}
 
 
 def test_a_verl_outside_the_tested_range_is_named_with_both_versions():
