@@ -8,6 +8,9 @@ builds ``RewardLoopManager(config, rm_resource_pool=pool)`` (one vLLM pooling en
 and hands its reward-loop workers to the agent-loop manager, whose workers score each trajectory as its agent loop
 ends (``RewardLoopWorker.compute_score`` -> ``compute_score_disrm``: one ``/classify`` request).
 
+verl's router is started from a fresh interpreter (:func:`router_spawned`), and :func:`start_served_rm` returns once
+it accepts connections, or removes the reward pool it made (a pool left behind holds its devices from the next user).
+
 Two additions, both in :class:`TimedRewardLoopWorker` (verl's ``RewardLoopWorker``):
 
 - a clock: it records when each ``compute_score_disrm`` call started and ended (vLLM batches the requests inside its
@@ -21,13 +24,20 @@ Two additions, both in :class:`TimedRewardLoopWorker` (verl's ``RewardLoopWorker
 
 from __future__ import annotations
 
+import contextlib
+import multiprocessing
+import socket
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from verl.experimental.reward_loop import RewardLoopManager
 from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
 
-__all__ = ["TimedRewardLoopManager", "TimedRewardLoopWorker", "start_served_rm", "stop_served_rm"]
+__all__ = ["TimedRewardLoopManager", "TimedRewardLoopWorker", "router_spawned", "start_served_rm", "stop_served_rm"]
+
+#: How long :func:`start_served_rm` waits for verl's router to accept connections once started.
+ROUTER_START_S = 120.0
 
 
 class TimedRewardLoopWorker(RewardLoopWorker):
@@ -78,15 +88,59 @@ class TimedRewardLoopManager(RewardLoopManager):
         ]
 
 
+@contextlib.contextmanager
+def router_spawned() -> Iterator[None]:
+    """Within it, ``multiprocessing.Process`` spawns instead of forking. verl starts its router with
+    ``verl.experimental.reward_loop.router.naive_router.launch_router_process``: a ``multiprocessing.Process`` of the
+    default start method, a fork on Linux. A fork of a process that holds a Ray driver and its threads can abort in the
+    child (seen here: "double free or corruption" a second after the fork, then verl's ``assert
+    router_process.is_alive()`` failing); a spawned router starts from a fresh interpreter."""
+    previous = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method("spawn", force=True)
+    try:
+        yield
+    finally:
+        multiprocessing.set_start_method(previous, force=True)
+
+
+def wait_for_router(address: str, timeout_s: float = ROUTER_START_S) -> None:
+    """Wait until verl's router at ``host:port`` (``[host]:port`` for IPv6) accepts a connection; ``TimeoutError``
+    naming it after ``timeout_s``."""
+    host, port = address.rsplit(":", 1)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=1.0).close()
+            return
+        except OSError as err:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"verl's reward router at {address} did not accept connections within "
+                                   f"{timeout_s:g}s ({err})") from None
+            time.sleep(0.2)
+
+
 def start_served_rm(config: Any) -> TimedRewardLoopManager:
     """verl's served RM on a ``reward_pool`` of its own, as verl's v1 trainer creates both (see module doc)."""
     from verl.single_controller.ray.base import ResourcePoolManager
 
+    from verl_async_rm.testing.vllm_rollout import remove_pool
+
     rm = config.reward.reward_model
     pools = ResourcePoolManager(resource_pool_spec={"reward_pool": [rm.n_gpus_per_node] * rm.nnodes}, mapping={})
     pools.create_resource_pool()
-    manager = TimedRewardLoopManager(config=config, rm_resource_pool=pools.resource_pool_dict["reward_pool"])
-    manager.reward_pool = pools.resource_pool_dict["reward_pool"]
+    pool = pools.resource_pool_dict["reward_pool"]
+    manager = None
+    try:
+        with router_spawned():
+            manager = TimedRewardLoopManager(config=config, rm_resource_pool=pool)
+        manager.reward_pool = pool
+        wait_for_router(manager.reward_router_address)
+    except BaseException:
+        if manager is None:
+            remove_pool(pool)  # its engines with it
+        else:
+            stop_served_rm(manager)
+        raise
     return manager
 
 
