@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import time
 
@@ -156,18 +157,17 @@ def head_dim_16_rm(tiny_models, tmp_path_factory):
     return out
 
 
-def test_the_load_time_check_refuses_a_model_vllm_scores_differently(ray_local, vllm_required, tiny_models,
-                                                                       mean_pooled_rm):
-    with pytest.raises(RewardModelError, match=r"engine='vllm'.*scores the load-time check inputs differently"):
+def test_the_load_time_check_refuses_a_model_vllm_scores_differently_and_says_why(ray_local, vllm_required,
+                                                                                    tiny_models, mean_pooled_rm):
+    with pytest.raises(RewardModelError, match=r"engine='vllm'.*scores the load-time check inputs differently") as err:
         start(config(mean_pooled_rm, tiny_models.policy, replicas=1, engine="vllm"))
+    assert re.search(r"engine='vllm'.*differently from transformers.*Fix: use engine='hf'", str(err.value)), \
+        str(err.value)
 
 
-@pytest.mark.parametrize(("rm", "why"), [("mean_pooled_rm", "differently from transformers"),
-                                         ("head_dim_16_rm", "vLLM could not run the RM")])
-def test_vllm_refuses_what_it_cannot_score_and_says_why(ray_local, vllm_required, tiny_models, request, rm, why):
-    path = request.getfixturevalue(rm)
-    with pytest.raises(RewardModelError, match=rf"engine='vllm'.*{why}.*Fix: use engine='hf'"):
-        start(config(path, tiny_models.policy, replicas=1, engine="vllm"))
+def test_vllm_refuses_an_rm_it_cannot_run_and_says_why(ray_local, vllm_required, tiny_models, head_dim_16_rm):
+    with pytest.raises(RewardModelError, match=r"engine='vllm'.*vLLM could not run the RM.*Fix: use engine='hf'"):
+        start(config(head_dim_16_rm, tiny_models.policy, replicas=1, engine="vllm"))
 
 
 def test_settings_vllm_does_not_serve_are_refused_before_any_load(tiny_models):
