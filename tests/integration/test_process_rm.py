@@ -57,10 +57,10 @@ def reference(policy_tok, families, question: str, response_ids) -> tuple[list[f
     return probabilities, ends
 
 
-def test_step_rewards_reach_verl_rm_scores_next_to_an_outcome_score(ray_local, tiny_models, policy_tok, families):
+def test_step_rewards_reach_verl_rm_scores_next_to_an_outcome_score(ray_wide, tiny_models, policy_tok, families):
     from verl_async_rm.testing.v1 import V1FitLoop, prompt_batch
 
-    with running_manager(ray_local, tiny_models, "v1", *prm_overrides(families["prm"]),
+    with running_manager(ray_wide, tiny_models, "v1", *prm_overrides(families["prm"]),
                          server_kwargs={"steps": 3}) as (manager, config):
         prompts = prompt_batch(QUESTIONS)
         batch = V1FitLoop(config, manager).train_step(prompts)
@@ -83,10 +83,10 @@ def test_step_rewards_reach_verl_rm_scores_next_to_an_outcome_score(ray_local, t
     assert m["async_rm/main/steps_dropped"] == 0 and m["async_rm/outcome/steps_dropped"] == 0
 
 
-def test_v0_places_the_same_step_rewards_in_its_rm_scores(ray_local, tiny_models, policy_tok, families):
+def test_v0_places_the_same_step_rewards_in_its_rm_scores(ray_wide, tiny_models, policy_tok, families):
     from manager_cases import prompts_batch
 
-    with running_manager(ray_local, tiny_models, "v0", *prm_overrides(families["prm"]),
+    with running_manager(ray_wide, tiny_models, "v0", *prm_overrides(families["prm"]),
                          server_kwargs={"steps": 3}) as (manager, _):
         output = manager.generate_sequences(prompts_batch(2, rollout_n=N))
     prompt_len = output.batch["prompts"].shape[1]
