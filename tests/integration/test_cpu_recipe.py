@@ -12,7 +12,7 @@ import pytest
 from conftest import REPO_ROOT, require_vllm
 from program_runs import Command
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = pytest.mark.integration
 
 STEPS, TRAJECTORIES = 2, 8 * 4  # the recipe's 8 prompts x 4 responses
 

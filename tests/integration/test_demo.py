@@ -19,7 +19,7 @@ import pytest
 from conftest import REPO_ROOT, require_vllm
 from program_runs import Command
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = pytest.mark.integration
 
 STEPS, PROMPTS, N = 6, 8, 4
 

@@ -58,15 +58,15 @@ def test_synthetic_mode_is_heavy_tailed_deterministic_and_spread_over_servers(ra
                   lengths=LengthDistribution(median_tokens=16, sigma=1.2), decode_s_per_token=0.0005)
     prompts = [_prompt(tok, f"question {i}") for i in range(40)]
 
-    async def run_all(servers):
-        client = make_llm_client(config, servers)
-        outs = await asyncio.wait_for(asyncio.gather(*(
+    servers = start_generation_servers(2, name_prefix="syn", **kwargs)
+    client = make_llm_client(config, servers)
+
+    async def run_all():
+        return await asyncio.wait_for(asyncio.gather(*(
             client.generate(f"r{i}", prompt_ids=p, sampling_params={"temperature": 1.0})
             for i, p in enumerate(prompts))), TIMEOUT_S)
-        return outs
 
-    servers = start_generation_servers(2, name_prefix="syn-a", **kwargs)
-    first = asyncio.run(run_all(servers))
+    first = asyncio.run(run_all())
     lengths = [len(o.token_ids) for o in first]
     assert all(1 <= n <= 256 for n in lengths)
     assert len(set(lengths)) > 5 and max(lengths) > 3 * sorted(lengths)[len(lengths) // 2]
@@ -79,5 +79,8 @@ def test_synthetic_mode_is_heavy_tailed_deterministic_and_spread_over_servers(ra
     counts = [ray.get(h.stats.remote(), timeout=TIMEOUT_S)["num_requests"] for h in servers.values()]
     assert sum(counts) == len(prompts) and min(counts) > 0
 
-    again = asyncio.run(run_all(start_generation_servers(2, name_prefix="syn-b", **kwargs)))
+    # the same workload again, once the servers forget what they saw: the same responses, whichever server the
+    # balancer now sends each prompt to
+    ray.get([h.reset.remote() for h in servers.values()], timeout=TIMEOUT_S)
+    again = asyncio.run(run_all())
     assert [o.token_ids for o in again] == [o.token_ids for o in first]

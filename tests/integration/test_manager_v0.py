@@ -205,7 +205,6 @@ def test_an_agent_loop_that_sets_its_reward_skips_the_rm(v0, tiny_models):
     assert output.meta_info["timing"]["async_rm/requests"] == 2  # only the two ordinary trajectories reached the RM
 
 
-@pytest.mark.timeout(900)
 def test_many_steps_grow_nothing(v0):
     manager, ours, actors_before, groups_before = v0.manager, v0.ours, v0.actors_before, v0.groups_before
     service, replicas = manager.rm_service, replicas_of(manager)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 from trainer_cases import N, PROMPTS, compose, running_trainer, trainer_overrides, write_prompts
 
-pytestmark = [pytest.mark.integration, pytest.mark.own_cluster, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.integration, pytest.mark.own_cluster]
 
 STEPS = 3
 POISONED_ROW = 5  # in step 1's own batch (rows 4-7), after the warm-up batch (rows 0-3)

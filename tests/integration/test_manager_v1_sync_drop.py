@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 from trainer_cases import N, RM_W, RULE_W, compose, rule_reference, running_trainer, trainer_overrides, write_prompts
 
-pytestmark = [pytest.mark.integration, pytest.mark.own_cluster, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.integration, pytest.mark.own_cluster]
 
 BUDGET = 0.25
 POISON = "POISONED"

@@ -20,7 +20,7 @@ from manager_cases import RM_W, RULE_W, overrides
 
 # 900 s, as the trainer-level modules: its first test's set-up starts verl's vLLM rollout (bounded by
 # testing.vllm_rollout.START_TIMEOUT_S) beside the other part's modules (scripts/test.sh)
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = pytest.mark.integration
 
 MEDIAN, SIGMA, SEED, RESPONSE_LENGTH = 12.0, 0.8, 3, 32
 QUESTIONS = ["how many apples are left?", "what is the total cost?", "what is its speed?", "how many eggs?"]

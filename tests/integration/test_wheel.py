@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO_ROOT
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
+pytestmark = pytest.mark.integration
 
 #: Not part of a source tree: environments, caches, build output.
 _NOT_SOURCE = (".git", ".venv", ".cache", ".whl", ".gl", "site", "build", "dist", "*.egg-info", "__pycache__",
