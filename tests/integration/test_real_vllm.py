@@ -18,8 +18,6 @@ import pytest
 import torch
 from manager_cases import RM_W, RULE_W, overrides
 
-# 900 s, as the trainer-level modules: its first test's set-up starts verl's vLLM rollout (bounded by
-# testing.vllm_rollout.START_TIMEOUT_S) beside the other part's modules (scripts/test.sh)
 pytestmark = pytest.mark.integration
 
 MEDIAN, SIGMA, SEED, RESPONSE_LENGTH = 12.0, 0.8, 3, 32
