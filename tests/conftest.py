@@ -40,6 +40,18 @@ RAY_QUIET = {
 for _key, _value in RAY_QUIET.items():
     os.environ.setdefault(_key, _value)
 
+#: vLLM wraps a few sampler helpers in ``torch.compile`` (``compiled_random_sample``, ``batched_count_greater_than``:
+#: inductor on CPU) even with ``enforce_eager``: each engine process that samples imports inductor and traces them,
+#: and a fresh machine compiles their C++ first. The tests check what is sampled and scored, not how fast: the helpers
+#: run eagerly, the same math (another random stream).
+os.environ.setdefault("TORCHDYNAMO_DISABLE", "1")
+
+#: One OpenMP thread for torch in the test processes and the programs they start, as Ray already gives its workers
+#: (an actor's ``num_cpus``, default 1). The suite keeps more processes busy than this machine has cores; a process
+#: with two threads then spins waiting for the one that lost its core: ``test_bench_rm.py`` beside three busy
+#: processes took 14.1-14.5 CPU-s with two threads, 8.0-9.8 with one.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def _skip_gpu_tier(items) -> None:
     """Skip the ``gpu`` tier where CUDA is not available (torch is imported only if such tests were collected)."""
