@@ -48,7 +48,7 @@ def generation(ray, tiny_models, server_kwargs=None):
     responses a test gets do not depend on the tests before it."""
     from verl_async_rm.testing import LengthDistribution, start_generation_servers, start_load_balancer
 
-    kwargs = {"mode": "synthetic", "model_path": str(tiny_models.policy), "response_length": 24,
+    kwargs = {"model_path": str(tiny_models.policy), "response_length": 24,
               "lengths": LengthDistribution(median_tokens=8, sigma=1.0), **(server_kwargs or {})}
     key = ("generation", repr(sorted(kwargs.items())))
     if key not in CLUSTER_SHARED:

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.unit
 
 
 def _server():
-    return CPUGenerationServer(mode="synthetic", prompt_length=16, response_length=64, seed=3,
+    return CPUGenerationServer(prompt_length=16, response_length=64, seed=3,
                                lengths=LengthDistribution(median_tokens=8, sigma=1.0), vocab_size=50)
 
 

@@ -1,18 +1,15 @@
 """A CPU stand-in for verl's vLLM server, usable behind verl's real ``LLMServerClient``.
 
-The demo and the real-vLLM tests use verl's own ``vLLMReplica`` (:mod:`verl_async_rm.testing.vllm_rollout`); this
-stand-in serves the tests that must control time exactly (a response's length and decode time, a trajectory held
-back), and the demo where vLLM is not installed. It replaces only the server: :class:`CPUGenerationServer` is a
-Ray actor whose ``generate`` has the signature of verl 0.9.1's ``vLLMHttpServer.generate`` and returns verl's
-``TokenOutput``. Everything in front of it (the router, ``verl.workers.rollout.router.get_router_handle``;
-``LLMServerClient``; the agent loops) is verl's own code.
+The demo and the trainer-level tests use verl's own ``vLLMReplica`` (:mod:`verl_async_rm.testing.vllm_rollout`);
+this stand-in serves the tests that must control time exactly (a response's length and decode time, a trajectory
+held back). It replaces only the server: :class:`CPUGenerationServer` is a Ray actor whose ``generate`` has the
+signature of verl 0.9.1's ``vLLMHttpServer.generate`` and returns verl's ``TokenOutput``. Everything in front of it
+(the router, ``verl.workers.rollout.router.get_router_handle``; ``LLMServerClient``; the agent loops) is verl's own
+code.
 
-Two modes:
-
-- ``hf``: HF ``generate`` on a (tiny) causal LM from a local path, serialised on one lock, run off the event loop;
-- ``synthetic``: no model; response lengths drawn from a heavy-tailed (log-normal) distribution, random ordinary
-  tokens, and a simulated decode time per token (``asyncio.sleep``), with any number of requests in flight, the way
-  a continuous-batching server behaves. Deterministic per (seed, prompt, n-th repeat of that prompt).
+No model runs: response lengths are drawn from a heavy-tailed (log-normal) distribution, tokens are random ordinary
+tokens, and each request takes a simulated decode time per token (``asyncio.sleep``), with any number of requests in
+flight, the way a continuous-batching server behaves. Deterministic per (seed, prompt, n-th repeat of that prompt).
 """
 
 from __future__ import annotations
@@ -65,22 +62,20 @@ class CPUGenerationServer:
     """Token-in/token-out generation server with verl's vLLM server ``generate`` signature (see module doc).
 
     Args:
-        mode: ``"hf"`` or ``"synthetic"``.
-        model_path: local HF folder; required for ``hf``; for ``synthetic`` it supplies the vocabulary and the
-            special tokens to avoid (else ``vocab_size`` is used).
+        model_path: local HF folder whose tokenizer supplies the vocabulary and the special tokens to avoid (else
+            ``vocab_size`` is used).
         prompt_length, response_length: the rollout's lengths; the default ``max_tokens`` is computed from them as
             verl's vLLM server does.
-        seed: seeds sampling (both modes).
-        lengths: synthetic response-length distribution.
-        decode_s_per_token, prefill_s: simulated time of a synthetic request: ``prefill_s + n * decode_s_per_token``.
-        vocab_size: synthetic vocabulary when no ``model_path`` is given.
-        steps, step_text: synthetic responses of ``steps`` parts joined by ``step_text`` (tokenized with the
+        seed: seeds sampling.
+        lengths: response-length distribution.
+        decode_s_per_token, prefill_s: simulated time of a request: ``prefill_s + n * decode_s_per_token``.
+        vocab_size: vocabulary when no ``model_path`` is given.
+        steps, step_text: responses of ``steps`` parts joined by ``step_text`` (tokenized with the
             model's tokenizer; parts then use only tokens with visible, newline-free text), for process RMs.
     """
 
     def __init__(
         self,
-        mode: str = "hf",
         model_path: Optional[str] = None,
         *,
         prompt_length: int = 256,
@@ -93,15 +88,10 @@ class CPUGenerationServer:
         steps: int = 1,
         step_text: str = "\n\n",
     ) -> None:
-        if mode not in ("hf", "synthetic"):
-            raise ValueError(f"CPUGenerationServer mode must be 'hf' or 'synthetic', got {mode!r}")
-        if mode == "hf" and not model_path:
-            raise ValueError("CPUGenerationServer(mode='hf') needs model_path: a local causal-LM folder")
         if decode_s_per_token < 0 or prefill_s < 0:
             raise ValueError(
                 f"simulated times must be >= 0, got decode_s_per_token={decode_s_per_token}, prefill_s={prefill_s}"
             )
-        self.mode = mode
         self.prompt_length = prompt_length
         self.response_length = response_length
         self.max_model_len = prompt_length + response_length
@@ -110,12 +100,9 @@ class CPUGenerationServer:
         self.decode_s_per_token = decode_s_per_token
         self.prefill_s = prefill_s
         self._seen: Counter = Counter()
-        self._lock = asyncio.Lock()
         self.num_requests = 0
         self._finished: list[dict[str, Any]] = []
-        self._model = None
         self._eos: list[int] = []
-        self._pad: Optional[int] = None
         self._ordinary = list(range(vocab_size))
         self.steps = steps
         self._step_ids: list[int] = []
@@ -134,12 +121,6 @@ class CPUGenerationServer:
             self._step_ids = tok(step_text, add_special_tokens=False)["input_ids"]
             self._ordinary = [i for i in self._ordinary if (t := tok.decode([i])).strip() and "\n" not in t]
         self._eos = [tok.eos_token_id] if tok.eos_token_id is not None else []
-        self._pad = tok.pad_token_id
-        if self.mode == "hf":
-            import torch
-            from transformers import AutoModelForCausalLM
-
-            self._model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
 
     def _rng(self, prompt_ids: list[int]) -> random.Random:
         key = tuple(prompt_ids)
@@ -181,61 +162,29 @@ class CPUGenerationServer:
         max_tokens = self._max_tokens(prompt_ids, sampling_params)
         rng = self._rng(prompt_ids)
         self.num_requests += 1
-        if self.mode == "synthetic":
-            # ignore_eos: exactly max_tokens, as vLLM does (the demo's agent loop draws each length itself)
-            n = max_tokens if sampling_params.get("ignore_eos") else self.lengths.sample(rng, max_tokens)
-            delay = self.prefill_s + n * self.decode_s_per_token
-            if delay > 0:
-                await asyncio.sleep(delay)
-            ids = [rng.choice(self._ordinary) for _ in range(n - 1)] + [self._eos[0] if self._eos else 0]
-            ids = ids[:n]
-            if self.steps > 1:  # the same budget, as `steps` parts of about equal length joined by step_text
-                k, eos = self.steps, ids[-1]
-                body = [rng.choice(self._ordinary) for _ in range(max(k, n - 1 - (k - 1) * len(self._step_ids)))]
-                size = len(body) // k
-                parts = [body[j * size : (j + 1) * size] for j in range(k - 1)] + [body[(k - 1) * size :]]
-                ids = [t for j, part in enumerate(parts) for t in (self._step_ids if j else []) + part] + [eos]
-                n = len(ids)
-            logps = [-1.0] * n
-        else:
-            async with self._lock:
-                ids, logps = await asyncio.to_thread(
-                    self._hf_generate, prompt_ids, dict(sampling_params), max_tokens, rng.randrange(2**31)
-                )
+        # ignore_eos: exactly max_tokens, as vLLM does (the demo's agent loop draws each length itself)
+        n = max_tokens if sampling_params.get("ignore_eos") else self.lengths.sample(rng, max_tokens)
+        delay = self.prefill_s + n * self.decode_s_per_token
+        if delay > 0:
+            await asyncio.sleep(delay)
+        ids = [rng.choice(self._ordinary) for _ in range(n - 1)] + [self._eos[0] if self._eos else 0]
+        ids = ids[:n]
+        if self.steps > 1:  # the same budget, as `steps` parts of about equal length joined by step_text
+            k, eos = self.steps, ids[-1]
+            body = [rng.choice(self._ordinary) for _ in range(max(k, n - 1 - (k - 1) * len(self._step_ids)))]
+            size = len(body) // k
+            parts = [body[j * size : (j + 1) * size] for j in range(k - 1)] + [body[(k - 1) * size :]]
+            ids = [t for j, part in enumerate(parts) for t in (self._step_ids if j else []) + part] + [eos]
+            n = len(ids)
+        logps = [-1.0] * n
         self._finished.append({"request_id": str(request_id), "end": time.time(), "tokens": len(ids)})
         want_logprobs = bool(sampling_params.get("logprobs"))
         return TokenOutput(
             token_ids=ids, log_probs=logps if want_logprobs else None, stop_reason="completed", num_preempted=0
         )
 
-    def _hf_generate(self, prompt_ids, sampling_params, max_tokens, seed):
-        import torch
-
-        temperature = float(sampling_params.get("temperature", 1.0) or 0.0)
-        top_k = int(sampling_params.get("top_k", -1) or -1)
-        kwargs = dict(
-            max_new_tokens=max_tokens,
-            do_sample=temperature > 0,
-            eos_token_id=self._eos or None,
-            pad_token_id=self._pad,
-            output_scores=True,
-            return_dict_in_generate=True,
-        )
-        if temperature > 0:
-            kwargs.update(temperature=temperature, top_p=float(sampling_params.get("top_p", 1.0)))
-            kwargs["top_k"] = top_k if top_k > 0 else None
-        torch.manual_seed(seed)
-        with torch.no_grad():
-            out = self._model.generate(torch.tensor([prompt_ids]),
-                                       attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long), **kwargs)
-        ids = out.sequences[0, len(prompt_ids):].tolist()
-        logps = []
-        for step, tok in enumerate(ids):
-            logps.append(float(torch.log_softmax(out.scores[step][0].float(), dim=-1)[tok]))
-        return ids, logps
-
     def stats(self) -> dict:
-        return {"num_requests": self.num_requests, "mode": self.mode}
+        return {"num_requests": self.num_requests}
 
     def pop_finished(self) -> list[dict[str, Any]]:
         """Requests answered since the previous call: ``{"request_id", "end" (time.time()), "tokens"}``, in order."""
