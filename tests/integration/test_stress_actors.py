@@ -36,7 +36,7 @@ KILLS = 3
 HANG_S = 300.0
 
 
-def test_thousands_of_requests_resolve_exactly_once_through_the_service(ray_local, tiny_models, policy_tok):
+def test_thousands_of_requests_resolve_exactly_once_through_the_service(ray_wide, tiny_models, policy_tok):
     rng = random.Random(1234)
     cfg = RMConfig(model_path=str(tiny_models.rm), policy_tokenizer_path=str(tiny_models.policy), use_gpu=False,
                    n_gpus_per_node=2, nnodes=1, placement_timeout_s=60, init_timeout_s=120)
