@@ -14,7 +14,7 @@ from verl_async_rm.errors import ConfigValueError
 from verl_async_rm.integration.reward_mix import MAIN, RewardMix
 from verl_async_rm.options import Rule, check_options, option, select
 from verl_async_rm.scoring.rm_config import RMConfig
-from verl_async_rm.service.batcher import BatchPolicy
+from verl_async_rm.service.batching import BatchPolicy
 
 __all__ = ["AsyncRMConfig", "IntegrationConfig", "RMEntry", "MAIN", "CONFIG_GROUP", "ON_ERROR_MODES",
            "option_groups", "rm_config_from_verl", "placement_values", "extra_rm_entries", "build"]

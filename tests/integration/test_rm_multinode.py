@@ -59,7 +59,7 @@ async def test_replicas_land_on_both_nodes_and_score(two_nodes, tiny_models):
         infos = [await worker.describe.remote() for worker in wg.workers]
         assert {info["node_id"] for info in infos} == node_ids
         batch_fn = ReplicaCall(grace_s=60.0)
-        first, second = [await batch_fn(requests, slot) for slot in wg.workers]
+        first, second = [await batch_fn(requests, replica) for replica in wg.workers]
         assert all(isinstance(score, float) for score in first)
         assert second == pytest.approx(first, abs=1e-4, rel=1e-4)
         # Each node now has 1 of its 2 CPUs left: a second 2-node pool of 2 replicas per node cannot fit (Ray's

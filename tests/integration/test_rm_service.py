@@ -10,7 +10,7 @@ import sys
 import pytest
 from rm_cases import ANSWERS, QUESTIONS, direct_score, hf_model, make_request
 
-from verl_async_rm.service.batcher import BatchPolicy
+from verl_async_rm.service.batching import BatchPolicy
 from verl_async_rm.errors import BatcherClosedError, RequestTimeoutError, RewardInputError
 from verl_async_rm.request import RMRequest
 from verl_async_rm.scoring import RMConfig

@@ -57,13 +57,13 @@ def expected_scores(model, requests) -> list[float]:
 
 
 @pytest.mark.asyncio
-async def test_each_replica_is_a_slot_scoring_like_a_direct_hf_forward(rm_group, batch, reference):
+async def test_each_replica_scores_like_a_direct_hf_forward(rm_group, batch, reference):
     wg, cfg = rm_group
     assert len(wg.workers) == 2 == cfg.num_replicas
     batch_fn = ReplicaCall(grace_s=60.0)
     expected = expected_scores(reference, batch)
-    for slot in wg.workers:  # per-replica actor handles, called directly
-        assert await batch_fn(batch, slot) == pytest.approx(expected, abs=ATOL, rel=RTOL)
+    for replica in wg.workers:  # per-replica actor handles, called directly
+        assert await batch_fn(batch, replica) == pytest.approx(expected, abs=ATOL, rel=RTOL)
 
 
 def test_replicas_describe_themselves(rm_group):
@@ -79,13 +79,13 @@ async def test_truncation_keeps_the_response_end(rm_group, policy_tok, reference
     wg, cfg = rm_group
     long = make_request(policy_tok, "how many apples does the farmer have " * 12, "so the answer is five", "long")
     assert long.num_tokens > MAX_LENGTH
-    slot = wg.workers[0]
-    await slot.pop_step_stats.remote()
-    results = await ReplicaCall(grace_s=60.0)([long, batch[0]], slot)
+    replica = wg.workers[0]
+    await replica.pop_step_stats.remote()
+    results = await ReplicaCall(grace_s=60.0)([long, batch[0]], replica)
     kept = (long.prompt_ids + long.response_ids)[-MAX_LENGTH:]
     assert kept[-len(long.response_ids) :] == long.response_ids
     assert results == pytest.approx(expected_scores(reference, [long, batch[0]]), abs=ATOL, rel=RTOL)
-    step = await slot.pop_step_stats.remote()
+    step = await replica.pop_step_stats.remote()
     assert (step.requests, step.truncated, step.failed) == (2, 1, 0)
 
 
@@ -190,14 +190,14 @@ async def _failure_paths(call, batch, stand_ins) -> None:
     from verl_async_rm.errors import ReplicaLostError
 
     mixed = stand_ins["mixed"]
-    entries = await call(batch, mixed)  # the replica's answer as it is (the executor checks its shape)
+    entries = await call(batch, mixed)  # the replica's answer as it is (the batcher checks its shape)
     assert entries[0] == 0.5 and isinstance(entries[1], ValueError) and entries[2] == "not a float"
     assert await call([], mixed) == []
-    # the replica raised: an RM error for the whole batch, not a lost slot; already typed, it is not wrapped again
+    # the replica raised: an RM error for the whole batch, not a lost replica; already typed, it is not wrapped again
     with pytest.raises(RewardModelError, match="the RM worker has no model") as raised:
         await call(batch, stand_ins["raises"])
     assert not isinstance(raised.value, ReplicaLostError) and isinstance(raised.value.__cause__, ray.exceptions.RayError)
-    # the executor gives up on a call (its batch_timeout_s) by cancelling it: the call then waits for the late answer,
+    # the batcher gives up on a call (its batch_timeout_s) by cancelling it: the call then waits for the late answer,
     # so the replica gets no new batch meanwhile, and ends cancelled when the answer comes within the late limit ...
     late = asyncio.ensure_future(ReplicaCall(grace_s=60.0)(batch, stand_ins["slow"]))
     await asyncio.sleep(0.2)
@@ -206,14 +206,14 @@ async def _failure_paths(call, batch, stand_ins) -> None:
     assert not late.done()  # still holding the replica
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(late, 30.0)
-    # ... or declares the replica lost when it stays silent past the limit (the executor kills and replaces it)
+    # ... or declares the replica lost when it stays silent past the limit (the batcher kills and replaces it)
     silent = asyncio.ensure_future(ReplicaCall(grace_s=0.5)(batch, stand_ins["never_answers"]))
     await asyncio.sleep(0.2)
     silent.cancel()
     with pytest.raises(ReplicaLostError, match="still had not answered a batch of 3 0.5s after it timed out"):
         await asyncio.wait_for(silent, 30.0)
     ray.kill(mixed)
-    with pytest.raises(ReplicaLostError, match="RM replica is gone"):  # re-queued elsewhere by the executor
+    with pytest.raises(ReplicaLostError, match="RM replica is gone"):  # re-queued elsewhere by the batcher
         await call(batch, mixed)
     with pytest.raises(ValueError, match="grace_s=0"):
         ReplicaCall(grace_s=0)

@@ -3,7 +3,7 @@ real CPU replicas of the tiny RM, with random arrivals, per-item failures, cance
 killed replica is replaced by the service). Every request must resolve exactly once, and every score must equal the
 plain-transformers score of its trajectory.
 
-The executor's exactly-once guarantee at 10^4 requests with failures, cancellations and lost slots is fuzzed on the
+The batcher's exactly-once guarantee at 10^4 requests with failures, cancellations and lost replicas is fuzzed on the
 virtual clock (tests/unit/test_batcher_fuzz.py); this test is the same guarantee across Ray: the service actor, its
 replica calls, the replacement path and ``score_with_timeout``.
 """
@@ -20,7 +20,7 @@ import pytest
 import ray
 from rm_cases import ANSWERS, QUESTIONS, direct_score, hf_model, make_request
 
-from verl_async_rm.service.batcher import BatchPolicy
+from verl_async_rm.service.batching import BatchPolicy
 from verl_async_rm.errors import NoReplicasError, RequestTimeoutError, RewardInputError, ReplicaLostError
 from verl_async_rm.request import RMRequest
 from verl_async_rm.scoring import RMConfig
@@ -123,13 +123,13 @@ def test_thousands_of_requests_resolve_exactly_once_through_the_service(ray_wide
             assert (
                 isinstance(value, ReplicaLostError) and not isinstance(value, (NoReplicasError, RequestTimeoutError))
             ), value
-            kinds["slot_lost"] += 1
+            kinds["replica_lost"] += 1
     # service side: every request it accepted was settled exactly once (each settle bumps exactly one counter)
     settled = stats["completed"] + stats["failed"] + stats["timed_out"] + stats["cancelled"]
     assert stats["submitted"] == settled and stats["in_flight_requests"] == 0 and stats["queue_len"] == 0
     assert stats["submitted"] <= N_REQUESTS  # a caller cancelled before its call reached the actor never counts
     assert kills == KILLS and stats["replicas_lost_total"] >= 1 and stats["replicas_replaced_total"] >= 1
-    assert kinds["scored"] + kinds["item_failed"] + kinds["cancelled"] + kinds["slot_lost"] == N_REQUESTS
+    assert kinds["scored"] + kinds["item_failed"] + kinds["cancelled"] + kinds["replica_lost"] == N_REQUESTS
     assert kinds["scored"] > N_REQUESTS / 2
     logger.warning(
         "stress: %d requests in %.1f s: %s; service: submitted %d, completed %d, failed %d, timed_out %d, "

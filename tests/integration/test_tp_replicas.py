@@ -30,7 +30,7 @@ from rm_cases import direct_score, hf_model, make_request, score_all, wait_stats
 
 from verl_async_rm.scoring import RMConfig
 from verl_async_rm.service import score_with_timeout, start_rm_service
-from verl_async_rm.service.batcher import BatchPolicy
+from verl_async_rm.service.batching import BatchPolicy
 
 pytestmark = pytest.mark.integration
 

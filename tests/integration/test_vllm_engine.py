@@ -23,7 +23,7 @@ import ray
 from conftest import require_vllm
 from rm_cases import ANSWERS, QUESTIONS, direct_score, hf_model, make_request, score_all, wait_stats
 
-from verl_async_rm.service.batcher import BatchPolicy
+from verl_async_rm.service.batching import BatchPolicy
 from verl_async_rm.errors import NonFiniteScoreError, RewardModelError
 from verl_async_rm.scoring import RMConfig
 from verl_async_rm.service import score_with_timeout, start_rm_service

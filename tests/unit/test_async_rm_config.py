@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from verl_async_rm.config import AsyncRMConfig, IntegrationConfig
-from verl_async_rm.service.batcher import BatchPolicy
+from verl_async_rm.service.batching import BatchPolicy
 from verl_async_rm.integration.checks import check_verl_config
 from verl_async_rm.integration.reward_mix import RewardMix
 from verl_async_rm.scoring.rm_config import RMConfig
@@ -394,7 +394,7 @@ def test_options_reference_documents_every_async_rm_key():
     from pathlib import Path
 
     from verl_async_rm.config import _VERL_OWNED_RM_FIELDS, IntegrationConfig
-    from verl_async_rm.service.batcher import BatchPolicy
+    from verl_async_rm.service.batching import BatchPolicy
     from verl_async_rm.integration.reward_mix import RewardMix
     from verl_async_rm.scoring.rm_config import RMConfig
 

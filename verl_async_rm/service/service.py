@@ -15,7 +15,8 @@ from verl_async_rm.errors import AsyncRMError, ReplicaLostError, ResourcePoolErr
 from verl_async_rm.request import RMRequest
 from verl_async_rm.scoring.rm_config import RMConfig
 from verl_async_rm.scoring.scorer import ScorerStats
-from verl_async_rm.service.batcher import Batcher, BatchPolicy
+from verl_async_rm.service.batcher import Batcher
+from verl_async_rm.service.batching import BatchPolicy
 from verl_async_rm.service.metrics import service_step_metrics
 from verl_async_rm.service.placement import (ReplicaFactory, create_rm_worker_group, kill_and_wait, kill_quietly,
                                              remove_pool_groups, replica_bundle, shutdown_rm_worker_group)
@@ -143,20 +144,20 @@ class RMService:
         return await self._require().submit(request, num_tokens=request.num_tokens, deadline_s=deadline_s)
 
     async def begin_step(self, step_size: int | None = None) -> None:
-        """Start a step: its figures count from here; ``step_size``: see :meth:`drain_after`."""
+        """Start a step: its figures count from here; ``step_size``: see :meth:`flush_after`."""
         self._require().pop_step_stats()
         if step_size:
-            self._require().drain_after(int(step_size))
+            self._require().flush_after(int(step_size))
 
-    async def drain_after(self, n: int) -> None:
+    async def flush_after(self, n: int) -> None:
         """``n`` more trajectories belong to this step: the last batch leaves the moment the last one arrives."""
-        self._require().drain_after(int(n))
+        self._require().flush_after(int(n))
 
     async def end_step(self) -> dict[str, float]:
         """End a step: flush what waits and return the step's figures (``service_step_metrics``), with the
         replicas' own counters (a replica that does not answer in time is left out)."""
         batcher = self._require()
-        batcher.drain()
+        batcher.flush()
         step = batcher.pop_step_stats()
         answers = await self._each_replica("pop_step_stats", _CONTROL_S)
         figures = service_step_metrics(step, [a for a in answers if isinstance(a, ScorerStats)])
