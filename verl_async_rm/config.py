@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl_async_rm.errors import ConfigValueError
-from verl_async_rm.integration.reward_mix import MAIN, RewardMix
+from verl_async_rm.reward_mix import MAIN, RewardMix
 from verl_async_rm.options import Rule, check_options, option, select
 from verl_async_rm.scoring.rm_config import RMConfig
 from verl_async_rm.service.batching import BatchPolicy

@@ -87,7 +87,7 @@ def test_a_trajectory_waiting_on_an_rm_service_that_dies_fails_at_once(ray_local
 
     from verl_async_rm.service.batching import BatchPolicy
     from verl_async_rm.integration.agent_loop_worker import AsyncRMWorkerMixin
-    from verl_async_rm.integration.reward_mix import RewardMix
+    from verl_async_rm.reward_mix import RewardMix
     from verl_async_rm.scoring import RMConfig
     from verl_async_rm.service import start_rm_service
 

@@ -15,7 +15,7 @@ import pytest
 from verl_async_rm.config import AsyncRMConfig, IntegrationConfig
 from verl_async_rm.service.batching import BatchPolicy
 from verl_async_rm.integration.checks import check_verl_config
-from verl_async_rm.integration.reward_mix import RewardMix
+from verl_async_rm.reward_mix import RewardMix
 from verl_async_rm.scoring.rm_config import RMConfig
 from verl_async_rm.testing import compose_trainer_config
 
@@ -395,7 +395,7 @@ def test_options_reference_documents_every_async_rm_key():
 
     from verl_async_rm.config import _VERL_OWNED_RM_FIELDS, IntegrationConfig
     from verl_async_rm.service.batching import BatchPolicy
-    from verl_async_rm.integration.reward_mix import RewardMix
+    from verl_async_rm.reward_mix import RewardMix
     from verl_async_rm.scoring.rm_config import RMConfig
 
     spec = importlib.util.spec_from_file_location(

@@ -5,9 +5,9 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-_MODULES = {"service": ("RMService", "ReplicaCall", "start_rm_service", "launch_rm_services",
+_MODULES = {"service": ("RMService", "call_replica", "start_rm_service", "launch_rm_services",
                         "wait_rm_services"),
-            "batcher": ("Batcher", "BatchPolicy"), "client": ("score_with_timeout",), "replica": ("RMReplica",),
+            "batcher": ("Batcher",), "batching": ("BatchPolicy",), "client": ("score_with_timeout",), "replica": ("RMReplica",),
             "placement": ("RMResourcePool", "create_rm_worker_group", "shutdown_rm_worker_group", "ReplicaFactory")}
 _LAZY = {name: f"verl_async_rm.service.{module}" for module, names in _MODULES.items() for name in names}
 __all__ = list(_LAZY)

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -12,7 +13,7 @@ from typing import Any
 import ray
 
 from verl_async_rm.errors import AsyncRMError, ReplicaLostError, ResourcePoolError, RewardModelError, remote_cause
-from verl_async_rm.request import RMRequest
+from verl_async_rm.request import RMRequest, ScoreResult
 from verl_async_rm.scoring.rm_config import RMConfig
 from verl_async_rm.scoring.scorer import ScorerStats
 from verl_async_rm.service.batcher import Batcher
@@ -23,7 +24,7 @@ from verl_async_rm.service.placement import (ReplicaFactory, create_rm_worker_gr
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RMService", "ReplicaCall", "SleepStats", "start_rm_service", "launch_rm_service", "launch_rm_services",
+__all__ = ["RMService", "call_replica", "SleepStats", "start_rm_service", "launch_rm_service", "launch_rm_services",
            "wait_rm_services", "start_timeout_s", "check_pools_fit", "pools_text"]
 
 #: Longest wait for one replica's control answer (step counters, describe) and for killed actors to be gone.
@@ -32,38 +33,33 @@ _POOLS_FIX = ("make a pool smaller (its n_gpus_per_node / nnodes), score with fe
               "the cluster more GPUs")
 
 
-class ReplicaCall:
-    """``batch_fn(items, replica)``: ``replica.score(items)``. A dead replica raises :class:`ReplicaLostError`; a
-    typed error passes as it is; any other becomes :class:`RewardModelError`. A replica cannot be interrupted: a call
-    the batcher cancelled (timed out) waits ``grace_s`` for its answer, then the replica counts as lost."""
-
-    def __init__(self, grace_s: float) -> None:
-        if isinstance(grace_s, bool) or not isinstance(grace_s, int | float) or not grace_s > 0:
-            raise ValueError(f"grace_s={grace_s!r}: must be a positive number of seconds")
-        self.grace_s = float(grace_s)
-
-    async def __call__(self, items: Sequence[RMRequest], replica: Any) -> list[Any]:
-        if not items:
-            return []
-        answer = asyncio.wrap_future(replica.score.remote(list(items)).future())
-        try:
-            return await asyncio.shield(answer)
-        except asyncio.CancelledError:
-            done, _ = await asyncio.wait({answer}, timeout=self.grace_s)
-            if not done:
-                answer.cancel()
-                raise ReplicaLostError(f"RM replica still had not answered a batch of {len(items)} {self.grace_s:g}s "
-                                       "after it timed out; treating it as lost") from None
-            if not answer.cancelled() and isinstance(answer.exception(), ray.exceptions.RayActorError):
-                raise ReplicaLostError(f"RM replica died during a timed-out call: {answer.exception()}") from None
-            raise
-        except ray.exceptions.RayActorError as err:
-            raise ReplicaLostError(f"RM replica is gone: {err}") from err
-        except ray.exceptions.RayError as err:
-            cause = remote_cause(err)
-            if isinstance(cause, AsyncRMError):  # typed where it happened: not wrapped again
-                raise cause from err
-            raise RewardModelError(f"RM replica failed on a batch of {len(items)}: {cause!r}") from cause
+async def call_replica(items: Sequence[RMRequest], replica: Any, *, grace_s: float) -> list[ScoreResult]:
+    """``replica.score(items)``, the RM service's ``batch_fn``: one result per item. The call raises only when the
+    replica cannot answer for the whole batch: a dead one :class:`ReplicaLostError` (the batcher re-queues the batch and
+    replaces it), a typed error as it is, any other as :class:`RewardModelError` (its cause kept). A replica cannot be
+    interrupted: a call the batcher cancelled (timed out) waits ``grace_s`` for its answer, then the replica is
+    lost."""
+    if not items:
+        return []
+    answer = asyncio.wrap_future(replica.score.remote(list(items)).future())
+    try:
+        return await asyncio.shield(answer)
+    except asyncio.CancelledError:
+        done, _ = await asyncio.wait({answer}, timeout=grace_s)
+        if not done:
+            answer.cancel()
+            raise ReplicaLostError(f"RM replica still had not answered a batch of {len(items)} {grace_s:g}s after it "
+                                   "timed out; treating it as lost") from None
+        if not answer.cancelled() and isinstance(answer.exception(), ray.exceptions.RayActorError):
+            raise ReplicaLostError(f"RM replica died during a timed-out call: {answer.exception()}") from None
+        raise
+    except ray.exceptions.RayActorError as err:
+        raise ReplicaLostError(f"RM replica is gone: {err}") from err
+    except ray.exceptions.RayError as err:
+        cause = remote_cause(err)  # Ray's wrapper removed here, once; the cause keeps its own __cause__
+        if isinstance(cause, AsyncRMError):
+            raise cause from cause.__cause__
+        raise RewardModelError(f"RM replica failed on a batch of {len(items)}: {cause!r}") from cause
 
 
 class SleepStats:
@@ -119,8 +115,6 @@ class RMService:
         self._rm, self._batching, self._name, self._replace = rm, batching, name, replace_replicas
         self._group: Any = None
         self._batcher: Batcher | None = None
-        # a timed-out call gets as long as a replacement replica would take to load before its replica is replaced
-        self._call = ReplicaCall(grace_s=rm.init_timeout_s)
         self._sleep = SleepStats() if rm.placement == "policy_pool" else None
         #: Replicas that did not answer the sleep, by index: lost at the wake if the index still holds them.
         self._failed_sleep: dict[int, Any] = {}
@@ -132,16 +126,22 @@ class RMService:
             return await self.describe()
         # placement and loading block on Ray calls: a thread keeps this actor's loop free meanwhile
         self._group = await asyncio.to_thread(create_rm_worker_group, self._rm, None, f"{self._name}_")
-        self._batcher = Batcher(self._call, self._batching, replicas=list(self._group.workers), name=self._name,
+        # a timed-out call gets as long as a replacement replica would take to load before its replica is replaced
+        call = functools.partial(call_replica, grace_s=self._rm.init_timeout_s)
+        self._batcher = Batcher(call, self._batching, replicas=list(self._group.workers), name=self._name,
                                 replace_replica=ReplicaFactory(self._rm, self._group) if self._replace else None)
         logger.info("RM service %s: %d replica(s) of %s, batching %s", self._name, self._rm.num_replicas,
                     self._rm.model_path, self._batching)
         return await self.describe()
 
-    async def score(self, request: RMRequest, deadline_s: float | None = None) -> Any:
-        """The RM score of one trajectory, or the exception that kept it from being scored (``RequestTimeoutError``
-        past ``deadline_s``). A caller that gives up (``ray.cancel``) takes its request out of the queue."""
-        return await self._require().submit(request, num_tokens=request.num_tokens, deadline_s=deadline_s)
+    async def score(self, request: RMRequest, deadline_s: float | None = None) -> ScoreResult:
+        """The RM score of one trajectory, or, as a value, the error that kept it from being scored
+        (``RequestTimeoutError`` past ``deadline_s``): the call itself raises only if this service is lost. A caller
+        that gives up (``ray.cancel``) takes its request out of the queue."""
+        try:
+            return await self._require().submit(request, num_tokens=request.num_tokens, deadline_s=deadline_s)
+        except AsyncRMError as err:
+            return err
 
     async def begin_step(self, step_size: int | None = None) -> None:
         """Start a step: its figures count from here; ``step_size``: see :meth:`flush_after`."""
