@@ -75,6 +75,12 @@ class RewardMix:
         """RM name -> weight, ``main`` first."""
         return {MAIN: self.rm_weight, **dict(self.extra_weights)}
 
+    def extra_keys(self, flag_drops: bool) -> tuple[str, ...]:
+        """The keys :meth:`finish` adds to every trajectory's ``reward_extra_info`` (the manager's own keep theirs)."""
+        return (RM_SCORE_KEY, *(f"rm_score_{name}" for name in self.weights), "rm_total",
+                *(("rule_score",) if self.uses_rule else ()), *(f"rm_verdict_{name}" for name in self.verdict_rms),
+                *(("rm_dropped", "rm_error") if flag_drops else ()))
+
     def load_combine_fn(self) -> Optional[Callable[..., float]]:
         """Import ``combine_fn`` (None when unset; ``ValueError`` naming ``async_rm.combine_fn``). A function without an
         ``rm_scores`` parameter is called without it, and refused when there are several RMs."""
@@ -161,6 +167,11 @@ def with_rm_scores(extra_info: Any, rm_scores: Mapping[str, Score]) -> dict[str,
     """A copy of the trajectory's ``extra_info`` with ``rm_score`` (main) and ``rm_scores`` (by name) added as
     numbers, for the reward manager's function (verl's managers pass ``extra_info`` to it)."""
     info = dict(extra_info) if isinstance(extra_info, Mapping) else {}
+    if clash := sorted({RM_SCORE_KEY, RM_SCORES_KEY} & info.keys()):  # the start's check reads parquet files only
+        raise ValueError(
+            f"the trajectory's extra_info already holds {clash}, the key(s) through which the plugin hands the RM "
+            "scores to the reward function: the dataset's value would be lost. Fix: rename that field of your "
+            "dataset's extra_info")
     values = {name: score_value(s) for name, s in rm_scores.items()}
     info[RM_SCORE_KEY] = values.get(MAIN, math.nan)
     info[RM_SCORES_KEY] = values

@@ -274,7 +274,9 @@ def test_gpu_worker_group_scores_in_bf16(big_rm, scorer):
     ray = pytest.importorskip("ray")
     from conftest import ray_runtime_env
 
-    from verl_async_rm.service import call_replica, create_rm_worker_group, shutdown_rm_worker_group
+    from verl_async_rm.service.service import call_replica
+
+    from verl_async_rm.service.placement import create_rm_worker_group, shutdown_rm_worker_group
 
     ray.shutdown()
     ray.init(num_gpus=1, include_dashboard=False, runtime_env=ray_runtime_env(), namespace="verl_async_rm_gpu")

@@ -88,8 +88,8 @@ def test_a_trajectory_waiting_on_an_rm_service_that_dies_fails_at_once(ray_local
     from verl_async_rm.service.batching import BatchPolicy
     from verl_async_rm.integration.agent_loop_worker import AsyncRMWorkerMixin
     from verl_async_rm.reward_mix import RewardMix
-    from verl_async_rm.scoring import RMConfig
-    from verl_async_rm.service import start_rm_service
+    from verl_async_rm.scoring.rm_config import RMConfig
+    from verl_async_rm.service.service import start_rm_service
 
     rm = RMConfig(model_path=str(tiny_models.rm), policy_tokenizer_path=str(tiny_models.policy), use_gpu=False,
                   n_gpus_per_node=1, placement_timeout_s=60, init_timeout_s=120)

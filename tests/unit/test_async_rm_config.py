@@ -419,24 +419,6 @@ def test_on_error_drop_on_the_v1_sync_trainer_needs_refills_before_anything_star
         AsyncRMAgentLoopManagerV1(config, llm_client=None)  # raises before the RM pool or any worker is started
 
 
-@pytest.mark.parametrize(
-    ("key", "value", "instead"),
-    [
-        ("score_timeout_s", "60", "async_rm.batch_timeout_s"),
-        ("executor_max_concurrency", "64", "async_rm.service_max_concurrency"),
-        ("pad_multiple", "2", "remove the key"),
-        ("bisect_on_error", "true", "each RM replica isolates a failing item itself"),
-        ("max_pending", "8", "the RM service's concurrency bound"),
-        ("overflow", "reject", "the RM service's concurrency bound"),
-        ("default_deadline_s", "30", "async_rm.request_timeout_s"),
-        ("slot_retries", "3", "renamed async_rm.replica_retries"),
-    ],
-)
-def test_keys_of_earlier_releases_name_what_to_do_instead(tiny_models, key, value, instead):
-    with pytest.raises(ValueError, match=rf"async_rm\.{key}=.* is no longer read: .*{instead}"):
-        AsyncRMConfig.from_verl(compose(tiny_models, f"+async_rm.{key}={value}"))
-
-
 def test_the_batch_timeout_can_be_turned_off(tiny_models):
     assert AsyncRMConfig.from_verl(compose(tiny_models)).batching.batch_timeout_s == 600.0
     settings = AsyncRMConfig.from_verl(compose(tiny_models, "+async_rm.batch_timeout_s=null"))

@@ -129,14 +129,17 @@ class RMConfig:
                          fix=_POOL_FIX)
     gpus_per_replica: int = option(
         1, "GPUs of one replica, on one node (a divisor of n_gpus_per_node): an RM too large for one GPU is sharded "
-        "(transformers: tensor parallel where the architecture has a plan, else FSDP2; engine='vllm' and judges "
-        "that write their verdict: one vLLM engine, tensor parallel over the k GPUs; logits judges: 1 only).", least=1,
+        "(transformers, logits judges included: tensor parallel where the architecture has a plan, else FSDP2; "
+        "engine='vllm' and judges that write their verdict: one vLLM engine, tensor parallel over the k GPUs).",
+        least=1,
         why="a replica needs at least one GPU",
         fix="set {key}=1 (a full copy per GPU), or the GPUs one copy needs, e.g. 2 for a 70B RM on 80 GB GPUs")
     placement_timeout_s: float = option(300.0, "How long to wait for the reward pool's placement groups.",
                                         **_SECONDS)
     init_timeout_s: float = option(900.0, "How long a replica may take to load the RM (and a timed-out call may "
                                    "take to answer before its replica is replaced).", **_SECONDS)
+    kind_given: bool = field(default=False, metadata={"internal": True, "help": (
+        "Whether the user set reward_kind (a process RM's checkpoint is read as an outcome RM only if they did).")})
     placement: str = field(default="own_pool", metadata={"internal": True, "help": (
         "Where the replicas run (PLACEMENTS): 'own_pool', or 'policy_pool' (verl's actor/rollout pool, asleep while "
         "the policy trains); from reward.reward_model.enable_resource_pool.")})

@@ -77,7 +77,7 @@ class RewardModelScorer:
         _check_dir(config.model_path, "model_path")
         if config.retemplate != "never":
             _check_dir(config.policy_tokenizer_path, "policy_tokenizer_path")
-        check_rm_checkpoint(config.model_path, config.trust_remote_code, config.reward_kind)
+        check_rm_checkpoint(config.model_path, config.trust_remote_code, config.reward_kind, config.kind_given)
         self.rm_tokenizer = load_tokenizer(config.model_path, "model_path", config.trust_remote_code)
         kind = kind_class(config)
         self.model, self.sharding, agreement = None, {"sharding": "none"}, None
@@ -127,6 +127,7 @@ class RewardModelScorer:
         def load(**kwargs: Any) -> Any:
             return load_reward_model(config.model_path, trust_remote_code=config.trust_remote_code,
                                      attn_implementation=config.attn_implementation, reward_kind=config.reward_kind,
+                                     kind_given=config.kind_given,
                                      dtype=self.dtype, **kwargs)
 
         agreement = None

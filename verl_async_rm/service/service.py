@@ -66,44 +66,36 @@ class SleepStats:
     """Whether the replicas are awake (``placement='policy_pool'``), and the step's sleep and wake figures; time
     awake and asleep is split at each :meth:`pop` (a step's end)."""
 
+    _FIGURES = ("rm_awake_s", "rm_asleep_s", "sleeps", "wakes", "sleep_s", "wake_s", "sleep_bytes", "wake_bytes")
+
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
-        self.asleep = False
-        self._since = clock()
-        self._reset()
+        self._clock, self.asleep, self._since = clock, False, clock()
+        self._step = dict.fromkeys(self._FIGURES, 0.0)
 
-    def _reset(self) -> None:
-        self.awake_s = self.asleep_s = self.sleep_s = self.wake_s = self.sleep_bytes = self.wake_bytes = 0.0
-        self.sleeps = self.wakes = 0
-
-    def _advance(self) -> None:
+    def _switch(self, asleep: bool) -> None:
         now = self._clock()
-        if self.asleep:
-            self.asleep_s += now - self._since
-        else:
-            self.awake_s += now - self._since
-        self._since = now
+        self._step["rm_asleep_s" if self.asleep else "rm_awake_s"] += now - self._since
+        self.asleep, self._since = asleep, now
 
     def slept(self, seconds: float, moved_bytes: float) -> None:
-        self._advance()
-        self.asleep, self.sleeps, self.sleep_s = True, self.sleeps + 1, self.sleep_s + seconds
-        self.sleep_bytes += moved_bytes
+        self._switch(True)
+        self._add("sleep", seconds, moved_bytes)
 
     def woke(self, seconds: float, moved_bytes: float) -> None:
-        self._advance()
-        self.asleep, self.wakes, self.wake_s = False, self.wakes + 1, self.wake_s + seconds
-        self.wake_bytes += moved_bytes
+        self._switch(False)
+        self._add("wake", seconds, moved_bytes)
+
+    def _add(self, what: str, seconds: float, moved_bytes: float) -> None:
+        self._step[f"{what}s"] += 1
+        self._step[f"{what}_s"] += seconds
+        self._step[f"{what}_bytes"] += moved_bytes
 
     def pop(self) -> dict[str, float]:
         """The step's figures (the ``async_rm/`` metrics of the RM on the policy's GPUs), then starts over."""
-        self._advance()
-        total = self.awake_s + self.asleep_s
-        figures = {"rm_awake_s": self.awake_s, "rm_asleep_s": self.asleep_s,
-                   "rm_awake_share": self.awake_s / total if total > 0 else 1.0, "sleeps": float(self.sleeps),
-                   "wakes": float(self.wakes), "sleep_s": self.sleep_s, "wake_s": self.wake_s,
-                   "sleep_bytes": self.sleep_bytes, "wake_bytes": self.wake_bytes}
-        self._reset()
-        return figures
+        self._switch(self.asleep)
+        step, self._step = self._step, dict.fromkeys(self._FIGURES, 0.0)
+        total = step["rm_awake_s"] + step["rm_asleep_s"]
+        return {**step, "rm_awake_share": step["rm_awake_s"] / total if total > 0 else 1.0}
 
 
 class RMService:
