@@ -186,7 +186,7 @@ def test_a_replica_silent_past_its_grace_is_killed_and_replaced(rm_config, polic
         return outcome[0], replaced, before, await replicas(service)
 
     try:
-        outcome, replaced, before, replicas = asyncio.run(main())
+        outcome, replaced, before, after = asyncio.run(main())
     finally:
         for pid in frozen:  # let a frozen replica that was not killed go on, so that it can be stopped
             with contextlib.suppress(ProcessLookupError):
@@ -194,6 +194,6 @@ def test_a_replica_silent_past_its_grace_is_killed_and_replaced(rm_config, polic
         stop(service)
     assert isinstance(outcome, RequestTimeoutError) and "batch_timeout_s" in str(outcome), outcome
     assert replaced["replicas_lost_total"] == 1 and replaced["replicas_timed_out_total"] == 1
-    assert [w for w in before if w not in replicas] == [before[0]], "the frozen replica was swapped for a new one"
+    assert [w for w in before if w not in after] == [before[0]], "the frozen replica was swapped for a new one"
     with pytest.raises(ray.exceptions.RayActorError):  # the silent replica was killed, not left running
         ray.get(before[0].describe.remote(), timeout=60)

@@ -11,8 +11,9 @@ generation ended (``extra_fields["demo_finished_at"]``), so for a training batch
   (and for verl's replay buffer to see them) after its rollout was done.
 
 Both go to verl's step metrics (the sampler's metrics dict), so verl's ``Tracking`` logs them. Each trajectory's
-reward (``rm_scores``), ``reward_extra_info``, response length and a digest of its prompt and response ids go to
-``sampler_kwargs.record_path`` (JSON lines).
+reward (``rm_scores``), ``reward_extra_info``, response length, a digest of its prompt and response ids and its own
+reward tail (``reward_wait_s``: verl's ``AgentLoopMetrics.compute_score``, from its agent loop's end to its reward)
+go to ``sampler_kwargs.record_path`` (JSON lines).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class TimedReplayBuffer(ShortPollReplayBuffer):
         import transfer_queue as tq
 
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
-                               select_fields=["extra_fields", "rm_scores", "prompts", "responses"])
+                               select_fields=["extra_fields", "rm_scores", "prompts", "responses", "metrics"])
         extras = [data["extra_fields"][i] for i in range(len(batch.keys))]
         finished = max(float(e[FINISHED_AT]) for e in extras)
         metrics = {**metrics, "demo/rollout_s": max(0.0, finished - start),
@@ -60,5 +61,6 @@ class TimedReplayBuffer(ShortPollReplayBuffer):
                         "digest": hashlib.sha1(repr((data["prompts"][i].tolist(), data["responses"][i].tolist()))
                                                .encode()).hexdigest()[:12],
                         "finished_s": float(extras[i][FINISHED_AT]) - start,
+                        "reward_wait_s": float((data["metrics"][i] or {}).get("compute_score") or 0.0),
                     }) + "\n")
         return batch, metrics

@@ -18,6 +18,7 @@ steps after it (``STEADY_FROM``).
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import sys
@@ -94,6 +95,7 @@ def step_record(metrics: Mapping[str, Any], trajectories: list[Mapping[str, Any]
         "rm_scores": rm_scores,
         "response_tokens": [int(t["response_tokens"]) for t in trajectories],
         "digests": [t.get("digest") for t in trajectories],
+        "reward_waits_s": [float(t.get("reward_wait_s", 0.0)) for t in trajectories],
     }
     for key in ("async_rm/scored", "async_rm/errors", "async_rm/reward_tail_s", "async_rm/sleep_s", "async_rm/wake_s"):
         if key in d:
@@ -107,6 +109,10 @@ def _mode_summary(steps: list[dict[str, Any]]) -> dict[str, Any]:
     out = {"steps": len(steps), "steady_steps": [s["step"] for s in steady],
            "step_s": mean(s["step_s"] for s in steady)}
     out.update({f"{name}_s": mean(s[f"{name}_s"] for s in steady) for name in PHASES})
+    waits = sorted(w for s in steady for w in s["reward_waits_s"])  # each trajectory's agent-loop end to its reward
+    out["reward_wait_p50_s"], out["reward_wait_p99_s"] = (
+        (waits[(len(waits) - 1) // 2], waits[min(len(waits) - 1, math.ceil(0.99 * len(waits)) - 1)]) if waits
+        else (None, None))
     out["rm_score_first"], out["rm_score_last"] = scores[0], scores[-1]
     out["rm_score_gain"] = None if scores[0] is None or scores[-1] is None else scores[-1] - scores[0]
     return out
@@ -182,6 +188,9 @@ def format_report(summary: Mapping[str, Any]) -> str:
             per = m["per_step"]
             cells.append(_fmt(per[i]["mean_rm_score"]) if i < len(per) else "")
         lines.append(f"{i + 1:<6}" + "".join(f"{c:>20}" for c in cells))
+    lines += ["", "each trajectory's reward tail (its agent loop's end to its reward, steady steps): p50 / p99 s"]
+    lines += [f"  {m['label']}: {_fmt(m['reward_wait_p50_s'], '{:.3f}')} / {_fmt(m['reward_wait_p99_s'], '{:.3f}')}"
+              for m in modes.values()]
     for name, m in modes.items():
         if m["rm_score_gain"] is not None:
             lines.append(f"{m['label']}: RM score {m['rm_score_first']:.2f} at step 1 -> {m['rm_score_last']:.2f} at "
