@@ -34,6 +34,7 @@ but no usable GPU), any other value leaves verl alone.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
@@ -107,34 +108,26 @@ def activate(after_import: Callable[[str, Callable[[Any], None]], None]) -> bool
     return True
 
 
+#: The CUDA-style calls verl makes on ``get_torch_device()`` that ``torch.cpu`` lacks, and what each returns on CPU.
+_CPU_NO_OPS = {"empty_cache": None, "ipc_collect": None, "reset_peak_memory_stats": None,
+               "set_per_process_memory_fraction": None, "memory_allocated": 0, "memory_reserved": 0,
+               "max_memory_allocated": 0, "max_memory_reserved": 0, "get_device_name": "CPU"}
+#: Those that ``torch``'s own function of this name does for the CPU (its default generator).
+_CPU_TORCH = {"get_rng_state": "get_rng_state", "set_rng_state": "set_rng_state", "manual_seed": "manual_seed",
+              "manual_seed_all": "manual_seed"}
+
+
 class _CPUDevice:
     """``torch.cpu`` plus the CUDA-style calls verl makes on ``get_torch_device()`` (``TrainingWorker`` and
-    ``aggressive_empty_cache`` ask for memory figures and cache flushes): no-ops, zero, or the host's memory."""
+    ``aggressive_empty_cache`` ask for memory figures, cache flushes and the RNG): no-ops, zero, the host's memory,
+    or torch's CPU generator."""
 
     def __getattr__(self, name: str) -> Any:
         import torch
 
-        return getattr(torch.cpu, name)
-
-    def is_available(self) -> bool:
-        return True
-
-    def empty_cache(self) -> None:
-        pass
-
-    def ipc_collect(self) -> None:
-        pass
-
-    def memory_allocated(self, *args: Any, **kwargs: Any) -> int:
-        return 0
-
-    memory_reserved = max_memory_allocated = max_memory_reserved = memory_allocated
-
-    def reset_peak_memory_stats(self, *args: Any, **kwargs: Any) -> None:
-        pass
-
-    def set_per_process_memory_fraction(self, *args: Any, **kwargs: Any) -> None:
-        pass
+        if name in _CPU_NO_OPS:
+            return lambda *args, **kwargs: _CPU_NO_OPS[name]
+        return getattr(torch, _CPU_TORCH[name]) if name in _CPU_TORCH else getattr(torch.cpu, name)
 
     def mem_get_info(self, *args: Any, **kwargs: Any) -> tuple[int, int]:
         import psutil
@@ -142,40 +135,11 @@ class _CPUDevice:
         memory = psutil.virtual_memory()
         return memory.available, memory.total
 
-    def get_rng_state(self, *args: Any, **kwargs: Any) -> Any:
-        import torch
 
-        return torch.get_rng_state()
-
-    def set_rng_state(self, state: Any, *args: Any, **kwargs: Any) -> None:
-        import torch
-
-        torch.set_rng_state(state)
-
-    def manual_seed(self, seed: int) -> None:
-        import torch
-
-        torch.manual_seed(seed)
-
-    manual_seed_all = manual_seed
-
-    def get_device_name(self, *args: Any, **kwargs: Any) -> str:
-        return "CPU"
-
-
-_platform_cls: type | None = None
-
-
+@functools.cache
 def platform_class() -> type:
     """The ``PlatformCPU`` class (a ``verl.plugin.platform.PlatformBase``), built on first use: this module is imported
     by the entry point while verl itself is being imported, so it cannot import verl's base class at its top."""
-    global _platform_cls
-    if _platform_cls is None:
-        _platform_cls = _build_platform_class()
-    return _platform_cls
-
-
-def _build_platform_class() -> type:
     from verl.plugin.platform import PlatformBase
 
     class PlatformCPU(PlatformBase):
