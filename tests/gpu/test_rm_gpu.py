@@ -131,7 +131,7 @@ def test_padded_scores_equal_a_raw_hf_forward_of_the_same_micro_batches(padded_s
     requests = random_requests(24, seed=1)
     scores = padded_scorer.score(requests)
     inputs = [padded_scorer.prepare(r)[0] for r in requests]
-    plan = padded_scorer.engine.plan([len(ids) for ids in inputs], padded_scorer.config.micro_batch_max_tokens)
+    plan = padded_scorer.engine.plan(inputs, padded_scorer.config.micro_batch_max_tokens)
     model = hf_model(big_rm, torch.bfloat16)
     expected = [0.0] * len(requests)
     with sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]):

@@ -144,7 +144,7 @@ def run_mode(model: Any, device: Any, mode: str, workload: tuple[list[list[int]]
         pass_tokens = forward.computed_tokens - before
         repeat_s = min(_timed(lambda: forward.score_all(inputs, budget, groups), device)[0] for _ in range(2))
         lengths = [len(ids) for ids in inputs]
-        plan = forward.plan_inputs(inputs, budget, groups)
+        plan = forward.plan(inputs, budget, groups)
         real = sum(lengths)
         computed = pass_tokens if forward.packed else _padded_tokens(plan, lengths, packed=False)
         peak, peak_kind = _peak_memory_gib(device)

@@ -23,10 +23,8 @@ from verl_async_rm.scoring.sharing import MIN_SHARED_PREFIX, plan_shared_micro_b
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["HFEngine", "OOM_ERRORS"]
+__all__ = ["HFEngine"]
 
-OOM_ERRORS: tuple[type[BaseException], ...] = tuple(
-    {getattr(torch, "OutOfMemoryError", torch.cuda.OutOfMemoryError), torch.cuda.OutOfMemoryError})
 #: Rows of the load-time packing check (token counts); short, so the check costs one tiny forward per row. The
 #: second row is the first one's sibling: its first 6 tokens, then 3 of its own.
 _CHECK_ROWS = (9, 9, 4, 6)
@@ -102,22 +100,18 @@ class HFEngine(Engine):
             info["rows_per_forward"] = self.max_rows or "any"
         return info
 
-    def plan(self, lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-        """Micro-batches (lists of indices into ``lengths``) within ``max_tokens``: real tokens when packed,
-        rows x longest row when padded."""
-        return (plan_packed_micro_batches if self.packed else plan_micro_batches)(lengths, max_tokens)
-
-    def plan_inputs(
-        self, inputs: Sequence[Sequence[int]], max_tokens: int, groups: Sequence[Hashable | None] | None = None
-    ) -> list[list[int]]:
-        """The micro-batches :meth:`score_all` runs: :meth:`plan`, or with shared prompts (and ``groups``) siblings
-        kept together and their common prefix counted once."""
+    def plan(self, inputs: Sequence[Sequence[int]], max_tokens: int, groups: Sequence[Hashable | None] | None = None
+             ) -> list[list[int]]:
+        """The micro-batches :meth:`score_all` runs (lists of indices into ``inputs``) within ``max_tokens``: real
+        tokens when packed (with shared prompts and ``groups``, siblings kept together and their common prefix counted
+        once), rows x longest row when padded."""
         if self.max_rows == 1:
             return [[i] for i in range(len(inputs))]
         if self._sharing(groups):
             assert groups is not None
             return plan_shared_micro_batches(inputs, groups, max_tokens, self.min_shared_prefix)
-        return self.plan([len(ids) for ids in inputs], max_tokens)
+        lengths = [len(ids) for ids in inputs]
+        return (plan_packed_micro_batches if self.packed else plan_micro_batches)(lengths, max_tokens)
 
     def close(self) -> None:
         """Remove the head hook and give the model its own attention back (a model shared with other code)."""
@@ -135,7 +129,7 @@ class HFEngine(Engine):
         results: list[Any] = [None] * len(inputs)
         share = self._sharing(groups) and reads is None
         launched: list[tuple[list[int], torch.Tensor]] = []
-        for batch in self.plan_inputs(inputs, max_tokens, groups if share else None):
+        for batch in self.plan(inputs, max_tokens, groups if share else None):
             rows = [inputs[j] for j in batch]
             batch_groups = [groups[j] for j in batch] if share else None  # type: ignore[index]
             batch_reads = [reads[j] for j in batch] if reads is not None else None
@@ -155,15 +149,15 @@ class HFEngine(Engine):
         assert all(r is not None for r in results), "every input is in exactly one micro-batch"
         return results
 
-    def forward_ids(self, batch: Sequence[Sequence[int]], groups: Sequence[Hashable | None] | None = None,
-                    reads: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
-        """Scores (float32, on the host, one per row; with ``reads`` one per read position, row after row) of
-        prepared input ids, in one forward pass; ``groups`` lets siblings share their common prefix."""
-        return self._forward(batch, groups, reads).cpu()
+    def forward_ids(self, batch: Sequence[Sequence[int]], groups: Sequence[Hashable | None] | None = None
+                    ) -> torch.Tensor:
+        """Scores (float32, on the host, one per row) of prepared input ids, in one forward pass."""
+        return self._forward(batch, groups).cpu()
 
     def _forward(self, batch: Sequence[Sequence[int]], groups: Sequence[Hashable | None] | None,
                  reads: Sequence[Sequence[int]] | None = None) -> torch.Tensor:
-        """:meth:`forward_ids` with the scores left on the device (no sync)."""
+        """One forward pass, the scores left on the device (no sync): one per row, or with ``reads`` one per read
+        position, row after row; ``groups`` lets siblings share their common prefix."""
         if self.packed:
             return self.forward_packed(batch, groups, reads)
         return self.forward_padded(batch, reads)
@@ -269,7 +263,7 @@ class HFEngine(Engine):
     def _failed(self, rows: list[Row], err: Exception) -> list[Any] | None:
         if self.on_failure is not None:  # a sharded replica retries only when every rank failed alike
             self.on_failure(err)
-        if isinstance(err, OOM_ERRORS):
+        if isinstance(err, torch.cuda.OutOfMemoryError):  # torch.OutOfMemoryError itself since torch 2.5
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
             if len(rows) == 1:
