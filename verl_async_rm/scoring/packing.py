@@ -5,6 +5,7 @@ a variable-length kernel on CUDA and pads only the attention on CPU (so CPU test
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -74,6 +75,7 @@ def pack_rows(batch: Sequence[Sequence[int]], device: torch.device) -> PackedRow
 # ------------------------------------------------------------------------------------------------------ kernels
 
 
+@functools.cache
 def _flash_attn_varlen() -> Callable[..., torch.Tensor] | None:
     try:
         from flash_attn import flash_attn_varlen_func
@@ -87,6 +89,7 @@ def _flash_attn_varlen() -> Callable[..., torch.Tensor] | None:
     return run
 
 
+@functools.cache
 def _torch_varlen() -> Callable[..., torch.Tensor] | None:
     try:
         from torch.nn.attention.varlen import varlen_attn
@@ -136,13 +139,8 @@ def _row_padded_sdpa(q, k, v, cu_q, cu_k, max_q, max_k, scale):
     return out.transpose(1, 2)[q_rows, q_pos]
 
 
-_KERNELS: dict[str, Callable[..., torch.Tensor] | None] = {}
-
-
-def _kernel(name: str) -> Callable[..., torch.Tensor] | None:
-    if name not in _KERNELS:
-        _KERNELS[name] = {"flash_attn": _flash_attn_varlen, "torch_varlen": _torch_varlen}[name]()
-    return _KERNELS[name]
+#: CUDA's variable-length kernels, preferred first: name -> the kernel's finder (None where it is not installed).
+_CUDA_KERNELS = {"flash_attn": _flash_attn_varlen, "torch_varlen": _torch_varlen}
 
 
 def varlen_kernel_name(device: torch.device) -> str | None:
@@ -152,10 +150,7 @@ def varlen_kernel_name(device: torch.device) -> str | None:
         return "row_padded_sdpa"
     if device.type != "cuda":
         return None
-    for name in ("flash_attn", "torch_varlen"):
-        if _kernel(name) is not None:
-            return name
-    return None
+    return next((name for name, find in _CUDA_KERNELS.items() if find() is not None), None)
 
 
 def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -180,7 +175,7 @@ def varlen_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: 
     if key_index is not None:  # each segment's keys: its shared prefix's, then its own
         k, v = k.index_select(0, key_index), v.index_select(0, key_index)
     name = varlen_kernel_name(query.device)
-    run = _row_padded_sdpa if name == "row_padded_sdpa" else _kernel(name) if name else None
+    run = _row_padded_sdpa if name == "row_padded_sdpa" else _CUDA_KERNELS[name]() if name else None
     if run is None:
         raise RuntimeError(f"{VARLEN_ATTENTION}: no variable-length attention kernel on {query.device}")
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
