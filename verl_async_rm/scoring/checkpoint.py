@@ -8,7 +8,7 @@ import json
 import os
 from typing import Any
 
-from verl_async_rm.errors import ConfigValueError
+from verl_async_rm.errors import ConfigValueError, RewardModelError
 
 __all__ = ["check_rm_checkpoint", "process_rm_signs", "load_tokenizer", "load_reward_model", "auto_class_name"]
 
@@ -168,8 +168,6 @@ def load_reward_model(path: str, *, trust_remote_code: bool, attn_implementation
     ``trust_remote_code``, a model type with no such class and a checkpoint that leaves parameters uninitialised; any
     other load failure is a ``RewardModelError``."""
     import transformers
-
-    from verl_async_rm.errors import RewardModelError
 
     check_rm_checkpoint(path, trust_remote_code, reward_kind, kind_given)
     class_name = auto_class_name(_read_config(path), reward_kind)

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from verl_async_rm.errors import ConfigValueError
+from verl_async_rm.options import select
+from verl_async_rm.scoring.sharding import ELEMENT_BYTES, rm_weights_bytes, weights_bytes
 
 __all__ = ["actor_resident_bytes", "rm_need_bytes", "check_colocated_memory", "ACTIVATION_FACTOR"]
 
@@ -22,9 +24,6 @@ ACTIVATION_FACTOR = 16
 
 def actor_resident_bytes(config: Any) -> int:
     """Bytes of the policy that stay on each GPU while the rollout runs, from verl's keys (module doc)."""
-    from verl_async_rm.options import select
-    from verl_async_rm.scoring.sharding import ELEMENT_BYTES, weights_bytes
-
     path = select(config, "actor_rollout_ref.model.path")
     stored = weights_bytes(str(path)) if path else None
     if stored is None:
@@ -47,8 +46,6 @@ def actor_resident_bytes(config: Any) -> int:
 def rm_need_bytes(config: Any) -> tuple[int, int] | None:
     """``(weights, one micro-batch)`` bytes of the RM of ``config`` (an ``RMConfig``) on its GPU, from its
     checkpoint; None when the checkpoint has no weight files to size."""
-    from verl_async_rm.scoring.sharding import ELEMENT_BYTES, rm_weights_bytes
-
     sized = rm_weights_bytes(config)
     if sized is None:
         return None

@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 
+from verl_async_rm.errors import ConfigValueError, RewardModelError, ShardDesyncError
+
 __all__ = ["ShardGroup", "host_store", "join_group", "sharding_method", "load_sharded", "leave_group",
            "check_replica_memory", "weights_bytes", "WEIGHTS_SHARE", "FailureAgreement", "check_same_forward",
            "AGREE_S"]
@@ -86,8 +88,6 @@ class FailureAgreement:
         self.failures = 0
 
     def __call__(self, err: BaseException) -> None:
-        from verl_async_rm.errors import ShardDesyncError
-
         if isinstance(err, torch.distributed.DistError):
             raise ShardDesyncError(f"rank {self.rank}: a collective of the sharded replica failed: {err!r}") from err
         self.failures += 1
@@ -109,8 +109,6 @@ class FailureAgreement:
 def check_same_forward(describe: dict[str, Any]) -> None:
     """Refuse ranks that chose different forward paths at load (``describe``: this rank's ``HFEngine.describe()``):
     they would issue different collectives. Every rank calls it; every rank raises alike."""
-    from verl_async_rm.errors import RewardModelError
-
     views: list[Any] = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(views, {k: v for k, v in describe.items() if not k.endswith("_reason")})
     if any(view != views[0] for view in views):
@@ -196,8 +194,6 @@ def check_replica_memory(config: Any, device_bytes: int | None = None) -> None:
     """Refuse, before loading, an RM whose weights cannot fit its replica's ``gpus_per_replica`` GPUs of
     ``device_bytes`` each (default: this process's CUDA device; no check on CPU): a ``ConfigValueError`` on
     ``gpus_per_replica`` naming the value that fits."""
-    from verl_async_rm.errors import ConfigValueError
-
     if device_bytes is None:
         if not config.use_gpu or not torch.cuda.is_available():
             return
