@@ -5,7 +5,7 @@ where the step ends. A long input loses its prompt's start, then its first steps
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from verl_async_rm.errors import ConfigValueError, NonFiniteScoreError, RewardInputError
@@ -109,7 +109,7 @@ def step_token_ends(tokenizer: Any, ids: Sequence[int], char_ends: Iterable[int]
 
 
 def prepare_process_input(request: RMRequest, *, rm_tokenizer: Any, policy_tokenizer: Any, delimiter: str,
-                          separator: str, separator_id: int, response_stop_ids: Iterable[int] | None = None,
+                          separator: str, separator_id: int, response_stop_ids: Iterable[int],
                           max_length: int | None = None, id_limit: int | None = None) -> RMInput:
     """The PRM input of one single-turn trajectory; ``RewardInputError`` for no ``raw_prompt``, a multi-turn
     trajectory, a response that contains the separator, or a rendering without one separator per step."""
@@ -119,8 +119,6 @@ def prepare_process_input(request: RMRequest, *, rm_tokenizer: Any, policy_token
             "(messages or num_turns > 2) are not supported")
     if id_limit is not None:
         check_token_ids(request, "response_ids", id_limit, "the policy tokenizer's vocabulary")
-    if response_stop_ids is None:
-        response_stop_ids = {policy_tokenizer.eos_token_id, policy_tokenizer.pad_token_id} - {None}
     response = strip_trailing(request.response_ids, response_stop_ids)
     text = policy_tokenizer.decode(response, skip_special_tokens=False)
     if separator in text:
@@ -158,16 +156,13 @@ def prepare_process_input(request: RMRequest, *, rm_tokenizer: Any, policy_token
     return RMInput(ids, truncated, reads=positions, token_index=token_index, dropped=dropped)
 
 
+#: ``process_reduction``: step scores (Python floats already) to one outcome score.
+_REDUCTIONS: dict[str, Callable[[Sequence[float]], float]] = {
+    "min": min, "mean": lambda s: sum(s) / len(s), "last": lambda s: s[-1], "product": math.prod}
+
+
 def reduce_steps(scores: Sequence[float], reduction: str) -> float:
-    """One outcome score from step scores (Python floats already): ``min``, ``mean``, ``last`` or ``product``."""
+    """One outcome score from step scores: ``min``, ``mean``, ``last`` or ``product``."""
     if not scores:
         raise ValueError("no step scores to reduce")
-    if reduction == "min":
-        return min(scores)
-    if reduction == "mean":
-        return sum(scores) / len(scores)
-    if reduction == "last":
-        return scores[-1]
-    if reduction == "product":
-        return math.prod(scores)
-    raise ValueError(f"unknown process_reduction {reduction!r}")
+    return _REDUCTIONS[reduction](scores)
