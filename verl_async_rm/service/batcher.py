@@ -109,9 +109,8 @@ class Batcher:
 
     def flush(self) -> int:
         """Flush what waits now, split evenly over the free replicas (the end of a step); returns how many."""
-        covered = len(self._queue)
         self._start_flush()
-        return covered
+        return len(self._queue)
 
     def flush_after(self, n: int) -> None:
         """``n`` more requests belong to the current step (it starts at build and at every flush; earlier submits of
@@ -164,12 +163,8 @@ class Batcher:
 
     def pop_step_stats(self) -> StepStats:
         """Figures since the previous call (or the start); starts a new step."""
-        try:
-            loop = self._loop or asyncio.get_running_loop()
-        except RuntimeError:
-            loop = None
-        return self._stats.pop_step(len(self.replicas), None if loop is None else loop.time(), self.usable,
-                                    self._counts["replaced"])
+        now = None if self._loop is None else self._loop.time()  # no submit yet: no step time either
+        return self._stats.pop_step(len(self.replicas), now, self.usable, self._counts["replaced"])
 
     async def aclose(self, *, grace_s: float = 10.0) -> None:
         """Stop (idempotent): waiting requests and new submits fail with :class:`BatcherClosedError`; running
