@@ -62,7 +62,7 @@ class HFEngine(Engine):
         self._captured: torch.Tensor | None = None
         self._hook = head.register_forward_hook(self._capture) if head is not None else None
         self._original_attention = getattr(model.config, "_attn_implementation", None)
-        #: 'varlen', 'mask' (packed) or 'padded'.
+        #: 'varlen' (packed) or 'padded'.
         self.kernel, self.packing_reason = choose_kernel(
             model, device, packing, per_token_head=head is not None and output_field is None)
         if output_field is not None:
@@ -87,13 +87,8 @@ class HFEngine(Engine):
         return self.kernel != "padded"
 
     def describe(self) -> dict[str, Any]:
-        """``packing``: 'packed (varlen: <kernel>)', 'packed (mask: <attention>)' or 'padded'; and why."""
-        if self.kernel == "varlen":
-            what = f"packed (varlen: {varlen_kernel_name(self.device)})"
-        elif self.kernel == "mask":
-            what = f"packed (mask: {self.model.config._attn_implementation})"
-        else:
-            what = "padded"
+        """``packing``: 'packed (varlen: <kernel>)' or 'padded'; and why."""
+        what = f"packed (varlen: {varlen_kernel_name(self.device)})" if self.packed else "padded"
         info = {"packing": what, "packing_reason": self.packing_reason, "share_prompts": self.share_prompts}
         if self.output_field is not None:
             info["score_output_field"] = self.output_field
@@ -205,10 +200,7 @@ class HFEngine(Engine):
         rows = layout or pack_rows(batch, self.device)
         kwargs: dict[str, Any] = {"input_ids": rows.input_ids, "position_ids": rows.position_ids, "use_cache": False,
                                   **self.forward_kwargs}
-        if layout is not None:
-            kwargs.update(layout.attention_kwargs())
-        elif self.kernel == "varlen":
-            kwargs.update(rows.varlen_kwargs())
+        kwargs.update(rows.varlen_kwargs() if layout is None else layout.attention_kwargs())
         self._captured = None
         with torch.no_grad():
             self.model(**kwargs)
@@ -291,20 +283,17 @@ class HFEngine(Engine):
         modelling code, a bidirectional encoder...): ``auto`` falls back to padded forwards, ``true`` raises."""
         rows = check_rows(int(self.model.get_input_embeddings().num_embeddings), _CHECK_ROWS)
         rows[1][:6] = rows[0][:6]
-        original = self._original_attention
-        problem = None
         try:
             reference = torch.cat([self.forward_padded([ids]) for ids in rows])
-            if self.kernel == "varlen":
-                register_varlen_attention()
-                self.model.set_attn_implementation(VARLEN_ATTENTION)
-                if self.model.config._attn_implementation != VARLEN_ATTENTION:
-                    raise RuntimeError(f"the model kept attn_implementation={self.model.config._attn_implementation}")
+            register_varlen_attention()
+            self.model.set_attn_implementation(VARLEN_ATTENTION)
+            if self.model.config._attn_implementation != VARLEN_ATTENTION:
+                raise RuntimeError(f"the model kept attn_implementation={self.model.config._attn_implementation}")
             problem = self._check(self.forward_packed(rows), reference, "packed")
         except Exception as err:  # the model's code refused the packed call
             problem = f"a packed forward failed: {err!r}"
         if problem is None:
-            if share_prompts and self.kernel == "varlen":
+            if share_prompts:
                 self.share_prompts, minimum, self.min_shared_prefix = True, self.min_shared_prefix, 1
                 try:
                     shared = self._check(self.forward_packed(rows, _CHECK_GROUPS), reference, "shared-prompt")
@@ -316,8 +305,7 @@ class HFEngine(Engine):
                     self.share_prompts = False
             self.computed_tokens = self.saved_tokens = 0
             return
-        if self.kernel == "varlen":
-            self.model.set_attn_implementation(original)
+        self.model.set_attn_implementation(self._original_attention)
         if mode == "true":
             raise ConfigValueError("packing", "true",
                                    f"{type(self.model).__name__} does not score packed rows correctly ({problem})",

@@ -1,7 +1,6 @@
 """Packed forwards: a micro-batch's rows as one ``(1, T)`` sequence, positions restarting per row, attention kept
-in each row. ``varlen`` (:func:`varlen_attention_forward`, registered with transformers' ``AttentionInterface``) runs
-a variable-length kernel on CUDA and pads only the attention on CPU (so CPU tests run the GPU's wiring); ``mask``
-(transformers' own block-diagonal mask, ``T x T`` work) only with ``packing=true``."""
+in each row by :func:`varlen_attention_forward` (registered with transformers' ``AttentionInterface``): a
+variable-length kernel on CUDA, only the attention padded on CPU (so CPU tests run the GPU's wiring)."""
 
 from __future__ import annotations
 
@@ -195,8 +194,8 @@ def register_varlen_attention() -> None:
 
 
 def choose_kernel(model: torch.nn.Module, device: torch.device, mode: str, per_token_head: bool) -> tuple[str, str]:
-    """``(kernel, why)`` for ``packing=mode``: ``'varlen'``, ``'mask'`` or ``'padded'``. ``auto`` packs only with
-    ``varlen`` (the mask's ``T x T`` work is slower than padding: 7.5k against 90k tok/s, tiny RM on CPU)."""
+    """``(kernel, why)`` for ``packing=mode``: ``'varlen'`` or ``'padded'``. Packing needs a variable-length kernel
+    (transformers' own block-diagonal mask does ``T x T`` work, slower than padding: 7.5k against 90k tok/s)."""
     if mode == "false":
         return "padded", "packing=false"
     config = getattr(model, "config", None)
@@ -217,6 +216,4 @@ def choose_kernel(model: torch.nn.Module, device: torch.device, mode: str, per_t
     varlen = varlen_kernel_name(device)
     if varlen is not None:
         return "varlen", f"packing={mode}: variable-length attention ({varlen})"
-    if mode == "true":
-        return "mask", f"packing=true: no variable-length kernel on {device.type}; block-diagonal mask (T x T work)"
-    return "padded", f"packing=auto: no variable-length kernel on {device} (install flash-attn, or torch >= 2.9)"
+    return "padded", f"packing={mode}, but no variable-length kernel on {device} (install flash-attn, or torch >= 2.9)"
