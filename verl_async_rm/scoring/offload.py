@@ -86,10 +86,6 @@ class WeightOffload:
         self._host = None
         return Move(moved, time.perf_counter() - start)
 
-    def device_bytes(self) -> int:
-        """Bytes of the model's tensors held on its device now (0 when asleep)."""
-        return sum(t.numel() * t.element_size() for t in self._tensors())
-
     def _synchronize(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
