@@ -115,18 +115,11 @@ class JudgeLogits(torch.nn.Module):
         config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
         self.softcap = getattr(config, "final_logit_softcapping", None)
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The listed tokens' next-token logits, ``(N, K)`` float32."""
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         logits = torch.nn.functional.linear(hidden.to(self.weight.dtype), self.weight, self.bias).float()
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
-        return logits
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.logits(hidden)
-        if logits.shape[-1] == 1:
-            return logits
-        return torch.softmax(logits, dim=-1)[..., :1]
+        return logits if logits.shape[-1] == 1 else torch.softmax(logits, dim=-1)[..., :1]
 
 
 def _full(param: torch.Tensor) -> torch.Tensor:
