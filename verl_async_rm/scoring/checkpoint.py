@@ -40,12 +40,6 @@ def _read_config(model_path: str) -> dict[str, Any]:
     return config
 
 
-def _native_model_type(model_type: Any) -> bool:
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
-
-    return isinstance(model_type, str) and model_type in CONFIG_MAPPING_NAMES
-
-
 def process_rm_signs(config: dict[str, Any], model_path: str) -> tuple[list[str], str | None]:
     """What says that the checkpoint is a process RM (a score per step, not one per trajectory): a token-level or
     process-reward architecture, its label count, a step token among its added tokens; and that step token."""
@@ -89,11 +83,13 @@ def check_rm_checkpoint(model_path: str, trust_remote_code: bool, reward_kind: s
     reward head (a judge needs one instead); custom code without ``trust_remote_code`` for an unknown model type or an
     RM loaded by its own ``AutoModel`` code (transformers would load the bare backbone, dropping the reward head); a
     process RM read as an outcome RM without the user saying so (``kind_given``: ``reward_kind`` was set)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+
     config = _read_config(model_path)
     auto_map = config.get("auto_map") or {}
     model_type = config.get("model_type")
     own_model = auto_class_name(config, reward_kind) == "AutoModel"
-    if auto_map and not trust_remote_code and (own_model or not _native_model_type(model_type)):
+    if auto_map and not trust_remote_code and (own_model or str(model_type) not in CONFIG_MAPPING_NAMES):
         raise ConfigValueError("trust_remote_code", False, f"the RM at {model_path} (model_type={model_type!r}) is "
                                f"defined by its own Python code (auto_map: {sorted(auto_map)}), which runs only with "
                                "trust_remote_code", _TRUST_FIX)
