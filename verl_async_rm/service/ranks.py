@@ -4,6 +4,7 @@ a lost replica and replaces all ``k`` ranks."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -19,7 +20,7 @@ from verl_async_rm.scoring.sharding import ShardGroup, host_store
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RankWorker", "Ranks"]
+__all__ = ["RankWorker", "Ranks", "end_replica"]
 
 _T = TypeVar("_T")
 
@@ -94,7 +95,7 @@ class Ranks:
             # the other ranks run the same forwards in step: they finish within moments of rank 0 (bounded as a load)
             return self.run_with(refs, own, timeout_s=self.config.init_timeout_s, what=what)
         except Exception as err:  # noqa: BLE001 - the scorer isolates bad rows; anything else breaks the replica
-            _lost(f"rank 0 of this sharded replica failed during {what}: {err!r}")
+            end_replica(f"rank 0 of this sharded replica failed during {what}: {err!r}")
 
     def run_with(self, refs: list[Any], own: Callable[[], _T], *, timeout_s: float, what: str) -> _T:
         """``own()`` while the other ranks run ``refs``; exits this process the moment one of them fails."""
@@ -111,7 +112,8 @@ class Ranks:
         done.set()
         ready, pending = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
         if pending:
-            _lost(f"{len(pending)} of the replica's other ranks had not finished {what} {timeout_s:g}s after rank 0")
+            end_replica(f"{len(pending)} of the replica's other ranks had not finished {what} {timeout_s:g}s after "
+                        "rank 0")
         for ref in ready:
             _check(ref, what)
         watcher.join(timeout=5.0)
@@ -119,10 +121,8 @@ class Ranks:
 
     def kill(self) -> None:
         for worker in self.workers:
-            try:
+            with contextlib.suppress(Exception):  # already gone
                 ray.kill(worker, no_restart=True)
-            except Exception:  # noqa: BLE001 - already gone
-                logger.debug("rank already gone", exc_info=True)
 
     def _watch(self, refs: list[Any], done: threading.Event, what: str) -> None:
         pending = list(refs)
@@ -152,12 +152,13 @@ def _check(ref: Any, what: str) -> None:
     try:
         ray.get(ref, timeout=0)
     except Exception as err:  # noqa: BLE001 - any failure of another rank breaks the replica
-        _lost(f"another rank of this sharded replica failed during {what}: {err!r}")
+        end_replica(f"another rank of this sharded replica failed during {what}: {err!r}")
 
 
-def _lost(why: str) -> NoReturn:
-    """End rank 0 (and so the ranks it owns): the service then counts the replica as lost and replaces it whole."""
-    logger.error("%s; ending the replica so that it is replaced as a whole", why)
+def end_replica(why: str) -> NoReturn:
+    """End this replica's process (rank 0, and so the ranks it owns): the service then counts the replica as lost,
+    re-queues its batch and replaces it whole."""
+    logger.error("%s; ending the replica so that it is replaced", why)
     logging.shutdown()
     os._exit(1)
 

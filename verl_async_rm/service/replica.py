@@ -19,7 +19,7 @@ from verl_async_rm.scoring.rm_config import RMConfig
 from verl_async_rm.request import RMRequest, ScoreResult
 from verl_async_rm.scoring.scorer import RewardModelScorer, ScorerStats
 from verl_async_rm.scoring.sharding import check_replica_memory
-from verl_async_rm.service.ranks import Ranks
+from verl_async_rm.service.ranks import Ranks, end_replica
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +49,7 @@ class RMReplica(Worker):
         if self.config.gpus_per_replica == 1 or self.config.on_vllm:  # vLLM: one tensor-parallel engine here
             self._scorer = RewardModelScorer(self.config)
             return self.describe()
-        if placement is None:
-            raise RewardModelError("a sharded RM replica needs its bundle: init_model(placement=(pg, bundle_index))")
+        assert placement is not None, "a sharded RM replica needs its bundle: init_model(placement=(pg, bundle))"
         self._ranks = Ranks(self.config, placement, ray.get_runtime_context().get_actor_name())
         self._scorer = self._ranks.start(
             lambda group, store: RewardModelScorer(self.config, shard=group, store=store))
@@ -67,9 +66,7 @@ class RMReplica(Worker):
                 return scorer.score(requests)
             return self._ranks.run(requests, lambda: scorer.score(requests))
         except EngineDeadError as err:  # no row is at fault: end the replica, the service re-queues and replaces it
-            logger.error("%s; ending the replica so that it is replaced", err)
-            logging.shutdown()
-            os._exit(1)
+            end_replica(str(err))
 
     def sleep(self) -> dict[str, float]:
         """Release the device's memory (weights to host memory): ``{"bytes", "seconds"}`` moved."""
