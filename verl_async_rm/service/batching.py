@@ -60,7 +60,6 @@ class BatchPolicy:
         return self.max_wait_ms / 1000.0
 
 
-
 @dataclass(slots=True, eq=False)
 class Request:
     """A caller's item, its future and its state (``PENDING -> RUNNING -> DONE``); ``seq`` orders arrivals."""

@@ -53,9 +53,7 @@ class RMResourcePool(RayResourcePool):
 
     def replica_bundles(self) -> list[tuple[PlacementGroup, int]]:
         """``(placement group, bundle index)`` of each replica, in the rank order of verl's ``RayWorkerGroup``
-        (groups sorted by node IP, then bundle by bundle)."""
-        if not self.pgs:
-            raise ValueError("the reward pool has no placement groups yet: reserve them first")
+        (groups sorted by node IP, then bundle by bundle); the groups are reserved first."""
         return [(pg, i) for pg in sort_placement_group_by_node_ip(self.pgs) for i in range(self.replicas_per_node)]
 
     def get_placement_groups(self, strategy: str = "STRICT_PACK", name: str | None = None,
