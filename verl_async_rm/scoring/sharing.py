@@ -34,18 +34,17 @@ def common_prefix(rows: Sequence[Sequence[int]]) -> int:
     return max(low, 0)
 
 
-def _sibling_sets(groups: Sequence[Hashable | None]) -> list[list[int]]:
-    """Indices by group, in first-seen order; a row without a group is a set of its own."""
-    sets: dict[Any, list[int]] = {}
-    out: list[list[int]] = []
-    for i, group in enumerate(groups):
-        if group is None:
-            out.append([i])
-        elif group in sets:
-            sets[group].append(i)
-        else:
-            sets[group] = [i]
-            out.append(sets[group])
+def _prefix_sets(rows: Sequence[Sequence[int]], groups: Sequence[Hashable | None], min_prefix: int
+                 ) -> list[tuple[int, list[int]]]:
+    """``(shared prefix, indices)`` in first-seen order: the siblings of a group whose common prefix is at least
+    ``min_prefix`` together, every other row alone with a prefix of 0."""
+    sets: dict[tuple[bool, Any], list[int]] = {}
+    for i, group in enumerate(groups):  # a row without a group is a set of its own
+        sets.setdefault((group is None, i if group is None else group), []).append(i)
+    out: list[tuple[int, list[int]]] = []
+    for members in sets.values():
+        prefix = common_prefix([rows[i] for i in members]) if len(members) > 1 else 0
+        out.extend([(prefix, members)] if prefix >= min_prefix else [(0, [i]) for i in members])
     return out
 
 
@@ -55,10 +54,9 @@ def plan_shared_micro_batches(inputs: Sequence[Sequence[int]], groups: Sequence[
     with a common prefix of at least ``min_prefix`` tokens form a unit (split when over the budget), placed first-fit
     decreasing with every other input."""
     units: list[tuple[int, list[int]]] = []  # (cost, indices)
-    for rows in _sibling_sets(groups):
-        prefix = common_prefix([inputs[i] for i in rows]) if len(rows) > 1 else 0
-        if prefix < min_prefix:
-            units.extend((max(len(inputs[i]), 1), [i]) for i in rows)
+    for prefix, rows in _prefix_sets(inputs, groups, min_prefix):
+        if not prefix:
+            units.append((max(len(inputs[rows[0]]), 1), rows))
             continue
         chunk: list[int] = []
         cost = prefix
@@ -105,22 +103,16 @@ def shared_layout(batch: Sequence[Sequence[int]], groups: Sequence[Hashable | No
     prefix_of: list[int] = []  # the segment holding each segment's shared prefix, -1 for none
     last_segment = [0] * len(batch)  # the segment ending each row
 
-    for rows in _sibling_sets(groups):
-        prefix = common_prefix([batch[i] for i in rows]) if len(rows) > 1 else 0
-        if prefix < min_prefix:
-            for i in rows:
-                last_segment[i] = len(tokens)
-                tokens.append(batch[i])
-                position_start.append(0)
-                prefix_of.append(-1)
-            continue
-        shared = len(tokens)
-        tokens.append(batch[rows[0]][:prefix])
-        position_start.append(0)
-        prefix_of.append(-1)
+    for prefix, rows in _prefix_sets(batch, groups, min_prefix):
+        shared = -1
+        if prefix:  # the siblings' prefix, once
+            shared = len(tokens)
+            tokens.append(batch[rows[0]][:prefix])
+            position_start.append(0)
+            prefix_of.append(-1)
         for i in rows:
             last_segment[i] = len(tokens)
-            tokens.append(batch[i][prefix:])
+            tokens.append(batch[i][prefix:] if prefix else batch[i])
             position_start.append(prefix)
             prefix_of.append(shared)
     q_len = np.fromiter((len(t) for t in tokens), dtype=np.int64, count=len(tokens))
