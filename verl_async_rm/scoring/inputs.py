@@ -107,8 +107,6 @@ def prepare_input_ids(request: RMRequest, *, rm_tokenizer: Any, policy_tokenizer
         ids = dedup_bos(list(rm_tokenizer(text, add_special_tokens=False)["input_ids"]), bos_id)
     if not ids:
         raise RewardInputError(f"trajectory {request.uid}: empty RM input (no prompt and no response tokens)")
-    if not suffix_ids:
-        return truncate_left(ids, max_length, bos_id)
     room = None if max_length is None else max(max_length - len(suffix_ids), 1)
     ids, cut = truncate_left(ids, room, bos_id)
     return [*ids, *suffix_ids], cut
@@ -132,18 +130,14 @@ def plan_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int
     stays within ``max_tokens``; an input longer than the budget runs alone."""
     if max_tokens <= 0:
         raise ValueError(f"max_tokens={max_tokens!r}: must be positive")
-    order = sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True)
     batches: list[list[int]] = []
     current: list[int] = []
-    longest = 0
-    for i in order:
-        # Sorted longest first: the first row of a micro-batch is its longest.
-        width = max(longest, lengths[i], 1)
-        if current and width * (len(current) + 1) > max_tokens:
+    for i in sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True):
+        # sorted longest first: a micro-batch's first row is its longest, and sets its width
+        if current and max(lengths[current[0]], 1) * (len(current) + 1) > max_tokens:
             batches.append(current)
-            current, width = [], max(lengths[i], 1)
+            current = []
         current.append(i)
-        longest = width
     if current:
         batches.append(current)
     return batches
