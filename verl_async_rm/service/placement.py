@@ -159,9 +159,7 @@ def shutdown_rm_worker_group(wg: RayWorkerGroup) -> None:
     """Kill the replicas of ``wg`` and free its pool's placement groups (safe to call twice)."""
     for worker in wg.workers:
         kill_quietly(worker)
-    pool = getattr(wg, "resource_pool", None)
-    if isinstance(pool, RMResourcePool):
-        pool.release()
+    wg.resource_pool.release()  # a no-op for the policy's pool, which is verl's
 
 
 def replica_group(pool: RMResourcePool | PolicyPool, config: RMConfig, *, name_prefix: str | None,

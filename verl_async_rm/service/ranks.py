@@ -16,6 +16,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from verl_async_rm.request import RMRequest
 from verl_async_rm.scoring.rm_config import RMConfig
+from verl_async_rm.scoring.scorer import RewardModelScorer
 from verl_async_rm.scoring.sharding import ShardGroup, host_store
 
 logger = logging.getLogger(__name__)
@@ -34,8 +35,6 @@ class RankWorker:
 
     def join(self, group: ShardGroup) -> dict[str, Any]:
         """Join rank 0's group and load this rank's share of the RM; returns where this rank runs."""
-        from verl_async_rm.scoring.scorer import RewardModelScorer
-
         self._scorer = RewardModelScorer(self.config, device=_own_device(self.config.use_gpu), shard=group)
         context = ray.get_runtime_context()
         return {"rank": group.rank, "pid": os.getpid(), "actor_name": context.get_actor_name(),
