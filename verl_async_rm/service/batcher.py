@@ -337,11 +337,8 @@ class Batcher:
         self._stats.exec_s.add(loop.time() - t0)  # type: ignore[union-attr]
         if exc is None:
             if isinstance(results, list | tuple) and len(results) == len(batch):
-                for req, value in zip(batch, results):
-                    if isinstance(value, Exception):
-                        self._resolve(req, None, value)
-                    else:
-                        self._resolve(req, value, None)
+                for req, value in zip(batch, results):  # an Exception instance is that item's error
+                    self._resolve(req, value, value if isinstance(value, Exception) else None)
                 return None
             got = f"{len(results)} results" if isinstance(results, list | tuple) else type(results).__name__
             exc = BatchResultError(f"batch_fn returned {got} for a batch of {len(batch)} items; it must return a "

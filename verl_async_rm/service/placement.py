@@ -302,8 +302,8 @@ def _describe_cluster() -> str:
 
 
 def _describe_ask(bundles_per_group: list[list[dict[str, float]]]) -> str:
-    return f"{len(bundles_per_group)} node(s) x " + ", ".join(
-        f"{len(bundles)} bundle(s) of {_fmt(bundles[0])}" for bundles in bundles_per_group[:1])
+    first = bundles_per_group[0]  # every group alike
+    return f"{len(bundles_per_group)} node(s) x {len(first)} bundle(s) of {_fmt(first[0])}"
 
 
 def _fmt(resources: dict[str, float]) -> str:
