@@ -40,12 +40,9 @@ class Engine:
 
     name = "engine"
 
-    def score_batch(self, batch: Sequence[list[int]], groups: Sequence[Hashable | None] | None = None,
-                    reads: Sequence[Sequence[int]] | None = None) -> list[Any]:
+    def score_batch(self, batch: Sequence[list[int]]) -> list[Any]:
         """One value per row, or the :class:`RewardModelError` of a row that makes the call fail."""
-        rows = [(ids, None if groups is None else groups[i], None if reads is None else reads[i])
-                for i, ids in enumerate(batch)]
-        return self._score_rows(rows)
+        return self._score_rows([(ids, None, None) for ids in batch])
 
     def _score_rows(self, rows: list[Row]) -> list[Any]:
         try:
