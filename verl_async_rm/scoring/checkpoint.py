@@ -120,11 +120,11 @@ def check_rm_checkpoint(model_path: str, trust_remote_code: bool, reward_kind: s
             "; or, if you know it is an outcome RM, say so: +async_rm.reward_kind=outcome")
 
 
-def _remote_code_error(err: Exception, path: str, key: str) -> ConfigValueError | None:
-    if "trust_remote_code" in str(err):
-        return ConfigValueError("trust_remote_code", False, f"{key}={path!r} holds custom code that transformers "
-                                "refuses to run", _TRUST_FIX)
-    return None
+def _refuse_remote_code(err: Exception, path: str, key: str, trust_remote_code: bool) -> None:
+    """Raise the ``trust_remote_code`` error when ``err`` is transformers refusing ``path``'s own code."""
+    if not trust_remote_code and "trust_remote_code" in str(err):
+        raise ConfigValueError("trust_remote_code", False, f"{key}={path!r} holds custom code that transformers "
+                               "refuses to run", _TRUST_FIX) from err
 
 
 def load_tokenizer(path: str, key: str, trust_remote_code: bool) -> Any:
@@ -134,9 +134,7 @@ def load_tokenizer(path: str, key: str, trust_remote_code: bool) -> Any:
     try:
         return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, KeyError) as err:
-        remote = _remote_code_error(err, path, key) if not trust_remote_code else None
-        if remote is not None:
-            raise remote from err
+        _refuse_remote_code(err, path, key, trust_remote_code)
         raise ConfigValueError(
             key, path, f"cannot load a tokenizer from it ({type(err).__name__}: {err})",
             "point it at a directory holding the tokenizer files (tokenizer.json / tokenizer_config.json)") from err
@@ -153,9 +151,7 @@ def auto_class_name(config: dict[str, Any], reward_kind: str = "outcome") -> str
     suffix = "ForTokenClassification" if reward_kind == "process" else "ForSequenceClassification"
     if wanted in auto_map or any(a.endswith(suffix) for a in architectures):
         return wanted
-    if "AutoModel" in auto_map:
-        return "AutoModel"
-    return wanted
+    return "AutoModel" if "AutoModel" in auto_map else wanted
 
 
 def load_reward_model(path: str, *, trust_remote_code: bool, attn_implementation: str, reward_kind: str = "outcome",
@@ -172,9 +168,7 @@ def load_reward_model(path: str, *, trust_remote_code: bool, attn_implementation
         model, info = auto_class.from_pretrained(path, trust_remote_code=trust_remote_code, output_loading_info=True,
                                                  attn_implementation=attn_implementation, **kwargs)
     except (ValueError, ImportError, OSError) as err:
-        remote = _remote_code_error(err, path, "model_path") if not trust_remote_code else None
-        if remote is not None:
-            raise remote from err
+        _refuse_remote_code(err, path, "model_path", trust_remote_code)
         if "Unrecognized configuration class" in str(err):
             what = "token-classification (process RM)" if reward_kind == "process" else "sequence-classification"
             raise ConfigValueError("model_path", path, f"transformers has no {what} class for its model type "
