@@ -5,13 +5,11 @@ its FSDP shard of fp32 parameters and Adam moments unless offloaded) and the RM'
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
 from verl_async_rm.errors import ConfigValueError
 from verl_async_rm.options import select
-from verl_async_rm.scoring.sharding import ELEMENT_BYTES, rm_weights_bytes, weights_bytes
+from verl_async_rm.scoring.sharding import ELEMENT_BYTES, config_json, rm_weights_bytes, weights_bytes
 
 __all__ = ["actor_resident_bytes", "rm_need_bytes", "check_colocated_memory", "ACTIVATION_FACTOR"]
 
@@ -50,10 +48,7 @@ def rm_need_bytes(config: Any) -> tuple[int, int] | None:
     if sized is None:
         return None
     weights, dtype = sized
-    try:
-        model_config = json.loads((Path(config.model_path) / "config.json").read_text())
-    except (OSError, ValueError):
-        model_config = {}
+    model_config = config_json(config.model_path)
     text = model_config.get("text_config") or model_config
     hidden = int(text.get("hidden_size") or model_config.get("hidden_size") or 0)
     batch = config.micro_batch_max_tokens * hidden * ELEMENT_BYTES[dtype] * ACTIVATION_FACTOR

@@ -19,7 +19,7 @@ from verl_async_rm.errors import ConfigValueError, RewardModelError, ShardDesync
 
 __all__ = ["ShardGroup", "host_store", "join_group", "sharding_method", "load_sharded", "leave_group",
            "check_replica_memory", "weights_bytes", "WEIGHTS_SHARE", "FailureAgreement", "check_same_forward",
-           "AGREE_S"]
+           "AGREE_S", "config_json"]
 
 #: Most of one GPU's memory a replica's share of the weights may take (the rest: activations, the CUDA context).
 WEIGHTS_SHARE = 0.9
@@ -165,10 +165,7 @@ def weights_bytes(path: str) -> tuple[int, str | None] | None:
     """The checkpoint's weights as stored: ``(bytes, dtype)`` from its safetensors index (``metadata.total_size``),
     else the sizes of its weight files; the dtype from ``config.json``. None when there are no weight files."""
     root = Path(path)
-    try:
-        config = json.loads((root / "config.json").read_text())
-    except (OSError, ValueError):
-        config = {}
+    config = config_json(path)
     dtype = config.get("torch_dtype") or config.get("dtype")
     for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         try:
@@ -179,6 +176,14 @@ def weights_bytes(path: str) -> tuple[int, str | None] | None:
     files = list(root.glob("*.safetensors")) or list(root.glob("*.bin"))
     total = sum(f.stat().st_size for f in files if not f.name.startswith("training_args"))
     return (total, dtype) if total else None
+
+
+def config_json(path: str) -> dict[str, Any]:
+    """The checkpoint's ``config.json`` for sizing it: empty when it cannot be read."""
+    try:
+        return json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
 
 
 def rm_weights_bytes(config: Any) -> tuple[int, str] | None:
