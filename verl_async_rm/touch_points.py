@@ -345,7 +345,7 @@ def _legacy_null() -> None:
 
 _P = TouchPoint
 _WORKER, _MANAGER, _V1, _HOOKS = ("integration/agent_loop_worker.py", "integration/agent_loop_manager.py",
-                                  "integration/v1.py", "integration/v1_hooks.py")
+                                  "integration/v1.py", "integration/trainer_hooks.py")
 _PLACE, _CHECKS, _RM = "service/placement.py", "integration/checks.py", "verl.experimental.reward_loop.reward_manager"
 _RLOOP, _PLAT, _TURN = ("verl.experimental.reward_loop.reward_loop", "verl.plugin.platform",
                         "verl.experimental.agent_loop.single_turn_agent_loop")

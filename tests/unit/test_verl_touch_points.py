@@ -69,8 +69,7 @@ def test_each_touch_point_is_described():
     for p in TOUCH_POINTS:
         assert p.group in ("core", "v1", "vllm") and p.symbol and p.relies_on and p.files, p.id
         missing = [f for f in p.files if not (package / f).is_file() and not (REPO_ROOT / f).is_file()]
-        # the v1 classes move to integration/v1.py (issue 51): it may not be in this checkout yet
-        assert [f for f in missing if f != "integration/v1.py"] == [], p.id
+        assert missing == [], p.id
 
 
 # --- a changed verl is named --------------------------------------------------------------------------------------
