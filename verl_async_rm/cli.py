@@ -1,4 +1,4 @@
-"""Command-line interface: ``verl-async-rm {demo,bench}`` (also ``python -m verl_async_rm``)."""
+"""Command-line interface: ``verl-async-rm {demo,bench,doctor}`` (also ``python -m verl_async_rm``)."""
 
 from __future__ import annotations
 
@@ -44,6 +44,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return status
 
 
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from verl_async_rm.doctor import report
+
+    status, text = report()
+    print(text)
+    return status
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="verl-async-rm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -60,6 +68,10 @@ def build_parser() -> argparse.ArgumentParser:
                                 "or `bench layout` (`bench rm --help`...)")
     bench.add_argument("rest", nargs=argparse.REMAINDER, help="[batcher|rm|judge|layout] and the benchmark's options")
     bench.set_defaults(func=_cmd_bench)
+
+    doctor = sub.add_parser("doctor", help="check everything the plugin uses of the installed verl (no Ray, no GPU); "
+                                           "exit status 1 when something changed")
+    doctor.set_defaults(func=_cmd_doctor)
     return parser
 
 

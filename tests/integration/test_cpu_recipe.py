@@ -5,12 +5,10 @@ models and data (nothing set), verl's vLLM rollout, FSDP2 actor with the referen
 from __future__ import annotations
 
 import json
-import os
-import sys
 
 import pytest
-from conftest import REPO_ROOT, require_vllm
-from program_runs import Command
+from conftest import require_vllm
+from program_runs import Command, recipe_command
 
 pytestmark = pytest.mark.integration
 
@@ -18,16 +16,8 @@ STEPS, TRAJECTORIES = 2, 8 * 4  # the recipe's 8 prompts x 4 responses
 
 
 def program_command(request) -> Command:
-    """The recipe for two steps, in a folder of its own, with verl's file logger on (:mod:`program_runs`: the session
-    starts it beside the unit tier)."""
-    tiny_models = request.getfixturevalue("tiny_models")
-    out = request.getfixturevalue("tmp_path_factory").mktemp("cpu_recipe")
-    env = {k: v for k, v in os.environ.items() if k not in ("POLICY_PATH", "RM_PATH", "TRAIN_FILE", "VAL_FILE")}
-    env.update(PATH=os.pathsep.join([os.path.dirname(sys.executable), env.get("PATH", "")]),
-               VERL_ASYNC_RM_CACHE=str(tiny_models.root.parent), VERL_FILE_LOGGER_PATH=str(out / "metrics.jsonl"))
-    recipe = REPO_ROOT / "recipes" / "grpo_cpu_tiny.sh"
-    argv = ["bash", str(recipe), f"trainer.total_training_steps={STEPS}", "trainer.logger=[console,file]"]
-    return Command(argv, cwd=out, env=env, timeout_s=840)
+    """The recipe for two steps (:mod:`program_runs`: the session starts it beside the unit tier)."""
+    return recipe_command(request, "cpu_recipe", f"trainer.total_training_steps={STEPS}")
 
 
 @pytest.fixture(scope="module")

@@ -252,16 +252,14 @@ def test_each_verl_key_mistake_is_refused(tiny_models, trainer, overrides, messa
         check_verl_config(compose(tiny_models, *overrides, trainer=trainer))
 
 
-def test_no_reward_pool_puts_the_rm_on_the_policys_gpus_with_v1_only(tiny_models):
+@pytest.mark.parametrize("trainer", ["v1", "v0"])
+def test_no_reward_pool_puts_the_rm_on_the_policys_gpus_on_either_trainer(tiny_models, trainer):
     policy_pool = ("reward.reward_model.enable_resource_pool=False", "trainer.n_gpus_per_node=4")
     with pytest.raises(ValueError, match=r"reward pool sized \(reward\.reward_model\.n_gpus_per_node=2, nnodes=1\).*"
                                          r"Fix: add reward\.reward_model\.enable_resource_pool=True"):
-        check_verl_config(compose(tiny_models, *policy_pool, trainer="v1"))
-    settings = check_verl_config(compose(tiny_models, *policy_pool, "reward.reward_model.nnodes=0", trainer="v1"))
+        check_verl_config(compose(tiny_models, *policy_pool, trainer=trainer))
+    settings = check_verl_config(compose(tiny_models, *policy_pool, "reward.reward_model.nnodes=0", trainer=trainer))
     assert settings.rm.placement == "policy_pool" and settings.rm.num_replicas == 4
-    with pytest.raises(ValueError, match=r"enable_resource_pool=False with trainer\.use_v1=False.*"
-                                         r"Fix: use the v1 trainer"):
-        check_verl_config(compose(tiny_models, "reward.reward_model.enable_resource_pool=False", trainer="v0"))
 
 
 @pytest.mark.parametrize("trainer", ["v0", "v1"])
@@ -411,7 +409,7 @@ def test_options_reference_documents_every_async_rm_key():
 
 def test_on_error_drop_on_the_v1_sync_trainer_needs_refills_before_anything_starts(tiny_models):
     """verl's sync replay buffer stops the run on a group whose every trajectory failed unless it may refill it."""
-    from verl_async_rm.integration.agent_loop_manager import AsyncRMAgentLoopManagerV1
+    from verl_async_rm.integration.v1 import AsyncRMAgentLoopManagerV1
 
     config = compose(tiny_models, "+async_rm.on_error=drop", trainer="v1")
     assert AsyncRMConfig.from_verl(config).integration.on_error == "drop"

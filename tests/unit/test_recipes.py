@@ -240,11 +240,6 @@ def test_recipe_composes_and_passes_verl_and_plugin_checks(recipe, trainer):
     extra = [] if trainer == "v1" else ["trainer.use_v1=False"]  # extra arguments go through "$@", last
     argv = dry_run(recipe, *extra)
     assert argv[len(argv) - len(extra) :] == extra
-    if layout.policy_pool and trainer == "v0":  # the RM sleeps at the v1 trainer's step boundaries only
-        with pytest.raises(ValueError, match="enable_resource_pool=False with trainer.use_v1=False.*Fix: use the v1"):
-            validate(argv)
-        return
-
     config, settings = validate(argv)
 
     assert config.trainer.use_v1 is (trainer == "v1")

@@ -1,6 +1,7 @@
 """Checks of verl's own keys before anything starts, for mistakes that would fail late or silently: verl's own RM
-servers enabled, the RM on the policy's GPUs with a trainer that cannot put it to sleep, legacy keys verl's
-``main_ppo`` ignores, an RM checkpoint that is not a reward model. Each is a ``ValueError`` naming the key and fix."""
+servers enabled, the RM on the policy's GPUs where it cannot fit or sleep, legacy keys verl's ``main_ppo`` ignores, a
+v1 trainer verl does not have, an RM checkpoint that is not what its kind says. Each is a ``ValueError`` naming the
+key and fix."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from verl_async_rm.options import select as _get
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_verl_config", "check_v1_trainer", "legacy_keys_set", "LEGACY_KEYS", "ENTRY_MODULE",
+__all__ = ["check_verl_config", "verl_v1", "check_v1_trainer", "legacy_keys_set", "LEGACY_KEYS", "ENTRY_MODULE",
            "V1_TRAINER_MODES"]
 
 ENTRY_MODULE = "verl_async_rm.main_ppo"
@@ -58,6 +59,8 @@ def check_verl_config(config: Any) -> AsyncRMConfig:
         raise ValueError(
             "reward.reward_model.enable=True makes verl start its own vLLM/SGLang reward-model servers next to this "
             f"plugin's RM replicas. Fix: set reward.reward_model.enable=False; the plugin then serves the RM {where}")
+    if _get(config, "trainer.use_v1"):
+        verl_v1()
     _check_reward_manager(config)
     settings = _check_async_rm_settings(config)
     if settings.rm.placement == "policy_pool":
@@ -70,12 +73,6 @@ def _check_policy_pool(config: Any, settings: AsyncRMConfig) -> None:
     pool, beside the actor's worker (verl's ``ResourcePoolManager.max_colocate_count`` processes fit in a bundle)."""
     from verl.single_controller.ray.base import ResourcePoolManager
 
-    if _get(config, "trainer.use_v1") is False:
-        raise ValueError(
-            "reward.reward_model.enable_resource_pool=False with trainer.use_v1=False: the RM on the policy's GPUs "
-            "sleeps and wakes at the v1 trainer's step boundaries (on_sample_end, on_step_end), which verl's v0 "
-            "trainer does not have. Fix: use the v1 trainer (trainer.use_v1=True, verl's default), or give the RM "
-            "its own pool (reward.reward_model.enable_resource_pool=True)")
     sized = (_get(config, "reward.reward_model.n_gpus_per_node"), _get(config, "reward.reward_model.nnodes"))
     trainer = (_get(config, "trainer.n_gpus_per_node"), _get(config, "trainer.nnodes"))
     if sized[1] and sized != trainer:  # verl's default nnodes=0; verl copies the trainer's there at start
@@ -93,6 +90,7 @@ def _check_policy_pool(config: Any, settings: AsyncRMConfig) -> None:
             "phase for the RM to share the trainer's GPUs with (verl refuses its own colocated RM there too). Fix: "
             "use trainer.v1.trainer_mode=sync or colocate_async, or give the RM its own pool "
             "(reward.reward_model.enable_resource_pool=True)")
+    # verl 0.9.1's trainers build their pools with ResourcePoolManager's default; the replicas read what the pool got
     room = ResourcePoolManager.max_colocate_count - 1  # the actor's worker takes one place in each bundle
     if len(settings.models) > room:
         raise ValueError(
@@ -101,6 +99,25 @@ def _check_policy_pool(config: Any, settings: AsyncRMConfig) -> None:
             f"{ResourcePoolManager.max_colocate_count} processes (verl's ResourcePoolManager.max_colocate_count), one "
             f"of them the actor's, so at most {room} RMs fit beside it. Fix: score with at most {room} RMs, or give "
             "the RMs pools of their own (reward.reward_model.enable_resource_pool=True)")
+
+
+def verl_v1() -> Any:
+    """verl's v1 trainer package; ``ValueError`` naming verl's version and the fix where it cannot be imported (verl's
+    ``neo`` branch has no v1 trainer)."""
+    try:
+        import verl.trainer.ppo.v1 as v1
+    except ImportError as err:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            installed = version("verl")
+        except PackageNotFoundError:
+            installed = "?"
+        raise ValueError(
+            f"trainer.use_v1=True, but verl {installed} cannot import its v1 trainer (verl.trainer.ppo.v1: "
+            f"{type(err).__name__}: {err}). Fix: set trainer.use_v1=False: every feature of the plugin works on "
+            "verl's v0 trainer (RayPPOTrainer)") from err
+    return v1
 
 
 def _check_reward_manager(config: Any) -> None:
@@ -126,7 +143,7 @@ def _check_reward_manager(config: Any) -> None:
 
 
 #: verl 0.9.1's v1 trainer modes (``trainer.v1.trainer_mode``, ``trainer/ppo/v1/__init__.py``); all work with the
-#: plugin: the step boundaries come from the fit loop every mode shares (:mod:`~verl_async_rm.integration.v1_hooks`).
+#: plugin: the step boundaries come from the fit loop every mode shares (:mod:`~verl_async_rm.integration.trainer_hooks`).
 V1_TRAINER_MODES = ("sync", "colocate_async", "separate_async")
 
 
