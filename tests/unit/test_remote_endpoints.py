@@ -10,6 +10,7 @@ import asyncio
 import datetime
 import email.utils
 import ipaddress
+import pickle
 import logging
 import random
 import ssl
@@ -416,3 +417,23 @@ async def test_every_request_resolves_exactly_once_under_random_faults_and_cance
     assert all(ep["outstanding"] == 0 for ep in stats["endpoints"].values())
     assert kinds.count("Reply") > 0 and sum(sum(p.injected.values()) for p in proxies) > 0
     await client.aclose()
+
+
+@pytest.mark.asyncio
+async def test_the_test_servers_bound_their_load(servers):
+    upstream = servers(ScriptedUpstream(max_requests=1))
+    async with client_for(upstream.url) as client:
+        await chat(client)
+        with pytest.raises(EndpointError, match="HTTP 410: test server: max_requests=1 reached"):
+            await chat(client)
+
+
+def test_endpoint_errors_cross_process_boundaries_with_their_fields():
+    err = EndpointError("http://h/v1: HTTP 400: bad", endpoint="http://h/v1", status=400)
+    timeout = RequestTimeoutError("missed its deadline")
+    timeout.__cause__ = err
+    back = pickle.loads(pickle.dumps(timeout))
+    assert isinstance(back.__cause__, EndpointError) and isinstance(back.__cause__, RewardModelError)
+    assert (back.__cause__.endpoint, back.__cause__.status, str(back.__cause__)) == (err.endpoint, 400, str(err))
+    assert str(pickle.loads(pickle.dumps(TokenLimitError("too large")))) == "too large"
+    assert isinstance(pickle.loads(pickle.dumps(EndpointClosedError("closed"))), EndpointClosedError)
