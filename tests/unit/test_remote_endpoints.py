@@ -144,12 +144,16 @@ def test_retry_after_parses_seconds_and_http_dates():
     assert parse_retry_after(date, now=1_000_100.0) == 0.0
 
 
-@pytest.mark.parametrize("status", [400, 401, 404, 422])
+@pytest.mark.parametrize("status, body, message", [
+    (400, {"error": {"message": "model 'x' does not exist"}}, "model 'x' does not exist"),  # OpenAI's shape
+    (401, {"error": "Unauthorized"}, "Unauthorized"),  # vLLM's --api-key check
+    (404, {"detail": "Not Found"}, "Not Found"),  # a route the server lacks (vLLM: /classify on a generate model)
+    (422, "plain text", "plain text")])
 @pytest.mark.asyncio
-async def test_other_4xx_fail_at_once_with_the_status_and_the_servers_message(servers, status):
-    upstream = servers(ScriptedUpstream(lambda p: Raw(status, {"error": {"message": "model 'x' does not exist"}})))
+async def test_other_4xx_fail_at_once_with_the_status_and_the_servers_message(servers, status, body, message):
+    upstream = servers(ScriptedUpstream(lambda p: Raw(status, body)))
     async with client_for(upstream.url) as client:
-        with pytest.raises(EndpointError, match=rf"HTTP {status}: model 'x' does not exist") as info:
+        with pytest.raises(EndpointError, match=rf"HTTP {status}: {message}$") as info:
             await chat(client)
         assert isinstance(info.value, RewardModelError) and info.value.status == status
         assert info.value.endpoint == upstream.url

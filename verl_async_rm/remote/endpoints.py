@@ -539,11 +539,12 @@ class EndpointClient:
 
     def _status_text(self, resp: httpx.Response) -> str:
         """``HTTP <status>: <the server's message>`` (OpenAI's ``error.message`` when there is one)."""
-        try:
+        try:  # OpenAI: {"error": {"message"}}; vLLM's auth: {"error": "..."}; FastAPI: {"detail": ...}
             body = resp.json()
-            message = body["error"]["message"] if isinstance(body.get("error"), dict) else body.get("message") or \
+            error = body.get("error")
+            message = error.get("message", error) if isinstance(error, dict) else error or body.get("message") or \
                 body.get("detail") or body
-        except (ValueError, AttributeError, KeyError, TypeError):
+        except (ValueError, AttributeError, TypeError):
             message = resp.text
         return self._scrub(f"HTTP {resp.status_code}: {str(message)[:500]}")
 
