@@ -13,8 +13,9 @@
 #              node 1:  ray start --head --port=6379
 #              node 2:  ray start --address=<node-1-ip>:6379
 #            then run the script on node 1 (verl's ray.init() joins the running cluster).
-#   Install  pip install "verl[vllm]==0.9.1" verl-async-rm
-#            (or, in verl's 0.9.1 docker image: pip install verl-async-rm)
+#   Install  On both nodes: pip install "verl[vllm]==0.9.1", then this package from a checkout of its repository (it is
+#            not on PyPI): pip install /path/to/checkout, or pip install "git+<this repository's URL>". In
+#            verl's 0.9.1 docker image the second command alone.
 #   Models   local directories on BOTH nodes, same path (or shared storage): the RM replicas load the RM and the
 #            policy's tokenizer from disk, not from the Hub:
 #              hf download Qwen/Qwen2.5-3B-Instruct --local-dir $HOME/models/Qwen2.5-3B-Instruct

@@ -14,14 +14,15 @@
 #   most judge_max_tokens=256; the last "Verdict: <n>" is the score, and a verdict that does not parse fails its
 #   trajectory (counted in async_rm/judge_parse_failures), never a default score. gpus_per_replica=4: each replica is
 #   one vLLM engine with tensor_parallel_size=4 over its 4 GPUs (36 GB of weights per GPU); a rank that dies ends its
-#   replica, which is replaced whole. The outcome-RM slot of the other recipes (Skywork/Skywork-Reward-Llama-3.1-8B-v0.2,
-#   LlamaForSequenceClassification) is the judge here: add it as +async_rm.models.rm.* if GPUs are left.
+#   replica, which is replaced whole. The outcome RM of the other recipes (Skywork/Skywork-Reward-Llama-3.1-8B-v0.2,
+#   LlamaForSequenceClassification) is replaced by the judge here: add it as +async_rm.models.rm.* if GPUs are left.
 #   Verdict scale: a 0-10 grade next to a 0/1 rule. rm_weight=0.05 puts a perfect grade (0.5) at half a correct
 #   answer, so the rule leads and the judge ranks within a GRPO group (GRPO normalises each group's rewards, so only
 #   the spread within a group counts: a grade that moves 2 points moves the reward 0.1). With rm_weight=1.0 the grade
 #   (0-10) would drown the rule; to weigh them alike, use rm_weight=0.1 (a perfect grade = one correct answer).
-#   Logged per sample in reward_extra_info: rm_score (the verdict), rm_verdict (the end of the judge's text),
-#   rm_total, rule_score; per step: async_rm/* (judge_tokens, judge_parse_failures among them).
+#   Logged per sample in reward_extra_info: rm_score and rm_score_main (the verdict), rm_verdict_main (the last 300
+#   characters of the judge's text), rm_total, rule_score; per step: async_rm/* (async_rm/judge_tokens and
+#   async_rm/judge_parse_failures among them: the judge is the only RM, so its figures carry no name).
 #
 # Prerequisites
 #   GPUs     2 nodes x 8 GPUs with 80 GB each (A100/H100). On each node: 4 for the policy (8 in all: actor + vLLM
@@ -32,8 +33,9 @@
 #              node 1:  ray start --head --port=6379
 #              node 2:  ray start --address=<node-1-ip>:6379
 #            then run the script on node 1 (verl's ray.init() joins the running cluster).
-#   Install  pip install "verl[vllm]==0.9.1" verl-async-rm
-#            (or, in verl's 0.9.1 docker image: pip install verl-async-rm); vLLM runs the judge in its replicas.
+#   Install  On both nodes: pip install "verl[vllm]==0.9.1", then this package from a checkout of its repository (it is
+#            not on PyPI): pip install /path/to/checkout, or pip install "git+<this repository's URL>". In
+#            verl's 0.9.1 docker image the second command alone; vLLM runs the judge in its replicas.
 #   Models   local directories on BOTH nodes, same path (or shared storage): the replicas load the judge and the
 #            policy's tokenizer from disk, not from the Hub:
 #              hf download Qwen/Qwen2.5-32B-Instruct --local-dir $HOME/models/Qwen2.5-32B-Instruct

@@ -15,8 +15,9 @@
 # Prerequisites
 #   GPUs     1 node x 8 GPUs with 80 GB each (A100/H100). 6 for the policy (actor + vLLM rollout + reference), 2 for
 #            two RM replicas (one full bf16 copy of the 8B RM per GPU).
-#   Install  pip install "verl[vllm]==0.9.1" verl-async-rm
-#            (or, in verl's 0.9.1 docker image: pip install verl-async-rm)
+#   Install  pip install "verl[vllm]==0.9.1", then this package from a checkout of its repository (it is
+#            not on PyPI): pip install /path/to/checkout, or pip install "git+<this repository's URL>". In
+#            verl's 0.9.1 docker image the second command alone.
 #   Models   local directories (the RM replicas load the RM and the policy's tokenizer from disk, not from the Hub):
 #              hf download Qwen/Qwen2.5-3B-Instruct --local-dir $HOME/models/Qwen2.5-3B-Instruct
 #              hf download Skywork/Skywork-Reward-Llama-3.1-8B-v0.2 \

@@ -60,7 +60,7 @@ def save_nan_rm(rm_path, out_dir: Path) -> tuple[Path, int]:
 def score_all(service, requests, timeout_s: float) -> list:
     """Each request's score, or its exception, through an RM service's one path (all submitted at once)."""
     from verl_async_rm.errors import remote_cause
-    from verl_async_rm.service import score_with_timeout
+    from verl_async_rm.service.client import score_with_timeout
 
     async def main():
         return await asyncio.gather(*(score_with_timeout(service, r, timeout_s=timeout_s) for r in requests),

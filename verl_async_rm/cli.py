@@ -16,11 +16,11 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    # `bench executor [...]`: the executor micro-benchmark; `bench rm [...]`: the RM scorer's forwards on this
+    # `bench batcher [...]`: the batcher micro-benchmark; `bench rm [...]`: the RM scorer's forwards on this
     # device; `bench judge [...]`: a judge's two readouts; `bench layout [...]`: where to put the RM (a model);
     # `bench [...]`: the overlap benchmark (each its own parser).
-    if args.rest[:1] == ["executor"]:
-        from verl_async_rm.bench.executor import main as bench_main
+    if args.rest[:1] == ["batcher"]:
+        from verl_async_rm.bench.batcher import main as bench_main
 
         rest = args.rest[1:]
     elif args.rest[:1] == ["rm"]:
@@ -56,9 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     # prefix_chars="+": every option after `bench` goes, unparsed, to the chosen benchmark's own parser.
     bench = sub.add_parser("bench", add_help=False, prefix_chars="+",
-                           help="the overlap benchmark (`bench --help`), `bench executor`, `bench rm`, `bench judge` "
+                           help="the overlap benchmark (`bench --help`), `bench batcher`, `bench rm`, `bench judge` "
                                 "or `bench layout` (`bench rm --help`...)")
-    bench.add_argument("rest", nargs=argparse.REMAINDER, help="[executor|rm|judge|layout] and the benchmark's options")
+    bench.add_argument("rest", nargs=argparse.REMAINDER, help="[batcher|rm|judge|layout] and the benchmark's options")
     bench.set_defaults(func=_cmd_bench)
     return parser
 

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl_async_rm.errors import ConfigValueError
-from verl_async_rm.integration.reward_mix import MAIN, RewardMix
+from verl_async_rm.reward_mix import MAIN, RewardMix
 from verl_async_rm.options import Rule, check_options, option, select
 from verl_async_rm.scoring.rm_config import RMConfig
-from verl_async_rm.service.batcher import BatchPolicy
+from verl_async_rm.service.batching import BatchPolicy
 
 __all__ = ["AsyncRMConfig", "IntegrationConfig", "RMEntry", "MAIN", "CONFIG_GROUP", "ON_ERROR_MODES",
            "option_groups", "rm_config_from_verl", "placement_values", "extra_rm_entries", "build"]
@@ -25,19 +25,6 @@ MODELS_KEY = "models"
 ASYNC_RM_MANAGER = "async_rm"
 ON_ERROR_MODES = ("raise", "drop")
 
-#: Keys of earlier releases: what to do instead.
-_RETIRED_KEYS = {
-    "score_timeout_s": "the one bound on a batch call is now async_rm.batch_timeout_s (same meaning, default 600)",
-    "executor_max_concurrency": "the RM service's actor took over from the executor actor; set "
-    "async_rm.service_max_concurrency",
-    "pad_multiple": "there is no whole-group mode to pad for; remove the key",
-    "bisect_on_error": "each RM replica isolates a failing item itself (its micro-batch is split, the others keep "
-    "their scores); remove the key",
-    **dict.fromkeys(("max_pending", "overflow"), "the RM service's concurrency bound "
-                    "(async_rm.service_max_concurrency) bounds the queue; remove the key"),
-    "default_deadline_s": "a trajectory's deadline is async_rm.request_timeout_s; remove the key",
-    "slot_retries": "renamed async_rm.replica_retries (same meaning)",
-}
 #: RMConfig fields that come from verl's keys, never from ``async_rm.*``: what to set instead.
 _VERL_OWNED_RM_FIELDS = {
     "model_path": "the RM path comes from verl's key; set reward.reward_model.model_path instead",
@@ -134,8 +121,6 @@ class AsyncRMConfig:
         sections: dict[type, dict[str, Any]] = {BatchPolicy: {}, RMConfig: {}, RewardMix: {}, IntegrationConfig: {}}
         owner = {f.name: kind for kind in sections for f in dataclasses.fields(kind) if not f.metadata.get("internal")}
         for key, value in group.items():
-            if key in _RETIRED_KEYS:
-                raise ValueError(f"{CONFIG_GROUP}.{key}={value!r} is no longer read: {_RETIRED_KEYS[key]}")
             if key in _VERL_OWNED_RM_FIELDS:
                 raise ValueError(f"{CONFIG_GROUP}.{key}={value!r} is not read: {_VERL_OWNED_RM_FIELDS[key]}")
             _check_key(CONFIG_GROUP, key, value, {*(k for k in owner if k not in _VERL_OWNED_RM_FIELDS), MODELS_KEY})
@@ -183,6 +168,7 @@ def rm_config_from_verl(config: Any, overrides: Mapping[str, Any] | None = None,
             raise ConfigValueError(
                 f"{prefix}{name}", value, "not a setting of the RM worker group", f"use one of {sorted(known)}")
         values[name], keys[name] = value, f"{prefix}{name}"
+    values["kind_given"] = "reward_kind" in values
     if "model_path" not in values:
         raise ConfigValueError("reward.reward_model.model_path", None, "the RM worker group needs a reward model",
                                "set reward.reward_model.model_path=/path/to/rm")
@@ -261,7 +247,7 @@ def extra_rm_entries(models: Any, *, base: Mapping[str, Any], shared_rm: Mapping
         rm_values.setdefault("n_gpus_per_node", base.get("n_gpus_per_node", 1))
         rm_values.setdefault("nnodes", base.get("nnodes", 1))
         keys = {**_under(group, shared_rm), **_under(key, {**options, **dict.fromkeys(_OWN_KEYS)})}
-        rm = build(RMConfig, {**base, **rm_values}, keys)
+        rm = build(RMConfig, {**base, **rm_values, "kind_given": "reward_kind" in rm_values}, keys)
         batching = build(BatchPolicy, batching_values, _under(key, batching_values))
         entries.append(RMEntry(name=name, weight=weight, rm=rm, batching=batching, key=key))
     return tuple(entries)

@@ -23,7 +23,8 @@ def _verl_config_dir() -> str:
     # Found without importing verl (its import takes seconds); hydra needs an absolute path for a foreign package.
     spec = importlib.util.find_spec("verl")
     if spec is None or not spec.submodule_search_locations:
-        raise ImportError("verl is not installed; install verl==0.9.1 (pip install verl-async-rm pulls it in)")
+        raise ImportError("verl is not installed; install verl==0.9.1 (installing this package from its checkout, "
+                          "pip install /path/to/checkout, pulls it in)")
     return os.path.join(list(spec.submodule_search_locations)[0], "trainer", "config")
 
 

@@ -1,5 +1,6 @@
 """What travels between an agent-loop worker and an RM replica: the request (:class:`RMRequest`), built once per
-trajectory, and its score (:data:`Score`), converted once in the replica from the forward's tensor."""
+trajectory, and its result (:data:`ScoreResult`): the score (:data:`Score`), converted once in the replica from the
+forward's tensor, or the typed error that kept it from being scored, a value on the whole way back."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from verl_async_rm.errors import RewardInputError
+from verl_async_rm.errors import AsyncRMError, RewardInputError
 
-__all__ = ["RMRequest", "Score", "StepRewards", "Verdict", "score_value"]
+__all__ = ["RMRequest", "Score", "ScoreResult", "StepRewards", "Verdict", "score_value"]
 
 
 @dataclass
@@ -83,6 +84,9 @@ class Verdict:
 
 #: One RM's score of one trajectory: a finite float, a token-level process RM's step rewards, or a judge's verdict.
 Score = float | StepRewards | Verdict
+#: One RM's answer for one trajectory, from the kind to the agent-loop worker: its score, or the error that kept it
+#: from being scored (returned as a value, never raised, so that each trajectory fails alone).
+ScoreResult = Score | AsyncRMError
 
 
 def score_value(score: Score) -> float:

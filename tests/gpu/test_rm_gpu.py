@@ -25,6 +25,8 @@ by up to 0.078 (2,928 tokens, score std 1.28), a packed varlen row and the row a
 
 from __future__ import annotations
 
+from functools import partial
+
 import logging
 import random
 import time
@@ -272,7 +274,9 @@ def test_gpu_worker_group_scores_in_bf16(big_rm, scorer):
     ray = pytest.importorskip("ray")
     from conftest import ray_runtime_env
 
-    from verl_async_rm.service import ReplicaCall, create_rm_worker_group, shutdown_rm_worker_group
+    from verl_async_rm.service.service import call_replica
+
+    from verl_async_rm.service.placement import create_rm_worker_group, shutdown_rm_worker_group
 
     ray.shutdown()
     ray.init(num_gpus=1, include_dashboard=False, runtime_env=ray_runtime_env(), namespace="verl_async_rm_gpu")
@@ -282,7 +286,7 @@ def test_gpu_worker_group_scores_in_bf16(big_rm, scorer):
     try:
         info = ray.get(wg.workers[0].describe.remote(), timeout=120)
         assert info["device"].startswith("cuda") and info["dtype"] == "torch.bfloat16"
-        scores = asyncio.run(ReplicaCall(grace_s=600.0)(requests, wg.workers[0]))
+        scores = asyncio.run(partial(call_replica, grace_s=600.0)(requests, wg.workers[0]))
     finally:
         shutdown_rm_worker_group(wg)
         ray.shutdown()

@@ -23,11 +23,11 @@ from judge_cases import DIGIT_PROMPT, TOKENS, generate_reference, judge_ids, log
 from manager_cases import RM_W, RULE_W, running_manager
 from rm_cases import direct_score, hf_model, make_request, score_all
 
-from verl_async_rm.service.batcher import BatchPolicy
+from verl_async_rm.service.batching import BatchPolicy
 from verl_async_rm.errors import JudgeVerdictError
-from verl_async_rm.scoring import RMConfig
+from verl_async_rm.scoring.rm_config import RMConfig
 from verl_async_rm.scoring.judge import DEFAULT_PROMPTS, Verdict
-from verl_async_rm.service import start_rm_service
+from verl_async_rm.service.service import start_rm_service
 
 pytestmark = pytest.mark.integration
 

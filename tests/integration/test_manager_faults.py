@@ -1,4 +1,4 @@
-"""Faults through the whole v0 integration (verl's agent loop and reward loop, the RM pool, the executor actor).
+"""Faults through the whole v0 integration (verl's agent loop and reward loop, the RM pool, the RM service).
 
 The manager here runs the NaN-RM (the tiny RM whose ``</s>`` embedding is NaN) with ``on_error=drop`` and
 ``drop_budget=0.5``; trajectories run by the ``poisoned`` agent loop (tests/integration/assets) end in ``</s>``, so
@@ -85,11 +85,11 @@ def test_a_trajectory_waiting_on_an_rm_service_that_dies_fails_at_once(ray_local
     from rm_cases import make_request
     from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
 
-    from verl_async_rm.service.batcher import BatchPolicy
+    from verl_async_rm.service.batching import BatchPolicy
     from verl_async_rm.integration.agent_loop_worker import AsyncRMWorkerMixin
-    from verl_async_rm.integration.reward_mix import RewardMix
-    from verl_async_rm.scoring import RMConfig
-    from verl_async_rm.service import start_rm_service
+    from verl_async_rm.reward_mix import RewardMix
+    from verl_async_rm.scoring.rm_config import RMConfig
+    from verl_async_rm.service.service import start_rm_service
 
     rm = RMConfig(model_path=str(tiny_models.rm), policy_tokenizer_path=str(tiny_models.policy), use_gpu=False,
                   n_gpus_per_node=1, placement_timeout_s=60, init_timeout_s=120)

@@ -1,4 +1,4 @@
-"""AsyncRMAgentLoopManager on verl's v0 trainer path: real verl agent loop, reward loop, RM worker group, executor.
+"""AsyncRMAgentLoopManager on verl's v0 trainer path: real verl agent loop, reward loop, RM worker group, batcher.
 
 One manager serves the module (two agent-loop and two reward-loop workers: requests of both), its tests in order:
 every score exact, a second step on the same pool and service, an agent loop that sets its own reward, the soak,

@@ -232,12 +232,12 @@ def test_it_sleeps_through_every_real_update_and_wakes_for_the_next_rollout(trai
 def test_a_replica_killed_asleep_is_replaced_in_its_bundle_at_the_wake(trained):
     run, *_, seen = trained
     killed = seen["killed"]
-    assert "stand_in" in killed["asleep"]  # step 2's replacement
+    assert "replacement" in killed["asleep"]  # step 2's replacement
     fourth = run.steps[3].metrics
     assert fourth["async_rm/scored"] == PROMPTS * N and fourth["async_rm/errors"] == 0
     assert fourth["async_rm/replicas_replaced_total"] == 2  # step 2's and this one
     replica = seen["next"]["replicas"][0]
-    assert "stand_in" in replica["actor_name"] and replica["actor_name"] not in killed.values()
+    assert "replacement" in replica["actor_name"] and replica["actor_name"] not in killed.values()
     assert seen["next"]["rm"]["rm"] == seen["pool"]["rm"]["rm"]
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import ray
 
-from verl_async_rm.scoring import RMConfig
+from verl_async_rm.scoring.rm_config import RMConfig
 
 pytestmark = pytest.mark.integration
 

@@ -14,8 +14,8 @@ import pytest
 from ray.util.placement_group import placement_group_table
 
 from verl_async_rm.errors import ResourcePoolError, RewardModelError
-from verl_async_rm.scoring import RMConfig
-from verl_async_rm.service import RMResourcePool, create_rm_worker_group
+from verl_async_rm.scoring.rm_config import RMConfig
+from verl_async_rm.service.placement import create_rm_worker_group, RMResourcePool
 
 pytestmark = pytest.mark.integration
 

@@ -23,10 +23,11 @@ import pytest
 import ray
 from rm_cases import ANSWERS, QUESTIONS, direct_score, hf_model, make_request, wait_stats
 
-from verl_async_rm.service.batcher import BatchPolicy
+from verl_async_rm.service.batching import BatchPolicy
 from verl_async_rm.errors import NoReplicasError, RequestTimeoutError
-from verl_async_rm.scoring import RMConfig
-from verl_async_rm.service import score_with_timeout, start_rm_service
+from verl_async_rm.scoring.rm_config import RMConfig
+from verl_async_rm.service.client import score_with_timeout
+from verl_async_rm.service.service import start_rm_service
 
 pytestmark = pytest.mark.integration
 
@@ -177,7 +178,7 @@ def test_a_replica_silent_past_its_grace_is_killed_and_replaced(rm_config, polic
 
     async def main():
         before = await replicas(service)
-        pid = (await service.describe.remote())[0]["pid"]  # slot 0 takes the first batch (the oldest free slot)
+        pid = (await service.describe.remote())[0]["pid"]  # replica 0 takes the first batch (the oldest free replica)
         os.kill(pid, signal.SIGSTOP)
         frozen.append(pid)
         outcome = await asyncio.gather(score_with_timeout(service, reqs[0], timeout_s=HANG_S), return_exceptions=True)
@@ -185,7 +186,7 @@ def test_a_replica_silent_past_its_grace_is_killed_and_replaced(rm_config, polic
         return outcome[0], replaced, before, await replicas(service)
 
     try:
-        outcome, replaced, before, slots = asyncio.run(main())
+        outcome, replaced, before, replicas = asyncio.run(main())
     finally:
         for pid in frozen:  # let a frozen replica that was not killed go on, so that it can be stopped
             with contextlib.suppress(ProcessLookupError):
@@ -193,6 +194,6 @@ def test_a_replica_silent_past_its_grace_is_killed_and_replaced(rm_config, polic
         stop(service)
     assert isinstance(outcome, RequestTimeoutError) and "batch_timeout_s" in str(outcome), outcome
     assert replaced["replicas_lost_total"] == 1 and replaced["replicas_timed_out_total"] == 1
-    assert [w for w in before if w not in slots] == [before[0]], "the frozen replica was swapped for a new one"
+    assert [w for w in before if w not in replicas] == [before[0]], "the frozen replica was swapped for a new one"
     with pytest.raises(ray.exceptions.RayActorError):  # the silent replica was killed, not left running
         ray.get(before[0].describe.remote(), timeout=60)

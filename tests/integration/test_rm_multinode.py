@@ -5,6 +5,8 @@ Each node has room for both replicas, so only the pool's node pinning puts them 
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import ray
 from conftest import ray_runtime_env, stop_ray
@@ -12,8 +14,9 @@ from ray.cluster_utils import Cluster
 
 from verl_async_rm.errors import ResourcePoolError
 from verl_async_rm.request import RMRequest
-from verl_async_rm.scoring import RMConfig
-from verl_async_rm.service import ReplicaCall, RMResourcePool, create_rm_worker_group, shutdown_rm_worker_group
+from verl_async_rm.scoring.rm_config import RMConfig
+from verl_async_rm.service.service import call_replica
+from verl_async_rm.service.placement import create_rm_worker_group, RMResourcePool, shutdown_rm_worker_group
 
 pytestmark = pytest.mark.integration
 
@@ -58,8 +61,8 @@ async def test_replicas_land_on_both_nodes_and_score(two_nodes, tiny_models):
     try:
         infos = [await worker.describe.remote() for worker in wg.workers]
         assert {info["node_id"] for info in infos} == node_ids
-        batch_fn = ReplicaCall(grace_s=60.0)
-        first, second = [await batch_fn(requests, slot) for slot in wg.workers]
+        batch_fn = partial(call_replica, grace_s=60.0)
+        first, second = [await batch_fn(requests, replica) for replica in wg.workers]
         assert all(isinstance(score, float) for score in first)
         assert second == pytest.approx(first, abs=1e-4, rel=1e-4)
         # Each node now has 1 of its 2 CPUs left: a second 2-node pool of 2 replicas per node cannot fit (Ray's

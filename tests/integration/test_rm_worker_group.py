@@ -9,14 +9,17 @@ by summation order and thread count).
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 import ray
 from rm_cases import ANSWERS, direct_score, hf_model, make_batch, make_request
 
 from verl_async_rm.errors import NonFiniteScoreError, ResourcePoolError, RewardModelError
 from verl_async_rm.request import RMRequest
-from verl_async_rm.scoring import RMConfig
-from verl_async_rm.service import ReplicaCall, RMResourcePool, create_rm_worker_group, shutdown_rm_worker_group
+from verl_async_rm.scoring.rm_config import RMConfig
+from verl_async_rm.service.service import call_replica
+from verl_async_rm.service.placement import create_rm_worker_group, RMResourcePool, shutdown_rm_worker_group
 from verl_async_rm.service.placement import reserve_placement_groups
 
 pytestmark = pytest.mark.integration
@@ -57,13 +60,13 @@ def expected_scores(model, requests) -> list[float]:
 
 
 @pytest.mark.asyncio
-async def test_each_replica_is_a_slot_scoring_like_a_direct_hf_forward(rm_group, batch, reference):
+async def test_each_replica_scores_like_a_direct_hf_forward(rm_group, batch, reference):
     wg, cfg = rm_group
     assert len(wg.workers) == 2 == cfg.num_replicas
-    batch_fn = ReplicaCall(grace_s=60.0)
+    batch_fn = partial(call_replica, grace_s=60.0)
     expected = expected_scores(reference, batch)
-    for slot in wg.workers:  # per-replica actor handles, called directly
-        assert await batch_fn(batch, slot) == pytest.approx(expected, abs=ATOL, rel=RTOL)
+    for replica in wg.workers:  # per-replica actor handles, called directly
+        assert await batch_fn(batch, replica) == pytest.approx(expected, abs=ATOL, rel=RTOL)
 
 
 def test_replicas_describe_themselves(rm_group):
@@ -79,13 +82,13 @@ async def test_truncation_keeps_the_response_end(rm_group, policy_tok, reference
     wg, cfg = rm_group
     long = make_request(policy_tok, "how many apples does the farmer have " * 12, "so the answer is five", "long")
     assert long.num_tokens > MAX_LENGTH
-    slot = wg.workers[0]
-    await slot.pop_step_stats.remote()
-    results = await ReplicaCall(grace_s=60.0)([long, batch[0]], slot)
+    replica = wg.workers[0]
+    await replica.pop_step_stats.remote()
+    results = await partial(call_replica, grace_s=60.0)([long, batch[0]], replica)
     kept = (long.prompt_ids + long.response_ids)[-MAX_LENGTH:]
     assert kept[-len(long.response_ids) :] == long.response_ids
     assert results == pytest.approx(expected_scores(reference, [long, batch[0]]), abs=ATOL, rel=RTOL)
-    step = await slot.pop_step_stats.remote()
+    step = await replica.pop_step_stats.remote()
     assert (step.requests, step.truncated, step.failed) == (2, 1, 0)
 
 
@@ -94,7 +97,7 @@ async def test_a_nan_producing_input_fails_only_that_item(rm_group, nan_rm, batc
     wg, cfg = rm_group
     poison = nan_rm[1]
     bad = RMRequest("poisoned", batch[1].prompt_ids, [poison, *batch[1].response_ids], batch[1].raw_prompt)
-    results = await ReplicaCall(grace_s=60.0)([batch[0], bad, batch[2]], wg.workers[1])
+    results = await partial(call_replica, grace_s=60.0)([batch[0], bad, batch[2]], wg.workers[1])
     assert isinstance(results[1], NonFiniteScoreError) and "poisoned" in str(results[1])
     assert [results[0], results[2]] == pytest.approx(expected_scores(reference, [batch[0], batch[2]]), abs=ATOL)
 
@@ -120,7 +123,7 @@ async def test_template_switch_equals_rendering_by_hand(ray_local, tiny_models, 
     wg = create_rm_worker_group(cfg)
     try:
         assert (await wg.workers[0].describe.remote())["retemplate"] is True
-        results = await ReplicaCall(grace_s=60.0)(batch, wg.workers[0])
+        results = await partial(call_replica, grace_s=60.0)(batch, wg.workers[0])
     finally:
         shutdown_rm_worker_group(wg)
     assert results == pytest.approx(expected, abs=ATOL, rel=RTOL)
@@ -155,30 +158,37 @@ def test_a_replica_that_cannot_load_fails_the_group_and_frees_the_pool(ray_local
 
 @ray.remote
 class _Replica:
-    """A stand-in replica whose ``score`` takes one of the failure paths (the replica call is what is under test)."""
+    """A stand-in replica whose ``score`` takes one of the failure paths (the replica call is what is under test).
+    ``gated``: answers only once :meth:`release` is called; :meth:`started` returns once a call is inside ``score``."""
 
     def __init__(self, mode: str) -> None:
-        self.mode = mode
-
-    async def score(self, items):
         import asyncio
 
+        self.mode = mode
+        self._inside, self._gate = asyncio.Event(), asyncio.Event()
+
+    async def score(self, items):
         if self.mode == "raises":
             raise RewardModelError("the RM worker has no model yet: call init_model() first")
-        if self.mode == "slow":
-            await asyncio.sleep(1.0)
+        if self.mode in ("gated", "never_answers"):
+            self._inside.set()
+            await self._gate.wait()  # never set for never_answers
             return [0.5] * len(items)
-        if self.mode == "never_answers":
-            await asyncio.Event().wait()
         return [0.5, ValueError("bad item"), "not a float"][: len(items)]
+
+    async def started(self) -> bool:
+        await self._inside.wait()
+        return True
+
+    async def release(self) -> None:
+        self._gate.set()
 
 
 @pytest.mark.asyncio
 async def test_replica_call_failure_paths(ray_local, batch):
-    call = ReplicaCall(grace_s=60.0)
-    stand_ins = {mode: _Replica.remote(mode) for mode in ("mixed", "raises", "slow", "never_answers")}
+    stand_ins = {mode: _Replica.remote(mode) for mode in ("mixed", "raises", "gated", "never_answers")}
     try:
-        await _failure_paths(call, batch, stand_ins)
+        await _failure_paths(partial(call_replica, grace_s=60.0), batch, stand_ins)
     finally:  # none may outlive the test (the soak test counts the cluster's actors)
         for replica in stand_ins.values():
             ray.kill(replica)
@@ -190,30 +200,31 @@ async def _failure_paths(call, batch, stand_ins) -> None:
     from verl_async_rm.errors import ReplicaLostError
 
     mixed = stand_ins["mixed"]
-    entries = await call(batch, mixed)  # the replica's answer as it is (the executor checks its shape)
+    entries = await call(batch, mixed)  # the replica's answer as it is (the batcher checks its shape)
     assert entries[0] == 0.5 and isinstance(entries[1], ValueError) and entries[2] == "not a float"
     assert await call([], mixed) == []
-    # the replica raised: an RM error for the whole batch, not a lost slot; already typed, it is not wrapped again
+    # the replica raised: an RM error for the whole batch, not a lost replica; typed, with its own cause (none here),
+    # not Ray's wrapper as its cause
     with pytest.raises(RewardModelError, match="the RM worker has no model") as raised:
         await call(batch, stand_ins["raises"])
-    assert not isinstance(raised.value, ReplicaLostError) and isinstance(raised.value.__cause__, ray.exceptions.RayError)
-    # the executor gives up on a call (its batch_timeout_s) by cancelling it: the call then waits for the late answer,
-    # so the replica gets no new batch meanwhile, and ends cancelled when the answer comes within the late limit ...
-    late = asyncio.ensure_future(ReplicaCall(grace_s=60.0)(batch, stand_ins["slow"]))
-    await asyncio.sleep(0.2)
+    assert not isinstance(raised.value, ReplicaLostError) and raised.value.__cause__ is None
+    # the batcher gives up on a call (its batch_timeout_s) by cancelling it: the call then waits for the late answer,
+    # so the replica gets no new batch meanwhile, and ends cancelled once the answer comes within the late limit ...
+    gated = stand_ins["gated"]
+    late = asyncio.ensure_future(call(batch, gated))
+    await asyncio.wait_for(gated.started.remote(), 60.0)
     late.cancel()
-    await asyncio.sleep(0.2)
-    assert not late.done()  # still holding the replica
+    done, _ = await asyncio.wait({late}, timeout=0.5)  # the gate is closed: it cannot have answered
+    assert not done, "the cancelled call returned before its replica answered"
+    await gated.release.remote()
     with pytest.raises(asyncio.CancelledError):
         await asyncio.wait_for(late, 30.0)
-    # ... or declares the replica lost when it stays silent past the limit (the executor kills and replaces it)
-    silent = asyncio.ensure_future(ReplicaCall(grace_s=0.5)(batch, stand_ins["never_answers"]))
-    await asyncio.sleep(0.2)
+    # ... or declares the replica lost when it stays silent past the limit (the batcher kills and replaces it)
+    silent = asyncio.ensure_future(partial(call_replica, grace_s=0.5)(batch, stand_ins["never_answers"]))
+    await asyncio.wait_for(stand_ins["never_answers"].started.remote(), 60.0)
     silent.cancel()
     with pytest.raises(ReplicaLostError, match="still had not answered a batch of 3 0.5s after it timed out"):
         await asyncio.wait_for(silent, 30.0)
     ray.kill(mixed)
-    with pytest.raises(ReplicaLostError, match="RM replica is gone"):  # re-queued elsewhere by the executor
+    with pytest.raises(ReplicaLostError, match="RM replica is gone"):  # re-queued elsewhere by the batcher
         await call(batch, mixed)
-    with pytest.raises(ValueError, match="grace_s=0"):
-        ReplicaCall(grace_s=0)

@@ -21,9 +21,10 @@ import torch
 from manager_cases import running_manager
 from rm_cases import ANSWERS, QUESTIONS, direct_score, hf_model, make_request, wait_stats
 
-from verl_async_rm.service.batcher import BatchPolicy
+from verl_async_rm.service.batching import BatchPolicy
 from verl_async_rm.scoring.rm_config import RMConfig
-from verl_async_rm.service import score_with_timeout, start_rm_service
+from verl_async_rm.service.client import score_with_timeout
+from verl_async_rm.service.service import start_rm_service
 
 pytestmark = pytest.mark.integration
 
@@ -75,8 +76,8 @@ def test_a_rank_killed_mid_batch_costs_no_trajectory_and_its_replica_is_replaced
             os.kill(pid, signal.SIGSTOP)
         waiting = [asyncio.ensure_future(score_with_timeout(service, r, timeout_s=HANG_S)) for r in first]
         await wait_stats(service, lambda s: s["in_flight_requests"] == 16, "the batch sent to a replica")
-        lost_slot = await busy_slot(before)  # its rank 0 is inside the batch, in a collective with its frozen rank 1
-        lost_pid = before[lost_slot]["ranks"][0]["pid"]
+        lost_replica = await busy_replica(before)  # its rank 0 is inside the batch, in a collective with its frozen rank 1
+        lost_pid = before[lost_replica]["ranks"][0]["pid"]
         ray.kill(ranks[lost_pid], no_restart=True)  # the frozen rank 1 of the busy replica dies mid-batch
         os.kill(next(pid for pid in ranks if pid != lost_pid), signal.SIGCONT)
         scores = await asyncio.gather(*waiting)
@@ -84,10 +85,10 @@ def test_a_rank_killed_mid_batch_costs_no_trajectory_and_its_replica_is_replaced
         await wait_stats(service, lambda s: s["replicas_replaced_total"] == 1, "the replica replaced")
         after = await asyncio.wait_for(service.describe.remote(), 60)
         again = await asyncio.gather(*(score_with_timeout(service, r, timeout_s=HANG_S) for r in second))
-        return before, lost_slot, scores, after_loss, after, again
+        return before, lost_replica, scores, after_loss, after, again
 
     try:
-        before, lost_slot, scores, after_loss, after, again = asyncio.run(main())
+        before, lost_replica, scores, after_loss, after, again = asyncio.run(main())
     finally:
         ray.get(service.close.remote(), timeout=HANG_S)
         ray.kill(service)
@@ -95,11 +96,11 @@ def test_a_rank_killed_mid_batch_costs_no_trajectory_and_its_replica_is_replaced
     assert scores == pytest.approx([direct_score(model, r.prompt_ids + r.response_ids) for r in first], abs=1e-4)
     assert after_loss["completed"] == 16 and after_loss["failed"] == 0
     assert after_loss["requeued"] == 16 and after_loss["replicas_lost_total"] == 1
-    replaced = after[lost_slot]
-    assert replaced["actor_name"] != before[lost_slot]["actor_name"]
-    assert replaced["ranks"][0]["pid"] != before[lost_slot]["ranks"][0]["pid"]
+    replaced = after[lost_replica]
+    assert replaced["actor_name"] != before[lost_replica]["actor_name"]
+    assert replaced["ranks"][0]["pid"] != before[lost_replica]["ranks"][0]["pid"]
     assert replaced["sharding"] == "tensor_parallel"
-    old_rank0 = before[lost_slot]["pid"]
+    old_rank0 = before[lost_replica]["pid"]
     assert not os.path.exists(f"/proc/{old_rank0}") or _zombie(old_rank0)  # rank 0 ended with its rank
     assert again == pytest.approx([direct_score(model, r.prompt_ids + r.response_ids) for r in second], abs=1e-4)
 
@@ -174,7 +175,7 @@ def test_a_forward_failing_on_rank_0_alone_ends_the_replica_and_costs_no_traject
     assert len(after) == 2 and all(info["sharding"] == "tensor_parallel" for info in after)
 
 
-async def busy_slot(replicas: list[dict]) -> int:
+async def busy_replica(replicas: list[dict]) -> int:
     """The replica whose rank 0 is busy with a batch: the one that does not answer ``describe`` (a one-call actor)."""
     deadline = time.monotonic() + HANG_S
     while time.monotonic() < deadline:

@@ -28,9 +28,10 @@ from judge_cases import DIGIT_PROMPT, generate_reference, judge_ids, response_te
 from manager_cases import RM_W, RULE_W, running_manager
 from rm_cases import direct_score, hf_model, make_request, score_all, wait_stats
 
-from verl_async_rm.scoring import RMConfig
-from verl_async_rm.service import score_with_timeout, start_rm_service
-from verl_async_rm.service.batcher import BatchPolicy
+from verl_async_rm.scoring.rm_config import RMConfig
+from verl_async_rm.service.client import score_with_timeout
+from verl_async_rm.service.service import start_rm_service
+from verl_async_rm.service.batching import BatchPolicy
 
 pytestmark = pytest.mark.integration
 

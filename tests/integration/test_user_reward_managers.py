@@ -4,7 +4,9 @@ real reward loop on trajectories of verl's real agent loop, with the tiny RM sco
 - ``naive`` with a reward function computed from ``extra_info["rm_score"]`` (``rm_weight=0``, ``rule_weight=1``):
   the trajectory's reward is exactly that function's value, and ``rm_score`` is the plain-transformers score;
 - ``dapo`` with its overlong penalty: the penalty of each trajectory (from its response length) is still in the
-  manager's reward, and the RM is added: ``reward = rule_weight * (rule + penalty) + rm_weight * rm``.
+  manager's reward, and the RM is added: ``reward = rule_weight * (rule + penalty) + rm_weight * rm``;
+- a manager that counts its calls: with the rule in the reward verl's reward loop runs once per trajectory; with no
+  rule (``rule_weight=0``) it is never called, so a trajectory makes two Ray calls (worker -> RM service -> replica).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 from manager_cases import RM_W, RULE_W, prompts_batch, running_manager
+from conftest import TEST_ASSETS
 
 
 pytestmark = pytest.mark.integration
@@ -19,6 +22,8 @@ pytestmark = pytest.mark.integration
 N = 2  # rollout.n
 FROM_RM_SCORE = ["reward.reward_manager.name=naive", "reward.custom_reward_function.name=from_rm_score",
                  "+async_rm.rm_weight=0", "+async_rm.rule_weight=1"]
+COUNTING = ["reward.reward_manager.source=importlib", "reward.reward_manager.name=CountingRewardManager",
+            f"reward.reward_manager.module.path={TEST_ASSETS / 'counting_manager.py'}"]
 DAPO_MAX_RESP, DAPO_BUFFER = 8, 4  # dapo penalises responses longer than 8 - 4 tokens: -(extra / 4) * 1.0
 
 
@@ -91,3 +96,44 @@ def test_v1_dapo_manager_keeps_its_overlong_penalty_and_the_rm_is_added(ray_loca
         assert info["rm_score"] == pytest.approx(direct, abs=1e-4)
         assert batch.reward(i) == pytest.approx(RULE_W * (_rule(tok, response) + penalty) + RM_W * direct, abs=1e-4)
     assert any(p < 0 for p in penalties), "no response was long enough to be penalised: the check proved nothing"
+
+
+@pytest.fixture
+def reward_loop_calls(ray_local):
+    @ray_local.remote(num_cpus=0)
+    class Calls:
+        def __init__(self) -> None:
+            self.count = 0
+
+        def add(self) -> None:
+            self.count += 1
+
+        def get(self) -> int:
+            return self.count
+
+    calls = Calls.options(name="reward_loop_calls").remote()
+    yield calls
+    ray_local.kill(calls)
+
+
+@pytest.mark.parametrize("rule_weight, per_trajectory", [(0, 0), (1, 1)])
+def test_with_no_rule_in_the_reward_verls_reward_loop_is_never_called(ray_local, tiny_models, reward_loop_calls,
+                                                                       rule_weight, per_trajectory):
+    """The Ray calls of a trajectory: one to the RM service, one per batch to a replica (both counted by the service),
+    and to verl's reward loop (counted by the manager) only with a rule."""
+    from verl_async_rm.testing.v1 import V1FitLoop, prompt_batch
+
+    with running_manager(ray_local, tiny_models, "v1", *COUNTING, f"+async_rm.rule_weight={rule_weight}") as (
+            manager, config):
+        batch = V1FitLoop(config, manager).train_step(prompt_batch(["how many apples?", "what is the cost?"]))
+        service = ray_local.get(manager.rm_service.stats.remote(), timeout=60)
+    trajectories = len(batch.keys)
+    assert trajectories == 2 * N and batch.metrics["async_rm/scored"] == trajectories
+    assert service["submitted"] == trajectories  # one call of each trajectory to the RM service
+    assert 1 <= service["batches"] <= trajectories  # one call of each batch to a replica
+    assert ray_local.get(reward_loop_calls.get.remote(), timeout=60) == per_trajectory * trajectories
+    for i in range(trajectories):
+        info = batch.reward_extra_info(i)
+        assert ("rule_score" in info) is bool(rule_weight)
+        assert batch.reward(i) == pytest.approx(RM_W * info["rm_score"] + rule_weight * info.get("rule_score", 0.0),
+                                                abs=1e-5)

@@ -23,10 +23,11 @@ import ray
 from conftest import require_vllm
 from rm_cases import ANSWERS, QUESTIONS, direct_score, hf_model, make_request, score_all, wait_stats
 
-from verl_async_rm.service.batcher import BatchPolicy
+from verl_async_rm.service.batching import BatchPolicy
 from verl_async_rm.errors import NonFiniteScoreError, RewardModelError
-from verl_async_rm.scoring import RMConfig
-from verl_async_rm.service import score_with_timeout, start_rm_service
+from verl_async_rm.scoring.rm_config import RMConfig
+from verl_async_rm.service.client import score_with_timeout
+from verl_async_rm.service.service import start_rm_service
 
 pytestmark = pytest.mark.integration
 

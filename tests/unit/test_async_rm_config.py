@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from verl_async_rm.config import AsyncRMConfig, IntegrationConfig
-from verl_async_rm.service.batcher import BatchPolicy
+from verl_async_rm.service.batching import BatchPolicy
 from verl_async_rm.integration.checks import check_verl_config
-from verl_async_rm.integration.reward_mix import RewardMix
+from verl_async_rm.reward_mix import RewardMix
 from verl_async_rm.scoring.rm_config import RMConfig
 from verl_async_rm.testing import compose_trainer_config
 
@@ -394,8 +394,8 @@ def test_options_reference_documents_every_async_rm_key():
     from pathlib import Path
 
     from verl_async_rm.config import _VERL_OWNED_RM_FIELDS, IntegrationConfig
-    from verl_async_rm.service.batcher import BatchPolicy
-    from verl_async_rm.integration.reward_mix import RewardMix
+    from verl_async_rm.service.batching import BatchPolicy
+    from verl_async_rm.reward_mix import RewardMix
     from verl_async_rm.scoring.rm_config import RMConfig
 
     spec = importlib.util.spec_from_file_location(
@@ -417,24 +417,6 @@ def test_on_error_drop_on_the_v1_sync_trainer_needs_refills_before_anything_star
     assert AsyncRMConfig.from_verl(config).integration.on_error == "drop"
     with pytest.raises(ValueError, match=r"trainer.v1.sampler.sync_refill_failed_groups=True"):
         AsyncRMAgentLoopManagerV1(config, llm_client=None)  # raises before the RM pool or any worker is started
-
-
-@pytest.mark.parametrize(
-    ("key", "value", "instead"),
-    [
-        ("score_timeout_s", "60", "async_rm.batch_timeout_s"),
-        ("executor_max_concurrency", "64", "async_rm.service_max_concurrency"),
-        ("pad_multiple", "2", "remove the key"),
-        ("bisect_on_error", "true", "each RM replica isolates a failing item itself"),
-        ("max_pending", "8", "the RM service's concurrency bound"),
-        ("overflow", "reject", "the RM service's concurrency bound"),
-        ("default_deadline_s", "30", "async_rm.request_timeout_s"),
-        ("slot_retries", "3", "renamed async_rm.replica_retries"),
-    ],
-)
-def test_keys_of_earlier_releases_name_what_to_do_instead(tiny_models, key, value, instead):
-    with pytest.raises(ValueError, match=rf"async_rm\.{key}=.* is no longer read: .*{instead}"):
-        AsyncRMConfig.from_verl(compose(tiny_models, f"+async_rm.{key}={value}"))
 
 
 def test_the_batch_timeout_can_be_turned_off(tiny_models):

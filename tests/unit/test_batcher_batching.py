@@ -1,4 +1,4 @@
-"""Batch formation: replicas, flush triggers (size, tokens, age, drain, drain_after), token budget, length grouping.
+"""Batch formation: replicas, flush triggers (size, tokens, age, flush, flush_after), token budget, length grouping.
 
 Most tests run on a virtual-time loop (``run_virtual``): timers fire exactly, and time only moves when every task
 waits, so "resolves within max_wait + execution" is checked exactly and without real waiting. Batch functions are
@@ -11,18 +11,20 @@ import asyncio
 
 import pytest
 
-from verl_async_rm.service.batcher import Batcher, BatchPolicy
-from verl_async_rm.service.batcher import select_batch
-from verl_async_rm.service.batcher import Request
-from verl_async_rm.testing.executor import GatedBatchFn, run_virtual
+from verl_async_rm.service.batcher import Batcher
+
+from verl_async_rm.service.batching import BatchPolicy
+from verl_async_rm.service.batching import select_batch
+from verl_async_rm.service.batching import Request
+from verl_async_rm.testing.batcher import GatedBatchFn, run_virtual
 
 pytestmark = pytest.mark.unit
 
 HOUR_MS = 3_600_000.0  # a max_wait that never fires within a test
 
 
-def spawn(executor, items, **kwargs):
-    return [asyncio.ensure_future(executor.submit(item, **kwargs)) for item in items]
+def spawn(batcher, items, **kwargs):
+    return [asyncio.ensure_future(batcher.submit(item, **kwargs)) for item in items]
 
 
 async def idle(seconds: float = 0.0) -> None:
@@ -39,16 +41,16 @@ async def test_burst_of_k_times_n_flushes_full_batches_at_once(k):
     """Real event loop: k*N requests at once give k batches of exactly N, without waiting for max_wait."""
     n = 8
     fn = GatedBatchFn(lambda x: x + 1000)
-    executor = Batcher(fn, BatchPolicy(max_batch_size=n, max_wait_ms=HOUR_MS), replicas=k)
-    tasks = spawn(executor, range(k * n))
+    batcher = Batcher(fn, BatchPolicy(max_batch_size=n, max_wait_ms=HOUR_MS), replicas=k)
+    tasks = spawn(batcher, range(k * n))
     await asyncio.wait_for(fn.wait_calls(k), 60)
     assert fn.batch_sizes == [n] * k and not any(t.done() for t in tasks)
     fn.open()
     assert await asyncio.wait_for(asyncio.gather(*tasks), 60) == [i + 1000 for i in range(k * n)]
-    stats = executor.stats()
+    stats = batcher.stats()
     assert stats["flush_reasons"]["size"] == k and stats["flush_reasons"]["age"] == 0
     assert stats["completed"] == k * n and stats["mean_fill"] == 1.0
-    await executor.aclose()
+    await batcher.aclose()
 
 
 @pytest.mark.parametrize("count", [1, 7, 9, 19])  # 1, N-1, N+1, 2N+3 with N=8
@@ -58,16 +60,16 @@ def test_every_count_resolves_within_max_wait_plus_execution(count):
     async def main():
         loop = asyncio.get_running_loop()
         fn = GatedBatchFn(open=True, delay_s=exec_s)
-        executor = Batcher(fn, BatchPolicy(max_batch_size=n, max_wait_ms=wait_s * 1000), replicas=3)
+        batcher = Batcher(fn, BatchPolicy(max_batch_size=n, max_wait_ms=wait_s * 1000), replicas=3)
         done_at = {}
 
         async def one(i):
             t0 = loop.time()
-            assert await executor.submit(i) == i
+            assert await batcher.submit(i) == i
             done_at[i] = loop.time() - t0
 
         await asyncio.gather(*(one(i) for i in range(count)))
-        await executor.aclose()
+        await batcher.aclose()
         return done_at, fn.batch_sizes
 
     done_at, sizes = run_virtual(main)
@@ -82,15 +84,15 @@ def test_lone_request_waits_exactly_max_wait_then_runs():
     async def main():
         loop = asyncio.get_running_loop()
         fn = GatedBatchFn(open=True, delay_s=0.010)
-        executor = Batcher(fn, BatchPolicy(max_batch_size=64, max_wait_ms=25))
+        batcher = Batcher(fn, BatchPolicy(max_batch_size=64, max_wait_ms=25))
         latencies = []
         for i in range(3):
             t0 = loop.time()
-            await executor.submit(i)
+            await batcher.submit(i)
             latencies.append(loop.time() - t0)
             await asyncio.sleep(1.0)  # low load: the next request arrives long after
-        stats = executor.stats()
-        await executor.aclose()
+        stats = batcher.stats()
+        await batcher.aclose()
         return latencies, stats
 
     latencies, stats = run_virtual(main)
@@ -101,72 +103,72 @@ def test_lone_request_waits_exactly_max_wait_then_runs():
 def test_max_wait_zero_is_work_conserving():
     async def main():
         fn = GatedBatchFn(open=True, delay_s=0.010)
-        executor = Batcher(fn, BatchPolicy(max_batch_size=8, max_wait_ms=0), replicas=2)
-        first = spawn(executor, ["a"])
+        batcher = Batcher(fn, BatchPolicy(max_batch_size=8, max_wait_ms=0), replicas=2)
+        first = spawn(batcher, ["a"])
         await idle()
-        assert fn.batch_sizes == [1]  # an idle slot takes the lone request at once
-        rest = spawn(executor, ["b", "c", "d"])
+        assert fn.batch_sizes == [1]  # an idle replica takes the lone request at once
+        rest = spawn(batcher, ["b", "c", "d"])
         await asyncio.gather(*first, *rest)
-        await executor.aclose()
+        await batcher.aclose()
         return fn.batch_sizes
 
     assert run_virtual(main) == [1, 3]
 
 
-def test_drain_flushes_a_partial_batch_at_once_and_later_requests_wait():
+def test_flush_sends_a_partial_batch_at_once_and_later_requests_wait():
     async def main():
         loop = asyncio.get_running_loop()
         fn = GatedBatchFn(open=True)
-        executor = Batcher(fn, BatchPolicy(max_batch_size=8, max_wait_ms=HOUR_MS))
-        tasks = spawn(executor, range(5))
+        batcher = Batcher(fn, BatchPolicy(max_batch_size=8, max_wait_ms=HOUR_MS))
+        tasks = spawn(batcher, range(5))
         await idle(10.0)
         assert fn.calls == [] and not any(t.done() for t in tasks)
-        t_drain = loop.time()
-        assert executor.drain() == 5
+        t_flush = loop.time()
+        assert batcher.flush() == 5
         await asyncio.gather(*tasks)
-        assert loop.time() == t_drain  # no waiting at all
-        late = spawn(executor, ["late"])
+        assert loop.time() == t_flush  # no waiting at all
+        late = spawn(batcher, ["late"])
         await idle(10.0)
-        assert not late[0].done()  # requests after the drain wait as usual
-        executor.drain()
+        assert not late[0].done()  # requests after the flush wait as usual
+        batcher.flush()
         await late[0]
-        stats = executor.stats()
-        await executor.aclose()
+        stats = batcher.stats()
+        await batcher.aclose()
         return fn.batch_sizes, stats
 
     sizes, stats = run_virtual(main)
-    assert sizes == [5, 1] and stats["flush_reasons"]["drain"] == 2
+    assert sizes == [5, 1] and stats["flush_reasons"]["flush"] == 2
 
 
-def test_drain_splits_evenly_across_free_slots():
+def test_flush_splits_evenly_across_free_replicas():
     async def main():
         fn = GatedBatchFn()
-        executor = Batcher(fn, BatchPolicy(max_batch_size=16, max_wait_ms=HOUR_MS), replicas=3)
-        tasks = spawn(executor, range(10))
+        batcher = Batcher(fn, BatchPolicy(max_batch_size=16, max_wait_ms=HOUR_MS), replicas=3)
+        tasks = spawn(batcher, range(10))
         await idle()
-        executor.drain()
+        batcher.flush()
         await fn.wait_calls(3)
         fn.open()
         await asyncio.gather(*tasks)
-        await executor.aclose()
-        return sorted(fn.batch_sizes), {slot for _, slot in fn.calls}
+        await batcher.aclose()
+        return sorted(fn.batch_sizes), {replica for _, replica in fn.calls}
 
-    sizes, slots = run_virtual(main)
-    assert sizes == [3, 3, 4] and slots == {0, 1, 2}
+    sizes, replicas = run_virtual(main)
+    assert sizes == [3, 3, 4] and replicas == {0, 1, 2}
 
 
-def test_a_drain_that_also_fills_the_batch_is_split_over_the_free_replicas():
-    """drain_after(n) with n = max_batch_size: the step's last request both fills the batch and ends the step; what
-    the drain covers still leaves split over the free replicas, not as one batch on one of them."""
+def test_a_flush_that_also_fills_the_batch_is_split_over_the_free_replicas():
+    """flush_after(n) with n = max_batch_size: the step's last request both fills the batch and ends the step; what
+    the flush covers still leaves split over the free replicas, not as one batch on one of them."""
     async def main():
         fn = GatedBatchFn()
-        executor = Batcher(fn, BatchPolicy(max_batch_size=8, max_wait_ms=HOUR_MS), replicas=2)
-        executor.drain_after(8)
-        tasks = spawn(executor, range(8))
+        batcher = Batcher(fn, BatchPolicy(max_batch_size=8, max_wait_ms=HOUR_MS), replicas=2)
+        batcher.flush_after(8)
+        tasks = spawn(batcher, range(8))
         await fn.wait_calls(2)
         fn.open()
         await asyncio.gather(*tasks)
-        await executor.aclose()
+        await batcher.aclose()
         return sorted(fn.batch_sizes), {replica for _, replica in fn.calls}
 
     sizes, replicas = run_virtual(main)
@@ -176,43 +178,43 @@ def test_a_drain_that_also_fills_the_batch_is_split_over_the_free_replicas():
 def test_expect_flushes_on_the_nth_request_of_the_step():
     async def main():
         fn = GatedBatchFn(open=True)
-        executor = Batcher(fn, BatchPolicy(max_batch_size=16, max_wait_ms=HOUR_MS))
-        early = spawn(executor, range(2))  # arrive before expect(): they belong to this step too
+        batcher = Batcher(fn, BatchPolicy(max_batch_size=16, max_wait_ms=HOUR_MS))
+        early = spawn(batcher, range(2))  # arrive before expect(): they belong to this step too
         await idle()
-        executor.drain_after(5)
-        more = spawn(executor, range(2, 4))
+        batcher.flush_after(5)
+        more = spawn(batcher, range(2, 4))
         await idle(1.0)
         assert fn.calls == []
-        last = spawn(executor, [4])
+        last = spawn(batcher, [4])
         await asyncio.gather(*early, *more, *last)
         # the next step: expect() after all its requests arrived flushes at once
-        nxt = spawn(executor, range(10, 13))
+        nxt = spawn(batcher, range(10, 13))
         await idle()
         assert fn.batch_sizes == [5]
-        executor.drain_after(3)
+        batcher.flush_after(3)
         await asyncio.gather(*nxt)
-        stats = executor.stats()
-        await executor.aclose()
+        stats = batcher.stats()
+        await batcher.aclose()
         return fn.batch_sizes, stats
 
     sizes, stats = run_virtual(main)
-    assert sizes == [5, 3] and stats["flush_reasons"]["drain"] == 2
+    assert sizes == [5, 3] and stats["flush_reasons"]["flush"] == 2
 
 
 def test_saturation_grows_batches_to_the_cap():
-    """Arrivals faster than the RM: while the slot is busy requests pile up, so every batch leaves full."""
+    """Arrivals faster than the RM: while the replica is busy requests pile up, so every batch leaves full."""
     cap, exec_s = 16, 0.050
 
     async def main():
         fn = GatedBatchFn(open=True, delay_s=exec_s)
-        executor = Batcher(fn, BatchPolicy(max_batch_size=cap, max_wait_ms=5))
+        batcher = Batcher(fn, BatchPolicy(max_batch_size=cap, max_wait_ms=5))
         tasks = []
         for i in range(20 * cap):
-            tasks.append(asyncio.ensure_future(executor.submit(i)))
-            await asyncio.sleep(exec_s / (2 * cap))  # twice the rate one slot can serve
+            tasks.append(asyncio.ensure_future(batcher.submit(i)))
+            await asyncio.sleep(exec_s / (2 * cap))  # twice the rate one replica can serve
         await asyncio.gather(*tasks)
-        stats = executor.stats()
-        await executor.aclose()
+        stats = batcher.stats()
+        await batcher.aclose()
         return fn.batch_sizes, stats
 
     sizes, stats = run_virtual(main)
@@ -221,22 +223,22 @@ def test_saturation_grows_batches_to_the_cap():
     assert stats["mean_fill"] >= 0.9
 
 
-def test_an_idle_slot_never_waits_for_a_busy_one():
+def test_an_idle_replica_never_waits_for_a_busy_one():
     async def main():
         fn = GatedBatchFn()
-        executor = Batcher(fn, BatchPolicy(max_batch_size=4, max_wait_ms=HOUR_MS),
+        batcher = Batcher(fn, BatchPolicy(max_batch_size=4, max_wait_ms=HOUR_MS),
                                           replicas=["replica-a", "replica-b"])
-        first = spawn(executor, range(4))
+        first = spawn(batcher, range(4))
         await fn.wait_calls(1)
-        second = spawn(executor, range(4, 8))  # replica-a is still busy: replica-b takes the next full batch
+        second = spawn(batcher, range(4, 8))  # replica-a is still busy: replica-b takes the next full batch
         await fn.wait_calls(2)
-        assert [slot for _, slot in fn.calls] == ["replica-a", "replica-b"]
-        third = spawn(executor, range(8, 12))
+        assert [replica for _, replica in fn.calls] == ["replica-a", "replica-b"]
+        third = spawn(batcher, range(8, 12))
         await idle()
-        assert len(fn.calls) == 2 and executor.stats()["queue_len"] == 4  # no slot free: no batch is formed
+        assert len(fn.calls) == 2 and batcher.stats()["queue_len"] == 4  # no replica free: no batch is formed
         fn.open()
         await asyncio.gather(*first, *second, *third)
-        await executor.aclose()
+        await batcher.aclose()
         return fn.max_active
 
     assert run_virtual(main) == 2
@@ -245,11 +247,11 @@ def test_an_idle_slot_never_waits_for_a_busy_one():
 def test_token_budget_flushes_at_once_and_caps_tokens():
     async def main():
         fn = GatedBatchFn(open=True)
-        executor = Batcher(fn, BatchPolicy(max_batch_size=64, max_batch_tokens=100,
+        batcher = Batcher(fn, BatchPolicy(max_batch_size=64, max_batch_tokens=100,
                                                           max_wait_ms=HOUR_MS))
-        await asyncio.gather(*spawn(executor, range(9), num_tokens=30))
-        stats = executor.stats()
-        await executor.aclose()
+        await asyncio.gather(*spawn(batcher, range(9), num_tokens=30))
+        stats = batcher.stats()
+        await batcher.aclose()
         return fn.batch_sizes, stats
 
     sizes, stats = run_virtual(main)
@@ -262,14 +264,14 @@ def test_oversized_item_goes_alone_and_a_deferred_item_keeps_its_place(group):
     async def main():
         fn = GatedBatchFn(open=True)
         policy = BatchPolicy(max_batch_size=8, max_batch_tokens=100, max_wait_ms=HOUR_MS, group_by_length=group)
-        executor = Batcher(fn, policy)
+        batcher = Batcher(fn, policy)
         tasks = []
         for name, tokens in [("huge", 150), ("a60", 60), ("b50", 50), ("c10", 10)]:
-            tasks.append(asyncio.ensure_future(executor.submit(name, num_tokens=tokens)))
+            tasks.append(asyncio.ensure_future(batcher.submit(name, num_tokens=tokens)))
         await idle()
-        executor.drain()
+        batcher.flush()
         await asyncio.gather(*tasks)
-        await executor.aclose()
+        await batcher.aclose()
         return [items for items, _ in fn.calls]
 
     calls = run_virtual(main)
@@ -284,16 +286,16 @@ def _lengths_run(group: bool):
     async def main():
         fn = GatedBatchFn()
         policy = BatchPolicy(max_batch_size=8, max_wait_ms=HOUR_MS, group_by_length=group)
-        executor = Batcher(fn, policy)
-        blocker = spawn(executor, ["blocker"] * 8, num_tokens=5)  # fills and holds the only slot
+        batcher = Batcher(fn, policy)
+        blocker = spawn(batcher, ["blocker"] * 8, num_tokens=5)  # fills and holds the only replica
         await fn.wait_calls(1)
         lengths = [10, 1000] * 8
-        tasks = [asyncio.ensure_future(executor.submit(n, num_tokens=n)) for n in lengths]
+        tasks = [asyncio.ensure_future(batcher.submit(n, num_tokens=n)) for n in lengths]
         await idle()
         fn.open()
         await asyncio.gather(*blocker, *tasks)
-        stats = executor.stats()
-        await executor.aclose()
+        stats = batcher.stats()
+        await batcher.aclose()
         return [items for items, _ in fn.calls[1:]], stats
 
     return run_virtual(main)
@@ -337,19 +339,19 @@ def test_select_batch_respects_both_caps():
 
 
 def test_expect_adds_up_across_overlapping_dispatches():
-    """Two batches dispatched before either finishes announce 3 + 2: the drain waits for all 5, not for 3."""
+    """Two batches dispatched before either finishes announce 3 + 2: the flush waits for all 5, not for 3."""
 
     async def main():
         fn = GatedBatchFn(open=True)
-        executor = Batcher(fn, BatchPolicy(max_batch_size=16, max_wait_ms=HOUR_MS))
-        executor.drain_after(3)
-        executor.drain_after(2)
-        first = spawn(executor, range(3))
+        batcher = Batcher(fn, BatchPolicy(max_batch_size=16, max_wait_ms=HOUR_MS))
+        batcher.flush_after(3)
+        batcher.flush_after(2)
+        first = spawn(batcher, range(3))
         await idle(1.0)
         assert fn.calls == []  # 3 of the 5 expected: still waiting
-        rest = spawn(executor, range(3, 5))
+        rest = spawn(batcher, range(3, 5))
         await asyncio.gather(*first, *rest)
-        await executor.aclose()
+        await batcher.aclose()
         return fn.batch_sizes
 
     assert run_virtual(main) == [5]
@@ -357,7 +359,7 @@ def test_expect_adds_up_across_overlapping_dispatches():
 
 def test_the_flush_rule_says_now_and_why_or_until_when():
     """``RequestQueue.next_flush`` is the one place the flush rule is written: the loop both flushes and sleeps by it."""
-    from verl_async_rm.service.batcher import RequestQueue
+    from verl_async_rm.service.batching import RequestQueue
 
     room = RequestQueue(BatchPolicy(max_batch_size=3, max_batch_tokens=100, max_wait_ms=10))
     loop = asyncio.new_event_loop()
@@ -371,9 +373,9 @@ def test_the_flush_rule_says_now_and_why_or_until_when():
         put(2, 1.005, 10)
         assert room.next_flush(1.005) == (None, pytest.approx(1.010))  # the OLDEST request sets the time
         assert room.next_flush(1.010) == ("age", None)
-        room.drain_seq = 2
-        assert room.next_flush(1.006) == ("drain", None)
-        room.drain_seq = 0
+        room.flush_seq = 2
+        assert room.next_flush(1.006) == ("flush", None)
+        room.flush_seq = 0
         put(3, 1.007, 90)
         assert room.next_flush(1.007) == ("size", None)
         room.clear()

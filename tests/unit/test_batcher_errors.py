@@ -1,5 +1,5 @@
 """Failures: a raising batch_fn, wrong-length or malformed answers, per-item exceptions, batch timeouts, crashes of
-the batching loop, and shutdown. After each, the executor keeps serving."""
+the batching loop, and shutdown. After each, the batcher keeps serving."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ from verl_async_rm.errors import (
     RequestTimeoutError,
     RewardModelError,
 )
-from verl_async_rm.service.batcher import Batcher, BatchPolicy
-from verl_async_rm.service.batcher import BatcherStats
-from verl_async_rm.testing.executor import GatedBatchFn, run_virtual
+from verl_async_rm.service.batcher import Batcher
+from verl_async_rm.service.batching import BatchPolicy
+from verl_async_rm.service.batcher_stats import BatcherStats
+from verl_async_rm.testing.batcher import GatedBatchFn, run_virtual
 
 pytestmark = pytest.mark.unit
 
@@ -28,8 +29,8 @@ class Poison(ValueError):
     pass
 
 
-def spawn(executor, items, **kwargs):
-    return [asyncio.ensure_future(executor.submit(item, **kwargs)) for item in items]
+def spawn(batcher, items, **kwargs):
+    return [asyncio.ensure_future(batcher.submit(item, **kwargs)) for item in items]
 
 
 async def outcomes(tasks):
@@ -38,21 +39,21 @@ async def outcomes(tasks):
     return list(done)
 
 
-async def still_serves(executor, fn):
+async def still_serves(batcher, fn):
     fn.open()
-    assert await asyncio.gather(*spawn(executor, ["again"])) == ["again"]
+    assert await asyncio.gather(*spawn(batcher, ["again"])) == ["again"]
 
 
-def test_raising_batch_fails_every_caller_and_the_executor_keeps_serving():
+def test_raising_batch_fails_every_caller_and_the_batcher_keeps_serving():
     async def main():
         boom = RuntimeError("rm forward failed")
         fn = GatedBatchFn(open=True, raise_if=lambda items: boom if "bad" in items else None)
-        executor = Batcher(fn, BatchPolicy(max_batch_size=4))
-        results = await outcomes(spawn(executor, ["a", "bad", "c", "d"]))
+        batcher = Batcher(fn, BatchPolicy(max_batch_size=4))
+        results = await outcomes(spawn(batcher, ["a", "bad", "c", "d"]))
         assert results == [boom] * 4
-        await still_serves(executor, fn)
-        stats = executor.stats()
-        await executor.aclose()
+        await still_serves(batcher, fn)
+        stats = batcher.stats()
+        await batcher.aclose()
         return stats
 
     stats = run_virtual(main)
@@ -66,34 +67,34 @@ def test_malformed_answer_fails_the_batch_with_a_clear_error(answer):
         class Bad(GatedBatchFn):
             broken = True
 
-            async def __call__(self, items, slot):
-                out = await super().__call__(items, slot)
+            async def __call__(self, items, replica):
+                out = await super().__call__(items, replica)
                 if self.broken:
                     self.broken = False
                     return answer(items)
                 return out
 
         fn = Bad(open=True)
-        executor = Batcher(fn, BatchPolicy(max_batch_size=3))
-        results = await outcomes(spawn(executor, ["a", "b", "c"]))
+        batcher = Batcher(fn, BatchPolicy(max_batch_size=3))
+        results = await outcomes(spawn(batcher, ["a", "b", "c"]))
         assert all(isinstance(r, BatchResultError) for r in results)
         assert "one entry per item" in str(results[0]) and "batch of 3" in str(results[0])
         assert len(fn.calls) == 1  # one call: the batch failed as a whole
-        await still_serves(executor, fn)
-        await executor.aclose()
+        await still_serves(batcher, fn)
+        await batcher.aclose()
 
     run_virtual(main)
 
 
 def test_a_blocking_batch_fn_is_reported():
     async def main():
-        def sync_fn(items, slot):
+        def sync_fn(items, replica):
             return items
 
-        executor = Batcher(sync_fn)
+        batcher = Batcher(sync_fn)
         with pytest.raises(BatchResultError, match="async"):
-            await executor.submit("x")
-        await executor.aclose()
+            await batcher.submit("x")
+        await batcher.aclose()
 
     run_virtual(main)
 
@@ -101,10 +102,10 @@ def test_a_blocking_batch_fn_is_reported():
 def test_per_item_exceptions_reach_only_their_callers():
     async def main():
         fn = GatedBatchFn(lambda x: Poison(f"cannot score {x}") if x % 3 == 0 else x * 10, open=True)
-        executor = Batcher(fn, BatchPolicy(max_batch_size=6, max_wait_ms=1))
-        results = await outcomes(spawn(executor, range(6)))
-        stats = executor.stats()
-        await executor.aclose()
+        batcher = Batcher(fn, BatchPolicy(max_batch_size=6, max_wait_ms=1))
+        results = await outcomes(spawn(batcher, range(6)))
+        stats = batcher.stats()
+        await batcher.aclose()
         return results, stats, fn.batch_sizes
 
     results, stats, sizes = run_virtual(main)
@@ -117,22 +118,22 @@ def test_per_item_exceptions_reach_only_their_callers():
     assert stats["failed"] == 2 and stats["completed"] == 4
 
 
-def test_batch_timeout_frees_the_slot_and_fails_the_batch():
+def test_batch_timeout_frees_the_replica_and_fails_the_batch():
     async def main():
         hang = asyncio.Event()
 
-        async def batch_fn(items, slot):
+        async def batch_fn(items, replica):
             if "hang" in items:
                 await hang.wait()  # never set
             return items
 
-        executor = Batcher(batch_fn, BatchPolicy(max_batch_size=2, max_wait_ms=1,
+        batcher = Batcher(batch_fn, BatchPolicy(max_batch_size=2, max_wait_ms=1,
                                                                 batch_timeout_s=5.0))
-        stuck = await outcomes(spawn(executor, ["hang", "x"]))
+        stuck = await outcomes(spawn(batcher, ["hang", "x"]))
         assert all(isinstance(r, RequestTimeoutError) and "batch_timeout_s" in str(r) for r in stuck)
-        assert await executor.submit("fine") == "fine"
-        stats = executor.stats()
-        await executor.aclose()
+        assert await batcher.submit("fine") == "fine"
+        stats = batcher.stats()
+        await batcher.aclose()
         return stats
 
     stats = run_virtual(main)
@@ -142,8 +143,8 @@ def test_batch_timeout_frees_the_slot_and_fails_the_batch():
 def test_a_crash_of_the_loop_fails_pending_requests_with_the_cause_and_the_loop_restarts():
     async def main():
         fn = GatedBatchFn(open=True)
-        executor = Batcher(fn, BatchPolicy(max_batch_size=4, max_wait_ms=10))
-        real = executor._queue.next_flush
+        batcher = Batcher(fn, BatchPolicy(max_batch_size=4, max_wait_ms=10))
+        real = batcher._queue.next_flush
         bug = KeyError("bug in the loop")
         crashes = []
 
@@ -153,12 +154,12 @@ def test_a_crash_of_the_loop_fails_pending_requests_with_the_cause_and_the_loop_
                 raise bug
             return real(now)
 
-        executor._queue.next_flush = flaky
-        results = await outcomes(spawn(executor, ["a", "b"]))
+        batcher._queue.next_flush = flaky
+        results = await outcomes(spawn(batcher, ["a", "b"]))
         assert all(isinstance(r, BatcherCrashedError) and r.__cause__ is bug for r in results)
-        assert await asyncio.gather(*spawn(executor, ["c", "d"])) == ["c", "d"]
-        stats = executor.stats()
-        await executor.aclose()
+        assert await asyncio.gather(*spawn(batcher, ["c", "d"])) == ["c", "d"]
+        stats = batcher.stats()
+        await batcher.aclose()
         return stats
 
     stats = run_virtual(main)
@@ -169,7 +170,7 @@ def test_a_crash_of_the_loop_fails_pending_requests_with_the_cause_and_the_loop_
 def test_a_crash_while_dispatching_strands_nobody(monkeypatch):
     async def main():
         fn = GatedBatchFn(open=True)
-        executor = Batcher(fn, BatchPolicy(max_batch_size=3, max_wait_ms=10))
+        batcher = Batcher(fn, BatchPolicy(max_batch_size=3, max_wait_ms=10))
         real = BatcherStats.record_batch
         calls = []
 
@@ -180,12 +181,12 @@ def test_a_crash_while_dispatching_strands_nobody(monkeypatch):
             return real(self, *args)
 
         monkeypatch.setattr(BatcherStats, "record_batch", flaky)
-        first = await outcomes(spawn(executor, ["a", "b", "c", "d"]))
+        first = await outcomes(spawn(batcher, ["a", "b", "c", "d"]))
         assert [type(r) for r in first[:3]] == [BatcherCrashedError] * 3
         assert isinstance(first[3], BatcherCrashedError)  # still waiting when the loop died
-        assert await executor.submit("e") == "e"
-        stats = executor.stats()
-        await executor.aclose()
+        assert await batcher.submit("e") == "e"
+        stats = batcher.stats()
+        await batcher.aclose()
         return fn.seen, stats
 
     seen, stats = run_virtual(main)
@@ -195,18 +196,18 @@ def test_a_crash_while_dispatching_strands_nobody(monkeypatch):
 def test_if_the_loop_task_is_killed_waiting_requests_fail_and_the_next_submit_restarts_it():
     async def main():
         fn = GatedBatchFn(open=True)
-        executor = Batcher(fn, BatchPolicy(max_batch_size=4, max_wait_ms=HOUR_MS))
-        tasks = spawn(executor, ["a", "b"])
+        batcher = Batcher(fn, BatchPolicy(max_batch_size=4, max_wait_ms=HOUR_MS))
+        tasks = spawn(batcher, ["a", "b"])
         await asyncio.sleep(0)
-        executor._task.cancel()
+        batcher._task.cancel()
         results = await outcomes(tasks)
         assert all(isinstance(r, BatcherCrashedError) for r in results)
-        assert executor.stats()["loop_alive"] is False
-        later = spawn(executor, ["c"])
+        assert batcher.stats()["loop_alive"] is False
+        later = spawn(batcher, ["c"])
         await asyncio.sleep(0)
-        executor.drain()
+        batcher.flush()
         assert await later[0] == "c"
-        await executor.aclose()
+        await batcher.aclose()
 
     run_virtual(main)
 
@@ -214,12 +215,12 @@ def test_if_the_loop_task_is_killed_waiting_requests_fail_and_the_next_submit_re
 def test_aclose_fails_waiting_requests_and_lets_running_batches_finish():
     async def main():
         fn = GatedBatchFn()
-        executor = Batcher(fn, BatchPolicy(max_batch_size=2, max_wait_ms=HOUR_MS))
-        running = spawn(executor, ["r1", "r2"])
+        batcher = Batcher(fn, BatchPolicy(max_batch_size=2, max_wait_ms=HOUR_MS))
+        running = spawn(batcher, ["r1", "r2"])
         await fn.wait_calls(1)
-        waiting = spawn(executor, ["w1", "w2", "w3"])
+        waiting = spawn(batcher, ["w1", "w2", "w3"])
         await asyncio.sleep(0)
-        closing = asyncio.ensure_future(executor.aclose(grace_s=60))
+        closing = asyncio.ensure_future(batcher.aclose(grace_s=60))
         await asyncio.sleep(0)
         results = await outcomes(waiting)
         assert all(isinstance(r, BatcherClosedError) for r in results)
@@ -228,9 +229,9 @@ def test_aclose_fails_waiting_requests_and_lets_running_batches_finish():
         assert await asyncio.gather(*running) == ["r1", "r2"]
         await closing
         with pytest.raises(BatcherClosedError):
-            await executor.submit("after")
-        await executor.aclose()  # idempotent
-        return executor.stats()
+            await batcher.submit("after")
+        await batcher.aclose()  # idempotent
+        return batcher.stats()
 
     stats = run_virtual(main)
     assert stats["completed"] == 2 and stats["failed"] == 3 and stats["rejected"] == 1 and stats["closed"]
@@ -239,49 +240,49 @@ def test_aclose_fails_waiting_requests_and_lets_running_batches_finish():
 def test_aclose_cancels_batches_that_outlive_the_grace_period():
     async def main():
         fn = GatedBatchFn()  # never opened
-        executor = Batcher(fn, BatchPolicy(max_batch_size=2, max_wait_ms=1))
-        running = spawn(executor, ["r1", "r2"])
+        batcher = Batcher(fn, BatchPolicy(max_batch_size=2, max_wait_ms=1))
+        running = spawn(batcher, ["r1", "r2"])
         await fn.wait_calls(1)
-        await executor.aclose(grace_s=2.0)
+        await batcher.aclose(grace_s=2.0)
         results = await outcomes(running)
         assert all(isinstance(r, BatcherClosedError) and isinstance(r, AsyncRMError) for r in results)
-        assert executor.stats()["in_flight_batches"] == 0
+        assert batcher.stats()["in_flight_batches"] == 0
 
     run_virtual(main)
 
 
 def test_aclose_does_not_hang_on_a_batch_fn_that_ignores_cancellation():
     async def main():
-        async def stubborn(items, slot):
+        async def stubborn(items, replica):
             while True:
                 try:
                     await asyncio.sleep(1000)
                 except asyncio.CancelledError:
                     continue
 
-        executor = Batcher(stubborn, BatchPolicy(max_batch_size=1, max_wait_ms=0))
-        running = spawn(executor, ["x"])
+        batcher = Batcher(stubborn, BatchPolicy(max_batch_size=1, max_wait_ms=0))
+        running = spawn(batcher, ["x"])
         await asyncio.sleep(0.5)
-        await executor.aclose(grace_s=1.0)
+        await batcher.aclose(grace_s=1.0)
         assert isinstance((await outcomes(running))[0], BatcherClosedError)
 
     run_virtual(main, timeout_s=100.0)
 
 
 @pytest.mark.parametrize("batch_timeout_s", [None, 5.0])
-def test_a_batch_fn_that_raises_cancelled_error_by_itself_fails_its_batch_not_the_executor(batch_timeout_s):
+def test_a_batch_fn_that_raises_cancelled_error_by_itself_fails_its_batch_not_the_batcher(batch_timeout_s):
     async def main():
-        async def cancels_itself(items, slot):
+        async def cancels_itself(items, replica):
             if "x" in items:
                 raise asyncio.CancelledError()
             return items
 
         policy = BatchPolicy(max_batch_size=2, max_wait_ms=1, batch_timeout_s=batch_timeout_s)
-        executor = Batcher(cancels_itself, policy)
-        results = await outcomes(spawn(executor, ["x", "y"]))
+        batcher = Batcher(cancels_itself, policy)
+        results = await outcomes(spawn(batcher, ["x", "y"]))
         assert all(isinstance(r, BatchResultError) and "CancelledError" in str(r) for r in results)
-        assert await executor.submit("z") == "z"
-        await executor.aclose()
+        assert await batcher.submit("z") == "z"
+        await batcher.aclose()
 
     run_virtual(main)
 
@@ -290,18 +291,18 @@ def test_aclose_also_stops_a_call_running_under_batch_timeout():
     async def main():
         stopped = asyncio.Event()
 
-        async def long_call(items, slot):
+        async def long_call(items, replica):
             try:
                 await asyncio.sleep(100)
             finally:
                 stopped.set()
             return items
 
-        executor = Batcher(long_call, BatchPolicy(max_batch_size=1, max_wait_ms=0,
+        batcher = Batcher(long_call, BatchPolicy(max_batch_size=1, max_wait_ms=0,
                                                                  batch_timeout_s=50.0))
-        running = spawn(executor, ["a"])
+        running = spawn(batcher, ["a"])
         await asyncio.sleep(1)
-        await executor.aclose(grace_s=0)
+        await batcher.aclose(grace_s=0)
         assert isinstance((await outcomes(running))[0], BatcherClosedError)
         await asyncio.sleep(0)
         assert stopped.is_set()
@@ -309,14 +310,14 @@ def test_aclose_also_stops_a_call_running_under_batch_timeout():
     run_virtual(main)
 
 
-def test_async_with_closes_the_executor():
+def test_async_with_closes_the_batcher():
     async def main():
         fn = GatedBatchFn(open=True)
-        async with Batcher(fn, BatchPolicy(max_batch_size=2, max_wait_ms=1)) as executor:
-            assert await executor.submit(1) == 1
-        assert executor.stats()["closed"]
+        async with Batcher(fn, BatchPolicy(max_batch_size=2, max_wait_ms=1)) as batcher:
+            assert await batcher.submit(1) == 1
+        assert batcher.stats()["closed"]
         with pytest.raises(BatcherClosedError):
-            await executor.submit(2)
+            await batcher.submit(2)
 
     run_virtual(main)
 
@@ -324,18 +325,18 @@ def test_async_with_closes_the_executor():
 @pytest.mark.parametrize(
     "error", [RewardModelError("replica failed on the batch"), RequestTimeoutError("no answer in time")]
 )
-def test_a_failed_slot_or_timeout_fails_the_batch_in_one_call(error):
+def test_a_failed_replica_or_timeout_fails_the_batch_in_one_call(error):
     calls = []
 
-    async def batch_fn(items, slot):
+    async def batch_fn(items, replica):
         calls.append(len(items))
         raise error
 
     async def main():
-        executor = Batcher(batch_fn, BatchPolicy(max_batch_size=8, max_wait_ms=0))
-        executor.drain_after(8)
-        results = await asyncio.gather(*(executor.submit(i) for i in range(8)), return_exceptions=True)
-        await executor.aclose()
+        batcher = Batcher(batch_fn, BatchPolicy(max_batch_size=8, max_wait_ms=0))
+        batcher.flush_after(8)
+        results = await asyncio.gather(*(batcher.submit(i) for i in range(8)), return_exceptions=True)
+        await batcher.aclose()
         return results
 
     results = run_virtual(main)
@@ -343,10 +344,10 @@ def test_a_failed_slot_or_timeout_fails_the_batch_in_one_call(error):
     assert all(r is error for r in results)
 
 
-def test_a_timed_out_call_that_ignores_cancellation_keeps_its_slot_late_and_aclose_still_returns():
+def test_a_timed_out_call_that_ignores_cancellation_keeps_its_replica_late_and_aclose_still_returns():
     async def main():
-        async def stubborn_on_r0(items, slot):
-            while slot == "r0":
+        async def stubborn_on_r0(items, replica):
+            while replica == "r0":
                 try:
                     await asyncio.sleep(1000)
                 except asyncio.CancelledError:
@@ -354,11 +355,11 @@ def test_a_timed_out_call_that_ignores_cancellation_keeps_its_slot_late_and_aclo
             return items
 
         policy = BatchPolicy(max_batch_size=1, max_wait_ms=0, batch_timeout_s=5.0)
-        executor = Batcher(stubborn_on_r0, policy, replicas=["r0", "r1"])
-        first = await outcomes(spawn(executor, ["a"]))
-        later = await asyncio.gather(*spawn(executor, ["b", "c", "d"]))  # all on r1: r0 never ended its call
-        stats = executor.stats()
-        await executor.aclose(grace_s=1.0)
+        batcher = Batcher(stubborn_on_r0, policy, replicas=["r0", "r1"])
+        first = await outcomes(spawn(batcher, ["a"]))
+        later = await asyncio.gather(*spawn(batcher, ["b", "c", "d"]))  # all on r1: r0 never ended its call
+        stats = batcher.stats()
+        await batcher.aclose(grace_s=1.0)
         return first, later, stats
 
     first, later, stats = run_virtual(main, timeout_s=100.0)

@@ -1,7 +1,7 @@
 """Batch formation under a backlog: length grouping among overdue requests, the oldest always leaves, bounded pass-over.
 
 ``select_batch`` is pure, so most tests drive it directly on hand-built queues and replay many formations on seeded
-random queues. One test runs the executor on the virtual-time loop with a gated batch function (no sleeps).
+random queues. One test runs the batcher on the virtual-time loop with a gated batch function (no sleeps).
 """
 
 from __future__ import annotations
@@ -11,10 +11,12 @@ import random
 
 import pytest
 
-from verl_async_rm.service.batcher import Batcher, BatchPolicy
-from verl_async_rm.service.batcher import select_batch
-from verl_async_rm.service.batcher import Request
-from verl_async_rm.testing.executor import GatedBatchFn, run_virtual
+from verl_async_rm.service.batcher import Batcher
+
+from verl_async_rm.service.batching import BatchPolicy
+from verl_async_rm.service.batching import select_batch
+from verl_async_rm.service.batching import Request
+from verl_async_rm.testing.batcher import GatedBatchFn, run_virtual
 
 pytestmark = pytest.mark.unit
 
@@ -147,25 +149,25 @@ def test_an_outlier_among_overdue_requests_is_passed_over_then_taken_as_the_head
     assert all(count == 0 for seq, count in passed_over.items() if seq != 10)  # only the outlier was skipped
 
 
-def test_executor_groups_a_backlog_that_is_already_past_max_wait():
-    """On the executor: while the only slot is busy, mixed lengths pile up past max_wait; the batches that follow are
+def test_batcher_groups_a_backlog_that_is_already_past_max_wait():
+    """On the batcher: while the only replica is busy, mixed lengths pile up past max_wait; the batches that follow are
     grouped by length (no padding), and the oldest request is in the first one."""
 
     def run(group: bool):
         async def main():
             fn = GatedBatchFn()
             policy = BatchPolicy(max_batch_size=8, max_wait_ms=5, group_by_length=group)
-            executor = Batcher(fn, policy)
-            blocker = asyncio.ensure_future(executor.submit("blocker", num_tokens=5))
+            batcher = Batcher(fn, policy)
+            blocker = asyncio.ensure_future(batcher.submit("blocker", num_tokens=5))
             await fn.wait_calls(1)
             lengths = [10, 1000] * 8
-            tasks = [asyncio.ensure_future(executor.submit(n, num_tokens=n)) for n in lengths]
+            tasks = [asyncio.ensure_future(batcher.submit(n, num_tokens=n)) for n in lengths]
             await asyncio.sleep(1.0)  # virtual time: every queued request is now long past max_wait
             assert fn.batch_sizes == [1]
             fn.open()
             await asyncio.gather(blocker, *tasks)
-            stats = executor.stats()
-            await executor.aclose()
+            stats = batcher.stats()
+            await batcher.aclose()
             return [items for items, _ in fn.calls[1:]], stats
 
         return run_virtual(main)
@@ -224,24 +226,24 @@ def test_sibling_preference_keeps_the_pass_over_bound(seed):
         assert left[s] - rnd <= ahead, (s, rnd, ahead, left[s])
 
 
-def test_executor_batches_rm_requests_with_their_siblings(policy_tok):
+def test_batcher_batches_rm_requests_with_their_siblings(policy_tok):
     """RMRequests name their GRPO group: interleaved arrivals still leave in per-prompt batches."""
     from verl_async_rm.request import RMRequest
 
     def run():
         async def main():
             fn = GatedBatchFn()
-            executor = Batcher(fn, BatchPolicy(max_batch_size=4, max_wait_ms=5, prefer_siblings=True))
-            blocker = asyncio.ensure_future(executor.submit(RMRequest("blocker", [1], [2]), num_tokens=2))
+            batcher = Batcher(fn, BatchPolicy(max_batch_size=4, max_wait_ms=5, prefer_siblings=True))
+            blocker = asyncio.ensure_future(batcher.submit(RMRequest("blocker", [1], [2]), num_tokens=2))
             await fn.wait_calls(1)
             # p0/0, p1/0, p2/0, p0/1, ...: siblings arrive apart, lengths interleaved
             requests = [RMRequest(f"p{p}/{s}", [5] * 10, [6] * (10 + 37 * s + 11 * p), group=f"p{p}") for s in
                         range(4) for p in range(3)]
-            tasks = [asyncio.ensure_future(executor.submit(r, num_tokens=r.num_tokens)) for r in requests]
+            tasks = [asyncio.ensure_future(batcher.submit(r, num_tokens=r.num_tokens)) for r in requests]
             await asyncio.sleep(1.0)  # virtual time: a backlog, all past max_wait
             fn.open()
             await asyncio.gather(blocker, *tasks)
-            await executor.aclose()
+            await batcher.aclose()
             return [[r.group for r in items] for items, _ in fn.calls[1:]]
 
         return run_virtual(main)

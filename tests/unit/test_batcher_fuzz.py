@@ -1,11 +1,11 @@
-"""Fuzz: random arrival patterns, slot counts, policies, failures, cancellations, deadlines, drains, crashes of the
+"""Fuzz: random arrival patterns, replica counts, policies, failures, cancellations, deadlines, flushes, crashes of the
 loop and shutdowns, on the virtual-time loop (deterministic; a hang raises instead of blocking).
 
-Slots die too (a call raises ReplicaLostError; the executor re-queues its requests and asks for a replacement, which may
+Replicas die too (a call raises ReplicaLostError; the batcher re-queues its requests and asks for a replacement, which may
 fail). Invariants checked on every run: every submitted request resolves exactly once, with an outcome it is allowed to
-have; no batch exceeds ``max_batch_size`` or (unless alone) ``max_batch_tokens``; no slot runs two calls at once; a
+have; no batch exceeds ``max_batch_size`` or (unless alone) ``max_batch_tokens``; no replica runs two calls at once; a
 request that was settled before being dispatched (cancelled, timed out, closed, crashed) never reaches ``batch_fn``; the
-statistics add up; the executor ends idle.
+statistics add up; the batcher ends idle.
 """
 
 from __future__ import annotations
@@ -26,8 +26,9 @@ from verl_async_rm.errors import (
     RequestTimeoutError,
     ReplicaLostError,
 )
-from verl_async_rm.service.batcher import Batcher, BatchPolicy
-from verl_async_rm.testing.executor import run_virtual
+from verl_async_rm.service.batcher import Batcher
+from verl_async_rm.service.batching import BatchPolicy
+from verl_async_rm.testing.batcher import run_virtual
 
 pytestmark = pytest.mark.unit
 
@@ -44,7 +45,7 @@ class ItemError(Exception):
 class Scenario:
     seed: int
     requests: int
-    slots: int
+    replicas: int
     max_batch_size: int
     max_batch_tokens: int | None
     max_wait_ms: float
@@ -57,11 +58,11 @@ class Scenario:
     p_item_error: float
     p_poison: float
     p_wrong_length: float
-    p_drain: float
+    p_flush: float
     crash_at: int | None  # make the loop raise on this call of the flush rule (RequestQueue.next_flush)
     close_at_s: float | None  # aclose at this virtual time (else: wait for everything, then close)
-    p_kill: float = 0.0  # a call's slot dies under it
-    p_replace_fail: float = 0.0  # a replacement of a dead slot fails
+    p_kill: float = 0.0  # a call's replica dies under it
+    p_replace_fail: float = 0.0  # a replacement of a dead replica fails
 
 
 def random_scenario(rng: random.Random, requests: int) -> Scenario:
@@ -69,7 +70,7 @@ def random_scenario(rng: random.Random, requests: int) -> Scenario:
     return Scenario(
         seed=rng.randrange(2**32),
         requests=requests,
-        slots=rng.randint(1, 4),
+        replicas=rng.randint(1, 4),
         max_batch_size=cap,
         max_batch_tokens=rng.choice([None, None, rng.randint(20, 300)]),
         max_wait_ms=rng.choice([0.0, 1.0, 5.0, 20.0]),
@@ -82,7 +83,7 @@ def random_scenario(rng: random.Random, requests: int) -> Scenario:
         p_item_error=rng.choice([0.0, 0.05]),
         p_poison=rng.choice([0.0, 0.02, 0.1]),
         p_wrong_length=rng.choice([0.0, 0.0, 0.05]),
-        p_drain=rng.choice([0.0, 0.02]),
+        p_flush=rng.choice([0.0, 0.02]),
         crash_at=rng.choice([None, None, None, rng.randint(1, 50)]),
         close_at_s=rng.choice([None, None, None, rng.uniform(0.0, 0.2)]),
         p_kill=rng.choice([0.0, 0.0, 0.02, 0.1]),
@@ -118,20 +119,20 @@ class FuzzBatchFn:
     seen: set = field(default_factory=set)
     overlaps: int = 0
 
-    async def __call__(self, items: list[int], slot: object) -> list[object]:
-        self.calls.append((list(items), slot))
+    async def __call__(self, items: list[int], replica: object) -> list[object]:
+        self.calls.append((list(items), replica))
         self.seen.update(items)
-        if slot in self.busy:
+        if replica in self.busy:
             self.overlaps += 1
-        self.busy.add(slot)
+        self.busy.add(replica)
         try:
             if self.rng.random() < self.p_kill:
-                self.dead.add(slot)
+                self.dead.add(replica)
             exec_s = self.rng.choice([0.0, 0.0005, 0.002, 0.01, 0.03, 0.3 if self.rng.random() < 0.05 else 0.001])
             if exec_s:
                 await asyncio.sleep(exec_s)
-            if slot in self.dead:
-                raise ReplicaLostError(f"{slot} died")
+            if replica in self.dead:
+                raise ReplicaLostError(f"{replica} died")
             if any(self.reqs[i].kind == "poison" for i in items):
                 raise Poison(f"poison in {items}")
             out: list[object] = [ItemError(i) if self.reqs[i].kind == "item_error" else i * 2 for i in items]
@@ -139,14 +140,14 @@ class FuzzBatchFn:
                 out.pop()
             return out
         finally:
-            self.busy.discard(slot)
+            self.busy.discard(replica)
 
-    async def replace(self, slot: object, index: int) -> object:
+    async def replace(self, replica: object, index: int) -> object:
         await asyncio.sleep(self.rng.choice([0.0, 0.005, 0.05]))
         if self.rng.random() < self.p_replace_fail:
-            raise RuntimeError(f"no room for a new {slot}")
+            raise RuntimeError(f"no room for a new {replica}")
         self.replaced += 1
-        return f"{slot}'"
+        return f"{replica}'"
 
 
 def run_scenario(sc: Scenario) -> dict:
@@ -173,10 +174,10 @@ def run_scenario(sc: Scenario) -> dict:
 
     async def main() -> dict:
         loop = asyncio.get_running_loop()
-        executor = Batcher(fn, policy, replicas=[f"slot{k}" for k in range(sc.slots)],
+        batcher = Batcher(fn, policy, replicas=[f"replica{k}" for k in range(sc.replicas)],
                                           replace_replica=fn.replace)
         if sc.crash_at is not None:
-            real, count = executor._queue.next_flush, [0]
+            real, count = batcher._queue.next_flush, [0]
 
             def flaky(now: float):
                 count[0] += 1
@@ -184,12 +185,12 @@ def run_scenario(sc: Scenario) -> dict:
                     raise RuntimeError("injected crash")
                 return real(now)
 
-            executor._queue.next_flush = flaky
+            batcher._queue.next_flush = flaky
 
         async def call(req: Req) -> None:
             try:
                 deadline_s = sc.default_deadline_s if req.deadline_s is None else req.deadline_s
-                req.outcome = await executor.submit(req.i, num_tokens=req.tokens, deadline_s=deadline_s)
+                req.outcome = await batcher.submit(req.i, num_tokens=req.tokens, deadline_s=deadline_s)
             except asyncio.CancelledError as exc:
                 req.outcome = exc
             except Exception as exc:  # noqa: BLE001 - recorded and checked below
@@ -204,7 +205,7 @@ def run_scenario(sc: Scenario) -> dict:
 
         closer = None
         if sc.close_at_s is not None:
-            closer = loop.call_later(sc.close_at_s, lambda: asyncio.ensure_future(executor.aclose(grace_s=0.05)))
+            closer = loop.call_later(sc.close_at_s, lambda: asyncio.ensure_future(batcher.aclose(grace_s=0.05)))
         tasks = []
         for req in reqs:
             if req.gap_s:
@@ -213,18 +214,18 @@ def run_scenario(sc: Scenario) -> dict:
             tasks.append(task)
             if req.cancel_after_s is not None:
                 loop.call_later(req.cancel_after_s, cancel_later, task, req)
-            if rng.random() < sc.p_drain:
-                executor.drain()
+            if rng.random() < sc.p_flush:
+                batcher.flush()
             elif rng.random() < 0.01:
-                executor.drain_after(rng.randint(1, 10))
-        executor.drain()
+                batcher.flush_after(rng.randint(1, 10))
+        batcher.flush()
         await asyncio.gather(*tasks)
         if closer is not None:
             closer.cancel()
-        while executor.stats()["in_flight_batches"]:  # an aclose in progress, or abandoned timeouts
+        while batcher.stats()["in_flight_batches"]:  # an aclose in progress, or abandoned timeouts
             await asyncio.sleep(0.01)
-        stats = executor.stats()
-        await executor.aclose()
+        stats = batcher.stats()
+        await batcher.aclose()
         return stats
 
     stats = run_virtual(main, timeout_s=10_000.0)
@@ -252,9 +253,9 @@ def check(sc: Scenario, reqs: list[Req], fn: FuzzBatchFn, stats: dict, cancelled
             assert closed, req
         elif isinstance(o, BatcherCrashedError):
             assert sc.crash_at is not None, (req, o)
-        elif isinstance(o, ReplicaLostError):  # re-queued replica_retries times, each time onto a slot that died
+        elif isinstance(o, ReplicaLostError):  # re-queued replica_retries times, each time onto a replica that died
             assert sc.p_kill > 0 and req.i in fn.seen, req
-        elif isinstance(o, NoReplicasError):  # every slot died and could not be replaced
+        elif isinstance(o, NoReplicasError):  # every replica died and could not be replaced
             assert sc.p_kill > 0 and sc.p_replace_fail > 0, req
         elif isinstance(o, BatchResultError):
             assert sc.p_wrong_length > 0 and req.i in fn.seen, req
@@ -262,7 +263,7 @@ def check(sc: Scenario, reqs: list[Req], fn: FuzzBatchFn, stats: dict, cancelled
             raise AssertionError(f"unexpected outcome for {req}: {o!r}")
         if req.settled_unseen:
             assert req.i not in fn.seen, f"request {req.i} reached batch_fn after it was settled ({o!r})"
-    max_calls_per_item = 1 + BatchPolicy().replica_retries  # each re-queue after a lost slot may run it again
+    max_calls_per_item = 1 + BatchPolicy().replica_retries  # each re-queue after a lost replica may run it again
     per_item: dict[int, int] = {}
     for items, _ in fn.calls:
         assert 1 <= len(items) <= sc.max_batch_size, items
@@ -271,14 +272,14 @@ def check(sc: Scenario, reqs: list[Req], fn: FuzzBatchFn, stats: dict, cancelled
         for i in items:
             per_item[i] = per_item.get(i, 0) + 1
     assert max(per_item.values(), default=0) <= max_calls_per_item
-    assert fn.overlaps == 0, "a slot ran two batches at once"
+    assert fn.overlaps == 0, "a replica ran two batches at once"
     values = sum(isinstance(r.outcome, int) for r in reqs)
     settled = stats["completed"] + stats["failed"] + stats["timed_out"] + stats["cancelled"]
     assert settled == stats["submitted"], stats
     assert stats["submitted"] + stats["rejected"] == len(reqs), stats
     assert values <= stats["completed"] <= values + len(cancelled_by_us)
     assert stats["queue_len"] == stats["in_flight_batches"] == stats["in_flight_requests"] == 0
-    assert stats["replicas_free"] + stats["replicas_lost"] == sc.slots
+    assert stats["replicas_free"] + stats["replicas_lost"] == sc.replicas
     assert stats["replicas_lost_total"] == stats["replicas_replaced_total"] + stats["replicas_replace_failed_total"]
 
 
@@ -294,7 +295,7 @@ def test_fuzz_seeded_ten_thousand_arrivals(seed):
 @given(
     seed=st.integers(0, 2**32 - 1),
     requests=st.integers(1, 60),
-    slots=st.integers(1, 4),
+    replicas=st.integers(1, 4),
     cap=st.sampled_from([1, 2, 3, 5, 8]),
     tokens=st.one_of(st.none(), st.integers(1, 500)),
     max_wait_ms=st.sampled_from([0.0, 1.0, 10.0]),
@@ -305,12 +306,12 @@ def test_fuzz_seeded_ten_thousand_arrivals(seed):
     crash_at=st.one_of(st.none(), st.integers(1, 20)),
     close_at_s=st.one_of(st.none(), st.floats(0.0, 0.05)),
 )
-def test_fuzz_hypothesis(seed, requests, slots, cap, tokens, max_wait_ms, group,
+def test_fuzz_hypothesis(seed, requests, replicas, cap, tokens, max_wait_ms, group,
                          p_cancel, p_deadline, p_poison, crash_at, close_at_s):
     run_scenario(Scenario(
-        seed=seed, requests=requests, slots=slots, max_batch_size=cap, max_batch_tokens=tokens,
+        seed=seed, requests=requests, replicas=replicas, max_batch_size=cap, max_batch_tokens=tokens,
         max_wait_ms=max_wait_ms, default_deadline_s=None,
         batch_timeout_s=0.1, group_by_length=group, mean_gap_s=0.001, p_cancel=p_cancel,
-        p_deadline=p_deadline, p_item_error=0.05, p_poison=p_poison, p_wrong_length=0.05, p_drain=0.05,
+        p_deadline=p_deadline, p_item_error=0.05, p_poison=p_poison, p_wrong_length=0.05, p_flush=0.05,
         crash_at=crash_at, close_at_s=close_at_s,
     ))

@@ -1,5 +1,5 @@
 """Request lifecycle: cancellation (before and during execution), deadlines (waiting, blocked, running, while every
-slot is busy), max_pending backpressure (reject and block), and the statistics that account for all of it."""
+replica is busy), max_pending backpressure (reject and block), and the statistics that account for all of it."""
 
 from __future__ import annotations
 
@@ -9,16 +9,18 @@ import math
 import pytest
 
 from verl_async_rm.errors import BatcherClosedError, RequestTimeoutError
-from verl_async_rm.service.batcher import FLUSH_REASONS, Batcher, BatchPolicy
-from verl_async_rm.testing.executor import GatedBatchFn, run_virtual
+from verl_async_rm.service.batcher_stats import FLUSH_REASONS
+from verl_async_rm.service.batcher import Batcher
+from verl_async_rm.service.batching import BatchPolicy
+from verl_async_rm.testing.batcher import GatedBatchFn, run_virtual
 
 pytestmark = pytest.mark.unit
 
 HOUR_MS = 3_600_000.0
 
 
-def spawn(executor, items, **kwargs):
-    return [asyncio.ensure_future(executor.submit(item, **kwargs)) for item in items]
+def spawn(batcher, items, **kwargs):
+    return [asyncio.ensure_future(batcher.submit(item, **kwargs)) for item in items]
 
 
 async def yield_all() -> None:
@@ -30,20 +32,20 @@ async def yield_all() -> None:
 async def test_cancel_before_dispatch_never_reaches_batch_fn():
     """Real event loop."""
     fn = GatedBatchFn(open=True)
-    executor = Batcher(fn, BatchPolicy(max_batch_size=8, max_wait_ms=HOUR_MS))
-    tasks = spawn(executor, range(5))
+    batcher = Batcher(fn, BatchPolicy(max_batch_size=8, max_wait_ms=HOUR_MS))
+    tasks = spawn(batcher, range(5))
     await yield_all()
     tasks[1].cancel()
     tasks[3].cancel()
     await yield_all()
-    assert executor.stats()["queue_len"] == 3
-    executor.drain()
+    assert batcher.stats()["queue_len"] == 3
+    batcher.flush()
     results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 60)
     assert [r for r in results if not isinstance(r, asyncio.CancelledError)] == [0, 2, 4]
     assert fn.seen == [0, 2, 4]
-    stats = executor.stats()
+    stats = batcher.stats()
     assert stats["cancelled"] == 2 and stats["completed"] == 3
-    await executor.aclose()
+    await batcher.aclose()
 
 
 def test_cancel_racing_with_the_flush_still_never_executes():
@@ -51,15 +53,15 @@ def test_cancel_racing_with_the_flush_still_never_executes():
 
     async def main():
         fn = GatedBatchFn(open=True)
-        executor = Batcher(fn, BatchPolicy(max_batch_size=4, max_wait_ms=HOUR_MS))
-        tasks = spawn(executor, range(3))
+        batcher = Batcher(fn, BatchPolicy(max_batch_size=4, max_wait_ms=HOUR_MS))
+        tasks = spawn(batcher, range(3))
         await yield_all()
-        last = asyncio.ensure_future(executor.submit(3))  # reaching the cap wakes the loop...
+        last = asyncio.ensure_future(batcher.submit(3))  # reaching the cap wakes the loop...
         await asyncio.sleep(0)  # ...whose wake-up is now queued ahead of the cancellation below
         tasks[0].cancel()
         results = await asyncio.gather(*tasks, last, return_exceptions=True)
-        stats = executor.stats()
-        await executor.aclose()
+        stats = batcher.stats()
+        await batcher.aclose()
         return results, fn.seen, stats
 
     results, seen, stats = run_virtual(main)
@@ -70,16 +72,16 @@ def test_cancel_racing_with_the_flush_still_never_executes():
 def test_cancel_during_execution_disturbs_nothing_else():
     async def main():
         fn = GatedBatchFn(lambda x: x * 2)
-        executor = Batcher(fn, BatchPolicy(max_batch_size=4, max_wait_ms=HOUR_MS))
-        tasks = spawn(executor, range(4))
+        batcher = Batcher(fn, BatchPolicy(max_batch_size=4, max_wait_ms=HOUR_MS))
+        tasks = spawn(batcher, range(4))
         await fn.wait_calls(1)
         tasks[2].cancel()
         await yield_all()
         fn.open()
         results = await asyncio.gather(*tasks, return_exceptions=True)
-        assert await executor.submit(10) == 20  # still serving
-        stats = executor.stats()
-        await executor.aclose()
+        assert await batcher.submit(10) == 20  # still serving
+        stats = batcher.stats()
+        await batcher.aclose()
         return results, stats
 
     results, stats = run_virtual(main)
@@ -87,21 +89,21 @@ def test_cancel_during_execution_disturbs_nothing_else():
     assert stats["cancelled"] == 1 and stats["completed"] == 4 and stats["failed"] == 0
 
 
-def test_deadline_fires_on_time_while_every_slot_is_busy():
+def test_deadline_fires_on_time_while_every_replica_is_busy():
     async def main():
         loop = asyncio.get_running_loop()
         fn = GatedBatchFn()
-        executor = Batcher(fn, BatchPolicy(max_batch_size=1, max_wait_ms=0), replicas=2)
-        busy = spawn(executor, ["busy-a", "busy-b"])
+        batcher = Batcher(fn, BatchPolicy(max_batch_size=1, max_wait_ms=0), replicas=2)
+        busy = spawn(batcher, ["busy-a", "busy-b"])
         await fn.wait_calls(2)
         t0 = loop.time()
         with pytest.raises(RequestTimeoutError, match="waiting for a batch"):
-            await executor.submit("late", deadline_s=0.050)
+            await batcher.submit("late", deadline_s=0.050)
         elapsed = loop.time() - t0
         fn.open()
         await asyncio.gather(*busy)
-        stats = executor.stats()
-        await executor.aclose()
+        stats = batcher.stats()
+        await batcher.aclose()
         return elapsed, fn.seen, stats
 
     elapsed, seen, stats = run_virtual(main)
@@ -112,16 +114,16 @@ def test_deadline_fires_on_time_while_every_slot_is_busy():
 def test_deadline_during_execution_fails_only_that_caller_and_drops_its_late_result():
     async def main():
         fn = GatedBatchFn()
-        executor = Batcher(fn, BatchPolicy(max_batch_size=3, max_wait_ms=HOUR_MS))
-        quick = asyncio.ensure_future(executor.submit("quick", deadline_s=1.0))
-        others = spawn(executor, ["a", "b"])
+        batcher = Batcher(fn, BatchPolicy(max_batch_size=3, max_wait_ms=HOUR_MS))
+        quick = asyncio.ensure_future(batcher.submit("quick", deadline_s=1.0))
+        others = spawn(batcher, ["a", "b"])
         await fn.wait_calls(1)
         with pytest.raises(RequestTimeoutError, match="in a running batch"):
             await quick
         fn.open()
         assert await asyncio.gather(*others) == ["a", "b"]
-        stats = executor.stats()
-        await executor.aclose()
+        stats = batcher.stats()
+        await batcher.aclose()
         return stats
 
     stats = run_virtual(main)
@@ -131,16 +133,16 @@ def test_deadline_during_execution_fails_only_that_caller_and_drops_its_late_res
 def test_a_deadline_applies_and_none_or_inf_opts_out():
     async def main():
         fn = GatedBatchFn()
-        executor = Batcher(fn, BatchPolicy(max_batch_size=8, max_wait_ms=HOUR_MS))
-        timed, forever = spawn(executor, ["d"], deadline_s=2.0), spawn(executor, ["f"], deadline_s=math.inf)
-        untimed = spawn(executor, ["n"])
+        batcher = Batcher(fn, BatchPolicy(max_batch_size=8, max_wait_ms=HOUR_MS))
+        timed, forever = spawn(batcher, ["d"], deadline_s=2.0), spawn(batcher, ["f"], deadline_s=math.inf)
+        untimed = spawn(batcher, ["n"])
         await asyncio.sleep(10.0)
         assert isinstance(timed[0].exception(), RequestTimeoutError)
         assert not forever[0].done() and not untimed[0].done()
         fn.open()
-        executor.drain()
+        batcher.flush()
         assert await forever[0] == "f" and await untimed[0] == "n"
-        await executor.aclose()
+        await batcher.aclose()
 
     run_virtual(main)
 
@@ -149,15 +151,15 @@ def test_stats_account_for_every_request():
     async def main():
         fn = GatedBatchFn(lambda x: ValueError("bad") if x == "fail" else x, open=True, delay_s=0.01)
         policy = BatchPolicy(max_batch_size=4, max_wait_ms=5)
-        executor = Batcher(fn, policy, replicas=2)
-        tasks = spawn(executor, ["ok1", "ok2", "fail", "ok3", "slow"], num_tokens=7)
-        tasks += spawn(executor, ["timeout"], num_tokens=7, deadline_s=0.001)
+        batcher = Batcher(fn, policy, replicas=2)
+        tasks = spawn(batcher, ["ok1", "ok2", "fail", "ok3", "slow"], num_tokens=7)
+        tasks += spawn(batcher, ["timeout"], num_tokens=7, deadline_s=0.001)
         results = await asyncio.gather(*tasks, return_exceptions=True)
-        closing = asyncio.ensure_future(executor.aclose())
+        closing = asyncio.ensure_future(batcher.aclose())
         await asyncio.sleep(0)
-        results += await asyncio.gather(executor.submit("reject", num_tokens=7), return_exceptions=True)
+        results += await asyncio.gather(batcher.submit("reject", num_tokens=7), return_exceptions=True)
         await closing
-        return results, executor.stats()
+        return results, batcher.stats()
 
     results, stats = run_virtual(main)
     assert isinstance(results[-1], BatcherClosedError) and isinstance(results[-2], RequestTimeoutError)

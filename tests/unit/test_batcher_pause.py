@@ -1,4 +1,4 @@
-"""``hold`` / ``resume`` (the RM asleep while the policy trains) and ``lose_slot`` (a replica found dead between
+"""``hold`` / ``resume`` (the RM asleep while the policy trains) and ``lose_replica`` (a replica found dead between
 batches): on the virtual clock, so waits are exact and take no real time."""
 
 from __future__ import annotations
@@ -7,24 +7,26 @@ import asyncio
 
 import pytest
 
-from verl_async_rm.service.batcher import Batcher, BatchPolicy
+from verl_async_rm.service.batcher import Batcher
+
+from verl_async_rm.service.batching import BatchPolicy
 from verl_async_rm.errors import RequestTimeoutError, ReplicaLostError
-from verl_async_rm.testing.executor import run_virtual
+from verl_async_rm.testing.batcher import run_virtual
 
 pytestmark = pytest.mark.unit
 
 
 class Slow:
-    """Each call takes ``delay_s`` (virtual) and answers ``item@slot``."""
+    """Each call takes ``delay_s`` (virtual) and answers ``item@replica``."""
 
     def __init__(self, delay_s: float = 1.0) -> None:
         self.delay_s = delay_s
         self.calls: list[tuple[float, list, object]] = []
 
-    async def __call__(self, items, slot):
-        self.calls.append((asyncio.get_running_loop().time(), list(items), slot))
+    async def __call__(self, items, replica):
+        self.calls.append((asyncio.get_running_loop().time(), list(items), replica))
         await asyncio.sleep(self.delay_s)
-        return [f"{item}@{slot}" for item in items]
+        return [f"{item}@{replica}" for item in items]
 
 
 def test_held_requests_wait_for_resume_and_then_score_all():
@@ -79,7 +81,7 @@ def test_a_deadline_still_fails_a_request_held_too_long():
     run_virtual(main)
 
 
-def test_lose_slot_replaces_a_free_slot_and_ignores_a_busy_one():
+def test_lose_replica_replaces_a_free_replica_and_ignores_a_busy_one():
     async def main():
         fn = Slow()
         made = []

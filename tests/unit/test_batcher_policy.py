@@ -8,8 +8,10 @@ import math
 
 import pytest
 
-from verl_async_rm.service.batcher import Batcher, BatchPolicy
-from verl_async_rm.testing.executor import GatedBatchFn, run_virtual
+from verl_async_rm.service.batcher import Batcher
+
+from verl_async_rm.service.batching import BatchPolicy
+from verl_async_rm.testing.batcher import GatedBatchFn, run_virtual
 
 pytestmark = pytest.mark.unit
 
@@ -54,49 +56,49 @@ def test_policy_is_frozen():
         BatchPolicy().max_batch_size = 3  # type: ignore[misc]
 
 
-@pytest.mark.parametrize("slots", [0, -1, [], (), "ab", True, 2.0])
-def test_executor_rejects_bad_slots(slots):
+@pytest.mark.parametrize("replicas", [0, -1, [], (), "ab", True, 2.0])
+def test_batcher_rejects_bad_replicas(replicas):
     with pytest.raises((ValueError, TypeError), match="replicas"):
-        Batcher(GatedBatchFn(), replicas=slots)
+        Batcher(GatedBatchFn(), replicas=replicas)
 
 
-def test_executor_rejects_a_non_callable_batch_fn():
+def test_batcher_rejects_a_non_callable_batch_fn():
     with pytest.raises(TypeError, match="batch_fn"):
         Batcher("not callable")  # type: ignore[arg-type]
 
 
-def test_executor_accepts_replica_objects():
-    executor = Batcher(GatedBatchFn(), BatchPolicy(max_batch_size=3), replicas=["a", "b"])
-    assert executor.policy.max_batch_size == 3
-    assert executor.stats()["replicas"] == 2
+def test_batcher_accepts_replica_objects():
+    batcher = Batcher(GatedBatchFn(), BatchPolicy(max_batch_size=3), replicas=["a", "b"])
+    assert batcher.policy.max_batch_size == 3
+    assert batcher.stats()["replicas"] == 2
 
 
 def test_submit_and_expect_validate_their_arguments():
     async def main():
-        executor = Batcher(GatedBatchFn(open=True), BatchPolicy(max_batch_tokens=10))
+        batcher = Batcher(GatedBatchFn(open=True), BatchPolicy(max_batch_tokens=10))
         with pytest.raises(ValueError, match="num_tokens"):
-            await executor.submit("x")
+            await batcher.submit("x")
         with pytest.raises(ValueError, match="num_tokens"):
-            await executor.submit("x", num_tokens=-1)
+            await batcher.submit("x", num_tokens=-1)
         with pytest.raises(TypeError, match="num_tokens"):
-            await executor.submit("x", num_tokens=True)
+            await batcher.submit("x", num_tokens=True)
         with pytest.raises(TypeError, match="num_tokens"):
-            await executor.submit("x", num_tokens=2.5)
+            await batcher.submit("x", num_tokens=2.5)
         with pytest.raises(ValueError, match="deadline_s"):
-            await executor.submit("x", num_tokens=1, deadline_s=0)
+            await batcher.submit("x", num_tokens=1, deadline_s=0)
         with pytest.raises(ValueError, match="deadline_s"):
-            await executor.submit("x", num_tokens=1, deadline_s=math.nan)
+            await batcher.submit("x", num_tokens=1, deadline_s=math.nan)
         for bad in (0, -2, 1.5, True):
-            with pytest.raises(ValueError, match="drain_after"):
-                executor.drain_after(bad)
-        assert executor.stats()["submitted"] == 0
-        assert await executor.submit("ok", num_tokens=3) == "ok"
-        await executor.aclose()
+            with pytest.raises(ValueError, match="flush_after"):
+                batcher.flush_after(bad)
+        assert batcher.stats()["submitted"] == 0
+        assert await batcher.submit("ok", num_tokens=3) == "ok"
+        await batcher.aclose()
 
     run_virtual(main)
 
 
-def test_the_executor_package_imports_without_ray():
+def test_the_batcher_package_imports_without_ray():
     import subprocess
     import sys
 

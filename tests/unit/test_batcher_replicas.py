@@ -1,5 +1,5 @@
-"""Slots that fail as a whole: a lost slot's requests go to the other slots, the slot is replaced (or retired), a
-late slot (its call ran past batch_timeout_s) gets no batch until the cancelled call has ended, and with no slot left
+"""Replicas that fail as a whole: a lost replica's requests go to the other replicas, the replica is replaced (or retired), a
+late replica (its call ran past batch_timeout_s) gets no batch until the cancelled call has ended, and with no replica left
 every waiter fails at once."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ import asyncio
 import pytest
 
 from verl_async_rm.errors import NoReplicasError, RequestTimeoutError, ReplicaLostError
-from verl_async_rm.service.batcher import Batcher, BatchPolicy
-from verl_async_rm.testing.executor import run_virtual
+from verl_async_rm.service.batcher import Batcher
+from verl_async_rm.service.batching import BatchPolicy
+from verl_async_rm.testing.batcher import run_virtual
 
 pytestmark = pytest.mark.unit
 
@@ -18,76 +19,76 @@ HOUR_MS = 3_600_000.0
 
 
 class Replicas:
-    """A batch function over named slots; a slot in ``dead`` raises ReplicaLostError; a call on a slot in ``stuck``
-    hangs, and once cancelled (``batch_timeout_s``) waits for ``stuck[slot]`` like the RM side waits for the remote call
+    """A batch function over named replicas; a replica in ``dead`` raises ReplicaLostError; a call on a replica in ``stuck``
+    hangs, and once cancelled (``batch_timeout_s``) waits for ``stuck[replica]`` like the RM side waits for the remote call
     to come back: it then ends, or raises what that future holds (ReplicaLostError: the replica never answered)."""
 
     def __init__(self, delay_s: float = 0.01) -> None:
         self.delay_s = delay_s
         self.dead: set = set()
-        self.stuck: dict = {}  # slot -> asyncio.Event that ends its hang
+        self.stuck: dict = {}  # replica -> asyncio.Event that ends its hang
         self.calls: list[tuple[list, object]] = []
 
-    async def __call__(self, items, slot):
-        self.calls.append((list(items), slot))
+    async def __call__(self, items, replica):
+        self.calls.append((list(items), replica))
         await asyncio.sleep(self.delay_s)
-        if slot in self.stuck:
+        if replica in self.stuck:
             release = asyncio.get_running_loop().create_future()
-            self.stuck[slot] = release
+            self.stuck[replica] = release
             try:
                 await asyncio.Event().wait()  # no answer
             except asyncio.CancelledError:
                 await release
                 raise
-        if slot in self.dead:
-            raise ReplicaLostError(f"{slot} died")
-        return [f"{item}@{slot}" for item in items]
+        if replica in self.dead:
+            raise ReplicaLostError(f"{replica} died")
+        return [f"{item}@{replica}" for item in items]
 
-    def slots_used(self) -> list:
-        return [slot for _, slot in self.calls]
-
-
-def spawn(executor, items):
-    return [asyncio.ensure_future(executor.submit(item)) for item in items]
+    def replicas_used(self) -> list:
+        return [replica for _, replica in self.calls]
 
 
-def test_requests_of_a_lost_slot_are_scored_on_the_other_slot_and_the_slot_is_retired():
+def spawn(batcher, items):
+    return [asyncio.ensure_future(batcher.submit(item)) for item in items]
+
+
+def test_requests_of_a_lost_replica_are_scored_on_the_other_replica_and_the_replica_is_retired():
     async def main():
         fn = Replicas()
         fn.dead.add("r0")
-        executor = Batcher(fn, BatchPolicy(max_batch_size=4, max_wait_ms=HOUR_MS), replicas=["r0", "r1"])
-        results = await asyncio.gather(*spawn(executor, list("abcdefgh")))
-        stats = executor.stats()
-        assert await asyncio.gather(*spawn(executor, ["i"])) == ["i@r1"]  # r0 is never used again
-        await executor.aclose()
+        batcher = Batcher(fn, BatchPolicy(max_batch_size=4, max_wait_ms=HOUR_MS), replicas=["r0", "r1"])
+        results = await asyncio.gather(*spawn(batcher, list("abcdefgh")))
+        stats = batcher.stats()
+        assert await asyncio.gather(*spawn(batcher, ["i"])) == ["i@r1"]  # r0 is never used again
+        await batcher.aclose()
         return fn, results, stats
 
     fn, results, stats = run_virtual(main)
     assert sorted(results) == [f"{c}@r1" for c in "abcdefgh"]
-    assert fn.slots_used().count("r0") == 1  # one failed call, then retired
+    assert fn.replicas_used().count("r0") == 1  # one failed call, then retired
     assert stats["requeued"] == 4 and stats["completed"] == 8 and stats["failed"] == 0
     assert stats["replicas_lost"] == 1 and stats["replicas_lost_total"] == 1 and stats["replicas_free"] == 1
 
 
-def test_a_lost_slot_is_replaced_and_takes_batches_again():
+def test_a_lost_replica_is_replaced_and_takes_batches_again():
     async def main():
         fn = Replicas()
         fn.dead.add("r0")
         replaced = []
 
-        async def replace(slot, index):
+        async def replace(replica, index):
             await asyncio.sleep(5.0)  # a replica takes a while to load
-            replaced.append((slot, index))
+            replaced.append((replica, index))
             return "r0-new"
 
-        executor = Batcher(fn, BatchPolicy(max_batch_size=2, max_wait_ms=HOUR_MS), replicas=["r0"],
+        batcher = Batcher(fn, BatchPolicy(max_batch_size=2, max_wait_ms=HOUR_MS), replicas=["r0"],
                                           replace_replica=replace)
-        first = spawn(executor, ["a", "b"])
+        first = spawn(batcher, ["a", "b"])
         await asyncio.sleep(1.0)
         assert not any(t.done() for t in first)  # re-queued, waiting for the replacement instead of failing
         results = await asyncio.gather(*first)
-        stats = executor.stats()
-        await executor.aclose()
+        stats = batcher.stats()
+        await batcher.aclose()
         return replaced, results, stats
 
     replaced, results, stats = run_virtual(main)
@@ -96,41 +97,41 @@ def test_a_lost_slot_is_replaced_and_takes_batches_again():
     assert stats["replicas_replaced_total"] == 1 and stats["replicas_free"] == 1 and stats["requeued"] == 2
 
 
-def test_requeues_are_bounded_then_the_request_fails_with_the_slot_error():
+def test_requeues_are_bounded_then_the_request_fails_with_the_replica_error():
     async def main():
         fn = Replicas()
         fn.dead.update({"r0", "r1", "r2", "r3"})
-        executor = Batcher(fn, BatchPolicy(max_batch_size=1, max_wait_ms=0, replica_retries=2),
+        batcher = Batcher(fn, BatchPolicy(max_batch_size=1, max_wait_ms=0, replica_retries=2),
                                           replicas=["r0", "r1", "r2", "r3"])
-        outcome = await asyncio.gather(executor.submit("a"), return_exceptions=True)
-        await executor.aclose()
+        outcome = await asyncio.gather(batcher.submit("a"), return_exceptions=True)
+        await batcher.aclose()
         return fn, outcome[0]
 
     fn, outcome = run_virtual(main)
     assert isinstance(outcome, ReplicaLostError)
-    assert len(fn.calls) == 3  # the first try and two re-queues, each on another slot
-    assert len(set(fn.slots_used())) == 3
+    assert len(fn.calls) == 3  # the first try and two re-queues, each on another replica
+    assert len(set(fn.replicas_used())) == 3
 
 
-def test_with_no_slot_left_waiters_and_new_submits_fail_at_once():
+def test_with_no_replica_left_waiters_and_new_submits_fail_at_once():
     async def main():
         fn = Replicas()
         fn.dead.update({"r0", "r1"})
 
-        async def cannot_replace(slot, index):
+        async def cannot_replace(replica, index):
             raise RuntimeError("no resources for a new replica")
 
-        executor = Batcher(fn, BatchPolicy(max_batch_size=2, max_wait_ms=HOUR_MS, replica_retries=5),
+        batcher = Batcher(fn, BatchPolicy(max_batch_size=2, max_wait_ms=HOUR_MS, replica_retries=5),
                                           replicas=["r0", "r1"], replace_replica=cannot_replace)
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        waiting = spawn(executor, ["a", "b", "c", "d", "e"])
+        waiting = spawn(batcher, ["a", "b", "c", "d", "e"])
         outcomes = await asyncio.gather(*waiting, return_exceptions=True)
         elapsed = loop.time() - t0
         with pytest.raises(NoReplicasError, match="all 2 replica"):
-            await executor.submit("late")
-        stats = executor.stats()
-        await executor.aclose()
+            await batcher.submit("late")
+        stats = batcher.stats()
+        await batcher.aclose()
         return outcomes, elapsed, stats
 
     outcomes, elapsed, stats = run_virtual(main)
@@ -139,22 +140,22 @@ def test_with_no_slot_left_waiters_and_new_submits_fail_at_once():
     assert stats["replicas_lost"] == 2 and stats["replicas_replace_failed_total"] == 2
 
 
-def test_a_late_slot_gets_no_batch_until_its_call_answers():
+def test_a_late_replica_gets_no_batch_until_its_call_answers():
     async def main():
         fn = Replicas()
         fn.stuck["r0"] = None
         policy = BatchPolicy(max_batch_size=1, max_wait_ms=0, batch_timeout_s=5.0)
-        executor = Batcher(fn, policy, replicas=["r0", "r1"], name="rm")
-        first = await asyncio.gather(executor.submit("a"), return_exceptions=True)
-        late_stats = executor.stats()
+        batcher = Batcher(fn, policy, replicas=["r0", "r1"], name="rm")
+        first = await asyncio.gather(batcher.submit("a"), return_exceptions=True)
+        late_stats = batcher.stats()
         release = fn.stuck.pop("r0")
-        during = await asyncio.gather(*spawn(executor, ["b", "c"]))
+        during = await asyncio.gather(*spawn(batcher, ["b", "c"]))
         release.set_result(None)  # the replica finally answers its old call
         await asyncio.sleep(0.1)
-        after_stats = executor.stats()
+        after_stats = batcher.stats()
         fn.delay_s = 0.0
-        both = await asyncio.gather(*spawn(executor, ["d", "e", "f", "g"]))
-        await executor.aclose()
+        both = await asyncio.gather(*spawn(batcher, ["d", "e", "f", "g"]))
+        await batcher.aclose()
         return first[0], late_stats, during, after_stats, both
 
     first, late_stats, during, after_stats, both = run_virtual(main)
@@ -169,27 +170,27 @@ def test_a_late_slot_gets_no_batch_until_its_call_answers():
 
 
 @pytest.mark.parametrize("replace", [False, True])
-def test_a_late_call_that_ends_with_the_replica_dead_loses_the_slot(replace):
+def test_a_late_call_that_ends_with_the_replica_dead_loses_the_replica(replace):
     async def main():
         fn = Replicas()
         fn.stuck["r0"] = None
 
-        async def replace_slot(slot, index):
+        async def replace_replica(replica, index):
             return "r0-new"
 
         policy = BatchPolicy(max_batch_size=1, max_wait_ms=0, batch_timeout_s=5.0)
-        executor = Batcher(fn, policy, replicas=["r0", "r1"],
-                                          replace_replica=replace_slot if replace else None)
-        first = await asyncio.gather(executor.submit("a"), return_exceptions=True)
+        batcher = Batcher(fn, policy, replicas=["r0", "r1"],
+                                          replace_replica=replace_replica if replace else None)
+        first = await asyncio.gather(batcher.submit("a"), return_exceptions=True)
         release = fn.stuck.pop("r0")
         release.set_exception(ReplicaLostError("r0 died while late"))
         await asyncio.sleep(0.1)
-        stats = executor.stats()
-        await executor.aclose()
+        stats = batcher.stats()
+        await batcher.aclose()
         return first[0], stats, fn.calls
 
     first, stats, calls = run_virtual(main)
-    assert isinstance(first, RequestTimeoutError)  # failed at the timeout; not re-queued when the slot is lost later
+    assert isinstance(first, RequestTimeoutError)  # failed at the timeout; not re-queued when the replica is lost later
     assert stats["requeued"] == 0 and len(calls) == 1 and stats["timed_out"] == 1 and stats["failed"] == 0
     assert stats["replicas_lost_total"] == 1 and stats["replicas_timed_out"] == 0
     if replace:
@@ -198,21 +199,21 @@ def test_a_late_call_that_ends_with_the_replica_dead_loses_the_slot(replace):
         assert stats["replicas_lost"] == 1 and stats["replicas_free"] == 1
 
 
-def test_a_slot_lost_while_closing_fails_its_requests_instead_of_requeueing_them():
+def test_a_replica_lost_while_closing_fails_its_requests_instead_of_requeueing_them():
     async def main():
         fn = Replicas(delay_s=1.0)
         fn.dead.add("r0")
         replaced = []
 
-        async def replace(slot, index):
+        async def replace(replica, index):
             replaced.append(index)
             return "never used"
 
-        executor = Batcher(fn, BatchPolicy(max_batch_size=2, max_wait_ms=0), replicas=["r0"],
+        batcher = Batcher(fn, BatchPolicy(max_batch_size=2, max_wait_ms=0), replicas=["r0"],
                                           replace_replica=replace)
-        running = spawn(executor, ["a", "b"])
+        running = spawn(batcher, ["a", "b"])
         await asyncio.sleep(0.5)  # the batch is running on r0, which will turn out dead
-        await executor.aclose(grace_s=5.0)
+        await batcher.aclose(grace_s=5.0)
         return await asyncio.gather(*running, return_exceptions=True), replaced
 
     outcomes, replaced = run_virtual(main)

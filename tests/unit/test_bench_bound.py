@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from verl_async_rm.bench.bound import compute_bound, sync_batches, sync_rm_s
-from verl_async_rm.bench.overlap import executor_policies, run_policies
+from verl_async_rm.bench.overlap import batcher_policies, run_policies
 from verl_async_rm.bench.workload import RMCostModel, Workload, WorkloadConfig, generate_workload
 
 pytestmark = pytest.mark.unit
@@ -63,7 +63,7 @@ def test_no_policy_beats_the_bound_and_sync_runs_as_modelled(seed):
     """On the virtual clock: every policy's step is >= the bound, and the sync runner takes the modelled time."""
     w = generate_workload(WorkloadConfig(trajectories=96, seed=seed))
     cost = RMCostModel(a_s=0.05, b_s_per_token=2e-4)  # a heavy RM so that the work bound matters
-    policies = executor_policies(8, None)
+    policies = batcher_policies(8, None)
     b = compute_bound(w, cost, 2, 8)
     results = run_policies(w, cost, replicas=2, policies=policies, clock="virtual", scale=1.0,
                            predicted_sync_step_s=b.predicted_sync_step_s)

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.unit
 
 TOP_KEYS = {"bound_s", "async_over_bound", "speedup_vs_sync", "predicted_speedup", "lone_latency_s", "clock",
             "policies", "environment", "targets", "params", "rm_model", "workload", "bound"}
-POLICY_NAMES = {"sync", "per-request", "drain", "async", "bound"}
+POLICY_NAMES = {"sync", "per-request", "eager", "async", "bound"}
 
 
 def _run(tmp_path, capsys, *extra):
@@ -49,7 +49,7 @@ def test_virtual_run_writes_files_with_the_keys(tmp_path, capsys):
                                 "max_wait_ms": 20.0, "seed": 3, "rollout_n": 1}
     assert p["sync"]["mean_batch_size"] == 8.0 and p["per-request"]["mean_batch_size"] == 1.0
     assert p["bound"]["step_s"] == report["bound_s"] and p["bound"]["rm_utilization"] is None
-    for name in ("sync", "per-request", "drain", "async"):
+    for name in ("sync", "per-request", "eager", "async"):
         assert p[name]["step_s"] >= report["bound_s"] - 1e-9
         assert 0 < p[name]["rm_utilization"] <= 1.0
     assert "async / bound" in out and "per-request" in out

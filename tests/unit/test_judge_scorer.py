@@ -15,7 +15,7 @@ from rm_cases import make_request
 
 from verl_async_rm.errors import ConfigValueError, JudgeVerdictError, RewardInputError
 from verl_async_rm.request import RMRequest
-from verl_async_rm.scoring import RMConfig
+from verl_async_rm.scoring.rm_config import RMConfig
 from verl_async_rm.scoring.judge import compile_pattern, parse_verdict
 from verl_async_rm.request import score_value
 from verl_async_rm.scoring.judge import Verdict

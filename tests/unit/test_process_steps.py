@@ -133,7 +133,7 @@ def test_step_delimiter_written_on_a_command_line_means_newlines():
 
 
 def test_combine_fn_is_refused_with_token_level_rewards():
-    from verl_async_rm.integration.reward_mix import RewardMix
+    from verl_async_rm.reward_mix import RewardMix
 
     with pytest.raises(ValueError, match="async_rm.combine_fn.*process_reduction=none.*Fix"):
         RewardMix(combine_fn="pkg.mod:fn", token_level_rms=("main",))

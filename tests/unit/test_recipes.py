@@ -73,6 +73,8 @@ class Layout:
     policy_pool: bool = False
     #: the rollout's tensor_model_parallel_size
     rollout_tp: int = 1
+    #: algorithm.adv_estimator
+    adv_estimator: str = "grpo"
 
 
 RECIPES: dict[str, Layout] = {
@@ -88,9 +90,11 @@ RECIPES: dict[str, Layout] = {
     # two RMs, 1 GPU each (the second's pool is async_rm.models.second.*), verl's naive manager (rule_weight 1.0)
     "grpo_gsm8k_two_rms.sh": Layout(VERL_ENTRY, 1, 6, 1, 1, rm_weight=0.1, rule_weight=1.0,
                                     extra_rms={"second": (1, 1, 0.05)}),
-    # an outcome RM and a process RM with token-level step rewards (async_rm.models.prm.*), verl's naive manager
-    "grpo_gsm8k_prm_steps.sh": Layout(VERL_ENTRY, 1, 6, 1, 1, rm_weight=0.1, rule_weight=1.0,
-                                      extra_rms={"prm": (1, 1, 0.5)}),
+    # an outcome RM and a process RM with token-level step rewards (async_rm.models.prm.*), verl's naive manager, and
+    # an estimator that reads each token's reward (GRPO would see only their sum)
+    "reinforce_plus_plus_gsm8k_prm_steps.sh": Layout(VERL_ENTRY, 1, 6, 1, 1, rm_weight=0.1, rule_weight=1.0,
+                                                     extra_rms={"prm": (1, 1, 0.1)},
+                                                     adv_estimator="reinforce_plus_plus"),
     # an RM and an instruct model as a yes/no judge (async_rm.models.judge.*, logits readout), verl's naive manager
     "grpo_gsm8k_judge.sh": Layout(VERL_ENTRY, 1, 6, 1, 1, rm_weight=0.1, rule_weight=1.0,
                                   extra_rms={"judge": (1, 1, 0.5)}),
@@ -244,8 +248,11 @@ def test_recipe_composes_and_passes_verl_and_plugin_checks(recipe, trainer):
     config, settings = validate(argv)
 
     assert config.trainer.use_v1 is (trainer == "v1")
-    assert config.algorithm.adv_estimator == "grpo"
-    assert config.actor_rollout_ref.rollout.n > 1  # GRPO needs a group per prompt
+    assert config.algorithm.adv_estimator == layout.adv_estimator
+    assert config.actor_rollout_ref.rollout.n > 1  # GRPO needs a group per prompt (the others are given one too)
+    # token-level step rewards only with an estimator that reads each token's reward (a sum-only one pays for steps)
+    token_level = [e.name for e in settings.models if (e.rm.reward_kind, e.rm.process_reduction) == ("process", "none")]
+    assert not token_level or layout.adv_estimator in ("reinforce_plus_plus", "gae")
     assert config.data.train_files == f"{DEFAULT_DATA}/train.parquet"
     assert config.data.val_files == f"{DEFAULT_DATA}/test.parquet"
     assert config.data.return_raw_chat is True  # the RM re-renders raw_prompt + response with its own template

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from verl_async_rm.errors import RewardModelError
-from verl_async_rm.integration.reward_mix import with_rm_scores
+from verl_async_rm.reward_mix import with_rm_scores
 from verl_async_rm.config import AsyncRMConfig
 from verl_async_rm.testing import compose_trainer_config
 
@@ -84,9 +84,10 @@ def make_data(tokenizer, response: str = RESPONSE, *, rm_scores=None, data_sourc
 
 
 async def reward_of(config, tokenizer, data, rm_scores=None, *, error=None):
-    """(reward, reward_extra_info) of one trajectory: verl's manager, then the plugin's mix, as the worker does."""
+    """(reward, reward_extra_info) of one trajectory: verl's manager (only when the reward uses its rule), then the
+    plugin's mix, as the worker does."""
     settings = AsyncRMConfig.from_verl(config)
-    result = await load_manager(config, tokenizer).run_single(data)
+    result = await load_manager(config, tokenizer).run_single(data) if settings.mix.uses_rule else {}
     item = data[0].non_tensor_batch
     return settings.mix.finish(
         result, {"main": 0.25} if rm_scores is None else rm_scores, data_source=item["data_source"],
@@ -119,11 +120,13 @@ async def test_weighted_mix_with_verl_default_rule(tiny_models, tokenizer):
 
 @pytest.mark.asyncio
 async def test_rule_weight_zero_skips_the_rule_for_any_data_source(tiny_models, tokenizer):
+    """No rule in the reward: the manager is never run (the worker does not call verl's reward loop), so a data source
+    without a rule works, and no rule_score is reported (there is none)."""
     config = make_config(tiny_models, "+async_rm.rule_weight=0")
     reward, info = await reward_of(config, tokenizer, make_data(tokenizer, data_source="no/rule/for/this"),
                                    {"main": -1.5})
     assert reward == -1.5
-    assert info == {"rm_score": -1.5, "rm_score_main": -1.5, "rm_total": -1.5, "rule_score": 0.0}
+    assert info == {"rm_score": -1.5, "rm_score_main": -1.5, "rm_total": -1.5}
 
 
 @pytest.mark.asyncio

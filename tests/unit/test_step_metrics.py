@@ -1,8 +1,8 @@
-"""The per-step ``async_rm/*`` figures: the RM service's step figures (``service_step_metrics``, from the executor's
+"""The per-step ``async_rm/*`` figures: the RM service's step figures (``service_step_metrics``, from the batcher's
 step stats and the replicas' counters) turned into metrics by ``service.metrics.step_metrics``.
 
-The executor figures come from a real ``Batcher`` step on the virtual-time loop, so the test follows
-the StepStats the executor really returns.
+The batcher figures come from a real ``Batcher`` step on the virtual-time loop, so the test follows
+the StepStats the batcher really returns.
 """
 
 from __future__ import annotations
@@ -12,17 +12,19 @@ import dataclasses
 
 import pytest
 
-from verl_async_rm.service.batcher import Batcher, BatchPolicy
-from verl_async_rm.testing.executor import GatedBatchFn, run_virtual
+from verl_async_rm.service.batcher import Batcher
+
+from verl_async_rm.service.batching import BatchPolicy
+from verl_async_rm.testing.batcher import GatedBatchFn, run_virtual
 from verl_async_rm.service import metrics
 from verl_async_rm.service.metrics import PREFIX, service_step_metrics
 
 pytestmark = pytest.mark.unit
 
 
-def step_metrics(executor_step, replicas=(), trajectories=None, prefix=PREFIX):
+def step_metrics(batcher_step, replicas=(), trajectories=None, prefix=PREFIX):
     """What a manager logs for one step: the service's figures, then the integration's prefix and trajectory counts."""
-    return metrics.step_metrics(service_step_metrics(executor_step, replicas), trajectories, prefix=prefix)
+    return metrics.step_metrics(service_step_metrics(batcher_step, replicas), trajectories, prefix=prefix)
 
 ALL_KEYS = {
     "requests", "batches", "mean_batch_size", "mean_fill", "queue_wait_ms/mean", "queue_wait_ms/p99",
@@ -31,25 +33,25 @@ ALL_KEYS = {
 }
 
 
-def executor_step(n: int, *, fail: frozenset = frozenset(), exec_s: float = 0.5, max_batch_size: int = 4):
-    """One real executor step: ``n`` requests (those in ``fail`` raise), then ``pop_step_stats()``."""
+def batcher_step(n: int, *, fail: frozenset = frozenset(), exec_s: float = 0.5, max_batch_size: int = 4):
+    """One real batcher step: ``n`` requests (those in ``fail`` raise), then ``pop_step_stats()``."""
 
     async def main():
         fn = GatedBatchFn(lambda x: ValueError("bad") if x in fail else x, open=True, delay_s=exec_s)
-        executor = Batcher(fn, BatchPolicy(max_batch_size=max_batch_size, max_wait_ms=10), replicas=2)
-        executor.pop_step_stats()  # start the step
+        batcher = Batcher(fn, BatchPolicy(max_batch_size=max_batch_size, max_wait_ms=10), replicas=2)
+        batcher.pop_step_stats()  # start the step
         if n:
-            executor.drain_after(n)
-            await asyncio.gather(*(executor.submit(i) for i in range(n)), return_exceptions=True)
-        step = executor.pop_step_stats()
-        await executor.aclose()
+            batcher.flush_after(n)
+            await asyncio.gather(*(batcher.submit(i) for i in range(n)), return_exceptions=True)
+        step = batcher.pop_step_stats()
+        await batcher.aclose()
         return step
 
     return run_virtual(main)
 
 
 def test_a_full_step_has_every_key_as_a_float():
-    step = executor_step(6)
+    step = batcher_step(6)
     metrics = step_metrics(step)
     assert set(metrics) == {PREFIX + key for key in ALL_KEYS}
     assert all(type(value) is float for value in metrics.values())
@@ -63,17 +65,17 @@ def test_a_full_step_has_every_key_as_a_float():
     assert metrics["async_rm/replicas_usable"] == 2.0 and metrics["async_rm/requeued"] == 0.0
 
 
-def test_reward_tail_is_last_result_minus_last_submit_on_the_executor_clock():
-    # all 6 arrive at t=0; the 6th triggers the drain: two batches of 3 run 0.5 s in parallel
-    metrics = step_metrics(executor_step(6, exec_s=0.5))
+def test_reward_tail_is_last_result_minus_last_submit_on_the_batcher_clock():
+    # all 6 arrive at t=0; the 6th triggers the flush: two batches of 3 run 0.5 s in parallel
+    metrics = step_metrics(batcher_step(6, exec_s=0.5))
     assert metrics["async_rm/reward_tail_s"] == pytest.approx(0.5)
     # a failing request still ends the tail: the last caller got its answer (an error) at 0.5 s too
-    failing = step_metrics(executor_step(6, fail=frozenset({5}), exec_s=0.5))
+    failing = step_metrics(batcher_step(6, fail=frozenset({5}), exec_s=0.5))
     assert failing["async_rm/reward_tail_s"] == pytest.approx(0.5) and failing["async_rm/errors"] == 1.0
 
 
 def test_errors_count_failed_and_timed_out_requests():
-    step = executor_step(4, fail=frozenset({1, 3}), max_batch_size=1)
+    step = batcher_step(4, fail=frozenset({1, 3}), max_batch_size=1)
     assert step.failed == 2
     metrics = step_metrics(dataclasses.replace(step, timed_out=3))
     assert metrics["async_rm/errors"] == 5.0
@@ -81,8 +83,8 @@ def test_errors_count_failed_and_timed_out_requests():
 
 
 def test_an_empty_step_leaves_out_figures_that_have_no_value():
-    step = executor_step(0)
-    assert step.mean_batch_size is None and step.wait_ms.mean is None  # what the executor reports
+    step = batcher_step(0)
+    assert step.mean_batch_size is None and step.wait_ms.mean is None  # what the batcher reports
     assert step.tail_s is None
     assert step_metrics(step) == {
         "async_rm/requests": 0.0,
@@ -99,6 +101,6 @@ def test_replica_counters_are_summed():
     from verl_async_rm.scoring.scorer import ScorerStats
 
     replicas = [ScorerStats(requests=4, failed=1, truncated=2), ScorerStats(requests=2, failed=0, truncated=1)]
-    metrics = step_metrics(executor_step(6), replicas)
+    metrics = step_metrics(batcher_step(6), replicas)
     assert metrics["async_rm/truncated"] == 3.0 and metrics["async_rm/rm_failed_items"] == 1.0
-    assert "async_rm/truncated" not in step_metrics(executor_step(6))  # no replica figures given
+    assert "async_rm/truncated" not in step_metrics(batcher_step(6))  # no replica figures given

@@ -11,7 +11,7 @@ import pytest
 from verl_async_rm.errors import RMScoreError, TrajectoryDroppedError
 from verl_async_rm.integration.drops import check_failures
 from verl_async_rm.integration.drops import Failure, PhaseRecord, PhaseRecords
-from verl_async_rm.service.batcher import StepStats
+from verl_async_rm.service.batcher_stats import StepStats
 from verl_async_rm.service.metrics import service_step_metrics, step_metrics
 
 pytestmark = pytest.mark.unit
@@ -64,9 +64,9 @@ def test_drop_goes_on_within_the_budget_and_stops_past_it(caplog):
 
 
 def test_trajectory_counts_come_from_the_phase_record_and_take_the_prefix():
-    executor = StepStats(submitted=9, completed=9, failed=0, timed_out=0, batches=3, tail_s=0.2)
+    batcher = StepStats(submitted=9, completed=9, failed=0, timed_out=0, batches=3, tail_s=0.2)
     record = _records_with(5, 1).pop("train")
-    service = service_step_metrics(executor)
+    service = service_step_metrics(batcher)
     metrics = step_metrics(service, record, prefix="val-async_rm/")
     assert metrics["val-async_rm/requests"] == 6 and metrics["val-async_rm/scored"] == 5
     assert metrics["val-async_rm/errors"] == 1 and metrics["val-async_rm/batches"] == 3

@@ -41,7 +41,7 @@ def _output(reward_score=None):
 
 @pytest.mark.parametrize("scored_by_the_loop", [False, True])
 def test_extra_arguments_reach_verls_compute_score(scored_by_the_loop):
-    from verl_async_rm.integration.reward_mix import RewardMix
+    from verl_async_rm.reward_mix import RewardMix
 
     worker = _worker_class()()
     worker.seen = []

@@ -99,7 +99,7 @@ def _mode(scorer: Any, warm: list[Any], timed: list[Any], mode: str) -> dict[str
 
 def run_judge_bench(args: argparse.Namespace) -> dict[str, Any]:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    from verl_async_rm.scoring import RMConfig
+    from verl_async_rm.scoring.rm_config import RMConfig
     from verl_async_rm.scoring.scorer import RewardModelScorer
 
     budgets = [int(n) for n in str(args.max_tokens).split(",") if n]

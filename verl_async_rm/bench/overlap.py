@@ -7,16 +7,16 @@ Every policy gets the same :class:`~verl_async_rm.bench.workload.Workload` (traj
   batches, each batch to the first free replica (the best a score-after-rollout scheduler does; see ``bound``).
 * ``per-request``: the real :class:`~verl_async_rm.service.batcher.Batcher` with ``max_batch_size=1,
   max_wait_ms=0``: every trajectory is its own RM call, as soon as a replica is free.
-* ``drain``: the same executor with ``max_wait_ms=0``: a replica that frees takes whatever is queued (up to the cap),
+* ``eager``: the same batcher with ``max_wait_ms=0``: a replica that frees takes whatever is queued (up to the cap),
   never waiting for a batch to fill, and nothing is told about the end of the step.
-* ``async``: the same executor with this package's defaults (``BatchPolicy()``; ``--max-batch-size`` and
-  ``--max-wait-ms`` override them for every policy) and ``drain_after(B)`` at the start of the step, which is what
+* ``async``: the same batcher with this package's defaults (``BatchPolicy()``; ``--max-batch-size`` and
+  ``--max-wait-ms`` override them for every policy) and ``flush_after(B)`` at the start of the step, which is what
   the verl integration does (the manager announces each step's trajectory count, so the last batch flushes at once).
 
 Clocks: ``real`` runs on the stock asyncio loop with workload time scaled by ``scale`` real seconds per workload
 second (``max_wait_ms`` is scaled the same way, so the policy sees the same workload-time wait); timer lateness and
-the executor's own overhead are thus measured, magnified by ``1 / scale``. ``virtual`` runs on
-:func:`~verl_async_rm.testing.executor.run_virtual` (time jumps to the next timer; deterministic; scale 1): it measures
+the batcher's own overhead are thus measured, magnified by ``1 / scale``. ``virtual`` runs on
+:func:`~verl_async_rm.testing.batcher.run_virtual` (time jumps to the next timer; deterministic; scale 1): it measures
 the scheduling decisions alone.
 """
 
@@ -33,27 +33,28 @@ from typing import Any
 from verl_async_rm.bench.bound import sync_batches
 from verl_async_rm.bench.simrm import Clock, Item, SimulatedRM, policy_metrics
 from verl_async_rm.bench.workload import RMCostModel, Workload
-from verl_async_rm.service.batcher import Batcher, BatchPolicy
+from verl_async_rm.service.batcher import Batcher
+from verl_async_rm.service.batching import BatchPolicy
 
-__all__ = ["POLICIES", "executor_policies", "run_policies"]
+__all__ = ["POLICIES", "batcher_policies", "run_policies"]
 
 logger = logging.getLogger(__name__)
 
 #: The policies that run, in order (``bound`` is computed, see :mod:`verl_async_rm.bench.bound`).
-POLICIES = ("sync", "per-request", "drain", "async")
+POLICIES = ("sync", "per-request", "eager", "async")
 
 _TIMEOUT_FACTOR = 10.0  # hang detector: a policy may take at most this many times the sync prediction (+60 s)
 
 
-def executor_policies(max_batch_size: int | None, max_wait_ms: float | None,
+def batcher_policies(max_batch_size: int | None, max_wait_ms: float | None,
                       prefer_siblings: bool = False) -> dict[str, BatchPolicy]:
-    """The executor policies in workload time: ``async`` is ``BatchPolicy()`` with the given overrides."""
+    """The batcher policies in workload time: ``async`` is ``BatchPolicy()`` with the given overrides."""
     defaults = BatchPolicy()
     cap = defaults.max_batch_size if max_batch_size is None else max_batch_size
     wait = defaults.max_wait_ms if max_wait_ms is None else max_wait_ms
     return {
         "per-request": BatchPolicy(max_batch_size=1, max_wait_ms=0.0),
-        "drain": BatchPolicy(max_batch_size=cap, max_wait_ms=0.0),
+        "eager": BatchPolicy(max_batch_size=cap, max_wait_ms=0.0),
         "async": dataclasses.replace(defaults, max_batch_size=cap, max_wait_ms=wait, prefer_siblings=prefer_siblings),
     }
 
@@ -82,29 +83,29 @@ async def _run_sync(workload: Workload, rm: SimulatedRM, clock: Clock, replicas:
     return items
 
 
-async def _run_executor(workload: Workload, rm: SimulatedRM, clock: Clock, replicas: int, policy: BatchPolicy,
+async def _run_batcher(workload: Workload, rm: SimulatedRM, clock: Clock, replicas: int, policy: BatchPolicy,
                         expect: bool) -> list[Item]:
     real_policy = dataclasses.replace(policy, max_wait_ms=policy.max_wait_ms * clock.scale)
-    executor = Batcher(rm, real_policy, replicas=replicas, name="bench")
+    batcher = Batcher(rm, real_policy, replicas=replicas, name="bench")
     items = [Item(i, t, group=workload.group(i)) for i, t in enumerate(workload.tokens)]
 
     async def arrive(item: Item) -> None:
         await clock.sleep_until(workload.finish_s[item.index])
         item.ready_s = clock.now()
-        value = await executor.submit(item, num_tokens=item.tokens)
+        value = await batcher.submit(item, num_tokens=item.tokens)
         item.scored_s = clock.now()
         if value != item.index:
             raise RuntimeError(f"trajectory {item.index} got the score of {value}")
 
     try:
         if expect:
-            executor.drain_after(len(items))
+            batcher.flush_after(len(items))
         await asyncio.gather(*(arrive(item) for item in items))
-        stats = executor.stats()
+        stats = batcher.stats()
     finally:
-        await executor.aclose()
+        await batcher.aclose()
     if stats["failed"] or stats["timed_out"] or stats["loop_restarts"]:
-        raise RuntimeError(f"executor run was not clean: {stats}")
+        raise RuntimeError(f"batcher run was not clean: {stats}")
     return items
 
 
@@ -116,7 +117,7 @@ async def _one(name: str, workload: Workload, cost: RMCostModel, scale: float, r
     if name == "sync":
         run = _run_sync(workload, rm, clock, replicas, policies["async"].max_batch_size)
     else:
-        run = _run_executor(workload, rm, clock, replicas, policies[name], expect=name == "async")
+        run = _run_batcher(workload, rm, clock, replicas, policies[name], expect=name == "async")
     items = await asyncio.wait_for(run, timeout_s * scale)
     return policy_metrics(items, rm.batches, replicas)
 
@@ -141,7 +142,7 @@ def run_policies(
     for name in names:
         gc.collect()
         if clock == "virtual":
-            from verl_async_rm.testing.executor import run_virtual
+            from verl_async_rm.testing.batcher import run_virtual
 
             metrics = run_virtual(_one(name, workload, cost, 1.0, replicas, policies, timeout_s))
         else:

@@ -8,9 +8,9 @@ workload milliseconds), whatever the clock.
 
 Top-level JSON keys: ``benchmark``, ``clock``, ``time_scale``, ``params``, ``rm_model``, ``workload``, ``bound``
 (every computed figure), ``bound_s``, ``lone_latency_s``, ``predicted_speedup``, ``async_over_bound``,
-``speedup_vs_sync``, ``async_tail_over_lone``, ``targets``, ``policies`` (``sync``, ``per-request``, ``drain``,
+``speedup_vs_sync``, ``async_tail_over_lone``, ``targets``, ``policies`` (``sync``, ``per-request``, ``eager``,
 ``async``, ``bound``; each with ``step_s``, ``reward_tail_s``, ``rm_utilization``, ``mean_batch_size``,
-``padding_fraction``, ``p50_wait_ms``, ``p99_wait_ms``, ``siblings_met``), ``executor_policies``, ``environment``.
+``padding_fraction``, ``p50_wait_ms``, ``p99_wait_ms``, ``siblings_met``), ``batcher_policies``, ``environment``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 
 from verl_async_rm.bench.bound import compute_bound
 from verl_async_rm.bench.environment import environment_snapshot
-from verl_async_rm.bench.overlap import POLICIES, executor_policies, run_policies
+from verl_async_rm.bench.overlap import POLICIES, batcher_policies, run_policies
 from verl_async_rm.bench.workload import RMCostModel, WorkloadConfig, generate_workload
 
 __all__ = ["METRICS", "build_parser", "main", "run"]
@@ -45,7 +45,7 @@ TARGET_SPEEDUP_REL = 0.05
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="verl-async-rm bench", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="`verl-async-rm bench executor --help`: the executor micro-benchmark.")
+                                     epilog="`verl-async-rm bench batcher --help`: the batcher micro-benchmark.")
     parser.add_argument("--trajectories", type=int, default=1024, help="trajectories in the step, B (default 1024)")
     parser.add_argument("--replicas", type=int, default=4, help="RM replicas, R (default 4)")
     parser.add_argument("--rm", choices=["sim", "tiny"], default="sim",
@@ -58,7 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --rm sim: your RM's cost per padded token, b, in microseconds (measure a large "
                         "batch; default 40)")
     parser.add_argument("--max-batch-size", type=int, default=None,
-                        help="batch cap of sync, drain and async (default: BatchPolicy's, 32)")
+                        help="batch cap of sync, eager and async (default: BatchPolicy's, 32)")
     parser.add_argument("--max-wait-ms", type=float, default=None,
                         help="async's max_wait_ms in workload ms (default: BatchPolicy's, 20)")
     parser.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace, *, progress=None) -> dict[str, Any]:
         )
     workload_config = WorkloadConfig(trajectories=args.trajectories, seed=args.seed, rollout_n=args.rollout_n)
     workload = generate_workload(workload_config)
-    policies = executor_policies(args.max_batch_size, args.max_wait_ms, args.prefer_siblings)
+    policies = batcher_policies(args.max_batch_size, args.max_wait_ms, args.prefer_siblings)
     cap = policies["async"].max_batch_size
     bound = compute_bound(workload, cost, args.replicas, cap)
     scale = args.time_scale if args.clock == "real" else 1.0
@@ -149,7 +149,7 @@ def run(args: argparse.Namespace, *, progress=None) -> dict[str, Any]:
             "speedup_within_5pct_of_predicted": abs(speedup / bound.predicted_speedup - 1) <= TARGET_SPEEDUP_REL,
         },
         "policies": {name: results[name] for name in (*POLICIES, "bound")},
-        "executor_policies": {name: dataclasses.asdict(p) for name, p in policies.items()},
+        "batcher_policies": {name: dataclasses.asdict(p) for name, p in policies.items()},
         "environment": environment_snapshot(),
     }
 

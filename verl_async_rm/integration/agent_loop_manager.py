@@ -183,7 +183,7 @@ class AsyncRMAgentLoopManagerV0(_AsyncRMSide, AgentLoopManager):
 class AsyncRMAgentLoopManagerV1(_AsyncRMSide, AgentLoopManagerTQ):
     """For the v1 trainer (TransferQueue): ``generate_sequences`` only dispatches. The step boundaries come from
     verl's fit loop (:mod:`~verl_async_rm.integration.v1_hooks`); in the ``sync`` trainer mode each batch announces its
-    trajectory count (``drain_after``), so its last RM batch leaves the moment its last trajectory arrives."""
+    trajectory count (``flush_after``), so its last RM batch leaves the moment its last trajectory arrives."""
 
     def __init__(self, config, llm_client, teacher_client=None, reward_loop_worker_handles=None):
         super().__init__(config, llm_client, teacher_client, reward_loop_worker_handles)
@@ -212,7 +212,7 @@ class AsyncRMAgentLoopManagerV1(_AsyncRMSide, AgentLoopManagerTQ):
             await self._async_rm_control("begin_step", step_size)
             self._dispatched = True
         elif step_size:
-            await self._async_rm_control("drain_after", step_size)
+            await self._async_rm_control("flush_after", step_size)
 
     @auto_await
     async def async_rm_close(self, phase: str, global_steps: int | None = None) -> dict[str, float]:

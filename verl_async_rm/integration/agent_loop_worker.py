@@ -1,9 +1,11 @@
 """Agent-loop workers that send each finished trajectory to every RM service the moment its agent loop ends.
 
 The override of verl's ``AgentLoopWorker._compute_score`` (in the trajectory's own task) awaits every RM's score,
-runs verl's own ``_compute_score`` (the reward manager, which sees the scores in ``extra_info``) and mixes both. A
-trajectory an RM failed has no reward: on v1 its session raises (verl's ``failure`` path; the manager applies
-``on_error`` at the step's end); on v0 ``on_error='drop'`` gives it a NaN reward flagged ``rm_dropped``."""
+runs verl's own ``_compute_score`` (the reward manager, which sees the scores in ``extra_info``) only when the reward
+uses its rule (``RewardMix.uses_rule``), and mixes both: with no rule, a trajectory makes two Ray calls (worker ->
+RM service -> replica), not three. A trajectory an RM failed has no reward: on v1 its session raises (verl's
+``failure`` path; the manager applies ``on_error`` at the step's end); on v0 ``on_error='drop'`` gives it a NaN reward
+flagged ``rm_dropped``."""
 
 from __future__ import annotations
 
@@ -18,11 +20,11 @@ import ray
 from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
 
-from verl_async_rm.errors import AsyncRMError, RMServiceLostError, remote_cause
+from verl_async_rm.errors import AsyncRMError, RMServiceLostError
 from verl_async_rm.integration.drops import Failure, PhaseRecord, PhaseRecords
-from verl_async_rm.integration.reward_mix import RewardMix, with_rm_scores
+from verl_async_rm.reward_mix import RewardMix, with_rm_scores
 from verl_async_rm.integration.token_rewards import TOKEN_REWARDS_KEY, token_placement, with_token_rewards
-from verl_async_rm.request import RMRequest, Score, StepRewards
+from verl_async_rm.request import RMRequest, Score, ScoreResult, StepRewards
 from verl_async_rm.service.client import score_with_timeout
 
 logger = logging.getLogger(__name__)
@@ -90,17 +92,20 @@ class AsyncRMWorkerMixin:
             logger.warning("verl_async_rm: no RM score for trajectory %s (dropped): %s", trajectory, error)
         else:
             records.scored(phase)
-        rm_s = time.perf_counter() - start
-        # the reward manager's function sees the RM scores in extra_info (a copy: the dataset's stays as it was)
-        extra_info = with_rm_scores(kwargs.get("extra_info"), scores)
-        kwargs = {**kwargs, "extra_info": extra_info}
-        await super()._compute_score(outputs, kwargs, *args, **options)  # type: ignore[misc]
-        final.reward_score, final.extra_fields["reward_extra_info"] = self._async_rm_mix.finish(
-            {"reward_score": final.reward_score, "reward_extra_info": final.extra_fields.get("reward_extra_info")},
-            scores, data_source=kwargs.get("data_source"), extra_info=extra_info, fn=self._async_rm_combine,
-            error=error, flag_drops=self._async_rm_on_error == "drop")
-        # verl times only its own reward-loop call (AgentLoopWorker._compute_score): count the RM wait there too
-        final.metrics.compute_score = (final.metrics.compute_score or 0.0) + rm_s
+        mix = self._async_rm_mix
+        extra_info = kwargs.get("extra_info")
+        manager_result: dict[str, Any] = {}
+        if mix.uses_rule:  # the reward manager's function sees the RM scores in extra_info (a copy)
+            extra_info = with_rm_scores(extra_info, scores)
+            await super()._compute_score(outputs, {**kwargs, "extra_info": extra_info}, *args,  # type: ignore[misc]
+                                         **options)
+            manager_result = {"reward_score": final.reward_score,
+                              "reward_extra_info": final.extra_fields.get("reward_extra_info")}
+        final.reward_score, final.extra_fields["reward_extra_info"] = mix.finish(
+            manager_result, scores, data_source=kwargs.get("data_source"), extra_info=extra_info,
+            fn=self._async_rm_combine, error=error, flag_drops=self._async_rm_on_error == "drop")
+        # verl times its own reward-loop call only: the whole hook is the trajectory's wait for its reward
+        final.metrics.compute_score = time.perf_counter() - start
         if error is None and any(isinstance(s, StepRewards) for s in scores.values()):
             placement = token_placement(final.reward_score, scores, self._async_rm_mix.weights,
                                         len(final.response_ids))
@@ -112,9 +117,9 @@ class AsyncRMWorkerMixin:
             final.extra_fields[TOKEN_REWARDS_KEY] = None  # verl stacks the same extra_fields for every sample
 
     async def _async_rm_scores(self, final: Any, kwargs: dict, trajectory: str
-                               ) -> tuple[dict[str, Score], BaseException | None]:
+                               ) -> tuple[dict[str, Score], AsyncRMError | None]:
         """The trajectory's score from every RM at once (ready when the last answers), as the replicas made them,
-        and the first failure."""
+        and the first failure (an RM's error, or its service lost)."""
         if not self._async_rm_services or self._async_rm_mix is None:
             raise AsyncRMError("this agent-loop worker has no RM service attached: build it through "
                                "verl_async_rm.AsyncRMAgentLoopManager.create(...)")
@@ -123,26 +128,25 @@ class AsyncRMWorkerMixin:
             final, uid=trajectory, raw_prompt=kwargs.get("raw_prompt"), group=str(kwargs.get("uid", "?")),
             ground_truth=reference.get("ground_truth") if isinstance(reference, Mapping) else None)
         names = list(self._async_rm_services)
-        answers = await asyncio.gather(*(score_with_timeout(service, request, timeout_s=self._async_rm_timeout_s)
-                                         for service in self._async_rm_services.values()), return_exceptions=True)
+        answers: list[ScoreResult | BaseException] = await asyncio.gather(
+            *(score_with_timeout(service, request, timeout_s=self._async_rm_timeout_s)
+              for service in self._async_rm_services.values()), return_exceptions=True)
         scores: dict[str, Score] = {}
-        failure: BaseException | None = None
+        failure: AsyncRMError | None = None
         for name, answer in zip(names, answers, strict=True):
-            if not isinstance(answer, BaseException):
-                scores[name] = answer
-                continue
             if isinstance(answer, ray.exceptions.RayActorError):
                 lost = RMServiceLostError(
                     f"the RM service of RM {name!r} died while trajectory {request.uid} waited for its score "
                     f"({answer}); the agent-loop manager starts a new one at the next step")
                 lost.__cause__, answer = answer, lost
-            elif isinstance(answer, (AsyncRMError, ray.exceptions.RayError)):
-                answer = remote_cause(answer)
+            if not isinstance(answer, BaseException):
+                scores[name] = answer
+            elif isinstance(answer, AsyncRMError):
                 if len(names) > 1:
                     answer.add_note(f"RM {name!r}")
+                failure = failure or answer
             else:
                 raise answer  # not an RM failure (a cancellation, a bug): never recorded as a dropped score
-            failure = failure or answer
         return scores, failure
 
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from typing import Any
 
-from verl_async_rm.config import MAIN, AsyncRMConfig
+from verl_async_rm.config import CONFIG_GROUP, MAIN, AsyncRMConfig
 from verl_async_rm.options import select as _get
 
 logger = logging.getLogger(__name__)
@@ -150,20 +151,101 @@ def check_v1_trainer(config: Any, on_error: str) -> str:
 
 
 def _check_async_rm_settings(config: Any) -> AsyncRMConfig:
-    from verl_async_rm.scoring.checkpoint import check_rm_checkpoint
     from verl_async_rm.errors import ConfigValueError
+    from verl_async_rm.scoring.checkpoint import check_rm_checkpoint
 
     settings = AsyncRMConfig.from_verl(config)
     for entry in settings.models:
         rm = entry.rm
+        _refuse_hub_ids(config, entry)
         if os.path.isdir(rm.model_path):
             try:
-                check_rm_checkpoint(rm.model_path, rm.trust_remote_code, rm.reward_kind)
+                check_rm_checkpoint(rm.model_path, rm.trust_remote_code, rm.reward_kind, rm.kind_given)
             except ConfigValueError as err:
-                if entry.name == MAIN:
-                    raise
-                raise err.renamed(f"{entry.key}.{err.key}") from None
+                if entry.name != MAIN:
+                    raise err.renamed(f"{entry.key}.{err.key}") from None
+                raise err.renamed(f"{entry.key}.model_path" if err.key == "model_path" else
+                                  f"{CONFIG_GROUP}.{err.key}") from None
         else:  # multi-node runs may keep the RM only on the reward nodes: each replica checks it when it loads
             logger.info("verl_async_rm: RM %s's path %s is not on this machine; its replicas will check it",
                         entry.name, rm.model_path)
+        _warn_step_sums(config, entry)
+    _refuse_column_clashes(config, settings)
     return settings
+
+
+#: A Hugging Face Hub id (``owner/name``): verl downloads one for the policy, the RM replicas load local directories.
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def _refuse_hub_ids(config: Any, entry: Any) -> None:
+    """The RM's and the policy tokenizer's paths are local directories on every node; a Hub id (not a directory here)
+    is refused now, naming the key it came from, instead of failing as the replicas load."""
+    rm = entry.rm
+    paths = [(f"{entry.key}.model_path", rm.model_path, "the RM")]
+    if rm.retemplate != "never" and rm.policy_tokenizer_path:
+        key = next(k for k in (f"{CONFIG_GROUP}.policy_tokenizer_path", "actor_rollout_ref.model.tokenizer_path",
+                               "actor_rollout_ref.model.path") if _get(config, k) is not None)
+        paths.append((key, rm.policy_tokenizer_path, "the policy's tokenizer (the RM reads responses decoded by it)"))
+    for key, path, what in paths:
+        if not os.path.isdir(path) and not os.path.isabs(path) and _HUB_ID.match(path):
+            name = path.rsplit("/", 1)[-1]
+            fix = (f"point {key} at that directory" if key.endswith("model_path") else
+                   f"add +{CONFIG_GROUP}.policy_tokenizer_path=/shared/{name} (verl may keep the Hub id)")
+            raise ValueError(
+                f"{key}={path!r} is not a directory here and reads as a Hugging Face Hub id, but the RM replicas load "
+                f"{what} from a local directory on every node of the reward pool. Fix: download it (huggingface-cli "
+                f"download {path} --local-dir /shared/{name}) and {fix}")
+
+
+#: verl's advantage estimators that read only the sum of a trajectory's token rewards (``token_level_rewards.sum(-1)``
+#: in verl/trainer/ppo/core_algos.py); the others (gae, reinforce_plus_plus, remax, ...) read each token's reward.
+SUM_ONLY_ESTIMATORS = ("grpo", "grpo_vectorized", "grpo_passk", "gdpo", "rloo", "rloo_vectorized", "opo", "gpg",
+                       "reinforce_plus_plus_baseline")
+
+
+def _warn_step_sums(config: Any, entry: Any) -> None:
+    """``process_reduction=none`` with an estimator that reads only the sum: legitimate, but more steps earn more."""
+    estimator = str(_get(config, "algorithm.adv_estimator") or "")
+    if entry.rm.token_level and estimator in SUM_ONLY_ESTIMATORS:
+        logger.warning(
+            "verl_async_rm: RM %s has process_reduction=none with algorithm.adv_estimator=%s, which reads only the sum "
+            "of a trajectory's token rewards: its reward is then the sum of its step scores, so a response with more "
+            "steps earns more. With %s use process_reduction=min (the default; or mean, last, product); keep 'none' "
+            "for an estimator that reads each token's reward (gae, reinforce_plus_plus, remax)", entry.name,
+            estimator, estimator)
+
+
+def _refuse_column_clashes(config: Any, settings: AsyncRMConfig) -> None:
+    """A dataset column named like a key the plugin writes into ``reward_extra_info`` (verl's v0 trainer would fail
+    joining the rollout to the batch, after the first rollout) or like one it adds to ``extra_info`` (the dataset's
+    value would be lost): refused now, for the local parquet files of ``data.train_files`` / ``data.val_files``."""
+    from verl_async_rm.integration.token_rewards import TOKEN_REWARDS_KEY
+    from verl_async_rm.reward_mix import RM_SCORE_KEY, RM_SCORES_KEY
+
+    ours = set(settings.mix.extra_keys(flag_drops=settings.integration.on_error == "drop"))
+    if settings.mix.token_level:
+        ours.add(TOKEN_REWARDS_KEY)
+    for key in ("data.train_files", "data.val_files"):
+        files = _get(config, key)
+        for path in [files] if isinstance(files, str) else list(files or ()):
+            columns, extra_info = _parquet_columns(str(path))
+            for clash, where in ((ours & columns, "reward_extra_info"),
+                                 ({RM_SCORE_KEY, RM_SCORES_KEY} & extra_info, "extra_info")):
+                if clash:
+                    raise ValueError(
+                        f"{key}: {path} has {'extra_info field' if where == 'extra_info' else 'column'}(s) "
+                        f"{sorted(clash)}, named like the key(s) the plugin writes into each trajectory's {where}: one "
+                        "would overwrite the other. Fix: rename them in your dataset")
+
+
+def _parquet_columns(path: str) -> tuple[set[str], set[str]]:
+    """The columns of a local parquet file and the fields of its ``extra_info`` struct (empty when not readable)."""
+    if not path.endswith(".parquet") or not os.path.isfile(path):
+        return set(), set()
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pq.read_schema(path)
+    extra = schema.field("extra_info").type if "extra_info" in schema.names else None
+    return set(schema.names), {f.name for f in extra} if extra is not None and pa.types.is_struct(extra) else set()

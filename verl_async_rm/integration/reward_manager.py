@@ -1,29 +1,23 @@
-"""verl reward manager ``async_rm``: verl's ``NaiveRewardManager`` that runs the rule only when the reward uses it
-(``rule_weight`` or ``combine_fn``), so data sources without a rule work with the RM alone."""
+"""verl reward manager ``async_rm``: verl's ``NaiveRewardManager`` (the rule, on data sources that have one) for
+trajectories the plugin's agent-loop workers scored. It runs only when the reward uses the rule (``rule_weight`` or
+``combine_fn``): otherwise the workers set the reward themselves and verl's reward loop is not called."""
 
 from __future__ import annotations
-
 
 from verl import DataProto
 from verl.experimental.reward_loop.reward_manager import register
 from verl.experimental.reward_loop.reward_manager.naive import NaiveRewardManager
 
-from verl_async_rm.errors import RewardModelError
-from verl_async_rm.integration.reward_mix import RM_SCORE_KEY
 from verl_async_rm.config import ASYNC_RM_MANAGER
+from verl_async_rm.errors import RewardModelError
+from verl_async_rm.reward_mix import RM_SCORE_KEY
 
 __all__ = ["AsyncRMRewardManager"]
 
 
 @register(ASYNC_RM_MANAGER)
 class AsyncRMRewardManager(NaiveRewardManager):
-    """verl's naive manager, whose rule runs only when ``async_rm.*`` weights use it (see module doc)."""
-
-    def __init__(self, config, tokenizer, compute_score, reward_router_address=None, reward_model_tokenizer=None):
-        super().__init__(config, tokenizer, compute_score, reward_router_address, reward_model_tokenizer)
-        from verl_async_rm.config import AsyncRMConfig
-
-        self._uses_rule = AsyncRMConfig.from_verl(config).mix.uses_rule
+    """verl's naive manager, refusing trajectories the plugin did not score (see module doc)."""
 
     async def run_single(self, data: DataProto) -> dict:
         item = data[-1]  # multi-output agent loops: the reward belongs to the last output, as in verl
@@ -33,6 +27,4 @@ class AsyncRMRewardManager(NaiveRewardManager):
                 "reward_manager.name=async_rm found no RM score on this trajectory. It needs the package's agent "
                 "loop: +actor_rollout_ref.rollout.agent.agent_loop_manager_class="
                 "verl_async_rm.AsyncRMAgentLoopManager")
-        if not self._uses_rule:
-            return {"reward_score": 0.0, "reward_extra_info": {}}
         return await super().run_single(data)

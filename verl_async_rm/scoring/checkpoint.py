@@ -10,7 +10,7 @@ from typing import Any
 
 from verl_async_rm.errors import ConfigValueError
 
-__all__ = ["check_rm_checkpoint", "load_tokenizer", "load_reward_model", "auto_class_name"]
+__all__ = ["check_rm_checkpoint", "process_rm_signs", "load_tokenizer", "load_reward_model", "auto_class_name"]
 
 #: Architecture name endings of generation models: such a checkpoint has no trained score head.
 _GENERATION_HEADS = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration", "ForMaskedLM")
@@ -18,6 +18,11 @@ _TRUST_FIX = ("set trust_remote_code=True (verl: +async_rm.trust_remote_code=Tru
               "files in that directory")
 _RM_FIX = ("point the RM path (verl: reward.reward_model.model_path) at a trained sequence-classification reward "
            "model, whose config.json lists an architecture such as Qwen2ForSequenceClassification")
+_JUDGE_FIX = (f"{_RM_FIX}; or, to ask this causal LM about each trajectory and read its answer, make it a judge: "
+              "+async_rm.reward_kind=judge (see the judge_* keys)")
+#: Step tokens of published process RMs (Qwen2.5-Math-PRM: a score at each ``<extra_0>``), found among a checkpoint's
+#: added tokens: with two labels, the sign of a process RM whatever its architecture is called.
+_STEP_TOKENS = ("<extra_0>",)
 
 
 def _read_config(model_path: str) -> dict[str, Any]:
@@ -41,10 +46,49 @@ def _native_model_type(model_type: Any) -> bool:
     return isinstance(model_type, str) and model_type in CONFIG_MAPPING_NAMES
 
 
-def check_rm_checkpoint(model_path: str, trust_remote_code: bool, reward_kind: str = "outcome") -> None:
+def process_rm_signs(config: dict[str, Any], model_path: str) -> tuple[list[str], str | None]:
+    """What says that the checkpoint is a process RM (a score per step, not one per trajectory): a token-level or
+    process-reward architecture, its label count, a step token among its added tokens; and that step token."""
+    architectures = [str(a) for a in config.get("architectures") or []]
+    auto_map = config.get("auto_map") or {}
+    signs = []
+    if any(a.endswith("ForTokenClassification") or "ProcessRewardModel" in a for a in architectures):
+        signs.append(f"architectures={architectures}")
+    if "AutoModelForTokenClassification" in auto_map and "AutoModelForSequenceClassification" not in auto_map:
+        signs.append("its code maps AutoModelForTokenClassification only")
+    # transformers writes no label map for its default of two labels
+    labels = config.get("num_labels") or len(config.get("id2label") or {}) or 2
+    step = next((t for t in _STEP_TOKENS if t in _added_tokens(model_path)), None)
+    if (signs or labels == 2) and step is not None:
+        signs.append(f"{labels} labels and the step token {step!r}")
+    elif signs:
+        signs.append(f"{labels} labels")
+    return signs, step
+
+
+def _added_tokens(model_path: str) -> set[str]:
+    """The added (special) tokens its tokenizer files declare; empty when they cannot be read."""
+    found: list[Any] = []
+    for name in ("tokenizer_config.json", "tokenizer.json"):
+        try:
+            with open(os.path.join(model_path, name), encoding="utf-8") as f:
+                files = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if isinstance(files, dict):
+            decoder = files.get("added_tokens_decoder") or {}
+            found += [t.get("content") for t in [*decoder.values(), *(files.get("added_tokens") or ())]
+                      if isinstance(t, dict)]
+            found += list(files.get("additional_special_tokens") or ())
+    return {t for t in found if isinstance(t, str)}
+
+
+def check_rm_checkpoint(model_path: str, trust_remote_code: bool, reward_kind: str = "outcome",
+                        kind_given: bool = False) -> None:
     """Raise ``ValueError`` if ``model_path`` cannot be an RM: no ``config.json``; a generation architecture with no
     reward head (a judge needs one instead); custom code without ``trust_remote_code`` for an unknown model type or an
-    RM loaded by its own ``AutoModel`` code (transformers would load the bare backbone, dropping the reward head)."""
+    RM loaded by its own ``AutoModel`` code (transformers would load the bare backbone, dropping the reward head); a
+    process RM read as an outcome RM without the user saying so (``kind_given``: ``reward_kind`` was set)."""
     config = _read_config(model_path)
     auto_map = config.get("auto_map") or {}
     model_type = config.get("model_type")
@@ -69,7 +113,15 @@ def check_rm_checkpoint(model_path: str, trust_remote_code: bool, reward_kind: s
             and all(a.endswith(_GENERATION_HEADS) for a in architectures):
         raise ConfigValueError("model_path", model_path, f"its config.json lists architectures={architectures}, a "
                                "generation model with no trained reward head (loading it as a sequence classifier "
-                               "would score with a randomly initialised head)", _RM_FIX)
+                               "would score with a randomly initialised head)", _JUDGE_FIX)
+    signs, step = process_rm_signs(config, model_path)
+    if reward_kind == "outcome" and signs and not kind_given:
+        raise ConfigValueError(
+            "reward_kind", "outcome", f"the RM at {model_path} is a process RM ({'; '.join(signs)}): it scores each "
+            "step, and read as an outcome RM its number at the last token means nothing",
+            "score it as a process RM: +async_rm.reward_kind=process +async_rm.step_separator=" +
+            (f"\"'{step}'\" (quoted for Hydra)" if step else "<its step token>") +
+            "; or, if you know it is an outcome RM, say so: +async_rm.reward_kind=outcome")
 
 
 def _remote_code_error(err: Exception, path: str, key: str) -> ConfigValueError | None:
@@ -111,7 +163,7 @@ def auto_class_name(config: dict[str, Any], reward_kind: str = "outcome") -> str
 
 
 def load_reward_model(path: str, *, trust_remote_code: bool, attn_implementation: str, reward_kind: str = "outcome",
-                      **kwargs: Any) -> Any:
+                      kind_given: bool = False, **kwargs: Any) -> Any:
     """The RM at ``path`` loaded with :func:`auto_class_name`'s class, refusing (``ValueError``) custom code without
     ``trust_remote_code``, a model type with no such class and a checkpoint that leaves parameters uninitialised; any
     other load failure is a ``RewardModelError``."""
@@ -119,7 +171,7 @@ def load_reward_model(path: str, *, trust_remote_code: bool, attn_implementation
 
     from verl_async_rm.errors import RewardModelError
 
-    check_rm_checkpoint(path, trust_remote_code, reward_kind)
+    check_rm_checkpoint(path, trust_remote_code, reward_kind, kind_given)
     class_name = auto_class_name(_read_config(path), reward_kind)
     auto_class = getattr(transformers, class_name)
     try:

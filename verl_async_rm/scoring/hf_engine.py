@@ -273,7 +273,9 @@ class HFEngine(Engine):
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
             if len(rows) == 1:
-                return [RewardModelError(f"out of memory on a {len(rows[0][0])}-token input: {err}")]
+                failure = RewardModelError(f"out of memory on a {len(rows[0][0])}-token input: {err}")
+                failure.__cause__ = err
+                return [failure]
         elif isinstance(err, RewardModelError):  # the model's output cannot be read: no row is to blame
             return [err] * len(rows)
         return None

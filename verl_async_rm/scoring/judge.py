@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from verl_async_rm.errors import ConfigValueError, JudgeVerdictError, RewardInputError
-from verl_async_rm.request import RMRequest, Verdict
+from verl_async_rm.request import RMRequest, ScoreResult, Verdict
 from verl_async_rm.scoring.engine import check_rows, differs
 from verl_async_rm.scoring.inputs import check_token_ids, dedup_bos, strip_trailing
 from verl_async_rm.scoring.outcome import OutcomeKind, RMInput
@@ -231,7 +231,7 @@ class JudgeGenerateKind(JudgeLogitsKind):
         if self.room is not None:
             self.room -= config.judge_max_tokens  # the verdict must fit in the engine's context too
 
-    def read(self, request: RMRequest, value: Any, built: RMInput) -> Any:
+    def read(self, request: RMRequest, value: Any, built: RMInput) -> ScoreResult:
         where = f"judge {self.config.model_path}: trajectory {request.uid}: "
         try:
             return Verdict(parse_verdict(value.text, self.pattern, self.labels, where), value.text[-VERDICT_CHARS:])

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl_async_rm.errors import ConfigValueError, NonFiniteScoreError
-from verl_async_rm.request import RMRequest
+from verl_async_rm.request import RMRequest, ScoreResult
 from verl_async_rm.scoring.checkpoint import load_tokenizer
 from verl_async_rm.scoring.inputs import prepare_input_ids, tokenizers_match
 
-__all__ = ["OutcomeKind", "RMInput", "kind_class", "find_head"]
+__all__ = ["OutcomeKind", "RMInput", "find_head"]
 
 logger = logging.getLogger(__name__)
 
@@ -33,19 +33,6 @@ class RMInput:
     reads: list[int] | None = None
     token_index: list[int] | None = None
     dropped: int = 0
-
-
-def kind_class(config: Any) -> type[OutcomeKind]:
-    """The kind of an RM: outcome, process, or a judge read at its next token or by the verdict it writes."""
-    if config.reward_kind == "process":
-        from verl_async_rm.scoring.process import ProcessKind
-
-        return ProcessKind
-    if config.reward_kind == "judge":
-        from verl_async_rm.scoring.judge import JudgeGenerateKind, JudgeLogitsKind
-
-        return JudgeGenerateKind if config.judge_readout == "generate" else JudgeLogitsKind
-    return OutcomeKind
 
 
 class OutcomeKind:
@@ -119,7 +106,7 @@ class OutcomeKind:
             id_limit=self.policy_id_limit if self.retemplate else self.vocab_size, suffix_ids=self.suffix_ids)
         return RMInput(ids, cut)
 
-    def read(self, request: RMRequest, value: Any, built: RMInput) -> Any:
+    def read(self, request: RMRequest, value: Any, built: RMInput) -> ScoreResult:
         """The engine's raw value of ``request`` as its score, or the error that fails it."""
         if not math.isfinite(value):
             return NonFiniteScoreError(f"trajectory {request.uid}: the RM returned {value}")

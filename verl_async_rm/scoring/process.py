@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from verl_async_rm.errors import ConfigValueError, NonFiniteScoreError, RewardInputError
-from verl_async_rm.request import RMRequest, StepRewards
+from verl_async_rm.request import RMRequest, ScoreResult, StepRewards
 from verl_async_rm.scoring.inputs import (check_token_ids, conversation_for, dedup_bos, render_conversation,
                                           strip_trailing, truncate_left)
 from verl_async_rm.scoring.outcome import OutcomeKind, RMInput, find_head
@@ -65,7 +65,7 @@ class ProcessKind(OutcomeKind):
                                      separator_id=self.separator_id, response_stop_ids=self.response_stop_ids,
                                      max_length=self.max_length, id_limit=self.policy_id_limit)
 
-    def read(self, request: RMRequest, value: Any, built: RMInput) -> Any:
+    def read(self, request: RMRequest, value: Any, built: RMInput) -> ScoreResult:
         if not all(math.isfinite(v) for v in value):
             return NonFiniteScoreError(f"trajectory {request.uid}: the RM returned {value}")
         if self.config.process_reduction == "none":

@@ -8,14 +8,20 @@ from dataclasses import dataclass, field
 from verl_async_rm.errors import ConfigValueError
 from verl_async_rm.options import check_options, option
 from verl_async_rm.scoring import vllm_engine
-from verl_async_rm.scoring.outcome import kind_class
+from verl_async_rm.scoring.judge import JudgeGenerateKind, JudgeLogitsKind
+from verl_async_rm.scoring.outcome import OutcomeKind
+from verl_async_rm.scoring.process import ProcessKind
 
-__all__ = ["RMConfig", "PLACEMENTS"]
+__all__ = ["RMConfig", "PLACEMENTS", "KINDS", "kind_class"]
 
 #: Where the replicas run: ``own_pool`` (a reward pool of their own, ``reward.reward_model.enable_resource_pool=True``)
 #: or ``policy_pool`` (the bundles of verl's actor/rollout pool, asleep while the policy trains; ``=False``).
 PLACEMENTS = ("own_pool", "policy_pool")
 
+#: The kind of each ``(reward_kind, judge_readout)``; ``judge_readout`` only tells judges apart.
+KINDS: dict[tuple[str, str | None], type[OutcomeKind]] = {
+    ("outcome", None): OutcomeKind, ("process", None): ProcessKind, ("judge", "logits"): JudgeLogitsKind,
+    ("judge", "generate"): JudgeGenerateKind}
 _JUDGE_KEYS = ("judge_prompt", "judge_tokens", "judge_pattern", "judge_labels")
 _POOL_FIX = "set {key} to a positive integer (one RM replica on one GPU: n_gpus_per_node=1, nnodes=1)"
 _SECONDS = {"above": 0, "why": "must be a positive number of seconds", "fix": "set {key}=300"}
@@ -123,14 +129,17 @@ class RMConfig:
                          fix=_POOL_FIX)
     gpus_per_replica: int = option(
         1, "GPUs of one replica, on one node (a divisor of n_gpus_per_node): an RM too large for one GPU is sharded "
-        "(transformers: tensor parallel where the architecture has a plan, else FSDP2; engine='vllm' and judges "
-        "that write their verdict: one vLLM engine, tensor parallel over the k GPUs; logits judges: 1 only).", least=1,
+        "(transformers, logits judges included: tensor parallel where the architecture has a plan, else FSDP2; "
+        "engine='vllm' and judges that write their verdict: one vLLM engine, tensor parallel over the k GPUs).",
+        least=1,
         why="a replica needs at least one GPU",
         fix="set {key}=1 (a full copy per GPU), or the GPUs one copy needs, e.g. 2 for a 70B RM on 80 GB GPUs")
     placement_timeout_s: float = option(300.0, "How long to wait for the reward pool's placement groups.",
                                         **_SECONDS)
     init_timeout_s: float = option(900.0, "How long a replica may take to load the RM (and a timed-out call may "
                                    "take to answer before its replica is replaced).", **_SECONDS)
+    kind_given: bool = field(default=False, metadata={"internal": True, "help": (
+        "Whether the user set reward_kind (a process RM's checkpoint is read as an outcome RM only if they did).")})
     placement: str = field(default="own_pool", metadata={"internal": True, "help": (
         "Where the replicas run (PLACEMENTS): 'own_pool', or 'policy_pool' (verl's actor/rollout pool, asleep while "
         "the policy trains); from reward.reward_model.enable_resource_pool.")})
@@ -203,3 +212,8 @@ class RMConfig:
     def num_replicas(self) -> int:
         """RM replicas in the pool (each runs one batch at a time), of ``gpus_per_replica`` GPUs each."""
         return self.replicas_per_node * self.nnodes
+
+
+def kind_class(config: RMConfig) -> type[OutcomeKind]:
+    """The kind of an RM: outcome, process, or a judge read at its next token or by the verdict it writes."""
+    return KINDS[(config.reward_kind, config.judge_readout if config.reward_kind == "judge" else None)]

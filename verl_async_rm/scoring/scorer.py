@@ -14,13 +14,13 @@ from typing import Any
 import torch
 
 from verl_async_rm.errors import JudgeVerdictError, RewardInputError, RewardModelError
-from verl_async_rm.request import RMRequest
+from verl_async_rm.request import RMRequest, ScoreResult
 from verl_async_rm.scoring.checkpoint import check_rm_checkpoint, load_reward_model, load_tokenizer
 from verl_async_rm.scoring.engine import check_rows, differs
 from verl_async_rm.scoring.hf_engine import HFEngine
 from verl_async_rm.scoring.offload import Move, WeightOffload
-from verl_async_rm.scoring.outcome import RMInput, kind_class
-from verl_async_rm.scoring.rm_config import RMConfig
+from verl_async_rm.scoring.outcome import RMInput
+from verl_async_rm.scoring.rm_config import RMConfig, kind_class
 from verl_async_rm.scoring.sharding import (WEIGHTS_SHARE, FailureAgreement, ShardGroup, check_same_forward, join_group,
                                             load_sharded, rm_weights_bytes)
 
@@ -77,7 +77,7 @@ class RewardModelScorer:
         _check_dir(config.model_path, "model_path")
         if config.retemplate != "never":
             _check_dir(config.policy_tokenizer_path, "policy_tokenizer_path")
-        check_rm_checkpoint(config.model_path, config.trust_remote_code, config.reward_kind)
+        check_rm_checkpoint(config.model_path, config.trust_remote_code, config.reward_kind, config.kind_given)
         self.rm_tokenizer = load_tokenizer(config.model_path, "model_path", config.trust_remote_code)
         kind = kind_class(config)
         self.model, self.sharding, agreement = None, {"sharding": "none"}, None
@@ -127,6 +127,7 @@ class RewardModelScorer:
         def load(**kwargs: Any) -> Any:
             return load_reward_model(config.model_path, trust_remote_code=config.trust_remote_code,
                                      attn_implementation=config.attn_implementation, reward_kind=config.reward_kind,
+                                     kind_given=config.kind_given,
                                      dtype=self.dtype, **kwargs)
 
         agreement = None
@@ -203,11 +204,11 @@ class RewardModelScorer:
         built = self.kind.build(request)
         return built.ids, built.truncated
 
-    def score(self, requests: Sequence[RMRequest]) -> list[Any]:
+    def score(self, requests: Sequence[RMRequest]) -> list[ScoreResult]:
         """One entry per request: its :data:`~verl_async_rm.request.Score`, or the error that kept that request from
         being scored; a bad request fails only its own entry, the call itself does not raise."""
         start = time.perf_counter()
-        results: list[Any] = [None] * len(requests)
+        results: list[ScoreResult | None] = [None] * len(requests)
         built: list[RMInput] = []
         owners: list[int] = []
         for i, request in enumerate(requests):

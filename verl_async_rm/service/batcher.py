@@ -1,349 +1,32 @@
 """The RM service's batcher: single requests in, batches out to free replicas (pure asyncio, no Ray, no threads).
 
 A batch leaves only for a free replica (work-conserving), when ``max_batch_size`` requests or ``max_batch_tokens``
-tokens wait, the OLDEST has waited ``max_wait_ms``, or a drain covers it; batches group similar lengths. Every request
-resolves exactly once. ``batch_fn(items, replica)`` returns one result or ``Exception`` per item; what it raises
-fails the batch, except :class:`ReplicaLostError`: the batch goes back to the queue, the replica is replaced."""
+tokens wait, the OLDEST has waited ``max_wait_ms``, or a flush covers it (:mod:`.batching`); batches group similar
+lengths. Every request resolves exactly once. ``batch_fn(items, replica)`` returns one result or ``Exception`` per
+item; what it raises fails the batch, except :class:`ReplicaLostError`: the batch goes back to the queue, the replica
+is replaced."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import math
 import operator
-import time
-from collections import Counter, OrderedDict, deque
-from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections import Counter, deque
+from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
-from itertools import islice
 from typing import Any
 
 from verl_async_rm.errors import (BatcherClosedError, BatcherCrashedError, BatchResultError, NoReplicasError,
                                   ReplicaLostError, RequestTimeoutError)
-from verl_async_rm.options import check_options, option
+from verl_async_rm.service.batcher_stats import BatcherStats, StepStats
+from verl_async_rm.service.batching import DONE, PENDING, RUNNING, BatchPolicy, Request, RequestQueue
 
-__all__ = ["BatchPolicy", "Batcher", "StepStats", "Summary", "FLUSH_REASONS", "select_batch"]
+__all__ = ["Batcher", "BatchFn", "ReplaceFn", "REPLICA_STATES"]
 
 logger = logging.getLogger(__name__)
 
-#: Why a batch left: request count, token budget, the oldest request's age, or a drain (explicit, or the step's
-#: announced count of requests arrived).
-FLUSH_REASONS = ("size", "tokens", "age", "drain")
-#: Length grouping picks from this many batches' worth of requests after the oldest one (wider groups better under a
-#: backlog: padding 0.097 at 4, 0.039 at 16 in the overlap bench). The oldest request is in every batch, so one with
-#: p requests ahead of it leaves within p + 1 batches.
-_GROUP_WINDOW_BATCHES = 16
-#: A timer may fire up to one clock tick early: a request this close to its max_wait counts as due.
-_CLOCK_RESOLUTION = time.get_clock_info("monotonic").resolution
-PENDING, RUNNING, DONE = 1, 2, 3
-_STEP_COUNTS = ("submitted", "completed", "failed", "timed_out", "cancelled", "rejected", "batches", "requeued")
 REPLICA_STATES = ("free", "busy", "timed_out", "replacing", "lost")
-
-
-@dataclass(frozen=True)
-class BatchPolicy:
-    """How requests become batches (``async_rm.*`` keys; per RM under ``async_rm.models.<name>``)."""
-
-    max_batch_size: int = option(32, "Most requests in one RM call; a batch this full leaves at once.", least=1,
-                                 fix="set it to the most requests one RM call should score, for example 64")
-    max_batch_tokens: int | None = option(
-        None, "Most policy tokens in one RM call (a longer request goes alone). None: no budget.", int,
-        optional=True, least=1, fix="set the token budget of one RM call (e.g. 65536), or None for no budget")
-    max_wait_ms: float = option(
-        20.0, "A free replica takes what waits once the OLDEST request has waited this long; 0: at once.", least=0,
-        fix="set how long the oldest request may wait for a batch to fill (ms), e.g. 20")
-    batch_timeout_s: float | None = option(
-        600.0, "Longest one RM call may run: then its requests fail (RequestTimeoutError) and the replica takes no "
-        "batch until the call ends (replaced if silent init_timeout_s more). None: no limit.", float,
-        optional=True, above=0, fix="give a positive number of seconds, or None for no limit")
-    group_by_length: bool = option(
-        True, "Fill a batch (after the oldest request) with the closest lengths, overdue ones first, to cut "
-        "padding; False: arrival order.")
-    prefer_siblings: bool = option(
-        False, "With group_by_length: the oldest request's GRPO siblings first, so a packed RM with share_prompts "
-        "computes their prompt once (costs padding on a padded RM).")
-    replica_retries: int = option(
-        2, "Times a request whose replica died under it goes back to the queue before failing with that error.",
-        least=0, fix="use 0 to fail at once, or a small count such as 2")
-
-    def __post_init__(self) -> None:
-        check_options(self)
-
-    @property
-    def max_wait_s(self) -> float:
-        return self.max_wait_ms / 1000.0
-
-
-# ---------------------------------------------------------------------------------------------------- statistics
-
-
-@dataclass(frozen=True)
-class Summary:
-    """``count``, ``mean``, ``total``; nearest-rank percentiles and ``max`` (None without values)."""
-
-    count: int = 0
-    mean: float | None = None
-    p50: float | None = None
-    p90: float | None = None
-    p99: float | None = None
-    max: float | None = None
-    total: float = 0.0
-
-
-@dataclass(frozen=True)
-class StepStats:
-    """One step's figures (:meth:`Batcher.pop_step_stats`): counters as differences; ``rm_utilization``: batch
-    time / (replicas x elapsed); ``tail_s``: from the step's last submit to its last result."""
-
-    submitted: int = 0
-    completed: int = 0
-    failed: int = 0
-    timed_out: int = 0
-    cancelled: int = 0
-    rejected: int = 0
-    batches: int = 0
-    requeued: int = 0
-    wait_ms: Summary = Summary()
-    exec_ms: Summary = Summary()
-    elapsed_s: float = 0.0
-    tail_s: float | None = None
-    mean_batch_size: float | None = None
-    mean_fill: float | None = None
-    rm_utilization: float | None = None
-    usable_replicas: int = 0  #: all but the lost ones
-    replaced_replicas_total: int = 0
-
-
-class _Samples:
-    """The last ``window`` values (percentiles), all-time count and total, and the values of the current step."""
-
-    __slots__ = ("_values", "_step", "count", "total")
-
-    def __init__(self, window: int = 10_000) -> None:
-        self._values: deque[float] = deque(maxlen=window)
-        self._step: list[float] = []
-        self.count, self.total = 0, 0.0
-
-    def add(self, value: float) -> None:
-        self._values.append(value)
-        self._step.append(value)
-        self.count += 1
-        self.total += value
-
-    def summary(self, scale: float = 1000.0) -> Summary:
-        return _summarise(self._values, self.count, self.total, scale)
-
-    def pop_step(self, scale: float = 1000.0) -> Summary:
-        step, self._step = self._step, []
-        return _summarise(step, len(step), sum(step), scale)
-
-
-def _summarise(values: Iterable[float], count: int, total: float, scale: float) -> Summary:
-    ordered = sorted(values)
-    if not ordered:
-        return Summary()
-    n = len(ordered)
-
-    def pct(q: float) -> float:
-        return ordered[min(n - 1, max(0, math.ceil(q * n) - 1))] * scale
-
-    return Summary(count, total / count * scale, pct(0.50), pct(0.90), pct(0.99), ordered[-1] * scale, total * scale)
-
-
-class BatcherStats:
-    """Counters and samples; each request is counted once as completed, failed, timed out or cancelled."""
-
-    def __init__(self, max_batch_size: int) -> None:
-        self.max_batch_size = max_batch_size
-        self.submitted = self.completed = self.failed = self.cancelled = self.timed_out = self.rejected = 0
-        self.batches = self.batched_requests = self.loop_restarts = self.requeued = 0
-        self.real_tokens = self.padded_tokens = 0
-        self.flush_reasons = Counter(dict.fromkeys(FLUSH_REASONS, 0))
-        self.batch_size, self.wait_s, self.exec_s = _Samples(), _Samples(), _Samples()
-        self._base = self._counts()
-        self.step_t0 = self.last_submit = self.last_result = None
-
-    def record_batch(self, size: int, lengths: list[int] | None, reason: str) -> None:
-        self.batches += 1
-        self.batched_requests += size
-        self.flush_reasons[reason] += 1
-        self.batch_size.add(size)
-        if lengths:
-            real = sum(lengths)
-            self.real_tokens += real
-            self.padded_tokens += max(lengths) * size - real
-
-    def _counts(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in _STEP_COUNTS}
-
-    def pop_step(self, replicas: int, now: float | None, usable: int, replaced: int) -> StepStats:
-        counts, base, self._base = self._counts(), self._base, self._counts()
-        elapsed_s = 0.0 if now is None or self.step_t0 is None else now - self.step_t0
-        if now is not None:
-            self.step_t0 = now
-        mean_size = self.batch_size.pop_step(1.0).mean
-        busy = self.exec_s.pop_step()
-        submit, result, self.last_submit, self.last_result = self.last_submit, self.last_result, None, None
-        return StepStats(
-            **{name: counts[name] - base[name] for name in _STEP_COUNTS}, wait_ms=self.wait_s.pop_step(),
-            exec_ms=busy, elapsed_s=elapsed_s,
-            tail_s=result - submit if submit is not None and result is not None and result >= submit else None,
-            mean_batch_size=mean_size, mean_fill=None if mean_size is None else mean_size / self.max_batch_size,
-            rm_utilization=busy.total / 1000.0 / (replicas * elapsed_s) if elapsed_s > 0 else None,
-            usable_replicas=usable, replaced_replicas_total=replaced)
-
-    def snapshot(self, live: dict[str, Any]) -> dict[str, Any]:
-        mean_size = self.batched_requests / self.batches if self.batches else None
-        padded = self.real_tokens + self.padded_tokens
-        return {
-            "submitted": self.submitted, "completed": self.completed, "failed": self.failed,
-            "cancelled": self.cancelled, "timed_out": self.timed_out, "rejected": self.rejected, **live,
-            "batches": self.batches, "batch_size": dataclasses.asdict(self.batch_size.summary(1.0)),
-            "mean_fill": None if mean_size is None else mean_size / self.max_batch_size,
-            "padding_fraction": self.padded_tokens / padded if padded else None,
-            "wait_ms": dataclasses.asdict(self.wait_s.summary()), "exec_ms": dataclasses.asdict(self.exec_s.summary()),
-            "flush_reasons": dict(self.flush_reasons), "loop_restarts": self.loop_restarts, "requeued": self.requeued}
-
-
-# ---------------------------------------------------------------------------------------------------- the queue
-
-
-@dataclass(slots=True, eq=False)
-class Request:
-    """A caller's item, its future and its state (``PENDING -> RUNNING -> DONE``); ``seq`` orders arrivals."""
-
-    seq: int
-    item: Any
-    num_tokens: int | None
-    t_submit: float
-    future: asyncio.Future
-    deadline_s: float | None
-    group: Any = None  # GRPO siblings share it
-    state: int = PENDING
-    timer: asyncio.TimerHandle | None = None
-    requeued: int = 0
-
-
-def select_batch(pending: Iterable[Request], *, count: int, pending_tokens: int, max_items: int,
-                 max_tokens: int | None, due_before: float, group_by_length: bool, window: int,
-                 prefer_siblings: bool = False) -> list[Request]:
-    """The next batch from ``pending``, oldest first: the oldest always (alone if over the token budget). In arrival
-    order it stops at the first that does not fit; with length grouping the rest comes from the ``window`` after the
-    oldest: due ones first, then its siblings (``prefer_siblings``), then the closest lengths."""
-    if count <= max_items and (max_tokens is None or pending_tokens <= max_tokens):
-        return list(pending)
-    it = iter(pending)
-    head = next(it, None)
-    if head is None:
-        return []
-    batch, tokens = [head], head.num_tokens or 0
-    if max_items == 1 or (max_tokens is not None and tokens >= max_tokens):
-        return batch
-    anchor = head.num_tokens
-    if not group_by_length or anchor is None:
-        for req in it:
-            n = req.num_tokens or 0
-            if max_tokens is not None and tokens + n > max_tokens:
-                break
-            batch.append(req)
-            tokens += n
-            if len(batch) >= max_items:
-                break
-        return batch
-    group = head.group if prefer_siblings else None
-
-    def order(req: Request) -> tuple[bool, bool, float, int]:
-        n = req.num_tokens
-        return (req.t_submit > due_before, group is None or req.group != group,
-                math.inf if n is None else abs(n - anchor), req.seq)
-
-    for req in sorted(islice(it, window), key=order):
-        n = req.num_tokens or 0
-        if max_tokens is not None and tokens + n > max_tokens:
-            continue
-        batch.append(req)
-        tokens += n
-        if len(batch) >= max_items:
-            break
-    return batch
-
-
-class RequestQueue:
-    """The pending requests in arrival order (O(1) removal anywhere), their token total, the flush rule and the
-    taking of the next batch. ``drain_seq``: requests up to this arrival number leave without waiting."""
-
-    def __init__(self, policy: BatchPolicy) -> None:
-        self.pending: OrderedDict[int, Request] = OrderedDict()
-        self.tokens = 0
-        self.drain_seq = 0
-        self._policy = policy
-
-    def __len__(self) -> int:
-        return len(self.pending)
-
-    def next_flush(self, now: float) -> tuple[str | None, float | None]:
-        """``(reason, None)``: form a batch now; ``(None, t)``: not before loop time ``t`` unless the queue changes;
-        ``(None, None)``: the queue is empty."""
-        pending, policy = self.pending, self._policy
-        if not pending:
-            return None, None
-        if len(pending) >= policy.max_batch_size:
-            return "size", None
-        if policy.max_batch_tokens is not None and self.tokens >= policy.max_batch_tokens:
-            return "tokens", None
-        head = next(iter(pending.values()))
-        if head.seq <= self.drain_seq:
-            return "drain", None
-        due = head.t_submit + policy.max_wait_s
-        return ("age", None) if now + _CLOCK_RESOLUTION >= due else (None, due)
-
-    def take_batch(self, now: float, free: int) -> list[Request]:
-        """The next batch, out of the queue. Requests a drain covers are split evenly over several free replicas,
-        whatever flushed them (the step's last request may also fill the batch: it still leaves in parallel)."""
-        policy, count = self._policy, len(self.pending)
-        max_items, max_tokens = policy.max_batch_size, policy.max_batch_tokens
-        if free > 1 and count > 1 and next(iter(self.pending)) <= self.drain_seq:
-            share = min(free, count)
-            max_items = min(max_items, -(-count // share))
-            if self.tokens:
-                per_replica = -(-self.tokens // share)
-                max_tokens = per_replica if max_tokens is None else min(max_tokens, per_replica)
-        picked = select_batch(self.pending.values(), count=count, pending_tokens=self.tokens, max_items=max_items,
-                              max_tokens=max_tokens, due_before=now + _CLOCK_RESOLUTION - policy.max_wait_s,
-                              group_by_length=policy.group_by_length,
-                              window=_GROUP_WINDOW_BATCHES * policy.max_batch_size,
-                              prefer_siblings=policy.prefer_siblings)
-        for req in picked:
-            self.remove(req)
-        return picked
-
-    def put(self, req: Request) -> None:
-        req.state = PENDING
-        self.pending[req.seq] = req
-        if req.num_tokens:
-            self.tokens += req.num_tokens
-
-    def remove(self, req: Request) -> None:
-        del self.pending[req.seq]
-        if req.num_tokens:
-            self.tokens -= req.num_tokens
-
-    def requeue(self, reqs: list[Request]) -> None:
-        """Back at the head of the queue, in arrival order."""
-        for req in sorted(reqs, key=lambda r: r.seq, reverse=True):
-            self.put(req)
-            self.pending.move_to_end(req.seq, last=False)
-
-    def clear(self) -> list[Request]:
-        waiting = list(self.pending.values())
-        self.pending.clear()
-        self.tokens = 0
-        return waiting
-
-
-# ---------------------------------------------------------------------------------------------------- the batcher
 
 #: ``async batch_fn(items, replica) -> list``: one result or ``Exception`` instance per item, in order.
 BatchFn = Callable[[list[Any], Any], Awaitable[list[Any]]]
@@ -375,8 +58,8 @@ class Batcher:
         self._tasks: set[asyncio.Task] = set()  # replacements under way
         self._changed = asyncio.Event()  # the loop sleeps on it; set when the queue or the replicas change
         self._seq = 0
-        self._drain_after: int | None = None  # drain once this many requests of the step have arrived
-        self._step_count = 0  # submits since the last drain
+        self._flush_after: int | None = None  # flush once this many requests of the step have arrived
+        self._step_count = 0  # submits since the last flush
         self._loop: asyncio.AbstractEventLoop | None = None
         self._task: asyncio.Task | None = None
         self._closed = self._closing = self.paused = False
@@ -412,8 +95,8 @@ class Batcher:
             req.timer = loop.call_at(now + deadline_s, self._expire, req)  # type: ignore[union-attr]
         self._queue.put(req)
         self._step_count += 1
-        if self._drain_after is not None and self._step_count >= self._drain_after:
-            self._start_drain()
+        if self._flush_after is not None and self._step_count >= self._flush_after:
+            self._start_flush()
         else:
             self._changed.set()
         try:
@@ -424,20 +107,20 @@ class Batcher:
                 self._resolve(req, None, None)  # its future is cancelled: counted as cancelled
             raise
 
-    def drain(self) -> int:
+    def flush(self) -> int:
         """Flush what waits now, split evenly over the free replicas (the end of a step); returns how many."""
         covered = len(self._queue)
-        self._start_drain()
+        self._start_flush()
         return covered
 
-    def drain_after(self, n: int) -> None:
-        """``n`` more requests belong to the current step (it starts at build and at every drain; earlier submits of
-        the step count, calls add up): drain the moment they have all arrived. Fewer flush on age as usual."""
+    def flush_after(self, n: int) -> None:
+        """``n`` more requests belong to the current step (it starts at build and at every flush; earlier submits of
+        the step count, calls add up): flush the moment they have all arrived. Fewer leave on age as usual."""
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"drain_after(n) needs an integer n >= 1 (requests of this step), got {n!r}")
-        self._drain_after = n + (self._drain_after or 0)
-        if self._step_count >= self._drain_after:
-            self._start_drain()
+            raise ValueError(f"flush_after(n) needs an integer n >= 1 (requests of this step), got {n!r}")
+        self._flush_after = n + (self._flush_after or 0)
+        if self._step_count >= self._flush_after:
+            self._start_flush()
 
     async def pause(self, timeout_s: float) -> bool:
         """Start no batch until :meth:`resume` (requests queue, deadlines run); wait at most ``timeout_s`` for the
@@ -603,9 +286,9 @@ class Batcher:
                 self._resolve(req, None, BatcherCrashedError.from_cause(self._name, exc))
             raise
 
-    def _start_drain(self) -> None:
-        self._queue.drain_seq = self._seq
-        self._step_count, self._drain_after = 0, None
+    def _start_flush(self) -> None:
+        self._queue.flush_seq = self._seq
+        self._step_count, self._flush_after = 0, None
         self._changed.set()
 
     async def _run(self, batch: list[Request], index: int) -> None:
@@ -814,3 +497,4 @@ def _check_tokens(num_tokens: Any) -> int:
     if (num_tokens := operator.index(num_tokens)) < 0:
         raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
     return num_tokens
+

@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 from verl_async_rm.errors import RequestTimeoutError
-from verl_async_rm.request import RMRequest
+from verl_async_rm.request import RMRequest, ScoreResult
 
 logger = logging.getLogger(__name__)
 
@@ -18,17 +18,18 @@ __all__ = ["score_with_timeout"]
 _HOP_S = 5.0
 
 
-async def score_with_timeout(service: Any, request: RMRequest, *, timeout_s: float) -> Any:
-    """Score ``request`` on an RM service; its deadline there is ``timeout_s`` (``RequestTimeoutError`` from the
-    service). A service that does not answer a few seconds later (dead, stuck) has the call cancelled and
-    ``RequestTimeoutError`` raised here; the request's other errors propagate as Ray task errors."""
+async def score_with_timeout(service: Any, request: RMRequest, *, timeout_s: float) -> ScoreResult:
+    """Score ``request`` on an RM service: its score, or the error that kept it from being scored, as the service
+    returns them (past ``timeout_s``, its deadline there: ``RequestTimeoutError``). Raises only when the service
+    is lost: Ray's actor error for a dead one, ``RequestTimeoutError`` for one that does not answer a few seconds
+    after the deadline (the call is then cancelled)."""
     import ray
 
     if not timeout_s > 0:
         raise ValueError(f"timeout_s must be > 0 seconds, got {timeout_s!r}")
     ref = service.score.remote(request, deadline_s=timeout_s)
-    # Not asyncio.wait_for: the request's own RequestTimeoutError is a TimeoutError too (asyncio.TimeoutError is
-    # TimeoutError since Python 3.11) and must reach the caller as it is, not as "the service did not answer".
+    # Not asyncio.wait_for: an error the service raised that is a TimeoutError (Ray's wrapper takes its type) must not
+    # read as "the service did not answer".
     answer = asyncio.wrap_future(ref.future())
     try:
         done, _ = await asyncio.wait({answer}, timeout=timeout_s + _HOP_S)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from verl_async_rm.service.batcher import StepStats
+from verl_async_rm.service.batcher_stats import StepStats
 
 if TYPE_CHECKING:
     from verl_async_rm.scoring.scorer import ScorerStats

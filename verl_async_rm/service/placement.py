@@ -201,7 +201,7 @@ class ReplicaFactory:
         self.pool = worker_group.resource_pool
         self.bundles = self.pool.replica_bundles()  # replica i's bundle, in the worker group's rank order
         self.master = (worker_group._master_addr, worker_group._master_port)
-        self.name_prefix = f"{worker_group.name_prefix}stand_in_{uuid.uuid4().hex[:6]}_"
+        self.name_prefix = f"{worker_group.name_prefix}replacement_{uuid.uuid4().hex[:6]}_"
         self.made = 0
 
     async def __call__(self, old: Any, index: int) -> Any:

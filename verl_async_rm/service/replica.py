@@ -16,7 +16,7 @@ from verl.single_controller.base.decorator import Dispatch, register
 from verl_async_rm.errors import EngineDeadError, RewardModelError
 from verl_async_rm.scoring.colocation import check_colocated_memory
 from verl_async_rm.scoring.rm_config import RMConfig
-from verl_async_rm.request import RMRequest
+from verl_async_rm.request import RMRequest, ScoreResult
 from verl_async_rm.scoring.scorer import RewardModelScorer, ScorerStats
 from verl_async_rm.scoring.sharding import check_replica_memory
 from verl_async_rm.service.ranks import Ranks
@@ -56,7 +56,7 @@ class RMReplica(Worker):
             lambda group, store: RewardModelScorer(self.config, shard=group, store=store))
         return self.describe()
 
-    def score(self, requests: list[RMRequest]) -> list[float | RewardModelError]:
+    def score(self, requests: list[RMRequest]) -> list[ScoreResult]:
         """One entry per request: its score, or the exception that kept that request from being scored."""
         scorer = self._require_scorer()
         if scorer.asleep:  # the RM service holds batches while its replicas sleep: this is a stray call

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -12,17 +13,18 @@ from typing import Any
 import ray
 
 from verl_async_rm.errors import AsyncRMError, ReplicaLostError, ResourcePoolError, RewardModelError, remote_cause
-from verl_async_rm.request import RMRequest
+from verl_async_rm.request import RMRequest, ScoreResult
 from verl_async_rm.scoring.rm_config import RMConfig
 from verl_async_rm.scoring.scorer import ScorerStats
-from verl_async_rm.service.batcher import Batcher, BatchPolicy
+from verl_async_rm.service.batcher import Batcher
+from verl_async_rm.service.batching import BatchPolicy
 from verl_async_rm.service.metrics import service_step_metrics
 from verl_async_rm.service.placement import (ReplicaFactory, create_rm_worker_group, kill_and_wait, kill_quietly,
                                              remove_pool_groups, replica_bundle, shutdown_rm_worker_group)
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RMService", "ReplicaCall", "SleepStats", "start_rm_service", "launch_rm_service", "launch_rm_services",
+__all__ = ["RMService", "call_replica", "SleepStats", "start_rm_service", "launch_rm_service", "launch_rm_services",
            "wait_rm_services", "start_timeout_s", "check_pools_fit", "pools_text"]
 
 #: Longest wait for one replica's control answer (step counters, describe) and for killed actors to be gone.
@@ -31,82 +33,69 @@ _POOLS_FIX = ("make a pool smaller (its n_gpus_per_node / nnodes), score with fe
               "the cluster more GPUs")
 
 
-class ReplicaCall:
-    """``batch_fn(items, replica)``: ``replica.score(items)``. A dead replica raises :class:`ReplicaLostError`; a
-    typed error passes as it is; any other becomes :class:`RewardModelError`. A replica cannot be interrupted: a call
-    the batcher cancelled (timed out) waits ``grace_s`` for its answer, then the replica counts as lost."""
-
-    def __init__(self, grace_s: float) -> None:
-        if isinstance(grace_s, bool) or not isinstance(grace_s, int | float) or not grace_s > 0:
-            raise ValueError(f"grace_s={grace_s!r}: must be a positive number of seconds")
-        self.grace_s = float(grace_s)
-
-    async def __call__(self, items: Sequence[RMRequest], replica: Any) -> list[Any]:
-        if not items:
-            return []
-        answer = asyncio.wrap_future(replica.score.remote(list(items)).future())
-        try:
-            return await asyncio.shield(answer)
-        except asyncio.CancelledError:
-            done, _ = await asyncio.wait({answer}, timeout=self.grace_s)
-            if not done:
-                answer.cancel()
-                raise ReplicaLostError(f"RM replica still had not answered a batch of {len(items)} {self.grace_s:g}s "
-                                       "after it timed out; treating it as lost") from None
-            if not answer.cancelled() and isinstance(answer.exception(), ray.exceptions.RayActorError):
-                raise ReplicaLostError(f"RM replica died during a timed-out call: {answer.exception()}") from None
-            raise
-        except ray.exceptions.RayActorError as err:
-            raise ReplicaLostError(f"RM replica is gone: {err}") from err
-        except ray.exceptions.RayError as err:
-            cause = remote_cause(err)
-            if isinstance(cause, AsyncRMError):  # typed where it happened: not wrapped again
-                raise cause from err
-            raise RewardModelError(f"RM replica failed on a batch of {len(items)}: {cause!r}") from cause
+async def call_replica(items: Sequence[RMRequest], replica: Any, *, grace_s: float) -> list[ScoreResult]:
+    """``replica.score(items)``, the RM service's ``batch_fn``: one result per item. The call raises only when the
+    replica cannot answer for the whole batch: a dead one :class:`ReplicaLostError` (the batcher re-queues the batch and
+    replaces it), a typed error as it is, any other as :class:`RewardModelError` (its cause kept). A replica cannot be
+    interrupted: a call the batcher cancelled (timed out) waits ``grace_s`` for its answer, then the replica is
+    lost."""
+    if not items:
+        return []
+    answer = asyncio.wrap_future(replica.score.remote(list(items)).future())
+    try:
+        return await asyncio.shield(answer)
+    except asyncio.CancelledError:
+        done, _ = await asyncio.wait({answer}, timeout=grace_s)
+        if not done:
+            answer.cancel()
+            raise ReplicaLostError(f"RM replica still had not answered a batch of {len(items)} {grace_s:g}s after it "
+                                   "timed out; treating it as lost") from None
+        if not answer.cancelled() and isinstance(answer.exception(), ray.exceptions.RayActorError):
+            raise ReplicaLostError(f"RM replica died during a timed-out call: {answer.exception()}") from None
+        raise
+    except ray.exceptions.RayActorError as err:
+        raise ReplicaLostError(f"RM replica is gone: {err}") from err
+    except ray.exceptions.RayError as err:
+        cause = remote_cause(err)  # Ray's wrapper removed here, once; the cause keeps its own __cause__
+        if isinstance(cause, AsyncRMError):
+            raise cause from cause.__cause__
+        raise RewardModelError(f"RM replica failed on a batch of {len(items)}: {cause!r}") from cause
 
 
 class SleepStats:
     """Whether the replicas are awake (``placement='policy_pool'``), and the step's sleep and wake figures; time
     awake and asleep is split at each :meth:`pop` (a step's end)."""
 
+    _FIGURES = ("rm_awake_s", "rm_asleep_s", "sleeps", "wakes", "sleep_s", "wake_s", "sleep_bytes", "wake_bytes")
+
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
-        self._clock = clock
-        self.asleep = False
-        self._since = clock()
-        self._reset()
+        self._clock, self.asleep, self._since = clock, False, clock()
+        self._step = dict.fromkeys(self._FIGURES, 0.0)
 
-    def _reset(self) -> None:
-        self.awake_s = self.asleep_s = self.sleep_s = self.wake_s = self.sleep_bytes = self.wake_bytes = 0.0
-        self.sleeps = self.wakes = 0
-
-    def _advance(self) -> None:
+    def _switch(self, asleep: bool) -> None:
         now = self._clock()
-        if self.asleep:
-            self.asleep_s += now - self._since
-        else:
-            self.awake_s += now - self._since
-        self._since = now
+        self._step["rm_asleep_s" if self.asleep else "rm_awake_s"] += now - self._since
+        self.asleep, self._since = asleep, now
 
     def slept(self, seconds: float, moved_bytes: float) -> None:
-        self._advance()
-        self.asleep, self.sleeps, self.sleep_s = True, self.sleeps + 1, self.sleep_s + seconds
-        self.sleep_bytes += moved_bytes
+        self._switch(True)
+        self._add("sleep", seconds, moved_bytes)
 
     def woke(self, seconds: float, moved_bytes: float) -> None:
-        self._advance()
-        self.asleep, self.wakes, self.wake_s = False, self.wakes + 1, self.wake_s + seconds
-        self.wake_bytes += moved_bytes
+        self._switch(False)
+        self._add("wake", seconds, moved_bytes)
+
+    def _add(self, what: str, seconds: float, moved_bytes: float) -> None:
+        self._step[f"{what}s"] += 1
+        self._step[f"{what}_s"] += seconds
+        self._step[f"{what}_bytes"] += moved_bytes
 
     def pop(self) -> dict[str, float]:
         """The step's figures (the ``async_rm/`` metrics of the RM on the policy's GPUs), then starts over."""
-        self._advance()
-        total = self.awake_s + self.asleep_s
-        figures = {"rm_awake_s": self.awake_s, "rm_asleep_s": self.asleep_s,
-                   "rm_awake_share": self.awake_s / total if total > 0 else 1.0, "sleeps": float(self.sleeps),
-                   "wakes": float(self.wakes), "sleep_s": self.sleep_s, "wake_s": self.wake_s,
-                   "sleep_bytes": self.sleep_bytes, "wake_bytes": self.wake_bytes}
-        self._reset()
-        return figures
+        self._switch(self.asleep)
+        step, self._step = self._step, dict.fromkeys(self._FIGURES, 0.0)
+        total = step["rm_awake_s"] + step["rm_asleep_s"]
+        return {**step, "rm_awake_share": step["rm_awake_s"] / total if total > 0 else 1.0}
 
 
 class RMService:
@@ -118,8 +107,6 @@ class RMService:
         self._rm, self._batching, self._name, self._replace = rm, batching, name, replace_replicas
         self._group: Any = None
         self._batcher: Batcher | None = None
-        # a timed-out call gets as long as a replacement replica would take to load before its replica is replaced
-        self._call = ReplicaCall(grace_s=rm.init_timeout_s)
         self._sleep = SleepStats() if rm.placement == "policy_pool" else None
         #: Replicas that did not answer the sleep, by index: lost at the wake if the index still holds them.
         self._failed_sleep: dict[int, Any] = {}
@@ -131,32 +118,38 @@ class RMService:
             return await self.describe()
         # placement and loading block on Ray calls: a thread keeps this actor's loop free meanwhile
         self._group = await asyncio.to_thread(create_rm_worker_group, self._rm, None, f"{self._name}_")
-        self._batcher = Batcher(self._call, self._batching, replicas=list(self._group.workers), name=self._name,
+        # a timed-out call gets as long as a replacement replica would take to load before its replica is replaced
+        call = functools.partial(call_replica, grace_s=self._rm.init_timeout_s)
+        self._batcher = Batcher(call, self._batching, replicas=list(self._group.workers), name=self._name,
                                 replace_replica=ReplicaFactory(self._rm, self._group) if self._replace else None)
         logger.info("RM service %s: %d replica(s) of %s, batching %s", self._name, self._rm.num_replicas,
                     self._rm.model_path, self._batching)
         return await self.describe()
 
-    async def score(self, request: RMRequest, deadline_s: float | None = None) -> Any:
-        """The RM score of one trajectory, or the exception that kept it from being scored (``RequestTimeoutError``
-        past ``deadline_s``). A caller that gives up (``ray.cancel``) takes its request out of the queue."""
-        return await self._require().submit(request, num_tokens=request.num_tokens, deadline_s=deadline_s)
+    async def score(self, request: RMRequest, deadline_s: float | None = None) -> ScoreResult:
+        """The RM score of one trajectory, or, as a value, the error that kept it from being scored
+        (``RequestTimeoutError`` past ``deadline_s``): the call itself raises only if this service is lost. A caller
+        that gives up (``ray.cancel``) takes its request out of the queue."""
+        try:
+            return await self._require().submit(request, num_tokens=request.num_tokens, deadline_s=deadline_s)
+        except AsyncRMError as err:
+            return err
 
     async def begin_step(self, step_size: int | None = None) -> None:
-        """Start a step: its figures count from here; ``step_size``: see :meth:`drain_after`."""
+        """Start a step: its figures count from here; ``step_size``: see :meth:`flush_after`."""
         self._require().pop_step_stats()
         if step_size:
-            self._require().drain_after(int(step_size))
+            self._require().flush_after(int(step_size))
 
-    async def drain_after(self, n: int) -> None:
+    async def flush_after(self, n: int) -> None:
         """``n`` more trajectories belong to this step: the last batch leaves the moment the last one arrives."""
-        self._require().drain_after(int(n))
+        self._require().flush_after(int(n))
 
     async def end_step(self) -> dict[str, float]:
         """End a step: flush what waits and return the step's figures (``service_step_metrics``), with the
         replicas' own counters (a replica that does not answer in time is left out)."""
         batcher = self._require()
-        batcher.drain()
+        batcher.flush()
         step = batcher.pop_step_stats()
         answers = await self._each_replica("pop_step_stats", _CONTROL_S)
         figures = service_step_metrics(step, [a for a in answers if isinstance(a, ScorerStats)])

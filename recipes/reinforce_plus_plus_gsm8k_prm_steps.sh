@@ -1,30 +1,38 @@
 #!/usr/bin/env bash
-# GRPO on GSM8K with an outcome RM and a process RM (step rewards), verl's naive reward manager: one 8-GPU node,
-# policy on 6 GPUs, one GPU for each RM.
+# REINFORCE++ on GSM8K with an outcome RM and a process RM (step rewards on their tokens), verl's naive reward manager:
+# one 8-GPU node, policy on 6 GPUs, one GPU for each RM.
 #
 # What it trains
-#   Policy Qwen/Qwen2.5-3B-Instruct, GRPO (5 samples per prompt). Reward per trajectory, spread over its tokens:
-#     - each reasoning step (the response split at blank lines, "\n\n") gets 0.5 x the PRM's probability that the
-#       step is correct, on the response token where the step ends;
+#   Policy Qwen/Qwen2.5-3B-Instruct, REINFORCE++ (algorithm.adv_estimator=reinforce_plus_plus, 5 samples per prompt).
+#   Reward per trajectory, spread over its tokens:
+#     - each reasoning step (the response split at blank lines, "\n\n") gets 0.1 x the PRM's probability that the
+#       step is correct, on the response token where the step ends (process_reduction=none);
 #     - the last token gets 1.0 x GSM8K rule + 0.1 x the outcome RM's score.
 #     verl's rm_scores (token_level_scores) hold exactly these values and sum to the trajectory's reward.
+#   Why REINFORCE++, not GRPO: only an estimator that reads each token's reward sees where the steps are. GRPO (and
+#   rloo, grpo_passk, opo, gpg, reinforce_plus_plus_baseline, gdpo) reads one sum per response, so with
+#   process_reduction=none a response with more steps would simply earn more (the plugin warns at start). REINFORCE++
+#   credits each token with the rewards from there to the end (algorithm.gamma, verl's default 1.0), so a step's tokens
+#   are credited with that step and the later ones; it needs no critic (verl turns the critic off for it) and no group.
+#   The first tokens still count every step, so more steps still pay a little: the PRM's weight (0.1 a step) is kept
+#   small next to the rule (1.0). With GRPO, keep process_reduction=min (the default, as
+#   recipes/grpo_gsm8k_prm72b_sharded.sh does); docs/rm-kinds.md says what each estimator does with step rewards.
 #   Reward manager: verl's `naive` (rule_weight defaults to 1.0 with a manager of verl's); its rule is verl's
 #   default_compute_score for data_source "openai/gsm8k": 1.0 when the number after "####" equals the ground truth.
 #   Outcome RM ("main", reward.reward_model.*): Skywork/Skywork-Reward-Llama-3.1-8B-v0.2
 #   (LlamaForSequenceClassification, Llama 3 chat template).
 #   Process RM ("prm", +async_rm.models.prm.*): Qwen/Qwen2.5-Math-PRM-7B (Qwen2ForProcessRewardModel, its own code:
 #   trust_remote_code; two labels read at the <extra_0> token it expects after each step, as its model card does).
-#   GRPO normalises the summed reward per group; for advantages that use each token's reward (e.g. reinforce_plus_plus
-#   or gae with a critic) set algorithm.adv_estimator accordingly.
-#   Logged per sample in reward_extra_info: rm_score (main), rm_score_prm (the sum of the step rewards), rm_total,
-#   rule_score; per step: async_rm/*, async_rm/main/*, async_rm/prm/* (async_rm/prm/steps_dropped counts steps left
-#   unscored by max_length).
+#   Logged per sample in reward_extra_info: rm_score (main), rm_score_prm (the sum of the PRM's raw step
+#   probabilities, before its weight), rm_total, rule_score; per step: async_rm/*, async_rm/main/*, async_rm/prm/*
+#   (async_rm/prm/steps_dropped counts steps left unscored by max_length).
 #
 # Prerequisites
 #   GPUs     1 node x 8 GPUs with 80 GB each (A100/H100). 6 for the policy (actor + vLLM rollout + reference), 1 for a
 #            replica of the outcome RM (a full bf16 copy of the 8B RM), 1 for a replica of the 7B PRM.
-#   Install  pip install "verl[vllm]==0.9.1" verl-async-rm
-#            (or, in verl's 0.9.1 docker image: pip install verl-async-rm)
+#   Install  pip install "verl[vllm]==0.9.1", then this package from a checkout of its repository (it is
+#            not on PyPI): pip install /path/to/checkout, or pip install "git+<this repository's URL>". In
+#            verl's 0.9.1 docker image the second command alone.
 #   Models   local directories (the RM replicas load the RMs and the policy's tokenizer from disk, not from the Hub):
 #              hf download Qwen/Qwen2.5-3B-Instruct --local-dir $HOME/models/Qwen2.5-3B-Instruct
 #              hf download Skywork/Skywork-Reward-Llama-3.1-8B-v0.2 \
@@ -36,7 +44,7 @@
 #              python3 examples/data_preprocess/gsm8k.py --local_save_dir $HOME/data/gsm8k
 #
 # Launch
-#   bash recipes/grpo_gsm8k_prm_steps.sh [more Hydra overrides, e.g. trainer.total_epochs=1]
+#   bash recipes/reinforce_plus_plus_gsm8k_prm_steps.sh [more Hydra overrides, e.g. trainer.total_epochs=1]
 #   Paths come from POLICY_PATH, RM_PATH, PRM_PATH and DATA_DIR (defaults below).
 #
 # Checked in CI: tests/unit/test_recipes.py runs this script with VERL_ASYNC_RM_RECIPE_DRY_RUN=1 (it prints the
@@ -50,8 +58,8 @@ PRM_PATH=${PRM_PATH:-$HOME/models/Qwen2.5-Math-PRM-7B}
 DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k}
 
 overrides=(
-    # --- verl's usual GRPO-on-GSM8K settings ---
-    algorithm.adv_estimator=grpo
+    # --- verl's usual GSM8K settings, with REINFORCE++ (no critic, no group needed) ---
+    algorithm.adv_estimator=reinforce_plus_plus
     algorithm.use_kl_in_reward=False
     data.train_files="$DATA_DIR/train.parquet"
     data.val_files="$DATA_DIR/test.parquet"
@@ -80,7 +88,7 @@ overrides=(
     actor_rollout_ref.ref.fsdp_config.param_offload=True
     trainer.logger='["console","wandb"]'
     trainer.project_name=verl_async_rm_gsm8k
-    trainer.experiment_name=qwen2.5-3b_prm_steps_naive
+    trainer.experiment_name=qwen2.5-3b_prm_steps_rpp
     trainer.n_gpus_per_node=6
     trainer.nnodes=1
     trainer.save_freq=-1
@@ -100,11 +108,11 @@ overrides=(
     +async_rm.max_length=2048
     +async_rm.models.prm.model_path="$PRM_PATH"
     +async_rm.models.prm.n_gpus_per_node=1
-    +async_rm.models.prm.weight=0.5
+    +async_rm.models.prm.weight=0.1
     +async_rm.models.prm.trust_remote_code=True
     +async_rm.models.prm.reward_kind=process
     +async_rm.models.prm.step_separator="'<extra_0>'"  # quoted for Hydra: < and > are not plain-value characters
-    +async_rm.models.prm.process_reduction=none
+    +async_rm.models.prm.process_reduction=none  # token-level: needs a per-token estimator (header)
     +async_rm.models.prm.max_length=4096
 )
 

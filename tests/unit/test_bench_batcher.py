@@ -1,4 +1,4 @@
-"""`verl-async-rm bench executor --quick` runs and writes its JSON (a smoke test; timings are not asserted)."""
+"""`verl-async-rm bench batcher --quick` runs and writes its JSON (a smoke test; timings are not asserted)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ pytestmark = pytest.mark.unit
 
 
 def test_quick_bench_writes_the_report(tmp_path, capsys):
-    assert cli_main(["bench", "executor", "--quick", "--out", str(tmp_path)]) == 0
-    report = json.loads((tmp_path / "executor.json").read_text())
-    assert report["benchmark"] == "executor" and report["machine"]["cpus"] >= 1
+    assert cli_main(["bench", "batcher", "--quick", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "batcher.json").read_text())
+    assert report["benchmark"] == "batcher" and report["machine"]["cpus"] >= 1
     assert {"overhead", "saturation", "lone"} <= set(report["results"])
     assert report["results"]["saturation"]["mean_fill"] > 0
     assert set(report["targets_met"]) and all(isinstance(v, bool) for v in report["targets_met"].values())
-    assert f"wrote {tmp_path / 'executor.json'}" in capsys.readouterr().out
+    assert f"wrote {tmp_path / 'batcher.json'}" in capsys.readouterr().out

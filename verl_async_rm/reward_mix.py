@@ -75,6 +75,12 @@ class RewardMix:
         """RM name -> weight, ``main`` first."""
         return {MAIN: self.rm_weight, **dict(self.extra_weights)}
 
+    def extra_keys(self, flag_drops: bool) -> tuple[str, ...]:
+        """The keys :meth:`finish` adds to every trajectory's ``reward_extra_info`` (the manager's own keep theirs)."""
+        return (RM_SCORE_KEY, *(f"rm_score_{name}" for name in self.weights), "rm_total",
+                *(("rule_score",) if self.uses_rule else ()), *(f"rm_verdict_{name}" for name in self.verdict_rms),
+                *(("rm_dropped", "rm_error") if flag_drops else ()))
+
     def load_combine_fn(self) -> Optional[Callable[..., float]]:
         """Import ``combine_fn`` (None when unset; ``ValueError`` naming ``async_rm.combine_fn``). A function without an
         ``rm_scores`` parameter is called without it, and refused when there are several RMs."""
@@ -111,8 +117,8 @@ class RewardMix:
         """The final reward of one trajectory (``fn``: the loaded ``combine_fn``, if any; ``rm_scores``: every RM's
         raw score by name, default ``main`` only)."""
         scores = dict(rm_scores) if rm_scores is not None else {MAIN: rm_score}
-        if fn is None:
-            return self.rm_total(scores) + self.rule_weight * rule_score
+        if fn is None:  # a rule weighted 0 did not run: its score is not a number to multiply
+            return self.rm_total(scores) + (self.rule_weight * rule_score if self.rule_weight else 0.0)
         value = fn(rm_score=rm_score, rule_score=rule_score, data_source=data_source, extra_info=extra_info,
                    rm_scores=scores)
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
@@ -125,9 +131,10 @@ class RewardMix:
                error: Optional[str] = None, flag_drops: bool = False) -> tuple[float, dict[str, Any]]:
         """The trajectory's reward and ``reward_extra_info`` from its reward manager's result and its RM scores.
 
-        ``reward_extra_info`` keeps the manager's keys (one clashing with ours becomes ``rule/<key>``) and adds
-        ``rm_score``, ``rm_score_<name>``, ``rm_total``, ``rule_score`` and ``rm_verdict_<name>`` ("" when none: verl
-        stacks the keys of all samples). ``error`` (v0, ``on_error='drop'``): the reward is NaN, never a partial sum,
+        ``manager_result``: verl's reward manager's ``reward_score`` and ``reward_extra_info``, empty when the reward
+        uses no rule (the manager did not run). ``reward_extra_info`` keeps the manager's keys (one clashing with ours
+        becomes ``rule/<key>``) and adds ``rm_score``, ``rm_score_<name>``, ``rm_total``, ``rule_score`` (when the
+        reward uses the rule) and ``rm_verdict_<name>`` ("" when none: verl stacks the keys of all samples). ``error`` (v0, ``on_error='drop'``): the reward is NaN, never a partial sum,
         flagged by ``rm_dropped`` and ``rm_error``, which ``flag_drops`` adds to every trajectory."""
         manager_info = dict(manager_result.get("reward_extra_info") or {})
         raw_rule = manager_result.get("reward_score")
@@ -137,16 +144,16 @@ class RewardMix:
                 f"no score from RM(s) {missing}: every RM of the run must score the trajectory (a partial sum never "
                 "becomes a reward)")
         scores = {name: score_value(rm_scores[name]) if name in rm_scores else math.nan for name in self.weights}
-        if error is not None:
-            reward, total = math.nan, math.nan
-            rule_score = _as_float(raw_rule)
-        else:
-            rule_score = _finite_rule_score(raw_rule, data_source) if self.uses_rule else _as_float(raw_rule)
+        rule_score = math.nan  # reported only when the reward uses the manager's (else the manager did not run)
+        if self.uses_rule:
+            rule_score = _as_float(raw_rule) if error is not None else _finite_rule_score(raw_rule, data_source)
+        reward = total = math.nan
+        if error is None:
             total = self.rm_total(scores)
             reward = self.combine(scores[MAIN], rule_score, rm_scores=scores, data_source=data_source,
                                   extra_info=extra_info, fn=fn)
         own = {RM_SCORE_KEY: scores[MAIN], **{f"rm_score_{name}": s for name, s in scores.items()},
-               "rm_total": total, "rule_score": rule_score}
+               "rm_total": total, **({"rule_score": rule_score} if self.uses_rule else {})}
         own.update({f"rm_verdict_{name}": s.text if isinstance(s := rm_scores.get(name), Verdict) else ""
                     for name in self.verdict_rms})
         if flag_drops or error is not None:
@@ -160,6 +167,11 @@ def with_rm_scores(extra_info: Any, rm_scores: Mapping[str, Score]) -> dict[str,
     """A copy of the trajectory's ``extra_info`` with ``rm_score`` (main) and ``rm_scores`` (by name) added as
     numbers, for the reward manager's function (verl's managers pass ``extra_info`` to it)."""
     info = dict(extra_info) if isinstance(extra_info, Mapping) else {}
+    if clash := sorted({RM_SCORE_KEY, RM_SCORES_KEY} & info.keys()):  # the start's check reads parquet files only
+        raise ValueError(
+            f"the trajectory's extra_info already holds {clash}, the key(s) through which the plugin hands the RM "
+            "scores to the reward function: the dataset's value would be lost. Fix: rename that field of your "
+            "dataset's extra_info")
     values = {name: score_value(s) for name, s in rm_scores.items()}
     info[RM_SCORE_KEY] = values.get(MAIN, math.nan)
     info[RM_SCORES_KEY] = values

@@ -1,4 +1,4 @@
-"""Test doubles for code that uses the executor: a gated batch function and a virtual-time event loop.
+"""Test doubles for code that uses the batcher: a gated batch function and a virtual-time event loop.
 
 ``GatedBatchFn`` records every call and holds it until the test opens the gate, so tests observe "not done yet"
 and then release, with no sleeps. ``run_virtual`` runs a coroutine on an event loop whose clock jumps straight to the
