@@ -65,7 +65,7 @@ def client_for(*urls: str, **kwargs) -> EndpointClient:
 @pytest.mark.asyncio
 async def test_answers_come_back_with_endpoint_attempts_usage_and_stats(servers):
     upstream = servers(ScriptedUpstream(lambda p: Completion("yes", prompt_tokens=7, completion_tokens=1)))
-    async with client_for(upstream.url, limits=RateLimits(tokens_per_min=10_000)) as client:
+    async with client_for(upstream.url, limits=RateLimits(max_tpm=10_000)) as client:
         reply = await chat(client)
         assert reply.body["choices"][0]["message"]["content"] == "yes"
         assert (reply.endpoint, reply.attempts, reply.waits_s) == (upstream.url, 1, ())
@@ -329,15 +329,15 @@ async def test_limits_bound_the_requests_in_flight(servers):
     ups = [servers(ScriptedUpstream()) for _ in range(2)]
     for up in ups:
         up.close_gate()
-    async with client_for(*(u.url for u in ups), limits=RateLimits(max_concurrent=1)) as client:
+    async with client_for(*(u.url for u in ups), limits=RateLimits(max_concurrency=1)) as client:
         tasks = [asyncio.ensure_future(chat(client)) for _ in range(3)]
         await ups[0].wait_until(lambda s: s.held == 1)
         assert ups[1].held == 0 and client.stats()["limits"]["waiting"] == 2
         for up in ups:
             up.open_gate()
         await asyncio.gather(*tasks)
-    client2 = client_for(ups[0].url, limits=RateLimits(tokens_per_min=10))
-    with pytest.raises(TokenLimitError, match="12 tokens.*tokens_per_min=10"):
+    client2 = client_for(ups[0].url, limits=RateLimits(max_tpm=10))
+    with pytest.raises(TokenLimitError, match="12 tokens.*max_tpm=10"):
         await chat(client2)
     assert client2.stats()["failed"] == 1
     await client2.aclose()
@@ -347,7 +347,7 @@ async def test_limits_bound_the_requests_in_flight(servers):
 async def test_a_cancelled_caller_cancels_its_request_and_frees_its_slot(servers):
     upstream = servers(ScriptedUpstream())
     upstream.close_gate()
-    async with client_for(upstream.url, limits=RateLimits(max_concurrent=1)) as client:
+    async with client_for(upstream.url, limits=RateLimits(max_concurrency=1)) as client:
         task = asyncio.ensure_future(chat(client))
         await upstream.wait_until(lambda s: s.held == 1)
         task.cancel()
@@ -395,7 +395,7 @@ async def test_every_request_resolves_exactly_once_under_random_faults_and_cance
     upstream = servers(ScriptedUpstream())
     proxies = [servers(FaultProxy(upstream.url, FaultSchedule(rate=0.4, seed=seed, delay_s=0.5))) for seed in (1, 2)]
     rng = random.Random(7)
-    client = client_for(*(p.url for p in proxies), limits=RateLimits(max_concurrent=6), cooldown_s=0.05,
+    client = client_for(*(p.url for p in proxies), limits=RateLimits(max_concurrency=6), cooldown_s=0.05,
                         backoff_s=0.01)
 
     async def caller(i: int):

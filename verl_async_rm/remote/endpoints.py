@@ -43,7 +43,7 @@ import httpx
 from verl_async_rm.errors import (ConfigTypeError, ConfigValueError, EndpointClosedError, EndpointError,
                                   RequestTimeoutError)
 from verl_async_rm.remote.limits import Limiter, Permit, RateLimits
-from verl_async_rm.service.batcher import _Samples
+from verl_async_rm.percentiles import Samples
 
 __all__ = ["EndpointClient", "Reply", "Usage", "check_endpoints", "parse_retry_after", "MAX_FAILURES", "COOLDOWN_S",
            "BACKOFF_CAP_S"]
@@ -208,7 +208,7 @@ class EndpointClient:
         elif isinstance(verify, str):
             verify = ssl.create_default_context(**{"capath" if os.path.isdir(verify) else "cafile": verify})
         # The limiter bounds concurrency; the pool must not add a hidden second bound.
-        pool = httpx.Limits(max_connections=None, max_keepalive_connections=self.limiter.limits.max_concurrent or 64)
+        pool = httpx.Limits(max_connections=None, max_keepalive_connections=self.limiter.limits.max_concurrency or 64)
         self._http = httpx.AsyncClient(verify=verify, follow_redirects=False, trust_env=False, limits=pool,
                                        timeout=httpx.Timeout(CONNECT_TIMEOUT_S))
         self._rr = 0
@@ -217,7 +217,7 @@ class EndpointClient:
         self._closed = False
         self._counts: Counter[str] = Counter(dict.fromkeys(_STEP_KEYS, 0))
         self._base = dict(self._counts)
-        self._latency = _Samples()
+        self._latency = Samples()
 
     def __repr__(self) -> str:
         return (f"EndpointClient(urls={self.urls!r}, api_key_env={self.api_key_env!r}, "

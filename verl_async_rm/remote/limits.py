@@ -28,7 +28,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl_async_rm.errors import RequestTimeoutError, TokenLimitError
-from verl_async_rm.options import check_options, option
 
 __all__ = ["RateLimits", "TokenBucket", "Limiter", "Permit"]
 
@@ -40,21 +39,13 @@ _CLOCK_RESOLUTION = time.get_clock_info("monotonic").resolution
 
 @dataclass(frozen=True)
 class RateLimits:
-    """Job-wide limits of one remote RM (None: no limit)."""
+    """Job-wide limits of one remote RM (None: no limit), checked as the RM's settings (``RMConfig.max_concurrency``,
+    ``max_rpm``, ``max_tpm``): requests in flight, requests per minute (every attempt counts), tokens per minute
+    (prompt plus max output tokens reserved, reconciled with the usage the server reports)."""
 
-    max_concurrent: int | None = option(
-        None, "Most requests in flight at once (retries' waits do not hold a slot). None: no bound.", int,
-        optional=True, least=1, fix="set it to the most requests the endpoint should serve at once, e.g. 64")
-    requests_per_min: float | None = option(
-        None, "Most requests sent per minute (every attempt counts; bursts of one second's worth). None: no limit.",
-        float, optional=True, above=0, fix="set the provider's requests/min limit, e.g. 500, or None")
-    tokens_per_min: float | None = option(
-        None, "Most tokens per minute (prompt plus max output tokens reserved, reconciled with the reported usage; "
-        "bursts of a minute's worth). None: no limit.", float, optional=True, above=0,
-        fix="set the provider's tokens/min limit, e.g. 200000, or None")
-
-    def __post_init__(self) -> None:
-        check_options(self)
+    max_concurrency: int | None = None
+    max_rpm: float | None = None
+    max_tpm: float | None = None
 
 
 class TokenBucket:
@@ -137,13 +128,13 @@ class Limiter:
 
     def check_tokens(self, tokens: int) -> None:
         """Raise :class:`TokenLimitError` when a request of ``tokens`` can never be sent under tokens/min."""
-        limit = self.limits.tokens_per_min
+        limit = self.limits.max_tpm
         if limit is not None and tokens > limit:
             self._counts["too_large"] += 1
             raise TokenLimitError(
-                f"a request of {tokens} tokens (what it sends plus its max output tokens) exceeds tokens_per_min="
+                f"a request of {tokens} tokens (what it sends plus its max output tokens) exceeds max_tpm="
                 f"{limit:g}, the most one minute can hold: it could never be sent. Shorten the input, lower the max "
-                "output tokens or raise tokens_per_min")
+                "output tokens or raise max_tpm")
 
     async def acquire(self, tokens: int, deadline: float) -> Permit:
         """A permit for one request of ``tokens`` (prompt plus max output tokens), granted once a concurrency slot and
@@ -197,9 +188,9 @@ class Limiter:
         if self._loop is None:
             self._loop = loop
             now = loop.time()
-            if (rpm := self.limits.requests_per_min) is not None:
+            if (rpm := self.limits.max_rpm) is not None:
                 self._requests = TokenBucket(rpm / 60.0, max(1.0, rpm / 60.0), now)
-            if (tpm := self.limits.tokens_per_min) is not None:
+            if (tpm := self.limits.max_tpm) is not None:
                 self._tokens = TokenBucket(tpm / 60.0, tpm, now)
         elif self._loop is not loop:
             raise RuntimeError("this Limiter is bound to another event loop; use one limiter per loop")
@@ -207,7 +198,7 @@ class Limiter:
 
     def _ready_at(self, tokens: int, now: float) -> float:
         """When a request of ``tokens`` could go, concurrency aside (math.inf: no slot free)."""
-        if self.limits.max_concurrent is not None and self._in_flight >= self.limits.max_concurrent:
+        if self.limits.max_concurrency is not None and self._in_flight >= self.limits.max_concurrency:
             return math.inf
         ready = now
         if self._requests is not None:
@@ -285,7 +276,7 @@ class Limiter:
 
     def _describe(self) -> str:
         limits = self.limits
-        parts = [f"max_concurrent={limits.max_concurrent}" if limits.max_concurrent is not None else "",
-                 f"requests_per_min={limits.requests_per_min:g}" if limits.requests_per_min is not None else "",
-                 f"tokens_per_min={limits.tokens_per_min:g}" if limits.tokens_per_min is not None else ""]
+        parts = [f"max_concurrency={limits.max_concurrency}" if limits.max_concurrency is not None else "",
+                 f"max_rpm={limits.max_rpm:g}" if limits.max_rpm is not None else "",
+                 f"max_tpm={limits.max_tpm:g}" if limits.max_tpm is not None else ""]
         return ", ".join(p for p in parts if p) or "no limits"
