@@ -344,9 +344,9 @@ class ScriptedUpstream(TestServer):
 
     async def _classify(self, request: web.Request) -> web.StreamResponse:
         payload = request[_BODY]
-        if not isinstance(payload, dict) or "input" not in payload:
-            return _error(400, "the body must be a JSON object with 'input'")
-        raw_items = payload["input"]
+        if not isinstance(payload, dict) or ("input" not in payload and "messages" not in payload):
+            return _error(400, "the body must be a JSON object with 'input' or 'messages'")
+        raw_items = payload["input"] if "input" in payload else [json.dumps(payload["messages"])]
         one = isinstance(raw_items, str) or (isinstance(raw_items, list) and raw_items and
                                              isinstance(raw_items[0], int))
         items = [raw_items] if one else list(raw_items)
