@@ -14,7 +14,7 @@ from verl_async_rm.options import select as _get
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_verl_config", "check_v1_trainer", "legacy_keys_set", "LEGACY_KEYS", "ENTRY_MODULE",
+__all__ = ["check_verl_config", "probe_endpoints", "check_v1_trainer", "legacy_keys_set", "LEGACY_KEYS", "ENTRY_MODULE",
            "V1_TRAINER_MODES"]
 
 ENTRY_MODULE = "verl_async_rm.main_ppo"
@@ -172,13 +172,13 @@ def _check_async_rm_settings(config: Any) -> AsyncRMConfig:
                         entry.name, rm.model_path)
         _warn_step_sums(config, entry)
     _refuse_column_clashes(config, settings)
-    _probe_endpoints(settings)
     return settings
 
 
-def _probe_endpoints(settings: AsyncRMConfig) -> None:
-    """Each remote RM's endpoints asked for their models and one request of the kind's API, before anything starts
-    (in a thread of its own: verl may call this where an event loop runs)."""
+def probe_endpoints(settings: AsyncRMConfig) -> None:
+    """Each remote RM's endpoints asked for their models and one request of the kind's API (``ValueError`` naming the
+    RM, the URL and the fix), run by the entry points before anything starts (in a thread of its own: verl may call
+    them where an event loop runs); a remote RM's service asks again when it starts."""
     import asyncio
     from concurrent.futures import ThreadPoolExecutor
 
