@@ -41,7 +41,8 @@ _VERL_KEYS = {
     "policy_tokenizer_path": ("actor_rollout_ref.model.tokenizer_path", "actor_rollout_ref.model.path")}
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 #: Per-RM keys that are the RM's own (never taken from the top of ``async_rm``).
-_OWN_KEYS = ("model_path", "n_gpus_per_node", "nnodes", "gpus_per_replica", "weight")
+_OWN_KEYS = ("model_path", "n_gpus_per_node", "nnodes", "gpus_per_replica", "weight", "endpoint", "endpoint_model",
+             "api_key_env", "max_concurrency", "max_rpm", "max_tpm")
 _WEIGHT = Rule(float, why="must be a finite number", fix="e.g. +{key}=0.5")
 
 
@@ -169,9 +170,10 @@ def rm_config_from_verl(config: Any, overrides: Mapping[str, Any] | None = None,
                 f"{prefix}{name}", value, "not a setting of the RM worker group", f"use one of {sorted(known)}")
         values[name], keys[name] = value, f"{prefix}{name}"
     values["kind_given"] = "reward_kind" in values
-    if "model_path" not in values:
-        raise ConfigValueError("reward.reward_model.model_path", None, "the RM worker group needs a reward model",
-                               "set reward.reward_model.model_path=/path/to/rm")
+    if "model_path" not in values and "endpoint" not in values:
+        raise ConfigValueError("reward.reward_model.model_path", None, "the plugin needs a reward model",
+                               "set reward.reward_model.model_path=/path/to/rm, or +async_rm.endpoint to the URL of "
+                               "a server that serves it")
     values.update(placement_values(config))
     return build(RMConfig, values, keys)
 
@@ -231,10 +233,10 @@ def extra_rm_entries(models: Any, *, base: Mapping[str, Any], shared_rm: Mapping
             elif option_name in batching_fields:
                 batching_values[option_name] = value
         weight = _WEIGHT.convert(f"{key}.weight", options.get("weight", 1.0))
-        if not options.get("model_path"):
+        if not options.get("model_path") and not options.get("endpoint"):
             raise ValueError(
-                f"{key}.model_path={options.get('model_path')!r}: each extra RM needs its path; "
-                f"set +{key}.model_path=/path/to/rm")
+                f"{key}.model_path={options.get('model_path')!r}: each extra RM needs its path (or an endpoint); "
+                f"set +{key}.model_path=/path/to/rm, or +{key}.endpoint=http://host:port/v1")
         if base.get("placement") == "policy_pool":  # every RM on the policy's GPUs, one replica on each
             for own in ("n_gpus_per_node", "nnodes"):
                 if own in options:

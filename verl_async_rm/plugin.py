@@ -148,9 +148,9 @@ def check_config_first(config_module: Any) -> None:
     def validate_config(config: Any, *args: Any, **kwargs: Any) -> Any:
         result = validate(config, *args, **kwargs)
         if _opts_in(config):
-            from verl_async_rm.integration.checks import check_verl_config
+            from verl_async_rm.integration.checks import check_verl_config, probe_endpoints
 
-            check_verl_config(config)
+            probe_endpoints(check_verl_config(config))
         return result
 
     validate_config.async_rm_checks = True  # type: ignore[attr-defined]

@@ -190,6 +190,9 @@ def _logged_metrics() -> set[str]:
         from verl_async_rm.scoring.scorer import ScorerStats as scorer_stats
     names = set(metrics.service_step_metrics(_filled(metrics.StepStats), [_filled(scorer_stats)]))
     names |= set(SleepStats().pop())
+    from verl_async_rm.service.remote_service import REMOTE_FIGURES, RemoteRMService
+
+    names |= set(REMOTE_FIGURES) | set(RemoteRMService._new_step()) - {"last_submit", "last_result"}
     manager = (REPO_ROOT / "verl_async_rm" / "integration" / "agent_loop_manager.py").read_text()
     added = set(re.findall(r'prefix \+ "(\w+)"', manager)) | set(re.findall(r'"async_rm/(\w+)"', manager))
     assert {"requests", "judge_tokens", "steps_dropped", "rm_awake_s"} <= names and added, \

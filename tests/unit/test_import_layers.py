@@ -16,9 +16,8 @@ PACKAGE = Path(__file__).resolve().parents[2] / "verl_async_rm"
 #: Each module's layer, by the longest matching name prefix; a module may import only its own layer or lower ones.
 LAYERS = {
     "verl_async_rm.errors": 0, "verl_async_rm.options": 0, "verl_async_rm.request": 0, "verl_async_rm.vllm_cpu": 0,
-    "verl_async_rm.cpu_platform": 0,
-    "verl_async_rm.scoring": 1,
-    "verl_async_rm.remote": 2,
+    "verl_async_rm.cpu_platform": 0, "verl_async_rm.percentiles": 0,
+    "verl_async_rm.scoring": 1, "verl_async_rm.remote": 1,
     "verl_async_rm.service": 2,
     "verl_async_rm.reward_mix": 3, "verl_async_rm.config": 3,
     "verl_async_rm.integration": 4, "verl_async_rm.main_ppo": 4,

@@ -15,7 +15,8 @@ from verl_async_rm.options import select as _get
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_verl_config", "verl_v1", "check_v1_trainer", "legacy_keys_set", "LEGACY_KEYS", "ENTRY_MODULE",
+__all__ = ["check_verl_config", "verl_v1", "probe_endpoints", "check_v1_trainer", "legacy_keys_set", "LEGACY_KEYS",
+           "ENTRY_MODULE",
            "V1_TRAINER_MODES"]
 
 ENTRY_MODULE = "verl_async_rm.main_ppo"
@@ -63,7 +64,7 @@ def check_verl_config(config: Any) -> AsyncRMConfig:
         verl_v1()
     _check_reward_manager(config)
     settings = _check_async_rm_settings(config)
-    if settings.rm.placement == "policy_pool":
+    if settings.rm.placement == "policy_pool" and any(not e.rm.remote for e in settings.models):
         _check_policy_pool(config, settings)
     return settings
 
@@ -92,10 +93,11 @@ def _check_policy_pool(config: Any, settings: AsyncRMConfig) -> None:
             "(reward.reward_model.enable_resource_pool=True)")
     # verl 0.9.1's trainers build their pools with ResourcePoolManager's default; the replicas read what the pool got
     room = ResourcePoolManager.max_colocate_count - 1  # the actor's worker takes one place in each bundle
-    if len(settings.models) > room:
+    local = [e for e in settings.models if not e.rm.remote]
+    if len(local) > room:
         raise ValueError(
-            f"reward.reward_model.enable_resource_pool=False with {len(settings.models)} RMs "
-            f"({', '.join(e.name for e in settings.models)}): a bundle of verl's policy pool holds "
+            f"reward.reward_model.enable_resource_pool=False with {len(local)} RMs "
+            f"({', '.join(e.name for e in local)}): a bundle of verl's policy pool holds "
             f"{ResourcePoolManager.max_colocate_count} processes (verl's ResourcePoolManager.max_colocate_count), one "
             f"of them the actor's, so at most {room} RMs fit beside it. Fix: score with at most {room} RMs, or give "
             "the RMs pools of their own (reward.reward_model.enable_resource_pool=True)")
@@ -175,7 +177,7 @@ def _check_async_rm_settings(config: Any) -> AsyncRMConfig:
     for entry in settings.models:
         rm = entry.rm
         _refuse_hub_ids(config, entry)
-        if os.path.isdir(rm.model_path):
+        if rm.model_path and os.path.isdir(rm.model_path):
             try:
                 check_rm_checkpoint(rm.model_path, rm.trust_remote_code, rm.reward_kind, rm.kind_given)
             except ConfigValueError as err:
@@ -183,12 +185,29 @@ def _check_async_rm_settings(config: Any) -> AsyncRMConfig:
                     raise err.renamed(f"{entry.key}.{err.key}") from None
                 raise err.renamed(f"{entry.key}.model_path" if err.key == "model_path" else
                                   f"{CONFIG_GROUP}.{err.key}") from None
-        else:  # multi-node runs may keep the RM only on the reward nodes: each replica checks it when it loads
+        elif not rm.remote:  # multi-node runs may keep the RM only on the reward nodes: each replica checks it
             logger.info("verl_async_rm: RM %s's path %s is not on this machine; its replicas will check it",
                         entry.name, rm.model_path)
         _warn_step_sums(config, entry)
     _refuse_column_clashes(config, settings)
     return settings
+
+
+def probe_endpoints(settings: AsyncRMConfig) -> None:
+    """Each remote RM's endpoints asked for their models and one request of the kind's API (``ValueError`` naming the
+    RM, the URL and the fix), run by the entry points before anything starts (in a thread of its own: verl may call
+    them where an event loop runs); a remote RM's service asks again when it starts."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from verl_async_rm.service.remote_service import probe
+
+    for entry in (e for e in settings.models if e.rm.remote):
+        with ThreadPoolExecutor(1) as pool:
+            try:
+                pool.submit(asyncio.run, probe(entry.rm)).result()
+            except ValueError as err:
+                raise ValueError(f"RM {entry.name!r} ({entry.key}.endpoint): {err}") from err.__cause__
 
 
 #: A Hugging Face Hub id (``owner/name``): verl downloads one for the policy, the RM replicas load local directories.
@@ -199,7 +218,7 @@ def _refuse_hub_ids(config: Any, entry: Any) -> None:
     """The RM's and the policy tokenizer's paths are local directories on every node; a Hub id (not a directory here)
     is refused now, naming the key it came from, instead of failing as the replicas load."""
     rm = entry.rm
-    paths = [(f"{entry.key}.model_path", rm.model_path, "the RM")]
+    paths = [(f"{entry.key}.model_path", rm.model_path, "the RM")] if rm.model_path else []
     if rm.retemplate != "never" and rm.policy_tokenizer_path:
         key = next(k for k in (f"{CONFIG_GROUP}.policy_tokenizer_path", "actor_rollout_ref.model.tokenizer_path",
                                "actor_rollout_ref.model.path") if _get(config, k) is not None)

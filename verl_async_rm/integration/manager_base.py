@@ -45,7 +45,8 @@ class AsyncRMManagerBase:
                                for e in self.async_rm_config.models}
         self._entries = {e.name: e for e in self.async_rm_config.models}
         self.last_val_metrics: dict[str, float] = {}
-        self._on_policy_pool = any(e.rm.placement == "policy_pool" for e in self.async_rm_config.models)
+        self._on_policy_pool = any(e.rm.placement == "policy_pool" and not e.rm.remote
+                                   for e in self.async_rm_config.models)
         integration = self.async_rm_config.integration
         self._rm_launched = launch_rm_services(self.async_rm_config.models, self._service_names,
                                                replace_replicas=integration.replace_replicas,

@@ -16,8 +16,8 @@ from verl_async_rm.scoring.engine import check_rows, differs
 from verl_async_rm.scoring.inputs import check_token_ids, dedup_bos, strip_trailing
 from verl_async_rm.scoring.outcome import OutcomeKind, RMInput
 
-__all__ = ["JudgeLogitsKind", "JudgeGenerateKind", "Verdict", "compile_prompt", "compile_pattern",
-           "judge_input_ids", "parse_verdict", "judge_token_ids", "final_norm", "VERDICT_CHARS"]
+__all__ = ["JudgeLogitsKind", "JudgeGenerateKind", "Verdict", "compile_prompt", "compile_pattern", "judge_text",
+           "judge_input_ids", "chat_ids", "parse_verdict", "judge_token_ids", "final_norm", "VERDICT_CHARS"]
 
 _QUESTION = (
     "Here is a question and a response to it.\n\nQuestion: {{ prompt }}\n\nResponse: {{ response }}\n"
@@ -65,11 +65,10 @@ def compile_pattern(text: str) -> re.Pattern[str]:
     return pattern
 
 
-def judge_input_ids(request: RMRequest, *, template: Any, tokenizer: Any, policy_tokenizer: Any,
-                    response_stop_ids: Iterable[int], max_length: int | None, id_limit: int | None) -> list[int]:
-    """The judge's input ids for one trajectory: ``judge_prompt`` rendered, as the user turn of the judge's chat
-    template with its generation prompt. ``RewardInputError`` when it is longer than ``max_length`` (cutting it would
-    cut the judge's instructions or its generation prompt)."""
+def judge_text(request: RMRequest, *, template: Any, policy_tokenizer: Any, response_stop_ids: Iterable[int],
+               id_limit: int | None) -> str:
+    """``judge_prompt`` rendered for one trajectory: the user turn the judge reads (the response decoded as a reader
+    sees it, its trailing stop ids dropped)."""
     if not request.raw_prompt:
         raise RewardInputError(
             f"trajectory {request.uid}: raw_prompt is missing; the judge's prompt needs the question as text. verl's "
@@ -80,17 +79,30 @@ def judge_input_ids(request: RMRequest, *, template: Any, tokenizer: Any, policy
     response = policy_tokenizer.decode(strip_trailing(request.response_ids, response_stop_ids),
                                        skip_special_tokens=True)
     messages = request.raw_prompt
-    text = template.render(prompt=_last_user_text(messages), response=response, messages=messages,
+    return template.render(prompt=_last_user_text(messages), response=response, messages=messages,
                            ground_truth="" if request.ground_truth is None else request.ground_truth)
-    rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                             tokenize=False)
-    ids = dedup_bos(list(tokenizer(rendered, add_special_tokens=False)["input_ids"]), tokenizer.bos_token_id)
+
+
+def judge_input_ids(request: RMRequest, *, template: Any, tokenizer: Any, policy_tokenizer: Any,
+                    response_stop_ids: Iterable[int], max_length: int | None, id_limit: int | None) -> list[int]:
+    """The judge's input ids for one trajectory: :func:`judge_text` as the user turn of the judge's chat template
+    with its generation prompt. ``RewardInputError`` when it is longer than ``max_length`` (cutting it would cut the
+    judge's instructions or its generation prompt)."""
+    text = judge_text(request, template=template, policy_tokenizer=policy_tokenizer,
+                      response_stop_ids=response_stop_ids, id_limit=id_limit)
+    ids = chat_ids([{"role": "user", "content": text}], tokenizer)
     if max_length is not None and len(ids) > max_length:
         raise RewardInputError(
             f"trajectory {request.uid}: the judge's input is {len(ids)} tokens, more than max_length={max_length} "
             "(a judge's input is never cut: that would cut its instructions). Fix: raise max_length, or shorten "
             "judge_prompt or the response length")
     return ids
+
+
+def chat_ids(messages: Sequence[Mapping[str, Any]], tokenizer: Any) -> list[int]:
+    """``messages`` in the tokenizer's chat template with its generation prompt, as token ids (one BOS)."""
+    rendered = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+    return dedup_bos(list(tokenizer(rendered, add_special_tokens=False)["input_ids"]), tokenizer.bos_token_id)
 
 
 def _last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:

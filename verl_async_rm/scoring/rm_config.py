@@ -3,7 +3,7 @@ engine refuse what they cannot do in ``__post_init__``."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from verl_async_rm.errors import ConfigValueError
 from verl_async_rm.options import check_options, option
@@ -31,8 +31,10 @@ _SECONDS = {"above": 0, "why": "must be a positive number of seconds", "fix": "s
 class RMConfig:
     """How to load, feed and place the reward model (RM) worker group."""
 
-    model_path: str = option("", "Local directory of a HuggingFace RM (config, weights, tokenizer).",
-                             why="the RM path is required", fix="set it to the RM's local directory")
+    model_path: str | None = option(
+        None, "Local directory of a HuggingFace RM (config, weights, tokenizer). With endpoint: optional, the same "
+        "checkpoint the server serves (its tokenizer counts tokens and renders templates as the server does).", str,
+        optional=True, fix="set it to the RM's local directory")
     policy_tokenizer_path: str | None = option(
         None, "Local directory of the policy's tokenizer, to decode responses for an RM with another tokenizer or "
         "template. Required unless retemplate='never'.", str, optional=True)
@@ -138,6 +140,30 @@ class RMConfig:
                                         **_SECONDS)
     init_timeout_s: float = option(900.0, "How long a replica may take to load the RM (and a timed-out call may "
                                    "take to answer before its replica is replaced).", **_SECONDS)
+    endpoint: tuple[str, ...] | None = option(
+        None, "A remote RM: the base URL of an OpenAI-compatible server (http(s)://host:port/v1), or a list of them "
+        "(least outstanding first, one that keeps failing set aside for a while). No replica is placed for it. "
+        "Judges: chat completions; outcome RMs: vLLM's classify endpoint.", tuple, optional=True,
+        fix="e.g. +async_rm.endpoint=http://10.0.0.5:8000/v1 or '+async_rm.endpoint=[http://a:8000/v1,http://b:8000/v1]'")
+    endpoint_model: str | None = option(
+        None, "A remote RM: the model to ask for. None: the first model the server lists at /v1/models.", str,
+        optional=True)
+    api_key_env: str | None = option(
+        None, "A remote RM: the NAME of the environment variable that holds the API key (never the key itself); the "
+        "key is sent only to the endpoint's own hosts.", str, optional=True, fix="e.g. +async_rm.api_key_env=OPENAI_API_KEY")
+    max_concurrency: int | None = option(
+        None, "A remote RM: most requests in flight at once, over the whole job. None: no bound.", int,
+        optional=True, least=1, fix="set it to the most requests the endpoint should serve at once, e.g. 64")
+    max_rpm: float | None = option(
+        None, "A remote RM: most requests per minute over the whole job (every attempt counts). None: no limit.",
+        float, optional=True, above=0, fix="set the provider's requests/min limit, e.g. 500")
+    max_tpm: float | None = option(
+        None, "A remote RM: most tokens per minute over the whole job (each request's prompt and max output "
+        "tokens reserved, reconciled with the usage the server reports). None: no limit.", float, optional=True,
+        above=0, fix="set the provider's tokens/min limit, e.g. 200000")
+    judge_retries: int = option(
+        0, "Judges that write their verdict: times a verdict that does not parse is asked for again before the "
+        "trajectory fails.", least=0, fix="use 0 (fail at once) or a small count such as 2")
     kind_given: bool = field(default=False, metadata={"internal": True, "help": (
         "Whether the user set reward_kind (a process RM's checkpoint is read as an outcome RM only if they did).")})
     placement: str = field(default="own_pool", metadata={"internal": True, "help": (
@@ -155,7 +181,12 @@ class RMConfig:
                 object.__setattr__(self, name, "true" if getattr(self, name) else "false")
         if isinstance(self.step_delimiter, str):  # a command line cannot carry a newline: '\\n', '\\t' mean them
             object.__setattr__(self, "step_delimiter", self.step_delimiter.replace("\\n", "\n").replace("\\t", "\t"))
+        if isinstance(self.endpoint, str):  # one URL
+            object.__setattr__(self, "endpoint", (self.endpoint,))
         check_options(self)
+        if self.endpoint is None and not self.model_path:
+            raise ConfigValueError("model_path", self.model_path, "the RM path is required (or an endpoint)",
+                                   "set it to the RM's local directory, or +async_rm.endpoint to a server's URL")
         if self.retemplate != "never" and not self.policy_tokenizer_path:
             raise ConfigValueError(
                 "policy_tokenizer_path",
@@ -172,7 +203,10 @@ class RMConfig:
             raise ConfigValueError(key, getattr(self, key), f"it is read only by judge RMs, and reward_kind is "
                                    f"{self.reward_kind!r}", "set reward_kind='judge', or remove the key")
         kind_class(self).check(self)
-        vllm_engine.check(self)
+        if self.endpoint is not None:
+            _check_remote(self)
+        else:
+            vllm_engine.check(self)
         if self.placement not in PLACEMENTS:
             raise ValueError(f"RMConfig.placement={self.placement!r}: one of {PLACEMENTS}")
         if self.placement == "policy_pool" and self.gpus_per_replica > 1:
@@ -192,6 +226,11 @@ class RMConfig:
                 f"{'smaller than' if k > per_node else 'not a multiple of'} gpus_per_replica",
                 f"set n_gpus_per_node to a multiple of {k} (e.g. {k * max(1, -(-per_node // k))}), or {{key}} to "
                 f"one of {fits}")
+
+    @property
+    def remote(self) -> bool:
+        """True when a server elsewhere scores (``endpoint``): no replica, no pool."""
+        return self.endpoint is not None
 
     @property
     def token_level(self) -> bool:
@@ -217,3 +256,34 @@ class RMConfig:
 def kind_class(config: RMConfig) -> type[OutcomeKind]:
     """The kind of an RM: outcome, process, or a judge read at its next token or by the verdict it writes."""
     return KINDS[(config.reward_kind, config.judge_readout if config.reward_kind == "judge" else None)]
+
+
+#: Settings that only mean something for an RM the plugin loads, with their defaults: refused with ``endpoint``.
+_LOADED_ONLY = ("engine", "dtype", "attn_implementation", "trust_remote_code", "micro_batch_max_tokens", "packing",
+                "share_prompts", "gpus_per_replica", "score_head", "score_output_field")
+
+
+def _check_remote(config: RMConfig) -> None:
+    """``endpoint``: the URLs checked, settings of a loaded RM refused, the limits able to send one request."""
+    from verl_async_rm.remote.endpoints import check_endpoints
+
+    object.__setattr__(config, "endpoint", check_endpoints(config.endpoint, "endpoint"))
+    defaults = {f.name: f.default for f in fields(config)}
+    for key in _LOADED_ONLY:
+        if getattr(config, key) != defaults[key]:
+            raise ConfigValueError(key, getattr(config, key), "it only means something for an RM the plugin loads "
+                                   "itself, and this RM is served at endpoint", "remove it (the server's own settings "
+                                   "decide), or remove endpoint to load the RM from model_path")
+    if config.reward_kind == "process":
+        raise ConfigValueError("reward_kind", "process", "a process RM is read at each step's separator token, which "
+                               "no OpenAI-compatible API returns", "load it with the plugin's replicas (remove "
+                               "endpoint), or use an outcome RM or a judge at the endpoint")
+    if config.reward_kind == "judge" and config.judge_readout == "logits" and len(config.judge_tokens or ()) < 2:
+        raise ConfigValueError("judge_tokens", config.judge_tokens, "a server returns log-probabilities, not the raw "
+                               "logit one judge token is read by", "list two or more tokens, e.g. '[Yes,No]': the "
+                               "first one's probability among them is the score")
+    output = config.judge_max_tokens if config.reward_kind == "judge" and config.judge_readout == "generate" else 1
+    if config.max_tpm is not None and config.max_tpm < output + 1:
+        raise ConfigValueError("max_tpm", config.max_tpm, f"one request reserves its input and its {output} output "
+                               "token(s), more than a minute may send", f"raise max_tpm well above {output}, or "
+                               "lower judge_max_tokens")

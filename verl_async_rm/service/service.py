@@ -21,6 +21,7 @@ from verl_async_rm.service.batching import BatchPolicy
 from verl_async_rm.service.metrics import service_step_metrics
 from verl_async_rm.service.placement import (ReplicaFactory, create_rm_worker_group, kill_and_wait, kill_quietly,
                                              remove_pool_groups, replica_bundle, shutdown_rm_worker_group)
+from verl_async_rm.service.remote_service import RemoteRMService
 
 logger = logging.getLogger(__name__)
 
@@ -258,8 +259,8 @@ def launch_rm_service(rm: RMConfig, batching: BatchPolicy, *, name: str, replace
     options: dict[str, Any] = {"max_concurrency": max_concurrency, "num_cpus": 0}
     if actor_name is not None:
         options["name"] = actor_name
-    service = ray.remote(RMService).options(**options).remote(rm, batching, name=name,
-                                                              replace_replicas=replace_replicas)
+    kind = RemoteRMService if rm.remote else RMService
+    service = ray.remote(kind).options(**options).remote(rm, batching, name=name, replace_replicas=replace_replicas)
     return service, service.start.remote()
 
 
@@ -308,7 +309,7 @@ def check_pools_fit(entries: Sequence[Any]) -> None:
     """Raise ``ValueError`` when the pools ask more, in total, than the cluster has free now."""
     need: dict[str, float] = {}
     for entry in entries:
-        if entry.rm.placement == "policy_pool":  # in the bundles verl reserved for the policy
+        if entry.rm.placement == "policy_pool" or entry.rm.remote:  # in verl's policy bundles, or served elsewhere
             continue
         for resource, amount in replica_bundle(entry.rm.gpus_per_replica, entry.rm.use_gpu).items():
             need[resource] = need.get(resource, 0.0) + amount * entry.rm.num_replicas
@@ -323,7 +324,7 @@ def check_pools_fit(entries: Sequence[Any]) -> None:
 def pools_text(entries: Sequence[Any]) -> str:
     """Each pool by its keys and size, e.g. ``async_rm.models.safety.n_gpus_per_node=1 x nnodes=1 (1 GPU)``."""
     parts = []
-    for e in entries:
+    for e in (e for e in entries if not e.rm.remote):
         unit, n, k = "GPU" if e.rm.use_gpu else "CPU", e.rm.num_replicas, e.rm.gpus_per_replica
         shape = (f"{n} {unit} bundle{'s' if n > 1 else ''}" if k == 1 else
                  f"{n * k} {unit}s: {n} replica{'s' if n > 1 else ''} of "

@@ -11,7 +11,9 @@ runs them (head dimension 32):
   one (9 to 0). Greedy, it counts up from the first digit until ``max_tokens`` ("7890..."); which digit comes first
   depends only on the judge input's last token. Its chat template writes the messages' text as it is, with an empty
   generation prompt, so that token is the end of ``judge_prompt`` as rendered (the ``generate`` readout's tests:
-  verdicts known in advance, and a pattern such as ``^([0-4])`` that leaves some of them unparseable).
+  verdicts known in advance, and a pattern such as ``^([0-4])`` that leaves some of them unparseable). Its
+  :data:`LOGITS_TOKENS` come next, their odds also set by that last token (a logits readout served elsewhere, whose
+  top log-probabilities must hold them).
 """
 
 from __future__ import annotations
@@ -22,9 +24,12 @@ from pathlib import Path
 
 from verl_async_rm.testing.models import _chatml_tokenizer, _special_ids, build_atomically, default_cache_dir
 
-__all__ = ["TinyJudges", "build_tiny_judges", "digit_of", "RAW_TEMPLATE"]
+__all__ = ["TinyJudges", "build_tiny_judges", "digit_of", "RAW_TEMPLATE", "LOGITS_TOKENS"]
 
-_RECIPE_VERSION = "2"
+_RECIPE_VERSION = "3"
+#: The ``digit`` judge's two logits-readout tokens: the next token after its digit, their odds set by the input's last
+#: token (a judge served elsewhere returns them among its first token's top log-probabilities).
+LOGITS_TOKENS = (" correct", " no")
 #: The ``digit`` judge's chat template: the messages' text, nothing around it, and no generation prompt.
 RAW_TEMPLATE = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
 
@@ -84,6 +89,12 @@ def _build_into(root: Path, seed: int) -> None:
         for token in range(vocab):
             after = digits[(digits.index(token) + 1) % 10] if token in digits else digits[digit_of(token)]
             head[after, token] = 1.0
+        # a logits judge's two tokens: always next after the digit (a margin of 0.4 of the digit's logit, so greedy
+        # text is unchanged), their odds a fixed function of the input's last token
+        spread = torch.Generator().manual_seed(seed + 12)
+        for word in LOGITS_TOKENS:
+            head[tok.convert_tokens_to_ids(tok.tokenize(word))[0]] = 0.5 + 0.1 * (torch.rand(hidden, generator=spread)
+                                                                                  - 0.5)
         digit.lm_head.weight.copy_(head)
     digit.generation_config = GenerationConfig(**_special_ids(tok))
     digit.save_pretrained(root / "digit")
