@@ -13,7 +13,7 @@ from typing import Any
 from verl_async_rm.errors import ConfigValueError
 from verl_async_rm.reward_mix import MAIN, RewardMix
 from verl_async_rm.options import Rule, check_options, option, select
-from verl_async_rm.scoring.rm_config import RMConfig
+from verl_async_rm.scoring.rm_config import LOADED_ONLY_KEYS, RMConfig
 from verl_async_rm.service.batching import BatchPolicy
 
 __all__ = ["AsyncRMConfig", "IntegrationConfig", "RMEntry", "MAIN", "CONFIG_GROUP", "ON_ERROR_MODES",
@@ -221,7 +221,9 @@ def extra_rm_entries(models: Any, *, base: Mapping[str, Any], shared_rm: Mapping
         if not isinstance(options, Mapping):
             raise ValueError(
                 f"{key}={options!r}: it must be a group of keys; set them one by one, e.g. +{key}.model_path=/path")
-        rm_values = {k: v for k, v in shared_rm.items() if k not in _OWN_KEYS}
+        # an extra RM served at an endpoint takes none of the main RM's settings of a loaded model (dtype, engine...)
+        inherited = _OWN_KEYS + (LOADED_ONLY_KEYS if options.get("endpoint") else ())
+        rm_values = {k: v for k, v in shared_rm.items() if k not in inherited}
         batching_values = dict(shared_batching)
         for option_name, value in options.items():
             if option_name == "use_gpu":

@@ -174,10 +174,11 @@ async def test_a_server_slower_than_the_deadline_times_out_naming_the_endpoint(s
 @pytest.mark.asyncio
 async def test_retries_stop_at_the_deadline_with_the_last_error(servers):
     upstream = servers(ScriptedUpstream(lambda p: Raw(500, {"error": {"message": "engine died"}})))
-    async with client_for(upstream.url, cooldown_s=60) as client:
-        with pytest.raises(RequestTimeoutError, match=r"3 attempt\(s\).*cool-down.*HTTP 500: engine died"):
-            await chat(client, seconds=10)  # three failures take the lone endpoint out past the deadline: fails now
-        assert client.stats()["endpoints_out"] == 1 and client.stats()["cooldowns"] == 1
+    async with client_for(upstream.url, cooldown_s=60, backoff_s=0.01) as client:
+        with pytest.raises(RequestTimeoutError, match=r"attempt\(s\) on .*HTTP 500: engine died"):
+            await chat(client, seconds=0.5)
+        # the lone endpoint is never taken out for a cool-down: backoff paced the retries up to the deadline
+        assert len(upstream.seen) > 3 and client.stats()["cooldowns"] == 0 and client.stats()["endpoints_out"] == 0
 
 
 # ---------------------------------------------------------------------------------------------------- routing
@@ -221,12 +222,34 @@ async def test_a_failing_endpoint_is_cooled_down_and_its_requests_go_to_the_othe
 
 
 @pytest.mark.asyncio
-async def test_when_every_endpoint_is_out_requests_wait_for_the_first_back(servers):
+async def test_the_last_endpoint_in_service_is_never_cooled_down(servers):
     upstream = servers(ScriptedUpstream())
-    proxy = servers(FaultProxy(upstream.url, FaultSchedule(["drop", "server_error", "drop"])))
-    async with client_for(proxy.url, cooldown_s=0.2) as client:
-        reply = await chat(client)
-    assert reply.attempts == 4 and reply.waits_s[-1] >= 0.2 - 0.01  # waited out the cool-down, then served
+    broken = servers(FaultProxy(upstream.url, FaultSchedule(rate=1.0, kinds=["server_error"])))
+    flaky = servers(FaultProxy(upstream.url, FaultSchedule(["drop", "server_error", "drop", "server_error"])))
+    async with client_for(broken.url, flaky.url, cooldown_s=60, backoff_s=0.01) as client:
+        reply = await chat(client, seconds=10)
+        stats = client.stats()
+    # attempts alternate until the broken one's third failure takes it out; the flaky one, then alone in service,
+    # stays in through its third and fourth failures and serves the fifth attempt sent to it
+    assert reply.endpoint == flaky.url and reply.attempts == 8 and len(broken.seen) == 3
+    assert stats["cooldowns"] == 1 and stats["endpoints"][broken.url]["out_reason"] == "cool-down"
+    assert stats["endpoints"][flaky.url]["out_reason"] is None
+
+
+@pytest.mark.asyncio
+async def test_failures_in_flight_while_out_do_not_extend_the_cool_down():
+    # white-box on purpose: the order of failures must be exact (a request sent before the cool-down failing later)
+    async with client_for("http://127.0.0.1:9/v1", "http://127.0.0.1:10/v1", cooldown_s=10) as client:
+        client._bind()
+        first = client._endpoints[0]
+        for _ in range(3):
+            client._count_failure(first)
+        out_for = client.stats()["endpoints"][first.url]["out_for_s"]
+        await asyncio.sleep(0.05)
+        client._count_failure(first)  # a request in flight since before the cool-down fails now
+        stats = client.stats()
+    assert stats["cooldowns"] == 1 and 9.9 < out_for <= 10
+    assert stats["endpoints"][first.url]["out_for_s"] <= out_for - 0.05
 
 
 # ---------------------------------------------------------------------------------------------------- security
@@ -292,14 +315,19 @@ def self_signed(tmp_path) -> tuple[ssl.SSLContext, str]:
 
 
 @pytest.mark.asyncio
-async def test_https_certificates_are_checked_by_default(servers, tmp_path):
+async def test_https_certificates_are_checked_by_default(servers, tmp_path, monkeypatch):
     context, cert = self_signed(tmp_path)
     upstream = servers(ScriptedUpstream(tls=context))
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    monkeypatch.delenv("SSL_CERT_DIR", raising=False)
     async with client_for(upstream.url) as client:  # an unknown CA: fails at once, not retried
-        with pytest.raises(EndpointError, match="certificate failed the check.*verify=<path>"):
+        with pytest.raises(EndpointError, match="certificate failed the check.*SSL_CERT_FILE=<path>"):
             await chat(client)
         assert client.stats()["attempts"] == 1
     async with client_for(upstream.url, verify=cert) as client:  # its CA given: served
+        assert (await chat(client)).endpoint.startswith("https://")
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # how a user gives it: the variable Python's ssl reads
+    async with client_for(upstream.url) as client:
         assert (await chat(client)).endpoint.startswith("https://")
 
 

@@ -64,6 +64,14 @@ def check_verl_config(config: Any) -> AsyncRMConfig:
         verl_v1()
     _check_reward_manager(config)
     settings = _check_async_rm_settings(config)
+    if settings.rm.remote and settings.rm.placement == "own_pool":
+        gpus = f"{_get(config, 'reward.reward_model.n_gpus_per_node')} x {_get(config, 'reward.reward_model.nnodes')}"
+        raise ValueError(
+            "reward.reward_model.enable_resource_pool=True with the main RM at +async_rm.endpoint: verl would count a "
+            f"reward pool of {gpus} GPUs (reward.reward_model.n_gpus_per_node x nnodes) that no replica uses, and "
+            "wait for them to be free at start. Fix: set reward.reward_model.enable_resource_pool=False (extra RMs "
+            "the plugin loads then share the policy's GPUs), or load the main RM and serve the remote one as an extra "
+            "RM (+async_rm.models.<name>.endpoint=...)")
     if settings.rm.placement == "policy_pool" and any(not e.rm.remote for e in settings.models):
         _check_policy_pool(config, settings)
     return settings

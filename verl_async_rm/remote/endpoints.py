@@ -428,7 +428,7 @@ class EndpointClient:
                 if _bad_certificate(err):  # retrying cannot help
                     return _Failure(EndpointError(
                         f"{ep.url}: the server's TLS certificate failed the check ({err}); give the CA bundle that "
-                        "signed it as verify=<path>", endpoint=ep.url), retry=False, counts=False)
+                        "signed it in SSL_CERT_FILE=<path>", endpoint=ep.url), retry=False, counts=False)
                 return self._transport_failure(ep, err)
             except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError, httpx.DecodingError) as err:
                 return self._transport_failure(ep, err)
@@ -505,12 +505,14 @@ class EndpointClient:
         ep.errors += 1
         self._counts["endpoint_errors"] += 1
         now = self._now()
-        if ep.failures >= self.max_failures and ep.out_until < now + self.cooldown_s:
-            if ep.out_until <= now:
-                self._counts["cooldowns"] += 1
-                logger.warning("endpoint %s failed %d times in a row; out for %g s (%d of %d endpoints out)", ep.url,
-                               ep.failures, self.cooldown_s, 1 + sum(e.out_until > now for e in self._endpoints),
-                               len(self._endpoints))
+        # The failures of requests in flight while it is out neither extend nor renew its cool-down (back in, its next
+        # failure takes it out again); the last endpoint in service stays in: backoff alone paces the retries then.
+        others_in = any(e is not ep and e.out_until <= now for e in self._endpoints)
+        if ep.failures >= self.max_failures and ep.out_until <= now and others_in:
+            self._counts["cooldowns"] += 1
+            logger.warning("endpoint %s failed %d times in a row; out for %g s (%d of %d endpoints out)", ep.url,
+                           ep.failures, self.cooldown_s, 1 + sum(e.out_until > now for e in self._endpoints),
+                           len(self._endpoints))
             self._take_out(ep, now + self.cooldown_s, "cool-down")
 
     def _deadline_error(self, path: str, attempts: int, tried: list[str], last: EndpointError | None,
@@ -552,10 +554,17 @@ class EndpointClient:
         return text.replace(self._key.value, "***") if self._key is not None else text
 
 
-@functools.cache
 def _default_tls() -> ssl.SSLContext:
-    """httpx's default context (certificates and host names checked against certifi's CAs), built once: loading
-    the CA bundle takes tens of milliseconds per client."""
+    """The default context: certificates and host names checked against the CA bundle ``SSL_CERT_FILE`` (or the
+    directory ``SSL_CERT_DIR``) names, as Python's ``ssl`` and most HTTP clients read them, else certifi's CAs."""
+    return _tls_context(os.environ.get("SSL_CERT_FILE") or None, os.environ.get("SSL_CERT_DIR") or None)
+
+
+@functools.cache
+def _tls_context(cafile: str | None, capath: str | None) -> ssl.SSLContext:
+    """Built once per CA source: loading a CA bundle takes tens of milliseconds per client."""
+    if cafile or capath:
+        return ssl.create_default_context(cafile=cafile, capath=capath)
     return httpx.create_ssl_context(verify=True, trust_env=False)
 
 

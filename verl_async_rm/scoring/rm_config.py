@@ -12,7 +12,7 @@ from verl_async_rm.scoring.judge import JudgeGenerateKind, JudgeLogitsKind
 from verl_async_rm.scoring.outcome import OutcomeKind
 from verl_async_rm.scoring.process import ProcessKind
 
-__all__ = ["RMConfig", "PLACEMENTS", "KINDS", "kind_class"]
+__all__ = ["RMConfig", "PLACEMENTS", "KINDS", "kind_class", "LOADED_ONLY_KEYS", "REMOTE_ONLY_KEYS"]
 
 #: Where the replicas run: ``own_pool`` (a reward pool of their own, ``reward.reward_model.enable_resource_pool=True``)
 #: or ``policy_pool`` (the bundles of verl's actor/rollout pool, asleep while the policy trains; ``=False``).
@@ -206,6 +206,10 @@ class RMConfig:
         if self.endpoint is not None:
             _check_remote(self)
         else:
+            if (key := next((k for k in REMOTE_ONLY_KEYS if getattr(self, k) is not None), None)) is not None:
+                raise ConfigValueError(key, getattr(self, key), "it only means something for an RM served at an "
+                                       "endpoint, and this RM is loaded from model_path", "remove it, or set "
+                                       "endpoint to the URL of the server that serves this RM")
             vllm_engine.check(self)
         if self.placement not in PLACEMENTS:
             raise ValueError(f"RMConfig.placement={self.placement!r}: one of {PLACEMENTS}")
@@ -259,7 +263,9 @@ def kind_class(config: RMConfig) -> type[OutcomeKind]:
 
 
 #: Settings that only mean something for an RM the plugin loads, with their defaults: refused with ``endpoint``.
-_LOADED_ONLY = ("engine", "dtype", "attn_implementation", "trust_remote_code", "micro_batch_max_tokens", "packing",
+#: Keys of an RM served at an endpoint, refused for one the plugin loads (and the reverse below).
+REMOTE_ONLY_KEYS = ("endpoint_model", "api_key_env", "max_concurrency", "max_rpm", "max_tpm")
+LOADED_ONLY_KEYS = ("engine", "dtype", "attn_implementation", "trust_remote_code", "micro_batch_max_tokens", "packing",
                 "share_prompts", "gpus_per_replica", "score_head", "score_output_field")
 
 
@@ -269,7 +275,7 @@ def _check_remote(config: RMConfig) -> None:
 
     object.__setattr__(config, "endpoint", check_endpoints(config.endpoint, "endpoint"))
     defaults = {f.name: f.default for f in fields(config)}
-    for key in _LOADED_ONLY:
+    for key in LOADED_ONLY_KEYS:
         if getattr(config, key) != defaults[key]:
             raise ConfigValueError(key, getattr(config, key), "it only means something for an RM the plugin loads "
                                    "itself, and this RM is served at endpoint", "remove it (the server's own settings "
