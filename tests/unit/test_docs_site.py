@@ -62,6 +62,14 @@ def test_the_committed_options_reference_is_what_the_code_renders():
         f"docs/reference/options.md is stale (the config's help text changed): run {generator.REGENERATE}"
 
 
+def test_the_generator_knows_which_keys_an_extra_rm_never_takes_from_the_top():
+    """The options reference lists an extra RM's own keys apart from those that default to the top's value: the same
+    set as the config's (``config._OWN_KEYS``), or the page would promise an inheritance that does not happen."""
+    from verl_async_rm import config
+
+    assert {*_generator().MODEL_OWN, "weight"} == set(config._OWN_KEYS)
+
+
 def test_every_config_field_has_help_text():
     bare = [f"{cls.__name__}.{f.name}" for cls in _config_fields() for f in dataclasses.fields(cls)
             if not f.metadata.get("internal") and not f.metadata.get("help")]
@@ -88,6 +96,7 @@ def site(tmp_path_factory) -> Path:
 def test_the_site_builds_strict_with_every_page(site):
     pages = ["index.html", "guide/install/index.html", "guide/train-on-cpu/index.html", "guide/opt-in/index.html", "guide/options/index.html",
              "guide/metrics/index.html", "guide/recipes/index.html", "guide/sizing/index.html",
+             "guide/remote/index.html",
              "rm-kinds/index.html", "faults/index.html", "comparison/index.html", "architecture/index.html",
              "benchmarks/index.html", "layouts/index.html", "testing/index.html", "versions/index.html",
              "reference/options/index.html"]
