@@ -249,19 +249,35 @@ async def _plugin_pass(args: argparse.Namespace, policy: Path, url: str, traject
                       max_rpm=args.max_rpm)
     service = RemoteRMService(config, name="bench_remote")
     await service.start()
+    cooldowns: set[float] = set()
+    watcher = asyncio.ensure_future(_watch_cooldowns(service, cooldowns))
     try:
         await service.begin_step()
         t0 = time.perf_counter()
         results = await asyncio.gather(*(service.score(r, args.timeout_s) for r, _ in trajectories))
         wall = time.perf_counter() - t0
-        figures, stats = await service.end_step(), await service.stats()
+        figures = await service.end_step()
     finally:
+        watcher.cancel()
+        await asyncio.gather(watcher, return_exceptions=True)
         await service.close()
     lost = [isinstance(r, BaseException) for r in results]
     return {"wall_s": wall, "scores": [None if bad else float(r) for r, bad in zip(results, lost)],
             "defaulted": [False] * len(results), "errors": sorted({type(r).__name__ for r in results if
                                                                  isinstance(r, BaseException)}),
-            "plugin": {**figures, "cooldowns": stats.get("cooldowns")}}
+            "plugin": {**figures, "cooldowns": len(cooldowns)}}
+
+
+async def _watch_cooldowns(service: Any, seen: set[float], every_s: float = 0.05) -> None:
+    """Add to ``seen`` the end of each cool-down of the service's endpoints (read from ``stats()`` every
+    ``every_s``; a cool-down lasts ``COOLDOWN_S``, so none is missed). Its client's own ``cooldowns`` counter leaves
+    out a cool-down that starts while a ``Retry-After`` keeps the endpoint out."""
+    loop = asyncio.get_running_loop()
+    while True:
+        for endpoint in (await service.stats())["endpoints"].values():
+            if endpoint["out_reason"] == "cool-down":
+                seen.add(round(loop.time() + endpoint["out_for_s"], 1))
+        await asyncio.sleep(every_s)
 
 
 async def _verl_pass(args: argparse.Namespace, tokenizer: Any, url: str, rows: list) -> dict[str, Any]:
@@ -276,6 +292,7 @@ async def _verl_pass(args: argparse.Namespace, tokenizer: Any, url: str, rows: l
     if not isinstance(manager, RateLimitedRewardManager):
         raise TypeError(f"verl built {type(manager).__name__} for 'rate_limited', not RateLimitedRewardManager")
     try:
+        _client()  # opened before the clock starts, as the plugin's client is (in start())
         t0 = time.perf_counter()
         outs = await asyncio.gather(*(manager.run_single(row) for row in rows), return_exceptions=True)
         wall = time.perf_counter() - t0
