@@ -132,14 +132,16 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[fl
     if args.quick and args.server == "vllm":
         parser.error("--quick runs the scripted server: drop --quick to run --server vllm")
     args.server = args.server or ("scripted" if args.quick else "vllm")
-    args.trajectories = args.trajectories or (_QUICK_TRAJECTORIES if args.quick else 256)
+    if args.trajectories is None:
+        args.trajectories = _QUICK_TRAJECTORIES if args.quick else 256
     try:
         rates = [float(r) for r in str(args.faults).split(",") if r.strip()]
     except ValueError:
         rates = []
     if not rates or not all(0.0 <= r < 1.0 for r in rates):
         parser.error(f"--faults {args.faults!r}: give rates in [0, 1), comma-separated, e.g. 0,0.2")
-    if args.trajectories < 1 or args.max_concurrency < 1 or args.timeout_s <= 0 or (args.max_rpm or 1) <= 0:
+    if (args.trajectories < 1 or args.max_concurrency < 1 or args.timeout_s <= 0
+            or (args.max_rpm is not None and args.max_rpm <= 0)):
         parser.error("need --trajectories >= 1, --max-concurrency >= 1, --timeout-s > 0 and --max-rpm > 0")
     return rates
 
