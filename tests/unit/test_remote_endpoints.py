@@ -96,6 +96,24 @@ async def test_logprobs_and_classify_shapes_of_the_scripted_upstream(servers):
         assert upstream.seen[1].path == "/classify"
 
 
+@pytest.mark.asyncio
+async def test_the_scripted_upstreams_latency_delays_each_answer_and_blocks_nothing_else(servers):
+    slow = servers(ScriptedUpstream(latency_s=30.0))
+    async with client_for(slow.url) as client:
+        held = asyncio.ensure_future(chat(client, seconds=60))
+        await slow.wait_until(lambda s: len(s.seen) == 1)
+        assert await client.models(5) == {slow.url: ["judge"]}  # served while the chat answer waits
+        assert not held.done()
+        held.cancel()
+        await asyncio.gather(held, return_exceptions=True)
+    upstream = servers(ScriptedUpstream(latency_s=0.2))
+    async with client_for(upstream.url) as client:
+        reply = await chat(client)
+    assert reply.latency_s >= 0.2 - 0.01 and reply.body["choices"][0]["message"]["content"]
+    with pytest.raises(ValueError, match=r"latency_s=-1: give a finite number of seconds >= 0"):
+        ScriptedUpstream(latency_s=-1)
+
+
 # ---------------------------------------------------------------------------------------------------- retries
 
 

@@ -296,15 +296,19 @@ class ScriptedUpstream(TestServer):
     """An OpenAI-compatible server with no model. ``chat(payload)`` answers ``/v1/chat/completions`` (a ``str``, a
     :class:`Completion` or a :class:`Raw`; default: the last message's content echoed); ``classify(item)`` gives the
     class probabilities of one ``input`` item of ``/classify`` (default ``[0.5]``); ``models``: what ``/v1/models``
-    lists (the first one is the ``model`` of answers to requests that name none)."""
+    lists (the first one is the ``model`` of answers to requests that name none); ``latency_s``: how long each chat
+    or classify answer waits before it is sent (an asyncio sleep: the server takes other requests meanwhile)."""
 
     def __init__(self, chat: Callable[[dict], str | Completion | Raw] | None = None,
                  classify: Callable[[Any], Sequence[float] | Raw] | None = None, *, models: Sequence[str] = ("judge",),
-                 **kwargs: Any) -> None:
+                 latency_s: float = 0.0, **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        if not 0.0 <= latency_s < float("inf"):
+            raise ValueError(f"latency_s={latency_s!r}: give a finite number of seconds >= 0")
         self.chat = chat or (lambda payload: str(payload["messages"][-1]["content"]))
         self.classify = classify or (lambda item: [0.5])
         self.models = tuple(models)
+        self.latency_s = float(latency_s)
 
     def routes(self, app: web.Application) -> None:
         app.router.add_get("/v1/models", self._models)
@@ -319,6 +323,7 @@ class ScriptedUpstream(TestServer):
         payload = request[_BODY]
         if not isinstance(payload, dict) or not isinstance(payload.get("messages"), list):
             return _error(400, "the body must be a JSON object with 'messages'")
+        await asyncio.sleep(self.latency_s)
         answer = self.chat(payload)
         if isinstance(answer, Raw):
             return _raw(answer)
@@ -346,6 +351,7 @@ class ScriptedUpstream(TestServer):
         payload = request[_BODY]
         if not isinstance(payload, dict) or ("input" not in payload and "messages" not in payload):
             return _error(400, "the body must be a JSON object with 'input' or 'messages'")
+        await asyncio.sleep(self.latency_s)
         raw_items = payload["input"] if "input" in payload else [json.dumps(payload["messages"])]
         one = isinstance(raw_items, str) or (isinstance(raw_items, list) and raw_items and
                                              isinstance(raw_items[0], int))
