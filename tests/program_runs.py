@@ -120,12 +120,19 @@ class ProgramRuns:
 
 
 def _kill(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
+    """SIGTERM to the run's process group (a run that started a server in a session of its own stops it then), SIGKILL
+    15 s later if it is still there."""
+    for sig, wait_s in ((signal.SIGTERM, 15), (signal.SIGKILL, 60)):
+        if proc.poll() is not None:
+            return
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
+            os.killpg(proc.pid, sig)
         except ProcessLookupError:
-            pass
-        proc.wait(timeout=60)
+            return
+        try:
+            proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def recipe_command(request, folder: str, *overrides: str, env: dict[str, str] | None = None) -> Command:

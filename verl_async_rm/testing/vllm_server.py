@@ -88,3 +88,33 @@ def start_vllm_server(model_path: str | os.PathLike, *, name: str, log_dir: str 
     tail = log.read_text(errors="replace")[-3000:]
     raise RuntimeError(f"vLLM's server for {model_path} did not come up within {start_timeout_s:g} s "
                        f"(exit code {process.poll()}); the end of {log}:\n{tail}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m verl_async_rm.testing.vllm_server --model DIR --name NAME [--log-dir D] [--arg=FLAG ...] -- CMD...``:
+    run ``CMD`` while vLLM's server serves ``DIR`` on 127.0.0.1, ``{endpoint}`` in its arguments replaced by the
+    server's base URL; the server is stopped when ``CMD`` ends; exit status: ``CMD``'s. The CPU recipe's run with a
+    remote judge in the tests is launched this way."""
+    import argparse
+    import tempfile
+
+    parser = argparse.ArgumentParser(prog="python -m verl_async_rm.testing.vllm_server", description=main.__doc__)
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--log-dir", default=None)
+    parser.add_argument("--arg", action="append", default=[], help="one more server flag (repeat)")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    options = parser.parse_args(argv)
+    command = options.command[1:] if options.command[:1] == ["--"] else options.command
+    if not command:
+        parser.error("give the command to run after --")
+    log_dir = options.log_dir or tempfile.mkdtemp(prefix="vllm_server_")
+    # the server runs in a session of its own: a SIGTERM to this process (group) must stop it too
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    with start_vllm_server(options.model, name=options.name, log_dir=log_dir, args=tuple(options.arg)) as server:
+        print(f"vLLM server {server.model} at {server.url} (log: {server.log})", flush=True)
+        return subprocess.call([part.replace("{endpoint}", server.url) for part in command])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
