@@ -32,6 +32,7 @@ import logging
 import math
 import os
 import random
+import statistics
 import time
 import zlib
 from collections import Counter
@@ -121,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--faults", default="0,0.2", help="injected fault rates, comma-separated (default 0,0.2)")
     parser.add_argument("--timeout-s", type=float, default=300.0,
                         help="the plugin's deadline per trajectory, verl's reward.timeout (default 300, verl's)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="passes of each side per fault rate, the sides alternating which goes first (default "
+                             "1); the table gives each pass and the median wall time per side")
     parser.add_argument("--seed", type=int, default=0, help="the trajectories' answers and the fault schedule")
     parser.add_argument("--out", default=None, help="folder for remote.json (default: none written)")
     parser.add_argument("--quick", action="store_true",
@@ -140,9 +144,10 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[fl
         rates = []
     if not rates or not all(0.0 <= r < 1.0 for r in rates):
         parser.error(f"--faults {args.faults!r}: give rates in [0, 1), comma-separated, e.g. 0,0.2")
-    if (args.trajectories < 1 or args.max_concurrency < 1 or args.timeout_s <= 0
+    if (args.trajectories < 1 or args.max_concurrency < 1 or args.timeout_s <= 0 or args.repeats < 1
             or (args.max_rpm is not None and args.max_rpm <= 0)):
-        parser.error("need --trajectories >= 1, --max-concurrency >= 1, --timeout-s > 0 and --max-rpm > 0")
+        parser.error("need --trajectories >= 1, --max-concurrency >= 1, --repeats >= 1, --timeout-s > 0 and "
+                     "--max-rpm > 0")
     return rates
 
 
@@ -356,12 +361,16 @@ async def _passes(args: argparse.Namespace, rates: list[float], url: str) -> dic
     reference = first["scores"]
     runs = []
     for rate in rates:
-        for side, fn in (("plugin", plugin), ("verl", verl)):
-            runs.append(_summary(await _pass(side, rate, args, url, fn), reference, n))
-    for rate in rates:  # both sides sent the same requests (each side's distinct bodies, compared as a set)
-        plugin_run, verl_run = (r for r in runs if r["fault_rate"] == rate)
-        same = plugin_run.pop("asked") == verl_run.pop("asked")
-        plugin_run["asked_as_verl"] = verl_run["asked_as_plugin"] = same
+        for repeat in range(args.repeats):  # the sides take turns going first: a drift in load hits both alike
+            sides = [("plugin", plugin), ("verl", verl)][::1 if repeat % 2 == 0 else -1]
+            for side, fn in sides:
+                runs.append({"repeat": repeat, **_summary(await _pass(side, rate, args, url, fn), reference, n)})
+    for run in runs:  # both sides sent the same requests (each side's distinct bodies, compared as a set)
+        other = next(r for r in runs if r["fault_rate"] == run["fault_rate"] and r["repeat"] == run["repeat"]
+                     and r["side"] != run["side"])
+        run["asked_as_other_side"] = run["asked"] == other["asked"]
+    for run in runs:
+        run.pop("asked")
     return {"reference": {"wall_s": first["wall_s"], "scored": sum(s is not None for s in reference),
                           "distinct_scores": len({round(s, 6) for s in reference if s is not None})},
             "runs": runs}
@@ -387,6 +396,13 @@ def format_table(report: dict[str, Any]) -> str:
         lines.append(f"| {r['side']} | {r['fault_rate']:.0%} | {r['trajectories']} | {r['wall_s']:.2f} | "
                      f"{r['trajectories_per_s']:,.1f} | {r['lost']} | {r['defaulted']} | {r['equal_to_reference']} | "
                      f"{r['retries']} | {r['faults_injected']} | {cooldowns} |")
+    if p["repeats"] > 1:
+        for rate in sorted({r["fault_rate"] for r in report["runs"]}):
+            medians = {side: statistics.median(r["wall_s"] for r in report["runs"]
+                                               if r["side"] == side and r["fault_rate"] == rate)
+                       for side in ("plugin", "verl")}
+            lines.append(f"median wall s at {rate:.0%} faults over {p['repeats']} passes: plugin "
+                         f"{medians['plugin']:.2f}, verl {medians['verl']:.2f}")
     return "\n".join(lines)
 
 
