@@ -235,7 +235,7 @@ def _group(item, clustered: set) -> str:
         return "unit"
     if "two_nodes" in item.fixturenames:
         return "two_nodes"
-    if _runs_programs(item.module):  # its run started with the session: by now it is done
+    if hasattr(item.module, "program_command"):  # its run started with the session: by now it is done
         return "program_run"
     if item.get_closest_marker("own_cluster"):
         return "own_cluster"
@@ -261,14 +261,9 @@ def pytest_collection_modifyitems(config, items):
     _skip_gpu_tier(items)
 
 
-def _runs_programs(module) -> bool:
-    return hasattr(module, "program_command") or hasattr(module, "program_commands")
-
-
 @pytest.fixture(scope="session", autouse=True)
 def program_runs(request):
-    """The program runs of the collected modules that define ``program_command(request)``, or
-    ``program_commands(request)`` for several, by key (the demo, the CPU recipe:
+    """The program runs of the collected modules that define ``program_command(request)`` (the demo, the CPU recipe:
     :mod:`program_runs`), started before the first test where vLLM can run, beside the unit tier (which keeps only one
     core busy; their modules run last). Each module's fixture waits for its run with ``program_runs.finish``; a run no
     test waited for is killed at the end."""
@@ -277,17 +272,14 @@ def program_runs(request):
     from verl_async_rm.vllm_cpu import vllm_unavailable_reason
 
     runs = ProgramRuns()
-    modules = {item.module.__name__: item.module for item in request.session.items if _runs_programs(item.module)}
+    modules = {item.module.__name__: item.module for item in request.session.items
+               if hasattr(item.module, "program_command")}
     if modules and vllm_unavailable_reason() is None:
         from verl_async_rm.demo.data import demo_assets
 
         demo_assets(request.getfixturevalue("tiny_models").root.parent)  # built once here, not raced by the runs
         for name, module in sorted(modules.items()):
-            if hasattr(module, "program_commands"):  # several runs: ``<module>[<key>]``
-                for key, command in module.program_commands(request).items():
-                    runs.start(f"{name}[{key}]", command)
-            else:
-                runs.start(name, module.program_command(request))
+            runs.start(name, module.program_command(request))
     yield runs
     runs.stop_all()
 
