@@ -327,7 +327,8 @@ def test_extra_rms_get_their_own_pool_weight_and_options_and_inherit_the_top_lev
         (["+async_rm.models.main.model_path=/m"], r"async_rm\.models\.main: the name 'main' is taken by the RM of "
                                                   r"reward\.reward_model"),
         (["+async_rm.models.safety.weight=0.5"], r"async_rm\.models\.safety\.model_path=None: each extra RM needs "
-                                                 r"its path; set \+async_rm\.models\.safety\.model_path="),
+                                                 r"its path \(or an endpoint\); set \+async_rm\.models\.safety\."
+                                                 r"model_path=/path/to/rm, or \+async_rm\.models\.safety\.endpoint="),
         (["+async_rm.models.safety.model_path=/m", "+async_rm.models.safety.weight=nan"],
          r"async_rm\.models\.safety\.weight=nan: must be a finite number"),
         (["+async_rm.models.safety.model_path=/m", "+async_rm.models.safety.weight=high"],
