@@ -190,7 +190,7 @@ def _filled(cls: type) -> typing.Any:
 def _logged_metrics() -> set[str]:
     """Every metric the code logs, as its name after ``async_rm/`` (under ``<name>/`` too with several RMs), found
     from the code: one service's step figures with every optional figure present, the RM-on-the-policy's-GPUs sleep
-    figures, and the names the agent-loop manager adds itself."""
+    figures, and the names the agent-loop managers add themselves."""
     from verl_async_rm.service import metrics
     from verl_async_rm.service.service import SleepStats
 
@@ -202,7 +202,8 @@ def _logged_metrics() -> set[str]:
     from verl_async_rm.service.remote_service import REMOTE_FIGURES, RemoteRMService
 
     names |= set(REMOTE_FIGURES) | set(RemoteRMService._new_step()) - {"last_submit", "last_result"}
-    manager = (REPO_ROOT / "verl_async_rm" / "integration" / "agent_loop_manager.py").read_text()
+    manager = "".join((REPO_ROOT / "verl_async_rm" / "integration" / name).read_text()
+                      for name in ("manager_base.py", "agent_loop_manager.py", "v1.py"))
     added = set(re.findall(r'prefix \+ "(\w+)"', manager)) | set(re.findall(r'"async_rm/(\w+)"', manager))
     assert {"requests", "judge_tokens", "steps_dropped", "rm_awake_s"} <= names and added, \
         "the metric names were not found in the code: has it moved? Update _logged_metrics"
