@@ -150,11 +150,11 @@ def parse_verdict(text: str, pattern: re.Pattern[str], labels: Mapping[str, floa
     matches = list(pattern.finditer(text))
     end = text[-200:]
 
-    def failed(reason: str) -> JudgeVerdictError:
-        return JudgeVerdictError(f"{where}{reason} (the judge's text ends: {end!r})", reply=text, reason=reason)
+    def failed(reason: str, ends: str = "the judge's text ends") -> JudgeVerdictError:
+        return JudgeVerdictError(f"{where}{reason} ({ends}: {end!r})", reply=text, reason=reason)
 
     if not matches:
-        raise failed(f"no match of judge_pattern {pattern.pattern!r} in the judge's text")
+        raise failed(f"no match of judge_pattern {pattern.pattern!r} in the judge's text", "its end")
     verdict = (matches[-1].group(1) or "").strip()
     if labels:
         folded = {k.casefold(): v for k, v in labels.items()}

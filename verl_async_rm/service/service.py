@@ -112,7 +112,8 @@ class RMService:
         self._rm, self._batching, self._name, self._replace = rm, batching, name, replace_replicas
         self._group: Any = None
         self._batcher: Batcher | None = None
-        self._gate: GroupGate | None = None
+        self._gate = (GroupGate(self._judge_group, wait_s=rm.group_wait_s, retries=rm.judge_retries, name=name)
+                      if rm.reward_kind == "group_judge" else None)
         self._reasks = 0  #: this step's re-asks of a per-response judge
         self._sleep = SleepStats() if rm.placement == "policy_pool" else None
         #: Replicas that did not answer the sleep, by index: lost at the wake if the index still holds them.
@@ -129,9 +130,6 @@ class RMService:
         call = functools.partial(call_replica, grace_s=self._rm.init_timeout_s)
         self._batcher = Batcher(call, self._batching, replicas=list(self._group.workers), name=self._name,
                                 replace_replica=ReplicaFactory(self._rm, self._group) if self._replace else None)
-        if self._rm.reward_kind == "group_judge":
-            self._gate = GroupGate(self._judge_group, wait_s=self._rm.group_wait_s, retries=self._rm.judge_retries,
-                                   name=self._name)
         logger.info("RM service %s: %d replica(s) of %s, batching %s", self._name, self._rm.num_replicas,
                     self._rm.model_path, self._batching)
         return await self.describe()
@@ -257,9 +255,8 @@ class RMService:
     async def close(self, grace_s: float = 10.0) -> None:
         """Fail waiting requests, give running batches ``grace_s``, kill the replicas and release the pool.
         Idempotent; the actor stays alive (the manager kills it)."""
-        gate, self._gate = self._gate, None
-        if gate is not None:  # its members fail, its judge calls get grace_s (they are the batcher's requests)
-            await gate.aclose(grace_s=grace_s)
+        if self._gate is not None:  # its members fail, its judge calls get grace_s (they are the batcher's requests)
+            await self._gate.aclose(grace_s=grace_s)
         batcher, self._batcher = self._batcher, None
         if batcher is not None:
             replicas = list(batcher.replicas)
