@@ -129,8 +129,8 @@ class AsyncRMWorkerMixin:
     def _async_rm_group_size(self, phase: str) -> int | None:
         """How many siblings a prompt's group has in ``phase`` (a group judge waits for them): verl's
         ``actor_rollout_ref.rollout.n``, or ``val_kwargs.n`` in validation."""
-        rollout = getattr(getattr(getattr(self, "config", None), "actor_rollout_ref", None), "rollout", None)
-        n = getattr(getattr(rollout, "val_kwargs", None), "n", None) if phase == "val" else getattr(rollout, "n", None)
+        rollout = self.config.actor_rollout_ref.rollout  # type: ignore[attr-defined] - verl's worker's whole config
+        n = rollout.val_kwargs.n if phase == "val" else rollout.n
         return None if n is None else int(n)
 
     async def _async_rm_scores(self, final: Any, kwargs: dict, trajectory: str, group_size: int | None = None

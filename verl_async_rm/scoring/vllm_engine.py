@@ -176,6 +176,8 @@ class VLLMEngine(Engine):
         text). Batching and the prefix cache are the engine's own business."""
         if reads is not None:
             raise RewardModelError("the vLLM engine reads one value per row (no per-step reads)")
+        if not inputs:
+            return []
         schemas = schemas or [None] * len(inputs)
         return self._score_rows([(list(ids), None, schema) for ids, schema in zip(inputs, schemas, strict=True)])
 
