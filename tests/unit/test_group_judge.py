@@ -97,7 +97,8 @@ def test_a_members_label_does_not_depend_on_the_order_the_members_arrived_in(pol
 
 
 def test_responses_render_in_label_order_each_under_its_label_one_blank_line_apart():
-    assert render_responses(["alpha", "beta\nmore", "gamma"], [2, 3, 1]) == "[1]\ngamma\n\n[2]\nalpha\n\n[3]\nbeta\nmore"
+    rendered = render_responses(["alpha", "beta\nmore", "gamma"], [2, 3, 1])
+    assert rendered == "[1]\ngamma\n\n[2]\nalpha\n\n[3]\nbeta\nmore"
 
 
 def test_the_judge_reads_the_question_the_reference_and_every_response_under_its_label(tiny_models, tiny_judges,

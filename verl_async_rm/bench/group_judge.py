@@ -170,7 +170,8 @@ def format_table(report: dict[str, Any]) -> str:
              "reward wait p50 / p99 s | step tail mean / max s | failed (parse) |",
              "|---|---|---|---|---|---|---|"]
     for name, row in report["modes"].items():
-        lines.append(f"| {name} | {row['judge_calls_per_trajectory']:.3f} | {row['judge_tokens_in_per_trajectory']:.1f} "
+        lines.append(f"| {name} | {row['judge_calls_per_trajectory']:.3f} | "
+                     f"{row['judge_tokens_in_per_trajectory']:.1f} "
                      f"| {row['judge_tokens_out_per_trajectory']:.2f} | {row['reward_wait_s_p50']:.3f} / "
                      f"{row['reward_wait_s_p99']:.3f} | {row['step_tail_s_mean']:.3f} / {row['step_tail_s_max']:.3f} "
                      f"| {row['failed']} ({row['parse_failures']}) |")

@@ -219,8 +219,8 @@ class RMConfig:
             raise ConfigValueError("score_output_field", self.score_output_field,
                                    "must be the name of a field of the model's output",
                                    "use e.g. 'score' (ArmoRM-style RMs), or leave it unset to read the score head")
-        if self.reward_kind not in JUDGE_KINDS and (key := next((k for k in _JUDGE_KEYS if getattr(self, k) is not None),
-                                                                None)) is not None:
+        judge_key = next((k for k in _JUDGE_KEYS if getattr(self, k) is not None), None)
+        if self.reward_kind not in JUDGE_KINDS and (key := judge_key) is not None:
             raise ConfigValueError(key, getattr(self, key), f"it is read only by judge RMs, and reward_kind is "
                                    f"{self.reward_kind!r}", "set reward_kind='judge', or remove the key")
         defaults = {f.name: f.default for f in fields(self)}

@@ -1,6 +1,6 @@
 """Tiny judge models (causal LMs) for the judge-RM tests, the demo and benchmarks, built offline next to the tiny models.
 
-Both use the tiny policy's ChatML tokenizer, so a response is read back as the policy wrote it, and vLLM's CPU attention
+Each uses the tiny policy's ChatML tokenizer, so a response is read back as the policy wrote it, and vLLM's CPU attention
 runs them (head dimension 32):
 
 - ``lm``: a random ``Qwen2ForCausalLM`` with the ChatML template and a widened LM head, so its next-token
