@@ -141,12 +141,14 @@ class AsyncRMConfig:
         token_level = tuple(e.name for e in extras if e.rm.token_level)
         token_level = (MAIN, *token_level) if rm.token_level else token_level
         writes = [(MAIN, rm), *((e.name, e.rm) for e in extras)]
-        verdict = tuple(name for name, c in writes if c.reward_kind == "judge" and c.judge_readout == "generate")
+        verdict = tuple(name for name, c in writes if c.writes)
         mix = RewardMix(**mix_values, extra_weights=tuple((e.name, e.weight) for e in extras),
                         token_level_rms=token_level, verdict_rms=verdict)
         main = RMEntry(name=MAIN, weight=mix.rm_weight, rm=rm, batching=batching, key="reward.reward_model")
-        return cls(batching=batching, rm=rm, mix=mix, integration=IntegrationConfig(**sections[IntegrationConfig]),
-                   models=(main, *extras))
+        integration = IntegrationConfig(**sections[IntegrationConfig])
+        for entry in (main, *extras):
+            _check_group_wait(entry, integration.request_timeout_s)
+        return cls(batching=batching, rm=rm, mix=mix, integration=integration, models=(main, *extras))
 
 
 def rm_config_from_verl(config: Any, overrides: Mapping[str, Any] | None = None, overrides_key: str = "") -> RMConfig:
@@ -255,6 +257,17 @@ def extra_rm_entries(models: Any, *, base: Mapping[str, Any], shared_rm: Mapping
         batching = build(BatchPolicy, batching_values, _under(key, batching_values))
         entries.append(RMEntry(name=name, weight=weight, rm=rm, batching=batching, key=key))
     return tuple(entries)
+
+
+def _check_group_wait(entry: RMEntry, request_timeout_s: float) -> None:
+    """A group judge's partial groups must be judged before their members' deadlines pass."""
+    rm = entry.rm
+    if rm.reward_kind == "group_judge" and rm.group_wait_s >= request_timeout_s:
+        key = f"{CONFIG_GROUP}.group_wait_s" if entry.name == MAIN else f"{entry.key}.group_wait_s"
+        raise ConfigValueError(key, rm.group_wait_s, f"a short group (a sibling that never comes) is judged this long "
+                               f"after its last member, past the request_timeout_s={request_timeout_s:g} its members "
+                               "wait at most", f"set it well below {request_timeout_s:g}, e.g. 300, or raise "
+                               f"{CONFIG_GROUP}.request_timeout_s")
 
 
 def _under(prefix: str, names: Any) -> dict[str, str]:

@@ -48,7 +48,8 @@ class AsyncRMError(RuntimeError):
 
 
 class BatcherClosedError(AsyncRMError):
-    """Raised when a request is submitted to, or still pending in, a batcher that is being closed."""
+    """Raised when a request is submitted to, or still pending in, a batcher (or a group judge's gate) that is being
+    closed."""
 
 
 class BatcherCrashedError(AsyncRMError):
@@ -113,7 +114,13 @@ class NonFiniteScoreError(RewardModelError):
 
 class JudgeVerdictError(RewardModelError):
     """Raised for one trajectory when a judge RM's written verdict does not parse into a score (``judge_pattern``
-    finds no match, or the match is neither a number nor one of ``judge_labels``)."""
+    finds no match, or the match is neither a number nor one of ``judge_labels``), and for every member of a group
+    when a group judge's reply is not a JSON object with a finite number for each label. ``reply``: the judge's text;
+    ``reason``: why it does not read, in a few words (what a re-ask tells the judge)."""
+
+    def __init__(self, message: str, *, reply: str | None = None, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reply, self.reason = reply, reason
 
 
 class RewardInputError(RewardModelError, ValueError):

@@ -329,6 +329,10 @@ def test_extra_rms_get_their_own_pool_weight_and_options_and_inherit_the_top_lev
         (["+async_rm.models.safety.weight=0.5"], r"async_rm\.models\.safety\.model_path=None: each extra RM needs "
                                                  r"its path \(or an endpoint\); set \+async_rm\.models\.safety\."
                                                  r"model_path=/path/to/rm, or \+async_rm\.models\.safety\.endpoint="),
+        (["+async_rm.models.group.model_path=/m", "+async_rm.models.group.reward_kind=group_judge",
+          "+async_rm.models.group.group_wait_s=2000"],
+         r"async_rm\.models\.group\.group_wait_s=2000\.0: a short group .* past the request_timeout_s=1800 .* Fix: "
+         r"set it well below 1800"),
         (["+async_rm.models.safety.model_path=/m", "+async_rm.models.safety.weight=nan"],
          r"async_rm\.models\.safety\.weight=nan: must be a finite number"),
         (["+async_rm.models.safety.model_path=/m", "+async_rm.models.safety.weight=high"],

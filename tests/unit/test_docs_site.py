@@ -197,7 +197,9 @@ def _logged_metrics() -> set[str]:
     scorer_stats = getattr(metrics, "ScorerStats", None)
     if scorer_stats is None:  # imported by metrics.py for type checking only
         from verl_async_rm.scoring.scorer import ScorerStats as scorer_stats
-    names = set(metrics.service_step_metrics(_filled(metrics.StepStats), [_filled(scorer_stats)]))
+    group = metrics.GroupStats(requests=1, last_submit=1.0, last_result=2.0)  # a group judge's gate, one group
+    group.wait_s.add(1.0)
+    names = set(metrics.service_step_metrics(_filled(metrics.StepStats), [_filled(scorer_stats)], group))
     names |= set(SleepStats().pop())
     from verl_async_rm.service.remote_service import REMOTE_FIGURES, RemoteRMService
 
@@ -205,7 +207,7 @@ def _logged_metrics() -> set[str]:
     manager = "".join((REPO_ROOT / "verl_async_rm" / "integration" / name).read_text()
                       for name in ("manager_base.py", "agent_loop_manager.py", "v1.py"))
     added = set(re.findall(r'prefix \+ "(\w+)"', manager)) | set(re.findall(r'"async_rm/(\w+)"', manager))
-    assert {"requests", "judge_tokens", "steps_dropped", "rm_awake_s"} <= names and added, \
+    assert {"requests", "judge_tokens", "steps_dropped", "rm_awake_s", "groups_judged"} <= names and added, \
         "the metric names were not found in the code: has it moved? Update _logged_metrics"
     return names | added
 
@@ -228,7 +230,7 @@ def _named_metrics(text: str) -> list[str]:
         names += [f"{parent}/{b}" if parent else b for b in bare]
     names = [name.rstrip(".") for name in names]  # a sentence's full stop
     return [n for name in names if not name.endswith("/")  # `async_rm/<name>/`: a group, not a metric
-            for n in _expand(name) if "*" not in n and "..." not in n]
+            for n in _expand(name) if n and "*" not in n and "..." not in n]
 
 
 def test_every_metric_the_docs_name_is_one_the_code_logs():

@@ -136,6 +136,15 @@ RECIPES: dict[str, Layout] = {
     "grpo_gsm8k_judge_hosted_api.sh": Layout(
         VERL_ENTRY, 1, 8, 0, 0, rm_weight=0.05, rule_weight=1.0, rm_hub="gpt-4o-mini", rm_env="JUDGE_URL",
         endpoint="https://api.openai.com/v1", endpoint_model="gpt-4o-mini", api_key_env="JUDGE_API_KEY"),
+    # a group judge (one call per GRPO group) as the pool's RM, two 1-GPU vLLM replicas, verl's naive manager's rule
+    "grpo_gsm8k_group_judge_local.sh": Layout(VERL_ENTRY, 1, 6, 2, 1, rm_weight=0.5, rule_weight=1.0,
+                                              rm_hub="Qwen/Qwen2.5-7B-Instruct", rm_env="JUDGE_PATH"),
+    # the same judge kind served by vLLM on another node (a 72B model, tensor parallel 8): no pool, the policy on 8
+    "grpo_gsm8k_group_judge_remote.sh": Layout(
+        VERL_ENTRY, 1, 8, 0, 0, rm_weight=0.5, rule_weight=1.0, rm_hub="Qwen/Qwen2.5-72B-Instruct", rm_env="JUDGE_URL",
+        endpoint="http://judge-node:8000/v1", endpoint_model="judge",
+        server=("vllm serve $HOME/models/Qwen2.5-72B-Instruct --tensor-parallel-size 8", "--served-model-name judge",
+                """--structured-outputs-config '{"backend": "xgrammar", "disable_any_whitespace": true}'""")),
 }
 
 
@@ -428,6 +437,23 @@ def test_the_hosted_api_recipe_names_its_key_and_keeps_to_the_providers_limits()
     assert settings.mix.combine(rm_score=10.0, rule_score=1.0) == pytest.approx(0.5 + 1.0)
     text = (RECIPES_DIR / "grpo_gsm8k_judge_hosted_api.sh").read_text()
     assert not re.search(r"\bsk-[A-Za-z0-9]{8}|Bearer [A-Za-z0-9]", text), "a key in the script"
+@pytest.mark.parametrize("recipe", ["grpo_gsm8k_group_judge_local.sh", "grpo_gsm8k_group_judge_remote.sh"])
+def test_the_group_judge_recipes_grade_each_group_in_one_call_within_the_judges_context(recipe):
+    """A 0-10 grade per label over judge_scale 10, weighted so that a perfect grade is half a correct answer; re-asks;
+    the wait for a short group below the request's; a whole group's input (5 responses at the longest, the prompt and
+    the instructions) within max_length less the reply's tokens where the plugin loads the judge."""
+    config, settings = validate(dry_run(recipe))
+    judge = settings.rm
+    assert (judge.reward_kind, judge.judge_scale, judge.writes) == ("group_judge", 10.0, True)
+    assert judge.judge_retries >= 1 and judge.group_wait_s < settings.integration.request_timeout_s
+    assert settings.mix.combine(rm_score=1.0, rule_score=1.0) == pytest.approx(0.5 + 1.0)
+    assert settings.mix.verdict_rms == ("main",)  # the label and the reply in reward_extra_info
+    rollout, data = config.actor_rollout_ref.rollout, config.data
+    group_tokens = rollout.n * data.max_response_length + data.max_prompt_length + 400  # 400: the instructions
+    if judge.remote:
+        assert judge.model_path is None and judge.max_concurrency and "{{ responses }}" in judge.judge_prompt
+    else:
+        assert group_tokens <= judge.max_length - judge.judge_max_tokens and judge.on_vllm
 
 
 def test_the_rule_of_the_rm_plus_rule_recipe_is_verls_gsm8k_rule():

@@ -7,7 +7,9 @@ The same service against vLLM's own server: ``tests/integration/test_remote_rms.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
+import re
 
 import pytest
 
@@ -24,8 +26,8 @@ TOKENS = ("Yes", "No")
 
 def request(policy_tok, i: int, answer: str = "It is four.") -> RMRequest:
     prompt = [{"role": "user", "content": f"What is 2 + {i}?"}]
-    return RMRequest(uid=f"q{i}/0", prompt_ids=policy_tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True,
-                                                                             return_dict=False),
+    ids = policy_tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
+    return RMRequest(uid=f"q{i}/0", prompt_ids=ids,
                      response_ids=policy_tok(answer, add_special_tokens=False)["input_ids"], raw_prompt=prompt,
                      group=f"q{i}")
 
@@ -74,7 +76,84 @@ async def test_a_verdict_that_does_not_parse_is_asked_again_then_fails_never_a_d
         second, again, _ = await scored(cfg, [request(policy_tok, 1)])
     assert first[0] == Verdict(3.0, "Verdict: 3") and figures["judge_reasks"] == 2 and figures["scored"] == 1
     assert isinstance(second[0], JudgeVerdictError) and "no match of judge_pattern" in str(second[0])
-    assert again["judge_reasks"] == 2 and again["judge_parse_failures"] == 1 and again["errors"] == 1
+    assert second[0].reply == "nothing"
+    assert again["judge_reasks"] == 2 and again["judge_parse_failures"] == 3 and again["errors"] == 1
+    assert again["judge_calls"] == 3 and again["requests"] == 1
+    # a re-ask is the same greedy conversation with the bad reply and why it did not read added
+    chats = [s.body["messages"] for s in up.seen if s.path == "/v1/chat/completions"]
+    assert [len(m) for m in chats[:3]] == [1, 3, 3] and chats[1][0] == chats[0][0]
+    assert chats[1][1] == {"role": "assistant", "content": "no verdict here"} and chats[2][1]["content"] == "still none"
+    assert chats[1][2]["content"].startswith("Your reply could not be read: no match of judge_pattern")
+    assert "the verdict must match the regular expression" in chats[1][2]["content"]
+
+
+def member(policy_tok, group: str, j: int, answer: str, size: int | None) -> RMRequest:
+    prompt = [{"role": "user", "content": f"How many apples in {group}?"}]
+    return RMRequest(uid=f"{group}/{j}", prompt_ids=policy_tok.apply_chat_template(
+        prompt, add_generation_prompt=True, tokenize=True, return_dict=False),
+        response_ids=policy_tok(answer, add_special_tokens=False)["input_ids"], raw_prompt=prompt, group=group,
+        group_size=size)
+
+
+def grade_by_label(payload) -> str:
+    """A scripted group judge: each label gets the number its response states ("answer N" -> N)."""
+    blocks = re.findall(r"^\[(\d+)\]\n(.*)$", payload["messages"][0]["content"], re.MULTILINE)
+    return json.dumps({label: int(text.split()[-1]) for label, text in blocks})
+
+
+@pytest.mark.asyncio
+async def test_a_group_judge_makes_one_call_per_group_and_each_response_gets_its_labels_number(tiny_models,
+                                                                                               policy_tok):
+    from verl_async_rm.scoring.group_judge import member_labels, reply_schema
+
+    groups = {f"uid-{g}": [member(policy_tok, f"uid-{g}", j, f"answer {10 * g + j}", 4) for j in range(4)]
+              for g in range(3)}
+    with ScriptedUpstream(chat=grade_by_label) as up:
+        cfg = config(tiny_models, up.url, reward_kind="group_judge", judge_scale=10, judge_max_tokens=64)
+        everyone = [m for ms in groups.values() for m in ms]
+        results, figures, _ = await scored(cfg, everyone)
+    assert [r.score for r in results] == [(10 * g + j) / 10 for g in range(3) for j in range(4)]
+    chats = [s.body for s in up.seen if s.path == "/v1/chat/completions"]
+    assert len(chats) == 3  # one call per group
+    assert all(c["response_format"] == {"type": "json_schema", "json_schema": {
+        "name": "grades", "schema": reply_schema(4), "strict": True}} and c["temperature"] == 0 for c in chats)
+    shuffled = 0
+    for ms, result_group in zip(groups.values(), [results[i:i + 4] for i in range(0, 12, 4)], strict=True):
+        from verl_async_rm.request import GroupRequest
+
+        labels = member_labels(GroupRequest(ms[0].group, tuple(ms)), 0)
+        assert [r.text.split("]")[0] for r in result_group] == [f"[{label}" for label in labels]
+        shuffled += labels != (1, 2, 3, 4)
+    assert shuffled >= 1
+    assert (figures["requests"], figures["scored"], figures["groups_judged"], figures["judge_calls"]) == (12, 12, 3, 3)
+    assert figures["groups_partial"] == 0 and figures["judge_tokens_out_per_trajectory"] > 0
+    assert figures["judge_tokens_in_per_trajectory"] == figures["judge_tokens_in"] / 12
+
+
+@pytest.mark.asyncio
+async def test_a_group_whose_reply_does_not_read_is_asked_again_then_every_member_fails_with_the_reply(
+        tiny_models, policy_tok):
+    with ScriptedUpstream(chat=lambda p: '{"1": 5}') as up:
+        cfg = config(tiny_models, up.url, reward_kind="group_judge", judge_retries=1)
+        results, figures, _ = await scored(cfg, [member(policy_tok, "g", j, f"answer {j}", 3) for j in range(3)])
+    chats = [s.body["messages"] for s in up.seen if s.path == "/v1/chat/completions"]
+    assert len(chats) == 2 and chats[1][1] == {"role": "assistant", "content": '{"1": 5}'}
+    assert chats[1][2]["content"].startswith("Your reply could not be read: labels 2, 3 are missing. Answer again;")
+    assert all(isinstance(r, JudgeVerdictError) and r.reply == '{"1": 5}' and "labels 2, 3 are missing" in str(r)
+               for r in results)
+    assert (figures["errors"], figures["judge_reasks"], figures["judge_parse_failures"], figures["judge_calls"]) == \
+        (3, 1, 2, 2)
+
+
+@pytest.mark.asyncio
+async def test_a_short_group_is_judged_with_the_responses_that_came_after_the_wait(tiny_models, policy_tok):
+    with ScriptedUpstream(chat=grade_by_label) as up:
+        cfg = config(tiny_models, up.url, reward_kind="group_judge", group_wait_s=0.2)
+        results, figures, _ = await scored(cfg, [member(policy_tok, "g", j, f"answer {j + 4}", 3) for j in range(2)])
+    assert [r.score for r in results] == [4.0, 5.0]
+    [chat] = [s.body for s in up.seen if s.path == "/v1/chat/completions"]
+    assert chat["response_format"]["json_schema"]["schema"]["required"] == ["1", "2"]
+    assert (figures["groups_judged"], figures["groups_partial"], figures["scored"]) == (1, 1, 2)
 
 
 @pytest.mark.asyncio

@@ -91,7 +91,7 @@ class AsyncRMWorkerMixin:
         phase = _PHASE.get() if validate is None else ("val" if validate else "train")
         records = self._records()
         trajectory = f"{kwargs.get('uid', '?')}/{kwargs.get('session_id', 0)}"
-        scores, failure = await self._async_rm_scores(final, kwargs, trajectory)
+        scores, failure = await self._async_rm_scores(final, kwargs, trajectory, self._async_rm_group_size(phase))
         error = None
         if failure is not None:
             error = _describe(failure)
@@ -126,17 +126,25 @@ class AsyncRMWorkerMixin:
         elif self._async_rm_mix.token_level and not self._async_rm_replace_output:
             final.extra_fields[TOKEN_REWARDS_KEY] = None  # verl stacks the same extra_fields for every sample
 
-    async def _async_rm_scores(self, final: Any, kwargs: dict, trajectory: str
+    def _async_rm_group_size(self, phase: str) -> int | None:
+        """How many siblings a prompt's group has in ``phase`` (a group judge waits for them): verl's
+        ``actor_rollout_ref.rollout.n``, or ``val_kwargs.n`` in validation."""
+        rollout = self.config.actor_rollout_ref.rollout  # type: ignore[attr-defined] - verl's worker's whole config
+        n = rollout.val_kwargs.n if phase == "val" else rollout.n
+        return None if n is None else int(n)
+
+    async def _async_rm_scores(self, final: Any, kwargs: dict, trajectory: str, group_size: int | None = None
                                ) -> tuple[dict[str, Score], AsyncRMError | None]:
         """The trajectory's score from every RM at once (ready when the last answers), as the replicas made them,
-        and the first failure (an RM's error, or its service lost)."""
+        and the first failure (an RM's error, or its service lost). ``group_size``: its group's size."""
         if not self._async_rm_services or self._async_rm_mix is None:
             raise AsyncRMError("this agent-loop worker has no RM service attached: build it through "
                                "verl_async_rm.AsyncRMAgentLoopManager.create(...)")
         reference = kwargs.get("reward_model")  # verl's datasets: {"ground_truth": ..., "style": ...}
         request = RMRequest.from_agent_loop_output(
             final, uid=trajectory, raw_prompt=kwargs.get("raw_prompt"), group=str(kwargs.get("uid", "?")),
-            ground_truth=reference.get("ground_truth") if isinstance(reference, Mapping) else None)
+            ground_truth=reference.get("ground_truth") if isinstance(reference, Mapping) else None,
+            group_size=group_size)
         names = list(self._async_rm_services)
         answers: list[ScoreResult | BaseException] = await asyncio.gather(
             *(score_with_timeout(service, request, timeout_s=self._async_rm_timeout_s)

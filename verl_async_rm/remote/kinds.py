@@ -6,7 +6,14 @@
   log-probabilities (``top_logprobs``): the first judge token's probability among ``judge_tokens``, as the local
   readout computes it (a softmax over those tokens' logits equals one over their log-probabilities);
 - an outcome RM: vLLM's classify endpoint (``/classify``, at the server's root), the head's raw output
-  (``use_activation=False``), reduced by ``score_reduction`` / ``score_index`` as locally.
+  (``use_activation=False``), reduced by ``score_reduction`` / ``score_index`` as locally;
+- a group judge (``reward_kind='group_judge'``): chat completions for a whole GRPO group (a
+  :class:`~verl_async_rm.request.GroupRequest`), greedy, with ``response_format`` asking for the JSON schema of a
+  number per label (OpenAI's structured outputs, which vLLM's server honours), read as locally
+  (:mod:`~verl_async_rm.scoring.group_judge`).
+
+A judge asked again (``judge_retries``) sees its previous reply as an assistant turn and a user turn saying why it did
+not read (:func:`~.judge.judge_messages`): still greedy, so the same conversation gets the same answer.
 
 The judge's user turn is rendered as the local judge renders it (:func:`~.judge.judge_text`); the server applies the
 judge's chat template. With ``model_path`` (the checkpoint the server serves) an outcome RM sends the token ids the
@@ -22,10 +29,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl_async_rm.errors import EndpointError, NonFiniteScoreError, RewardModelError
-from verl_async_rm.request import RMRequest, ScoreResult, Verdict
+from verl_async_rm.request import GroupRequest, RMRequest, ScoreResult, Verdict
+from verl_async_rm.scoring.group_judge import (GROUP_VARIABLES, group_text, group_verdict, long_group_error,
+                                               member_labels, reply_form, reply_schema)
 from verl_async_rm.scoring.inputs import conversation_for, strip_trailing
-from verl_async_rm.scoring.judge import (VERDICT_CHARS, chat_ids, compile_pattern, compile_prompt, judge_text,
-                                         parse_verdict)
+from verl_async_rm.scoring.judge import (VERDICT_CHARS, chat_ids, compile_pattern, compile_prompt, judge_messages,
+                                         judge_text, parse_verdict, verdict_form)
 from verl_async_rm.scoring.outcome import policy_side
 from verl_async_rm.scoring.rm_config import RMConfig, kind_class
 
@@ -95,14 +104,19 @@ class RemoteKind:
             return NonFiniteScoreError(f"trajectory {request.uid}: the RM at the endpoint returned {value}")
         return value
 
-    def _chat(self, request: RMRequest) -> tuple[list[dict[str, str]], int]:
-        """The judge's messages for ``request`` and the tokens they hold (counted by the judge's tokenizer when
-        ``model_path`` is given, else estimated)."""
+    def _chat(self, request: RMRequest, form: str = "") -> tuple[list[dict[str, str]], int]:
+        """The judge's messages for ``request`` (with a re-ask's turns, saying the answer must take ``form``) and the
+        tokens they hold (:meth:`_count`)."""
         text = judge_text(request, template=self.template, policy_tokenizer=self.policy_tokenizer,
                           response_stop_ids=self.stop_ids, id_limit=self.id_limit)
-        messages = [{"role": "user", "content": text}]
-        tokens = len(chat_ids(messages, self.local.rm_tokenizer)) if self.local is not None else _estimate(text)
-        return messages, tokens
+        messages = judge_messages(text, request.reask, form)
+        return messages, self._count(messages)
+
+    def _count(self, messages: list[dict[str, str]]) -> int:
+        """Tokens of ``messages``: counted by the judge's tokenizer when ``model_path`` is given, else estimated."""
+        if self.local is not None:
+            return len(chat_ids(messages, self.local.rm_tokenizer))
+        return _estimate("".join(m["content"] for m in messages))
 
 
 class _GenerateJudge(RemoteKind):
@@ -114,7 +128,7 @@ class _GenerateJudge(RemoteKind):
         self.pattern, self.labels = compile_pattern(config.judge_pattern), dict(config.judge_labels or ())
 
     def call(self, request: RMRequest) -> Call:
-        messages, tokens = self._chat(request)
+        messages, tokens = self._chat(request, verdict_form(self.pattern, self.labels))
         payload = {"model": self.model, "messages": messages, "max_tokens": self.config.judge_max_tokens,
                    "temperature": 0}
         return Call("/chat/completions", payload, tokens, self.config.judge_max_tokens)
@@ -131,6 +145,41 @@ class _GenerateJudge(RemoteKind):
             return Verdict(parse_verdict(text, self.pattern, self.labels, where), text[-VERDICT_CHARS:])
         except RewardModelError as err:
             return err
+
+
+class _GroupJudge(RemoteKind):
+    """A group judge (see the module doc): :meth:`call` and :meth:`read` take a whole group."""
+
+    def __init__(self, config: RMConfig, model: str) -> None:
+        super().__init__(config, model)
+        self.template = compile_prompt(config.judge_prompt, GROUP_VARIABLES)
+
+    def call(self, group: GroupRequest) -> Call:  # type: ignore[override]
+        """The group's request; ``RewardInputError`` when, counted by the judge's tokenizer (``model_path``), it is
+        longer than ``max_length - judge_max_tokens``."""
+        config = self.config
+        text, labels = group_text(group, template=self.template, policy_tokenizer=self.policy_tokenizer,
+                                  response_stop_ids=self.stop_ids, id_limit=self.id_limit, seed=config.judge_seed)
+        messages = judge_messages(text, group.reask, reply_form(len(labels)))
+        tokens = self._count(messages)
+        room = None if self.local is None else self.local.room
+        if room is not None and tokens > room:
+            raise long_group_error(group, tokens, self.local.max_length, config.judge_max_tokens)
+        schema = {"name": "grades", "schema": reply_schema(len(labels)), "strict": True}
+        payload = {"model": self.model, "messages": messages, "max_tokens": config.judge_max_tokens, "temperature": 0,
+                   "response_format": {"type": "json_schema", "json_schema": schema}}
+        return Call("/chat/completions", payload, tokens, config.judge_max_tokens)
+
+    def read(self, group: GroupRequest, body: Any) -> ScoreResult:  # type: ignore[override]
+        try:
+            text = body["choices"][0]["message"]["content"]
+            if not isinstance(text, str):
+                raise TypeError(type(text))
+        except (KeyError, IndexError, TypeError):
+            return _unreadable(group, body, "choices[0].message.content, the judge's reply")
+        where = f"group judge {self.model} at the endpoint: {group.uid}: "
+        return group_verdict(group, member_labels(group, self.config.judge_seed), text, self.config.judge_scale,
+                             where)  # type: ignore[return-value]
 
 
 class _LogitsJudge(RemoteKind):
@@ -174,6 +223,8 @@ class _LogitsJudge(RemoteKind):
 
 def remote_kind(config: RMConfig, model: str) -> RemoteKind:
     """The remote kind of ``config`` (an outcome RM or a judge at ``config.endpoint``), asking for ``model``."""
+    if config.reward_kind == "group_judge":
+        return _GroupJudge(config, model)
     if config.reward_kind == "judge":
         return (_GenerateJudge if config.judge_readout == "generate" else _LogitsJudge)(config, model)
     return RemoteKind(config, model)
@@ -185,7 +236,8 @@ def _estimate(text: str) -> int:
     return len(text) // 3 + 8
 
 
-def _unreadable(request: RMRequest, body: Any, what: str) -> EndpointError:
+def _unreadable(request: RMRequest | GroupRequest, body: Any, what: str) -> EndpointError:
     shown = repr(body)
-    return EndpointError(f"trajectory {request.uid}: the endpoint's answer has no {what}: "
+    name = request.uid if isinstance(request, GroupRequest) else f"trajectory {request.uid}"
+    return EndpointError(f"{name}: the endpoint's answer has no {what}: "
                          f"{shown[:300]}{'...' if len(shown) > 300 else ''}")

@@ -25,14 +25,16 @@ _AUTO_HEADS = ("score", "v_head", "classifier")
 
 @dataclass
 class RMInput:
-    """One trajectory's RM input: its ids, whether they were cut to ``max_length``, and for a process RM the
-    positions read (one per kept step), the response token where each kept step ends and the leading steps cut."""
+    """One trajectory's RM input: its ids, whether they were cut to ``max_length``, for a process RM the positions
+    read (one per kept step), the response token where each kept step ends and the leading steps cut, and for a judge
+    whose reply is constrained the JSON schema its text must follow."""
 
     ids: list[int]
     truncated: bool = False
     reads: list[int] | None = None
     token_index: list[int] | None = None
     dropped: int = 0
+    schema: dict[str, Any] | None = None
 
 
 class OutcomeKind:
