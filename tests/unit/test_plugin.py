@@ -134,7 +134,8 @@ def test_a_trainer_process_imports_the_runtime_core_only(hook_sequence):
 
 
 def test_importing_the_plugin_and_verls_trainer_wraps_nothing(hook_sequence):
-    """verl's ``PPOTrainer.step`` is wrapped only when the plugin's manager is built (``trainer_hooks``), never at import."""
+    """verl's ``PPOTrainer.step`` is wrapped only when the plugin's manager is built (``trainer_hooks``), never at
+    import."""
     assert hook_sequence["v1_trainer"] == {"hooks_installed": False, "step_wrapped": False}
 
 

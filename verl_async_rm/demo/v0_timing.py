@@ -41,7 +41,8 @@ class _Timed:
         if prompts.meta_info.get("validate", False):
             return output
         finished = max(float(t) for t in output.non_tensor_batch[FINISHED_AT])
-        output.meta_info["timing"] = {**output.meta_info.get("timing", {}), "demo/rollout_s": max(0.0, finished - start),
+        output.meta_info["timing"] = {**output.meta_info.get("timing", {}),
+                                      "demo/rollout_s": max(0.0, finished - start),
                                       "demo/reward_tail_s": max(0.0, end - finished)}
         self._record(prompts, output, start)
         return output

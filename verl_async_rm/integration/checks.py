@@ -153,7 +153,8 @@ def _check_reward_manager(config: Any) -> None:
 
 
 #: verl 0.9.1's v1 trainer modes (``trainer.v1.trainer_mode``, ``trainer/ppo/v1/__init__.py``); all work with the
-#: plugin: the step boundaries come from the fit loop every mode shares (:mod:`~verl_async_rm.integration.trainer_hooks`).
+#: plugin: the step boundaries come from the fit loop every mode shares
+#: (:mod:`~verl_async_rm.integration.trainer_hooks`).
 V1_TRAINER_MODES = ("sync", "colocate_async", "separate_async")
 
 
