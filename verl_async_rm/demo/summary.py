@@ -97,7 +97,7 @@ def step_record(metrics: Mapping[str, Any], trajectories: list[Mapping[str, Any]
         "rm_scores": rm_scores,
         "response_tokens": [int(t["response_tokens"]) for t in trajectories],
         "digests": [t.get("digest") for t in trajectories],
-        "reward_waits_s": [float(t.get("reward_wait_s", 0.0)) for t in trajectories],
+        "reward_waits_s": [float(t["reward_wait_s"]) for t in trajectories if t.get("reward_wait_s") is not None],
     }
     for key in ("async_rm/scored", "async_rm/errors", "async_rm/reward_tail_s", "async_rm/sleep_s", "async_rm/wake_s"):
         if key in d:

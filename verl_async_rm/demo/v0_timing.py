@@ -56,7 +56,6 @@ class _Timed:
         batch, columns = output.batch, output.non_tensor_batch
         keys = output.meta_info.get("reward_extra_keys") or []
         uids = prompts.non_tensor_batch.get("uid")
-        metrics = output.meta_info.get("metrics") or [{}] * len(output)
         step = prompts.meta_info.get("global_steps")
         with open(path, "a") as out:
             for i in range(len(output)):
@@ -70,7 +69,8 @@ class _Timed:
                     "digest": hashlib.sha1(repr((prompt[prompt != 0].tolist(), response.tolist())).encode())
                     .hexdigest()[:12],
                     "finished_s": float(columns[FINISHED_AT][i]) - start,
-                    "reward_wait_s": float(metrics[i].get("compute_score") or 0.0)}) + "\n")
+                    # not measured on v0: the batch's metrics read 0.0 here in every mode, the plugin's included
+                    "reward_wait_s": None}) + "\n")
 
 
 class TimedAsyncRMAgentLoopManager(_Timed, AsyncRMAgentLoopManagerV0):
