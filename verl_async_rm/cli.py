@@ -1,4 +1,4 @@
-"""Command-line interface: ``verl-async-rm {demo,bench}`` (also ``python -m verl_async_rm``)."""
+"""Command-line interface: ``verl-async-rm {demo,bench,doctor}`` (also ``python -m verl_async_rm``)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _cmd_bench(args: argparse.Namespace) -> int:
     # `bench batcher [...]`: the batcher micro-benchmark; `bench rm [...]`: the RM scorer's forwards on this
-    # device; `bench judge [...]`: a judge's two readouts; `bench layout [...]`: where to put the RM (a model);
-    # `bench [...]`: the overlap benchmark (each its own parser).
+    # device; `bench judge [...]`: a judge's two readouts; `bench group-judge [...]`: a group judge against a
+    # per-response one; `bench layout [...]`: where to put the RM (a model); `bench remote [...]`: a remote judge,
+    # the plugin vs verl's rate_limited manager, with faults; `bench [...]`: the overlap benchmark (each its own
+    # parser).
     if args.rest[:1] == ["batcher"]:
         from verl_async_rm.bench.batcher import main as bench_main
 
@@ -31,8 +33,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         from verl_async_rm.bench.judge import main as bench_main
 
         rest = args.rest[1:]
+    elif args.rest[:1] == ["group-judge"]:
+        from verl_async_rm.bench.group_judge import main as bench_main
+
+        rest = args.rest[1:]
     elif args.rest[:1] == ["layout"]:
         from verl_async_rm.bench.layout import main as bench_main
+
+        rest = args.rest[1:]
+    elif args.rest[:1] == ["remote"]:
+        from verl_async_rm.bench.remote import main as bench_main
 
         rest = args.rest[1:]
     else:
@@ -41,6 +51,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         rest = args.rest
     status, report = bench_main(rest)
     print(report)
+    return status
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from verl_async_rm.doctor import report
+
+    status, text = report()
+    print(text)
     return status
 
 
@@ -56,10 +74,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     # prefix_chars="+": every option after `bench` goes, unparsed, to the chosen benchmark's own parser.
     bench = sub.add_parser("bench", add_help=False, prefix_chars="+",
-                           help="the overlap benchmark (`bench --help`), `bench batcher`, `bench rm`, `bench judge` "
-                                "or `bench layout` (`bench rm --help`...)")
-    bench.add_argument("rest", nargs=argparse.REMAINDER, help="[batcher|rm|judge|layout] and the benchmark's options")
+                           help="the overlap benchmark (`bench --help`), `bench batcher`, `bench rm`, `bench judge`, "
+                                "`bench group-judge`, `bench layout` or `bench remote` (`bench rm --help`...)")
+    bench.add_argument("rest", nargs=argparse.REMAINDER,
+                       help="[batcher|rm|judge|group-judge|layout|remote] and the benchmark's options")
     bench.set_defaults(func=_cmd_bench)
+
+    doctor = sub.add_parser("doctor", help="check everything the plugin uses of the installed verl (no Ray, no GPU); "
+                                           "exit status 1 when something changed")
+    doctor.set_defaults(func=_cmd_doctor)
     return parser
 
 

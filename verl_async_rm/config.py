@@ -13,7 +13,7 @@ from typing import Any
 from verl_async_rm.errors import ConfigValueError
 from verl_async_rm.reward_mix import MAIN, RewardMix
 from verl_async_rm.options import Rule, check_options, option, select
-from verl_async_rm.scoring.rm_config import RMConfig
+from verl_async_rm.scoring.rm_config import LOADED_ONLY_KEYS, RMConfig
 from verl_async_rm.service.batching import BatchPolicy
 
 __all__ = ["AsyncRMConfig", "IntegrationConfig", "RMEntry", "MAIN", "CONFIG_GROUP", "ON_ERROR_MODES",
@@ -41,7 +41,8 @@ _VERL_KEYS = {
     "policy_tokenizer_path": ("actor_rollout_ref.model.tokenizer_path", "actor_rollout_ref.model.path")}
 _NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 #: Per-RM keys that are the RM's own (never taken from the top of ``async_rm``).
-_OWN_KEYS = ("model_path", "n_gpus_per_node", "nnodes", "gpus_per_replica", "weight")
+_OWN_KEYS = ("model_path", "n_gpus_per_node", "nnodes", "gpus_per_replica", "weight", "endpoint", "endpoint_model",
+             "api_key_env", "max_concurrency", "max_rpm", "max_tpm")
 _WEIGHT = Rule(float, why="must be a finite number", fix="e.g. +{key}=0.5")
 
 
@@ -140,12 +141,14 @@ class AsyncRMConfig:
         token_level = tuple(e.name for e in extras if e.rm.token_level)
         token_level = (MAIN, *token_level) if rm.token_level else token_level
         writes = [(MAIN, rm), *((e.name, e.rm) for e in extras)]
-        verdict = tuple(name for name, c in writes if c.reward_kind == "judge" and c.judge_readout == "generate")
+        verdict = tuple(name for name, c in writes if c.writes)
         mix = RewardMix(**mix_values, extra_weights=tuple((e.name, e.weight) for e in extras),
                         token_level_rms=token_level, verdict_rms=verdict)
         main = RMEntry(name=MAIN, weight=mix.rm_weight, rm=rm, batching=batching, key="reward.reward_model")
-        return cls(batching=batching, rm=rm, mix=mix, integration=IntegrationConfig(**sections[IntegrationConfig]),
-                   models=(main, *extras))
+        integration = IntegrationConfig(**sections[IntegrationConfig])
+        for entry in (main, *extras):
+            _check_group_wait(entry, integration.request_timeout_s)
+        return cls(batching=batching, rm=rm, mix=mix, integration=integration, models=(main, *extras))
 
 
 def rm_config_from_verl(config: Any, overrides: Mapping[str, Any] | None = None, overrides_key: str = "") -> RMConfig:
@@ -169,9 +172,10 @@ def rm_config_from_verl(config: Any, overrides: Mapping[str, Any] | None = None,
                 f"{prefix}{name}", value, "not a setting of the RM worker group", f"use one of {sorted(known)}")
         values[name], keys[name] = value, f"{prefix}{name}"
     values["kind_given"] = "reward_kind" in values
-    if "model_path" not in values:
-        raise ConfigValueError("reward.reward_model.model_path", None, "the RM worker group needs a reward model",
-                               "set reward.reward_model.model_path=/path/to/rm")
+    if "model_path" not in values and "endpoint" not in values:
+        raise ConfigValueError("reward.reward_model.model_path", None, "the plugin needs a reward model",
+                               "set reward.reward_model.model_path=/path/to/rm, or +async_rm.endpoint to the URL of "
+                               "a server that serves it")
     values.update(placement_values(config))
     return build(RMConfig, values, keys)
 
@@ -219,7 +223,9 @@ def extra_rm_entries(models: Any, *, base: Mapping[str, Any], shared_rm: Mapping
         if not isinstance(options, Mapping):
             raise ValueError(
                 f"{key}={options!r}: it must be a group of keys; set them one by one, e.g. +{key}.model_path=/path")
-        rm_values = {k: v for k, v in shared_rm.items() if k not in _OWN_KEYS}
+        # an extra RM served at an endpoint takes none of the main RM's settings of a loaded model (dtype, engine...)
+        inherited = _OWN_KEYS + (LOADED_ONLY_KEYS if options.get("endpoint") else ())
+        rm_values = {k: v for k, v in shared_rm.items() if k not in inherited}
         batching_values = dict(shared_batching)
         for option_name, value in options.items():
             if option_name == "use_gpu":
@@ -231,10 +237,10 @@ def extra_rm_entries(models: Any, *, base: Mapping[str, Any], shared_rm: Mapping
             elif option_name in batching_fields:
                 batching_values[option_name] = value
         weight = _WEIGHT.convert(f"{key}.weight", options.get("weight", 1.0))
-        if not options.get("model_path"):
+        if not options.get("model_path") and not options.get("endpoint"):
             raise ValueError(
-                f"{key}.model_path={options.get('model_path')!r}: each extra RM needs its path; "
-                f"set +{key}.model_path=/path/to/rm")
+                f"{key}.model_path={options.get('model_path')!r}: each extra RM needs its path (or an endpoint); "
+                f"set +{key}.model_path=/path/to/rm, or +{key}.endpoint=http://host:port/v1")
         if base.get("placement") == "policy_pool":  # every RM on the policy's GPUs, one replica on each
             for own in ("n_gpus_per_node", "nnodes"):
                 if own in options:
@@ -251,6 +257,17 @@ def extra_rm_entries(models: Any, *, base: Mapping[str, Any], shared_rm: Mapping
         batching = build(BatchPolicy, batching_values, _under(key, batching_values))
         entries.append(RMEntry(name=name, weight=weight, rm=rm, batching=batching, key=key))
     return tuple(entries)
+
+
+def _check_group_wait(entry: RMEntry, request_timeout_s: float) -> None:
+    """A group judge's partial groups must be judged before their members' deadlines pass."""
+    rm = entry.rm
+    if rm.reward_kind == "group_judge" and rm.group_wait_s >= request_timeout_s:
+        key = f"{CONFIG_GROUP}.group_wait_s" if entry.name == MAIN else f"{entry.key}.group_wait_s"
+        raise ConfigValueError(key, rm.group_wait_s, f"a short group (a sibling that never comes) is judged this long "
+                               f"after its last member, past the request_timeout_s={request_timeout_s:g} its members "
+                               "wait at most", f"set it well below {request_timeout_s:g}, e.g. 300, or raise "
+                               f"{CONFIG_GROUP}.request_timeout_s")
 
 
 def _under(prefix: str, names: Any) -> dict[str, str]:

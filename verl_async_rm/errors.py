@@ -9,7 +9,8 @@ from typing import Any
 __all__ = ["ConfigValueError", "ConfigTypeError", "JudgeVerdictError", "AsyncRMError", "BatcherClosedError",
            "BatcherCrashedError", "RequestTimeoutError", "BatchResultError", "NoReplicasError", "RewardModelError",
            "ReplicaLostError", "EngineDeadError", "ShardDesyncError", "RMServiceLostError", "TrajectoryDroppedError",
-           "RMScoreError", "NonFiniteScoreError", "RewardInputError", "ResourcePoolError", "remote_cause"]
+           "RMScoreError", "NonFiniteScoreError", "RewardInputError", "ResourcePoolError", "remote_cause",
+           "EndpointError", "TokenLimitError", "EndpointClosedError"]
 
 
 class ConfigValueError(ValueError):
@@ -47,7 +48,8 @@ class AsyncRMError(RuntimeError):
 
 
 class BatcherClosedError(AsyncRMError):
-    """Raised when a request is submitted to, or still pending in, a batcher that is being closed."""
+    """Raised when a request is submitted to, or still pending in, a batcher (or a group judge's gate) that is being
+    closed."""
 
 
 class BatcherCrashedError(AsyncRMError):
@@ -112,7 +114,13 @@ class NonFiniteScoreError(RewardModelError):
 
 class JudgeVerdictError(RewardModelError):
     """Raised for one trajectory when a judge RM's written verdict does not parse into a score (``judge_pattern``
-    finds no match, or the match is neither a number nor one of ``judge_labels``)."""
+    finds no match, or the match is neither a number nor one of ``judge_labels``), and for every member of a group
+    when a group judge's reply is not a JSON object with a finite number for each label. ``reply``: the judge's text;
+    ``reason``: why it does not read, in a few words (what a re-ask tells the judge)."""
+
+    def __init__(self, message: str, *, reply: str | None = None, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reply, self.reason = reply, reason
 
 
 class RewardInputError(RewardModelError, ValueError):
@@ -134,3 +142,26 @@ def remote_cause(err: BaseException) -> BaseException:
     """The exception a Ray task raised where it ran (its own type and message), rather than Ray's wrapper of it."""
     cause = getattr(err, "cause", None)
     return cause if isinstance(cause, BaseException) else err
+
+
+# ---------------------------------------------------------------------------------------------------- remote RMs
+
+
+class EndpointError(RewardModelError):
+    """Raised when a remote RM endpoint fails one request: it refused it with a status that is not retried (a 4xx
+    other than 408/429, or a redirect), or its answer is unusable; also the ``__cause__`` of the
+    ``RequestTimeoutError`` of a request whose retries ran out of time (its last failure). ``endpoint``: the base URL
+    that failed; ``status``: the HTTP status, None for a connection error or a bad body."""
+
+    def __init__(self, message: str, *, endpoint: str | None = None, status: int | None = None) -> None:
+        super().__init__(message)
+        self.endpoint, self.status = endpoint, status
+
+
+class TokenLimitError(RewardModelError):
+    """Raised when one request needs more tokens (what it sends plus its max output tokens) than the tokens/min limit
+    can ever hold: it could never be sent, so it fails at once instead of waiting."""
+
+
+class EndpointClosedError(AsyncRMError):
+    """Raised when a request is made to, or still in flight in, a remote endpoint client that is being closed."""

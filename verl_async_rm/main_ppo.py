@@ -57,10 +57,10 @@ def main(config: Any) -> None:
     """Migrate the legacy keys, check the config, then run verl's ``verl.trainer.main_ppo.main`` on it."""
     from verl.trainer import main_ppo as verl_main_ppo
 
-    from verl_async_rm.integration.checks import check_verl_config
+    from verl_async_rm.integration.checks import check_verl_config, probe_endpoints
 
     config = migrate_legacy_keys(config)
-    check_verl_config(config)
+    probe_endpoints(check_verl_config(config))
     # hydra.main wraps with functools.wraps, so __wrapped__ is verl's undecorated body
     verl_main_ppo.main.__wrapped__(config)
 

@@ -17,6 +17,7 @@ A failure is logged (verl would only say ``Unknown reward manager: async_rm``, o
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.abc
 import logging
 import sys
@@ -148,9 +149,9 @@ def check_config_first(config_module: Any) -> None:
     def validate_config(config: Any, *args: Any, **kwargs: Any) -> Any:
         result = validate(config, *args, **kwargs)
         if _opts_in(config):
-            from verl_async_rm.integration.checks import check_verl_config
+            from verl_async_rm.integration.checks import check_verl_config, probe_endpoints
 
-            check_verl_config(config)
+            probe_endpoints(check_verl_config(config))
         return result
 
     validate_config.async_rm_checks = True  # type: ignore[attr-defined]
@@ -158,10 +159,22 @@ def check_config_first(config_module: Any) -> None:
 
 
 def _opts_in(config: Any) -> bool:
+    """The run uses the ``async_rm`` reward manager or the plugin's agent-loop manager (a subclass of it counts: the
+    demo's timed one). Another class of this package is not an opt-in: the demo's modes without the plugin run verl's
+    own manager, timed, as ``verl_async_rm.demo.v0_timing.TimedAgentLoopManager``."""
     from verl_async_rm.options import select
 
-    manager = select(config, "actor_rollout_ref.rollout.agent.agent_loop_manager_class") or ""
-    return str(manager).startswith("verl_async_rm.") or select(config, "reward.reward_manager.name") == "async_rm"
+    if select(config, "reward.reward_manager.name") == "async_rm":
+        return True
+    path = str(select(config, "actor_rollout_ref.rollout.agent.agent_loop_manager_class") or "")
+    if not path.startswith("verl_async_rm."):
+        return False
+    from verl_async_rm.integration.agent_loop_manager import AsyncRMAgentLoopManager
+    from verl_async_rm.integration.manager_base import AsyncRMManagerBase
+
+    module, _, name = path.rpartition(".")
+    cls = getattr(importlib.import_module(module), name, None)  # verl imports it next; a wrong name: verl says so
+    return isinstance(cls, type) and issubclass(cls, (AsyncRMAgentLoopManager, AsyncRMManagerBase))
 
 
 def _install() -> None:

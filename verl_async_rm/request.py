@@ -10,7 +10,8 @@ from typing import Any
 
 from verl_async_rm.errors import AsyncRMError, RewardInputError
 
-__all__ = ["RMRequest", "Score", "ScoreResult", "StepRewards", "Verdict", "score_value"]
+__all__ = ["RMRequest", "GroupRequest", "GroupVerdict", "Score", "ScoreResult", "StepRewards", "Verdict",
+           "score_value"]
 
 
 @dataclass
@@ -20,7 +21,9 @@ class RMRequest:
     ``prompt_ids``/``response_ids``: the policy's unpadded ids (the response holds every turn after the prompt);
     ``raw_prompt``: the prompt's chat messages, to which a re-templating RM appends the decoded response; ``messages``:
     the whole conversation, rendered as is instead (needed by multi-turn trajectories that are re-templated); ``group``:
-    verl's prompt ``uid`` (GRPO siblings); ``ground_truth``: the dataset's answer, as text, for judges."""
+    verl's prompt ``uid`` (GRPO siblings); ``group_size``: how many siblings the rollout makes (``rollout.n``, or
+    ``val_kwargs.n`` in validation; a group judge waits for them); ``ground_truth``: the dataset's answer, as text, for
+    judges; ``reask``: a judge asked again, its previous reply and why it did not read (the judge sees both)."""
 
     uid: str
     prompt_ids: list[int]
@@ -30,6 +33,8 @@ class RMRequest:
     num_turns: int = 2
     group: str | None = None
     ground_truth: str | None = None
+    group_size: int | None = None
+    reask: tuple[str, str] | None = None
 
     def __post_init__(self) -> None:
         self.uid = str(self.uid)
@@ -40,6 +45,8 @@ class RMRequest:
         self.num_turns = int(self.num_turns)
         if self.ground_truth is not None and not isinstance(self.ground_truth, str):
             self.ground_truth = str(self.ground_truth)  # verl's datasets hold numbers too (GSM8K: "72" or 72)
+        if self.group_size is not None:
+            self.group_size = int(self.group_size)
 
     @property
     def num_tokens(self) -> int:
@@ -49,10 +56,42 @@ class RMRequest:
     @classmethod
     def from_agent_loop_output(cls, output: Any, *, uid: str, raw_prompt: Sequence[Mapping[str, Any]] | None,
                                messages: Sequence[Mapping[str, Any]] | None = None, group: str | None = None,
-                               ground_truth: Any = None) -> RMRequest:
+                               ground_truth: Any = None, group_size: int | None = None) -> RMRequest:
         """Build a request from a verl ``AgentLoopOutput`` (``prompt_ids``, ``response_ids``, ``num_turns``)."""
         return cls(uid=uid, prompt_ids=output.prompt_ids, response_ids=output.response_ids, raw_prompt=raw_prompt,
-                   messages=messages, num_turns=output.num_turns or 2, group=group, ground_truth=ground_truth)
+                   messages=messages, num_turns=output.num_turns or 2, group=group, ground_truth=ground_truth,
+                   group_size=group_size)
+
+
+@dataclass(frozen=True)
+class GroupRequest:
+    """One call of a group judge (``reward_kind='group_judge'``): the members of one GRPO group that are scored together
+    (the RM service's group gate builds it), and, when the judge is asked again, its previous reply and why it did not
+    read."""
+
+    group: str
+    members: tuple[RMRequest, ...]
+    reask: tuple[str, str] | None = None
+
+    @property
+    def uid(self) -> str:
+        """How errors name it."""
+        return f"group {self.group} ({len(self.members)} trajectories)"
+
+    @property
+    def num_tokens(self) -> int:
+        """Policy tokens of every member (what the batcher budgets with)."""
+        return sum(m.num_tokens for m in self.members)
+
+
+@dataclass(frozen=True)
+class GroupVerdict:
+    """A group judge's answer for one :class:`GroupRequest`: a score per member (in the members' order), the label
+    each member had, and the judge's reply."""
+
+    scores: tuple[float, ...]
+    labels: tuple[int, ...]
+    text: str
 
 
 @dataclass(frozen=True)
@@ -85,7 +124,8 @@ class Verdict:
 #: One RM's score of one trajectory: a finite float, a token-level process RM's step rewards, or a judge's verdict.
 Score = float | StepRewards | Verdict
 #: One RM's answer for one trajectory, from the kind to the agent-loop worker: its score, or the error that kept it
-#: from being scored (returned as a value, never raised, so that each trajectory fails alone).
+#: from being scored (returned as a value, never raised, so that each trajectory fails alone). A group judge's replica
+#: answers a :class:`GroupRequest` with a :class:`GroupVerdict` (or the error), which the service splits per member.
 ScoreResult = Score | AsyncRMError
 
 

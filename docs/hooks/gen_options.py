@@ -66,7 +66,7 @@ KEY_OVERRIDES = {
 }
 #: Defaults shown instead of the dataclass's, where the value comes from elsewhere ("Class.field" -> Markdown).
 DEFAULT_OVERRIDES = {
-    "RMConfig.model_path": "required (verl's default: `null`)",
+    "RMConfig.model_path": "required, unless `async_rm.endpoint` (verl's default: `null`)",
     "RMConfig.n_gpus_per_node": "verl's: `8`",
     "RMConfig.nnodes": "verl's: `0`, so set it",
     "RMConfig.use_gpu": "GPU replicas (`use_gpu=True`) unless `trainer.device=cpu`",
@@ -76,7 +76,9 @@ DEFAULT_OVERRIDES = {
 #: Extra RMs (``async_rm.models.<name>.<key>``): the key, the RM's own keys (never taken from the top of
 #: ``async_rm``) with their defaults, the RM options not set per RM, and the classes whose fields an extra RM may set.
 MODEL_KEY = "async_rm.models.<name>.{field}"
-MODEL_OWN = {"model_path": "required", "n_gpus_per_node": "`1`", "nnodes": "`1`", "gpus_per_replica": "`1`"}
+MODEL_OWN = {"model_path": "required, unless `endpoint`", "n_gpus_per_node": "`1`", "nnodes": "`1`",
+             "gpus_per_replica": "`1`", "endpoint": "`None`", "endpoint_model": "`None`", "api_key_env": "`None`",
+             "max_concurrency": "`None`", "max_rpm": "`None`", "max_tpm": "`None`"}
 MODEL_WEIGHT_HELP = "Its weight in the reward (`main`, the RM of `reward.reward_model.*`, is weighted by " \
                     "`async_rm.rm_weight`)."
 MODEL_NOT_PER_RM = ("use_gpu",)

@@ -142,7 +142,7 @@ def trained(tiny_models, tmp_path_factory):
 def test_it_is_verls_own_trainer_and_the_plugins_manager(trained):
     from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
-    from verl_async_rm.integration.agent_loop_manager import AsyncRMAgentLoopManagerV1
+    from verl_async_rm.integration.v1 import AsyncRMAgentLoopManagerV1
 
     run, *_ = trained
     assert type(run.trainer) is PPOTrainerSync and type(run.manager) is AsyncRMAgentLoopManagerV1

@@ -252,16 +252,14 @@ def test_each_verl_key_mistake_is_refused(tiny_models, trainer, overrides, messa
         check_verl_config(compose(tiny_models, *overrides, trainer=trainer))
 
 
-def test_no_reward_pool_puts_the_rm_on_the_policys_gpus_with_v1_only(tiny_models):
+@pytest.mark.parametrize("trainer", ["v1", "v0"])
+def test_no_reward_pool_puts_the_rm_on_the_policys_gpus_on_either_trainer(tiny_models, trainer):
     policy_pool = ("reward.reward_model.enable_resource_pool=False", "trainer.n_gpus_per_node=4")
     with pytest.raises(ValueError, match=r"reward pool sized \(reward\.reward_model\.n_gpus_per_node=2, nnodes=1\).*"
                                          r"Fix: add reward\.reward_model\.enable_resource_pool=True"):
-        check_verl_config(compose(tiny_models, *policy_pool, trainer="v1"))
-    settings = check_verl_config(compose(tiny_models, *policy_pool, "reward.reward_model.nnodes=0", trainer="v1"))
+        check_verl_config(compose(tiny_models, *policy_pool, trainer=trainer))
+    settings = check_verl_config(compose(tiny_models, *policy_pool, "reward.reward_model.nnodes=0", trainer=trainer))
     assert settings.rm.placement == "policy_pool" and settings.rm.num_replicas == 4
-    with pytest.raises(ValueError, match=r"enable_resource_pool=False with trainer\.use_v1=False.*"
-                                         r"Fix: use the v1 trainer"):
-        check_verl_config(compose(tiny_models, "reward.reward_model.enable_resource_pool=False", trainer="v0"))
 
 
 @pytest.mark.parametrize("trainer", ["v0", "v1"])
@@ -329,7 +327,12 @@ def test_extra_rms_get_their_own_pool_weight_and_options_and_inherit_the_top_lev
         (["+async_rm.models.main.model_path=/m"], r"async_rm\.models\.main: the name 'main' is taken by the RM of "
                                                   r"reward\.reward_model"),
         (["+async_rm.models.safety.weight=0.5"], r"async_rm\.models\.safety\.model_path=None: each extra RM needs "
-                                                 r"its path; set \+async_rm\.models\.safety\.model_path="),
+                                                 r"its path \(or an endpoint\); set \+async_rm\.models\.safety\."
+                                                 r"model_path=/path/to/rm, or \+async_rm\.models\.safety\.endpoint="),
+        (["+async_rm.models.group.model_path=/m", "+async_rm.models.group.reward_kind=group_judge",
+          "+async_rm.models.group.group_wait_s=2000"],
+         r"async_rm\.models\.group\.group_wait_s=2000\.0: a short group .* past the request_timeout_s=1800 .* Fix: "
+         r"set it well below 1800"),
         (["+async_rm.models.safety.model_path=/m", "+async_rm.models.safety.weight=nan"],
          r"async_rm\.models\.safety\.weight=nan: must be a finite number"),
         (["+async_rm.models.safety.model_path=/m", "+async_rm.models.safety.weight=high"],
@@ -411,7 +414,7 @@ def test_options_reference_documents_every_async_rm_key():
 
 def test_on_error_drop_on_the_v1_sync_trainer_needs_refills_before_anything_starts(tiny_models):
     """verl's sync replay buffer stops the run on a group whose every trajectory failed unless it may refill it."""
-    from verl_async_rm.integration.agent_loop_manager import AsyncRMAgentLoopManagerV1
+    from verl_async_rm.integration.v1 import AsyncRMAgentLoopManagerV1
 
     config = compose(tiny_models, "+async_rm.on_error=drop", trainer="v1")
     assert AsyncRMConfig.from_verl(config).integration.on_error == "drop"

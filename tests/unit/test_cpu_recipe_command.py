@@ -40,6 +40,22 @@ def test_the_recipe_runs_verls_main_ppo_with_the_cpu_trainers_overrides_and_the_
     assert overrides == [*expected, "trainer.total_training_steps=2"]  # extra arguments go last, to Hydra
 
 
+def test_rm_placement_policy_pool_puts_the_rm_on_the_policys_gpu_and_a_bad_value_stops():
+    from verl_async_rm.testing.cpu_trainer import cpu_trainer_overrides, plugin_overrides
+
+    _, overrides = split_command(dry_run(RECIPE, "trainer.use_v1=False", RM_PLACEMENT="policy_pool", **PATHS))
+    expected = cpu_trainer_overrides(policy_path=PATHS["POLICY_PATH"], train_files=PATHS["TRAIN_FILE"],
+                                     val_files=PATHS["VAL_FILE"], rm_gpus=0) + plugin_overrides(PATHS["RM_PATH"],
+                                                                                                 rm_gpus=0)
+    assert overrides == [*expected, "trainer.use_v1=False"]
+    config, settings = validate(dry_run(RECIPE, "trainer.use_v1=False", RM_PLACEMENT="policy_pool", **PATHS))
+    assert settings.rm.placement == "policy_pool" and config.ray_kwargs.ray_init.num_gpus == 1
+    assert config.trainer.use_v1 is False
+    bad = subprocess.run(["bash", f"recipes/{RECIPE}"], env={"RM_PLACEMENT": "gpu", "PATH": "/usr/bin:/bin", **PATHS},
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "RM_PLACEMENT=gpu: use own_pool" in bad.stderr
+
+
 def validate(argv: list[str]):
     """What a launch checks before it starts Ray (as ``test_recipes.validate``, with the CPU settings' added keys):
     Hydra refuses undeclared keys, ``+`` only for the CPU keys and the plugin's, verl's ``validate_config``, the

@@ -147,3 +147,31 @@ def test_the_demo_folder_is_absolute_wherever_it_is_named(tmp_path, monkeypatch)
     default = out_dir_of(DemoConfig())
     assert default.is_absolute() and default.parent == tmp_path / "async_rm_demo"
     assert out_dir_of(DemoConfig(out_dir="rel/out")) == tmp_path / "rel" / "out"
+
+
+def test_on_the_v0_trainer_the_manager_times_the_batches_and_the_plugin_modes_opt_in(tmp_path):
+    """``--trainer v0``: no replay buffer of the demo's (verl's v0 trainer has none); the modes name the demo's timed
+    managers (the plugin's v0 manager, or verl's own), and the plugin modes pass the plugin's checks."""
+    from types import SimpleNamespace
+
+    from test_recipes import compose
+
+    from verl_async_rm.integration.checks import check_verl_config
+
+    assets = SimpleNamespace(policy=tmp_path / "policy", rm=tmp_path / "rm", train_file=tmp_path / "train.parquet",
+                             val_file=tmp_path / "val.parquet")
+    config = DemoConfig(modes="all", trainer="v0")
+    for mode in config.mode_list():
+        overrides = mode_overrides(mode, config, assets, agent_loops=tmp_path / "loops.yaml",
+                                   record_path=tmp_path / mode / "t.jsonl", ray_temp_dir="/tmp/vardX")
+        composed = compose(overrides)
+        manager = composed.actor_rollout_ref.rollout.agent.agent_loop_manager_class
+        assert composed.trainer.use_v1 is False and "custom_sampler" not in str(overrides)
+        if mode.startswith("plugin"):
+            assert manager == "verl_async_rm.demo.v0_timing.TimedAsyncRMAgentLoopManager"
+            assert check_verl_config(composed).rm.placement == (
+                "policy_pool" if mode == "plugin_colocated" else "own_pool")
+        else:
+            assert manager == "verl_async_rm.demo.v0_timing.TimedAgentLoopManager"
+    with pytest.raises(ValueError, match="trainer='v2': use v1 or v0"):
+        DemoConfig(trainer="v2")

@@ -62,6 +62,14 @@ def test_the_committed_options_reference_is_what_the_code_renders():
         f"docs/reference/options.md is stale (the config's help text changed): run {generator.REGENERATE}"
 
 
+def test_the_generator_knows_which_keys_an_extra_rm_never_takes_from_the_top():
+    """The options reference lists an extra RM's own keys apart from those that default to the top's value: the same
+    set as the config's (``config._OWN_KEYS``), or the page would promise an inheritance that does not happen."""
+    from verl_async_rm import config
+
+    assert {*_generator().MODEL_OWN, "weight"} == set(config._OWN_KEYS)
+
+
 def test_every_config_field_has_help_text():
     bare = [f"{cls.__name__}.{f.name}" for cls in _config_fields() for f in dataclasses.fields(cls)
             if not f.metadata.get("internal") and not f.metadata.get("help")]
@@ -88,6 +96,7 @@ def site(tmp_path_factory) -> Path:
 def test_the_site_builds_strict_with_every_page(site):
     pages = ["index.html", "guide/install/index.html", "guide/train-on-cpu/index.html", "guide/opt-in/index.html", "guide/options/index.html",
              "guide/metrics/index.html", "guide/recipes/index.html", "guide/sizing/index.html",
+             "guide/remote/index.html",
              "rm-kinds/index.html", "faults/index.html", "comparison/index.html", "architecture/index.html",
              "benchmarks/index.html", "layouts/index.html", "testing/index.html", "versions/index.html",
              "reference/options/index.html"]
@@ -181,18 +190,24 @@ def _filled(cls: type) -> typing.Any:
 def _logged_metrics() -> set[str]:
     """Every metric the code logs, as its name after ``async_rm/`` (under ``<name>/`` too with several RMs), found
     from the code: one service's step figures with every optional figure present, the RM-on-the-policy's-GPUs sleep
-    figures, and the names the agent-loop manager adds itself."""
+    figures, and the names the agent-loop managers add themselves."""
     from verl_async_rm.service import metrics
     from verl_async_rm.service.service import SleepStats
 
     scorer_stats = getattr(metrics, "ScorerStats", None)
     if scorer_stats is None:  # imported by metrics.py for type checking only
         from verl_async_rm.scoring.scorer import ScorerStats as scorer_stats
-    names = set(metrics.service_step_metrics(_filled(metrics.StepStats), [_filled(scorer_stats)]))
+    group = metrics.GroupStats(requests=1, last_submit=1.0, last_result=2.0)  # a group judge's gate, one group
+    group.wait_s.add(1.0)
+    names = set(metrics.service_step_metrics(_filled(metrics.StepStats), [_filled(scorer_stats)], group))
     names |= set(SleepStats().pop())
-    manager = (REPO_ROOT / "verl_async_rm" / "integration" / "agent_loop_manager.py").read_text()
+    from verl_async_rm.service.remote_service import REMOTE_FIGURES, RemoteRMService
+
+    names |= set(REMOTE_FIGURES) | set(RemoteRMService._new_step()) - {"last_submit", "last_result"}
+    manager = "".join((REPO_ROOT / "verl_async_rm" / "integration" / name).read_text()
+                      for name in ("manager_base.py", "agent_loop_manager.py", "v1.py"))
     added = set(re.findall(r'prefix \+ "(\w+)"', manager)) | set(re.findall(r'"async_rm/(\w+)"', manager))
-    assert {"requests", "judge_tokens", "steps_dropped", "rm_awake_s"} <= names and added, \
+    assert {"requests", "judge_tokens", "steps_dropped", "rm_awake_s", "groups_judged"} <= names and added, \
         "the metric names were not found in the code: has it moved? Update _logged_metrics"
     return names | added
 
@@ -215,7 +230,7 @@ def _named_metrics(text: str) -> list[str]:
         names += [f"{parent}/{b}" if parent else b for b in bare]
     names = [name.rstrip(".") for name in names]  # a sentence's full stop
     return [n for name in names if not name.endswith("/")  # `async_rm/<name>/`: a group, not a metric
-            for n in _expand(name) if "*" not in n and "..." not in n]
+            for n in _expand(name) if n and "*" not in n and "..." not in n]
 
 
 def test_every_metric_the_docs_name_is_one_the_code_logs():

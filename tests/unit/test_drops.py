@@ -1,4 +1,5 @@
-"""``apply_drops`` (``on_error='drop'``, v0): dropped trajectories are masked out and take their group's mean."""
+"""``apply_drops`` (``on_error='drop'``, v0): dropped trajectories are masked out and take their group's mean; the
+budget is ``check_failures``' (``test_v1_step_end.py``), on both trainers."""
 
 from __future__ import annotations
 
@@ -8,7 +9,6 @@ import numpy as np
 import pytest
 import torch
 
-from verl_async_rm.errors import TrajectoryDroppedError
 from verl_async_rm.integration.drops import apply_drops
 
 pytestmark = pytest.mark.unit
@@ -36,7 +36,7 @@ def batch(finals, dropped, last=(2, 1, 3, 0, 2, 2)):
 def test_a_dropped_row_takes_its_group_mean_and_trains_nothing():
     out = batch([1.0, NAN, 3.0, 5.0, NAN, NAN], [0, 1, 0, 0, 1, 1])
     uids = np.array(["a", "a", "a", "b", "b", "c"], dtype=object)
-    assert apply_drops(out, drop_budget=0.5, uids=uids) == 3
+    assert apply_drops(out, uids=uids) == 3
     finals = out.batch["rm_scores"].sum(dim=-1).tolist()
     assert finals[1] == pytest.approx(2.0)  # mean of rows 0 and 2 (group a)
     assert finals[4] == pytest.approx(5.0)  # its only scored mate
@@ -48,18 +48,21 @@ def test_a_dropped_row_takes_its_group_mean_and_trains_nothing():
 
 def test_without_uids_the_whole_batch_is_the_group():
     out = batch([1.0, NAN, 3.0], [0, 1, 0])
-    assert apply_drops(out, drop_budget=0.5) == 1
+    assert apply_drops(out) == 1
     assert out.batch["rm_scores"].sum(dim=-1).tolist()[1] == pytest.approx(2.0)
 
 
-def test_more_drops_than_the_budget_fail_the_step_with_the_errors():
-    out = batch([1.0, NAN, NAN], [0, 1, 1])
-    with pytest.raises(TrajectoryDroppedError, match=r"2 of 3 trajectories.*drop_budget=0.5.*boom"):
-        apply_drops(out, drop_budget=0.5)
+def test_the_columns_are_assigned_whole_not_edited_in_place():
+    """A ``DataProto`` view may hand out copies of its columns (verl's NeoProto): an edit in place would be lost."""
+    out = batch([1.0, NAN, 3.0], [0, 1, 0])
+    scores, mask = out.batch["rm_scores"], out.batch["response_mask"]
+    apply_drops(out)
+    assert out.batch["rm_scores"] is not scores and out.batch["response_mask"] is not mask
+    assert torch.isnan(scores).any() and int(mask[1].sum()) > 0  # the old tensors were not touched
 
 
 def test_nothing_dropped_changes_nothing():
     out = batch([1.0, 2.0], [0, 0])
     before = out.batch["rm_scores"].clone()
-    assert apply_drops(out, drop_budget=0.0) == 0
+    assert apply_drops(out) == 0
     assert torch.equal(out.batch["rm_scores"], before)

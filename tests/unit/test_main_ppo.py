@@ -157,4 +157,13 @@ def test_verls_validate_config_is_wrapped_for_plugin_runs_only(tiny_models):
     with pytest.raises(ValueError, match="async_rm.max_wait_ms"):
         module.validate_config(opted_in, use_critic=False)
     module.validate_config(compose_trainer_config(tiny_models.policy, trainer="v1", overrides=bad), use_critic=False)
-    assert calls == [{"use_critic": False}] * 2  # verl's own checks ran first, both times
+    manager = "+actor_rollout_ref.rollout.agent.agent_loop_manager_class="
+    plugins = ("verl_async_rm.AsyncRMAgentLoopManager", "verl_async_rm.demo.v0_timing.TimedAsyncRMAgentLoopManager")
+    for opting_in in plugins:
+        with pytest.raises(ValueError, match="async_rm.max_wait_ms"):
+            module.validate_config(compose_trainer_config(tiny_models.policy, trainer="v0", overrides=[
+                manager + opting_in, f"reward.reward_model.model_path={tiny_models.rm}", *bad]), use_critic=False)
+    # the demo's mode without an RM: verl's own manager, timed by a class of this package, and no RM path
+    module.validate_config(compose_trainer_config(tiny_models.policy, trainer="v0", overrides=[
+        manager + "verl_async_rm.demo.v0_timing.TimedAgentLoopManager", *bad]), use_critic=False)
+    assert calls == [{"use_critic": False}] * 5  # verl's own checks ran first, every time

@@ -1,11 +1,11 @@
-"""``v1_hooks.hook_phases``: the trainer's own ``on_sample_end`` / ``on_step_end`` run first, then the manager's
+"""``trainer_hooks.hook_phases``: the trainer's own ``on_sample_end`` / ``on_step_end`` run first, then the manager's
 sleep (after the step's last sampling only) and wake; idempotent; silent without the plugin's manager."""
 
 from __future__ import annotations
 
 import pytest
 
-from verl_async_rm.integration.v1_hooks import SLEEP_METHOD, WAKE_METHOD, hook_phases
+from verl_async_rm.integration.trainer_hooks import SLEEP_METHOD, WAKE_METHOD, hook_phases
 
 pytestmark = pytest.mark.unit
 

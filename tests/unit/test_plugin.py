@@ -51,8 +51,8 @@ for name in list(plugin.pending_hooks()):  # what the CPU platform's workarounds
     __import__(name)
 seen["after_all"] = hooks()
 from verl.trainer.ppo.v1.trainer_base import PPOTrainer
-from verl_async_rm.integration import v1_hooks
-seen["v1_trainer"] = {"hooks_installed": v1_hooks.installed(),
+from verl_async_rm.integration import trainer_hooks
+seen["v1_trainer"] = {"hooks_installed": trainer_hooks.installed(),
                       "step_wrapped": hasattr(PPOTrainer.step, "__async_rm_wrapped__")}
 print(json.dumps(seen))
 """
@@ -134,7 +134,8 @@ def test_a_trainer_process_imports_the_runtime_core_only(hook_sequence):
 
 
 def test_importing_the_plugin_and_verls_trainer_wraps_nothing(hook_sequence):
-    """verl's ``PPOTrainer.step`` is wrapped only when the plugin's manager is built (``v1_hooks``), never at import."""
+    """verl's ``PPOTrainer.step`` is wrapped only when the plugin's manager is built (``trainer_hooks``), never at
+    import."""
     assert hook_sequence["v1_trainer"] == {"hooks_installed": False, "step_wrapped": False}
 
 

@@ -51,8 +51,13 @@ def test_the_replicas_go_on_every_gpu_of_the_trainers_pool(tiny_models):
     assert policy_group_names(8, 2) == ["global_poolverl_group_8_8:0", "global_poolverl_group_8_8:1"]
 
 
+def test_the_v0_trainer_takes_the_rm_on_the_policys_gpus(tiny_models):
+    """The v0 manager sleeps and wakes the RM itself (verl's v0 fit loop has no phase hook)."""
+    settings = check_verl_config(_config(tiny_models, **{"trainer.use_v1": False}))
+    assert settings.rm.placement == "policy_pool"
+
+
 @pytest.mark.parametrize("key, value, match", [
-    ("trainer.use_v1", False, "trainer.use_v1=False.*v1 trainer"),
     ("trainer.v1.trainer_mode", "separate_async", "separate_async.*trainer_mode=sync or colocate_async"),
     ("async_rm.gpus_per_replica", 2, "gpus_per_replica=2.*set gpus_per_replica=1"),
     ("async_rm.engine", "vllm", "engine='vllm'.*policy's GPUs sleeps"),

@@ -8,7 +8,12 @@ through it, and validates:
 
 - verl's own ``validate_config`` (batch sizes against the policy GPUs, micro batches, ...), as verl's ``main`` runs it;
 - the plugin's ``check_verl_config``, ``AsyncRMConfig.from_verl`` and the RM pool it would reserve (the real pool
-  sizes, e.g. 6 + 2 GPUs on one node, 2 x (6 + 2) on two nodes), and the manager class verl would load.
+  sizes, e.g. 6 + 2 GPUs on one node, 2 x (6 + 2) on two nodes; none for an RM served at an endpoint), and the
+  manager class verl would load.
+
+A recipe whose RM is served elsewhere (``async_rm.endpoint``) is checked the same way without contacting its server:
+``check_verl_config`` reads the config only; ``probe_endpoints``, which verl's ``validate_config`` runs through the
+plugin's hook before Ray starts, is recorded here instead of run (the recipes' servers do not exist here).
 
 A misspelt key cannot pass: Hydra refuses to override a key verl does not declare, ``+`` (add a key) is allowed only
 for the plugin's own keys, whose names the plugin checks, and the mutation tests below prove each path fails.
@@ -28,6 +33,7 @@ from pathlib import Path
 import pytest
 
 from verl_async_rm.config import AsyncRMConfig
+from verl_async_rm.integration import checks
 from verl_async_rm.integration.checks import ENTRY_MODULE, check_verl_config, legacy_keys_set
 from verl_async_rm.main_ppo import migrate_legacy_keys
 from verl_async_rm.testing.trainer_config import verl_config_dir
@@ -75,6 +81,18 @@ class Layout:
     rollout_tp: int = 1
     #: algorithm.adv_estimator
     adv_estimator: str = "grpo"
+    #: An RM served elsewhere (async_rm.endpoint): its default base URL (rm_env moves it) and model; no replica and no
+    #: pool, so the policy has every GPU
+    endpoint: str | None = None
+    endpoint_model: str | None = None
+    #: the variable that holds its API key (async_rm.api_key_env), None when it takes none
+    api_key_env: str | None = None
+    #: what the header shows of the command that starts its server (none for a hosted API)
+    server: tuple[str, ...] = ()
+
+    @property
+    def remote(self) -> bool:
+        return self.endpoint is not None
 
 
 RECIPES: dict[str, Layout] = {
@@ -106,6 +124,27 @@ RECIPES: dict[str, Layout] = {
     "grpo_gsm8k_judge70b_2nodes.sh": Layout(VERL_ENTRY, 2, 4, 4, 2, rm_weight=0.05, rule_weight=1.0,
                                             sharded_rms={"main": 4}, policy_hub="Qwen/Qwen2.5-32B-Instruct",
                                             rm_hub="Qwen/Qwen2.5-72B-Instruct", rm_env="JUDGE_PATH", rollout_tp=4),
+    # a 72B yes/no judge served by vLLM on another node (async_rm.endpoint, logits readout): no RM pool, the policy on
+    # all 8 GPUs, verl's naive manager's rule
+    "grpo_gsm8k_judge70b_remote.sh": Layout(
+        VERL_ENTRY, 1, 8, 0, 0, rm_weight=0.5, rule_weight=1.0, rm_hub="Qwen/Qwen2.5-72B-Instruct", rm_env="JUDGE_URL",
+        endpoint="http://judge-node:8000/v1", endpoint_model="judge",
+        server=("vllm serve $HOME/models/Qwen2.5-72B-Instruct --tensor-parallel-size 8",
+                "--served-model-name judge --port 8000")),
+    # a hosted OpenAI-compatible API as a judge writing a 0-10 verdict, within a provider tier's limits, its key in an
+    # environment variable: no RM pool, the policy on all 8 GPUs
+    "grpo_gsm8k_judge_hosted_api.sh": Layout(
+        VERL_ENTRY, 1, 8, 0, 0, rm_weight=0.05, rule_weight=1.0, rm_hub="gpt-4o-mini", rm_env="JUDGE_URL",
+        endpoint="https://api.openai.com/v1", endpoint_model="gpt-4o-mini", api_key_env="JUDGE_API_KEY"),
+    # a group judge (one call per GRPO group) as the pool's RM, two 1-GPU vLLM replicas, verl's naive manager's rule
+    "grpo_gsm8k_group_judge_local.sh": Layout(VERL_ENTRY, 1, 6, 2, 1, rm_weight=0.5, rule_weight=1.0,
+                                              rm_hub="Qwen/Qwen2.5-7B-Instruct", rm_env="JUDGE_PATH"),
+    # the same judge kind served by vLLM on another node (a 72B model, tensor parallel 8): no pool, the policy on 8
+    "grpo_gsm8k_group_judge_remote.sh": Layout(
+        VERL_ENTRY, 1, 8, 0, 0, rm_weight=0.5, rule_weight=1.0, rm_hub="Qwen/Qwen2.5-72B-Instruct", rm_env="JUDGE_URL",
+        endpoint="http://judge-node:8000/v1", endpoint_model="judge",
+        server=("vllm serve $HOME/models/Qwen2.5-72B-Instruct --tensor-parallel-size 8", "--served-model-name judge",
+                """--structured-outputs-config '{"backend": "xgrammar", "disable_any_whitespace": true}'""")),
 }
 
 
@@ -119,7 +158,8 @@ def dry_run(recipe: str, *args: str, **env: str) -> list[str]:
     bash = shutil.which("bash")
     assert bash is not None, "bash is needed to expand the recipes"
     base = {k: v for k, v in os.environ.items()
-            if k not in ("POLICY_PATH", "RM_PATH", "RM2_PATH", "PRM_PATH", "JUDGE_PATH", "DATA_DIR")}
+            if k not in ("POLICY_PATH", "RM_PATH", "RM2_PATH", "PRM_PATH", "JUDGE_PATH", "DATA_DIR", "JUDGE_URL",
+                         "JUDGE_MODEL", "JUDGE_API_KEY")}
     proc = subprocess.run(
         [bash, str(RECIPES_DIR / recipe), *args],
         check=False,
@@ -205,6 +245,19 @@ def validate(argv: list[str]):
 CPU_RECIPES = ("grpo_cpu_tiny.sh",)
 
 
+@pytest.fixture(autouse=True)
+def probed(monkeypatch) -> list[str]:
+    """The endpoints a launch would probe before Ray starts (``probe_endpoints``, run by verl's ``validate_config``
+    through the plugin's hook), as ``<rm name>:<url>``: recorded, never contacted."""
+    seen: list[str] = []
+
+    def record(settings: AsyncRMConfig) -> None:
+        seen.extend(f"{e.name}:{url}" for e in settings.models if e.rm.remote for url in e.rm.endpoint)
+
+    monkeypatch.setattr(checks, "probe_endpoints", record)
+    return seen
+
+
 def test_the_table_lists_every_recipe():
     """A new recipe must declare its layout here (or be a CPU recipe with its own tests), so it cannot go
     unchecked."""
@@ -220,7 +273,12 @@ def test_header_names_prerequisites_models_and_the_launch_command(recipe):
         assert re.search(rf"^#\s+{section}\b", header, re.MULTILINE), f"{recipe}: header has no {section!r} entry"
     assert f"bash recipes/{recipe}" in header
     assert RECIPES[recipe].policy_hub in header and RECIPES[recipe].rm_hub in header
-    assert "ForSequenceClassification" in header
+    if RECIPES[recipe].server:  # an RM served elsewhere: the command that starts its server, not a checkpoint's class
+        assert all(part in header for part in RECIPES[recipe].server), f"{recipe}: the header lacks its server command"
+    elif RECIPES[recipe].remote:  # a hosted API: the variable its key is exported as
+        assert f"export {RECIPES[recipe].api_key_env}=" in header
+    else:
+        assert "ForSequenceClassification" in header
     assert "examples/data_preprocess/gsm8k.py" in header
     assert f"{RECIPES[recipe].nnodes} node{'s' if RECIPES[recipe].nnodes > 1 else ''} x {GPUS_PER_NODE} GPUs" in header
 
@@ -235,16 +293,11 @@ def test_recipe_is_valid_bash_and_launches_its_entry_module(recipe):
 
 @pytest.mark.parametrize("trainer", ["v1", "v0"])
 @pytest.mark.parametrize("recipe", sorted(RECIPES))
-def test_recipe_composes_and_passes_verl_and_plugin_checks(recipe, trainer):
+def test_recipe_composes_and_passes_verl_and_plugin_checks(recipe, trainer, probed):
     layout = RECIPES[recipe]
     extra = [] if trainer == "v1" else ["trainer.use_v1=False"]  # extra arguments go through "$@", last
     argv = dry_run(recipe, *extra)
     assert argv[len(argv) - len(extra) :] == extra
-    if layout.policy_pool and trainer == "v0":  # the RM sleeps at the v1 trainer's step boundaries only
-        with pytest.raises(ValueError, match="enable_resource_pool=False with trainer.use_v1=False.*Fix: use the v1"):
-            validate(argv)
-        return
-
     config, settings = validate(argv)
 
     assert config.trainer.use_v1 is (trainer == "v1")
@@ -260,26 +313,36 @@ def test_recipe_composes_and_passes_verl_and_plugin_checks(recipe, trainer):
     # the pools: the policy's and the RM's GPUs fill each 8-GPU node exactly
     assert (config.trainer.nnodes, config.trainer.n_gpus_per_node) == (layout.nnodes, layout.policy_gpus_per_node)
     rm = settings.rm
-    assert (rm.nnodes, rm.n_gpus_per_node) == (layout.rm_nnodes, layout.rm_gpus_per_node)
-    assert rm.num_replicas == layout.rm_nnodes * layout.rm_gpus_per_node // rm.gpus_per_replica
+    if layout.remote:  # served elsewhere: nothing placed, and the launch asks the server before Ray starts
+        assert rm.remote and (rm.endpoint, rm.endpoint_model) == ((layout.endpoint,), layout.endpoint_model)
+        assert rm.api_key_env == layout.api_key_env
+        assert [e.name for e in settings.models if not e.rm.remote] == []
+        assert probed == [f"main:{layout.endpoint}"]
+    else:
+        assert (rm.nnodes, rm.n_gpus_per_node) == (layout.rm_nnodes, layout.rm_gpus_per_node)
+        assert rm.num_replicas == layout.rm_nnodes * layout.rm_gpus_per_node // rm.gpus_per_replica
+        assert probed == []
     assert rm.nnodes <= config.trainer.nnodes
     extras = {e.name: (e.rm.n_gpus_per_node, e.rm.nnodes, e.weight) for e in settings.models[1:]}
     assert extras == layout.extra_rms
     assert {e.name: e.rm.gpus_per_replica for e in settings.models if e.rm.gpus_per_replica > 1} == layout.sharded_rms
-    own_pools = [e.rm for e in settings.models if e.rm.placement != "policy_pool"]
+    own_pools = [e.rm for e in settings.models if e.rm.placement != "policy_pool" and not e.rm.remote]
     assert config.trainer.n_gpus_per_node + sum(rm.n_gpus_per_node for rm in own_pools) == GPUS_PER_NODE
-    assert all(e.rm.use_gpu and os.path.isabs(e.rm.model_path) for e in settings.models)
+    assert all(e.rm.use_gpu and (e.rm.remote or os.path.isabs(e.rm.model_path)) for e in settings.models)
     assert config.reward.reward_model.enable is False
-    assert config.reward.reward_model.enable_resource_pool is not layout.policy_pool
-    assert (rm.placement == "policy_pool") is layout.policy_pool
+    # an RM served elsewhere needs no reward pool: verl's resource check then counts the policy's GPUs only
+    assert config.reward.reward_model.enable_resource_pool is not (layout.policy_pool or layout.remote)
+    if not layout.remote:
+        assert (rm.placement == "policy_pool") is layout.policy_pool
     rollout = config.actor_rollout_ref.rollout
     assert rollout.tensor_model_parallel_size == layout.rollout_tp
     assert layout.policy_gpus_per_node % layout.rollout_tp == 0  # the rollout's TP divides the policy's GPUs
     assert rm.use_gpu is True
-    # the RM replicas load both from local directories on the cluster (not Hub ids)
-    assert rm.model_path == default_path(layout.rm_hub)
+    # the RM replicas load both from local directories on the cluster (not Hub ids); a served RM needs no checkpoint
+    # here, the policy's tokenizer still (it decodes the responses the RM reads)
+    assert rm.model_path == (None if layout.remote else default_path(layout.rm_hub))
     assert rm.policy_tokenizer_path == default_path(layout.policy_hub)
-    assert os.path.isabs(rm.model_path) and os.path.isabs(rm.policy_tokenizer_path)
+    assert (layout.remote or os.path.isabs(rm.model_path)) and os.path.isabs(rm.policy_tokenizer_path)
     assert rm.retemplate == "auto"  # Llama-3 RM, Qwen policy: re-rendered
     assert (settings.mix.rm_weight, settings.mix.rule_weight) == (layout.rm_weight, layout.rule_weight)
     assert settings.mix.combine_fn is None
@@ -293,10 +356,13 @@ def test_paths_come_from_the_environment(recipe, tiny_models, tiny_judges, tmp_p
     policy, rm = str(tiny_models.policy), str(tiny_models.rm_alt)
     if RECIPES[recipe].rm_env == "JUDGE_PATH":  # the pool's RM is a judge: a causal LM
         rm = str(tiny_judges.lm)
+    if RECIPES[recipe].remote:  # served elsewhere: moved by its base URL
+        rm = "http://10.0.0.5:8000/v1"
     argv = dry_run(recipe, POLICY_PATH=policy, **{RECIPES[recipe].rm_env: rm}, DATA_DIR=str(tmp_path))
     config, settings = validate(argv)
     assert config.actor_rollout_ref.model.path == policy
-    assert (settings.rm.model_path, settings.rm.policy_tokenizer_path) == (rm, policy)
+    where = settings.rm.endpoint[0] if RECIPES[recipe].remote else settings.rm.model_path
+    assert (where, settings.rm.policy_tokenizer_path) == (rm, policy)
     assert config.data.train_files == f"{tmp_path}/train.parquet"
 
 
@@ -341,6 +407,53 @@ def test_the_72b_judge_recipe_runs_one_4_gpu_tensor_parallel_replica_per_node():
     assert (judge.gpus_per_replica, judge.replicas_per_node, judge.num_replicas) == (4, 1, 2)
     assert "0 (wrong) to 10 (correct)" in judge.judge_prompt and "{{ ground_truth }}" in judge.judge_prompt
     assert settings.mix.combine(rm_score=10.0, rule_score=1.0) == pytest.approx(0.5 + 1.0)
+
+
+def test_the_remote_72b_judge_recipe_reads_yes_against_no_at_its_first_token():
+    """The judge at the other node's vLLM server: P(Yes) among Yes/No at the first token, at most 128 requests in flight
+    from the whole job, no provider limits and no key, no copy of the judge on the training node."""
+    config, settings = validate(dry_run("grpo_gsm8k_judge70b_remote.sh"))
+    [judge] = [e.rm for e in settings.models]
+    assert (judge.reward_kind, judge.judge_readout, judge.judge_tokens) == ("judge", "logits", ("Yes", "No"))
+    assert (judge.max_concurrency, judge.max_rpm, judge.max_tpm, judge.api_key_env) == (128, None, None, None)
+    assert judge.model_path is None and "{{ ground_truth }}" in judge.judge_prompt
+    assert settings.mix.combine(rm_score=1.0, rule_score=1.0) == pytest.approx(0.5 + 1.0)
+    assert config.reward.reward_model.enable_resource_pool is False
+
+
+def test_the_hosted_api_recipe_names_its_key_and_keeps_to_the_providers_limits():
+    """The key is read from the variable the recipe names, never put on the command line; the judge writes its
+    verdict (chat completions only), re-asked twice when it does not parse, within 500 requests and 200k tokens a
+    minute, weighted like the 2-node judge's 0-10 grade."""
+    secret = "sk-test-0123456789abcdef"
+    argv = dry_run("grpo_gsm8k_judge_hosted_api.sh", JUDGE_API_KEY=secret, JUDGE_MODEL="other-model")
+    assert not [arg for arg in argv if secret in arg]
+    _, settings = validate(argv)
+    [judge] = [e.rm for e in settings.models]
+    assert (judge.api_key_env, judge.endpoint_model) == ("JUDGE_API_KEY", "other-model")
+    assert re.fullmatch(r"[A-Z][A-Z0-9_]*", judge.api_key_env)  # a variable's name, not a key
+    assert (judge.reward_kind, judge.judge_readout, judge.judge_retries) == ("judge", "generate", 2)
+    assert (judge.max_rpm, judge.max_tpm, judge.max_concurrency) == (500, 200_000, 32)
+    assert settings.mix.combine(rm_score=10.0, rule_score=1.0) == pytest.approx(0.5 + 1.0)
+    text = (RECIPES_DIR / "grpo_gsm8k_judge_hosted_api.sh").read_text()
+    assert not re.search(r"\bsk-[A-Za-z0-9]{8}|Bearer [A-Za-z0-9]", text), "a key in the script"
+@pytest.mark.parametrize("recipe", ["grpo_gsm8k_group_judge_local.sh", "grpo_gsm8k_group_judge_remote.sh"])
+def test_the_group_judge_recipes_grade_each_group_in_one_call_within_the_judges_context(recipe):
+    """A 0-10 grade per label over judge_scale 10, weighted so that a perfect grade is half a correct answer; re-asks;
+    the wait for a short group below the request's; a whole group's input (5 responses at the longest, the prompt and
+    the instructions) within max_length less the reply's tokens where the plugin loads the judge."""
+    config, settings = validate(dry_run(recipe))
+    judge = settings.rm
+    assert (judge.reward_kind, judge.judge_scale, judge.writes) == ("group_judge", 10.0, True)
+    assert judge.judge_retries >= 1 and judge.group_wait_s < settings.integration.request_timeout_s
+    assert settings.mix.combine(rm_score=1.0, rule_score=1.0) == pytest.approx(0.5 + 1.0)
+    assert settings.mix.verdict_rms == ("main",)  # the label and the reply in reward_extra_info
+    rollout, data = config.actor_rollout_ref.rollout, config.data
+    group_tokens = rollout.n * data.max_response_length + data.max_prompt_length + 400  # 400: the instructions
+    if judge.remote:
+        assert judge.model_path is None and judge.max_concurrency and "{{ responses }}" in judge.judge_prompt
+    else:
+        assert group_tokens <= judge.max_length - judge.judge_max_tokens and judge.on_vllm
 
 
 def test_the_rule_of_the_rm_plus_rule_recipe_is_verls_gsm8k_rule():
@@ -389,6 +502,18 @@ MUTATIONS = [
      "unknown key async_rm.models.second.weightx"),
     ("grpo_gsm8k_two_rms.sh", "+async_rm.models.second.model_path=", _drop, "each extra RM needs its path"),
     ("grpo_gsm8k_two_rms.sh", "reward.reward_manager.name=", lambda o: o + "x", "name='naivex' (source='register')"),
+    ("grpo_gsm8k_judge70b_remote.sh", "+async_rm.endpoint=", _misspell, "unknown key async_rm.endpointx"),
+    ("grpo_gsm8k_judge70b_remote.sh", "+async_rm.endpoint=", _drop, "the plugin needs a reward model"),
+    ("grpo_gsm8k_judge70b_remote.sh", "+async_rm.endpoint=", lambda o: "+async_rm.endpoint=judge-node:8000/v1",
+     "needs a scheme"),
+    # a setting of a replica the plugin loads (the 2-node recipe's 4-GPU judge) means nothing for a served RM
+    ("grpo_gsm8k_judge70b_remote.sh", "+async_rm.max_concurrency=", lambda o: "+async_rm.gpus_per_replica=4",
+     "only means something for an RM the plugin loads"),
+    ("grpo_gsm8k_judge_hosted_api.sh", "+async_rm.api_key_env=", _misspell, "unknown key async_rm.api_key_envx"),
+    # a minute's tokens must hold one request: its prompt and judge_max_tokens=256
+    ("grpo_gsm8k_judge_hosted_api.sh", "+async_rm.max_tpm=", lambda o: "+async_rm.max_tpm=200", "max_tpm"),
+    ("grpo_gsm8k_judge_hosted_api.sh", "+async_rm.judge_retries=", lambda o: "+async_rm.judge_retries=-1",
+     "judge_retries"),
 ]
 
 

@@ -125,13 +125,13 @@ def wrapped_trainer():
     from verl.trainer.ppo.v1 import PPOTrainerSync
     from verl.trainer.ppo.v1.trainer_base import PPOTrainer
 
-    from verl_async_rm.integration import v1_hooks
+    from verl_async_rm.integration import trainer_hooks
 
     found = PPOTrainer.step, PPOTrainer._validate
     originals = tuple(getattr(f, "__async_rm_wrapped__", f) for f in found)  # a manager built earlier may have wrapped
     PPOTrainer.step, PPOTrainer._validate = originals
-    v1_hooks.install()
-    v1_hooks.install()  # idempotent: wrapped once
+    trainer_hooks.install()
+    trainer_hooks.install()  # idempotent: wrapped once
     assert PPOTrainer.step.__async_rm_wrapped__ is originals[0]
 
     class Trainer(PPOTrainerSync):  # verl's sync mode; only what the wrapped methods themselves read

@@ -28,7 +28,12 @@ def _worker_class():
             outputs[-1].reward_score = 1.0
 
     class Worker(AsyncRMWorkerMixin, VerlWorker):
-        async def _async_rm_scores(self, final, kwargs, trajectory):
+        #: verl's worker keeps the whole config: rollout.n for training groups, val_kwargs.n for validation's
+        config = SimpleNamespace(actor_rollout_ref=SimpleNamespace(rollout=SimpleNamespace(
+            n=4, val_kwargs=SimpleNamespace(n=2))))
+
+        async def _async_rm_scores(self, final, kwargs, trajectory, group_size=None):
+            self.group_sizes.append(group_size)
             return {"main": 0.25}, None  # the RM's score (the RM is not what this test checks)
 
     return Worker
@@ -44,12 +49,13 @@ def test_extra_arguments_reach_verls_compute_score(scored_by_the_loop):
     from verl_async_rm.reward_mix import RewardMix
 
     worker = _worker_class()()
-    worker.seen = []
+    worker.seen, worker.group_sizes = [], []
     worker._async_rm_mix = RewardMix(rm_weight=2.0, rule_weight=0.5)
     outputs = [_output(0.7 if scored_by_the_loop else None)]
     asyncio.run(worker._compute_score(outputs, {"uid": "u", "extra_info": {}}, "positional", validate=True))
     (kwargs, args, options), = worker.seen
     assert args == ("positional",) and options == {"validate": True}
+    assert worker.group_sizes == ([] if scored_by_the_loop else [2])  # a validation group: val_kwargs.n
     if not scored_by_the_loop:  # the RM path: verl's method sees the RM score, the reward is the mix
         assert kwargs["extra_info"]["rm_score"] == 0.25
         assert outputs[-1].reward_score == pytest.approx(2.0 * 0.25 + 0.5 * 1.0)

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from verl_async_rm.testing.models import build_atomically, build_tiny_models, default_cache_dir
 
-__all__ = ["DATA_SOURCE", "DemoAssets", "RM_HIDDEN_SIZE", "RM_LAYERS", "demo_assets", "write_prompt_files"]
+__all__ = ["DATA_SOURCE", "DemoAssets", "RM_HIDDEN_SIZE", "RM_LAYERS", "demo_assets", "write_prompt_files",
+           "word_problems"]
 
 #: ``data_source`` of every demo prompt (the rule reward and verl's metrics see it).
 DATA_SOURCE = "demo/word_problems"
@@ -86,6 +87,12 @@ def _rows(split: str, count: int, rng: random.Random) -> list[dict]:
             "extra_info": {"split": split, "index": i, "question": _QUESTIONS[kind].format(a=a, b=b)},
         })
     return rows
+
+
+def word_problems(count: int, seed: int = 0) -> list[tuple[str, str]]:
+    """``count`` seeded word problems as the demo's prompt files hold them: (question, answer)."""
+    return [(row["prompt"][0]["content"], row["reward_model"]["ground_truth"])
+            for row in _rows("bench", count, random.Random(seed))]
 
 
 def write_prompt_files(folder: str | Path, *, seed: int = 0, train_prompts: int = 256,

@@ -34,9 +34,7 @@ def mode_overrides(mode: str, config: DemoConfig, assets: Any, *, agent_loops: P
     """The Hydra overrides of one mode's ``main_ppo`` run (module doc)."""
     from verl_async_rm.demo import rule, served_reward
     from verl_async_rm.demo.agent_loop import AGENT_NAME
-    from verl_async_rm.demo.sampler import TimedReplayBuffer
     from verl_async_rm.testing.cpu_trainer import cpu_trainer_overrides, plugin_overrides
-    from verl_async_rm.testing.replay_buffer import short_poll_overrides
     from verl_async_rm.testing.vllm_rollout import served_rm_overrides
 
     rm = str(assets.rm)
@@ -58,10 +56,20 @@ def mode_overrides(mode: str, config: DemoConfig, assets: Any, *, agent_loops: P
                   f"+reward.custom_reward_function.reward_kwargs.model_path={rm}"]
     else:
         reward = [f"reward.custom_reward_function.path={rule.__file__}"]
+    manager_key = "+actor_rollout_ref.rollout.agent.agent_loop_manager_class"
+    if config.trainer == "v1":  # the timeline from a replay buffer of the demo's
+        from verl_async_rm.demo.sampler import TimedReplayBuffer
+        from verl_async_rm.testing.replay_buffer import short_poll_overrides
+
+        timeline = short_poll_overrides("sync", cls=TimedReplayBuffer)
+    else:  # v0 has none: the manager times its batches (demo/v0_timing.py)
+        timed = "TimedAsyncRMAgentLoopManager" if mode.startswith("plugin") else "TimedAgentLoopManager"
+        reward = [o for o in reward if not o.startswith(manager_key + "=")]
+        timeline = [f"{manager_key}=verl_async_rm.demo.v0_timing.{timed}", "trainer.use_v1=False"]
     run = [
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={agent_loops}",
         f"actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_NAME}",
-        *short_poll_overrides("sync", cls=TimedReplayBuffer),
+        *timeline,
         f"+trainer.v1.sampler.sampler_kwargs.record_path={record_path}",
         f"trainer.total_training_steps={config.steps}",
         "trainer.val_before_train=False",

@@ -24,6 +24,9 @@ class DemoConfig:
         metadata={"help": f"Comma-separated modes to run, of {', '.join(ALL_MODES)}; 'all' for every mode (the full "
                           "comparison, about twice as long)."},
     )
+    trainer: str = field(default="v1", metadata={
+        "help": "verl's trainer: 'v1' (its TransferQueue trainer, verl 0.9.1's default) or 'v0' (RayPPOTrainer, "
+                "trainer.use_v1=False)."})
     steps: int = field(default=8, metadata={"help": "GRPO training steps per mode (trainer.total_training_steps)."})
     prompts: int = field(default=8, metadata={"help": "Prompts per step (data.train_batch_size)."})
     rollout_n: int = field(default=4, metadata={"help": "Responses per prompt (actor_rollout_ref.rollout.n)."})
@@ -61,6 +64,8 @@ class DemoConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ValueError(f"demo {name}={value!r}: must be a finite number > 0")
+        if self.trainer not in ("v1", "v0"):
+            raise ValueError(f"demo trainer={self.trainer!r}: use v1 or v0, e.g. --trainer v0")
         self.mode_list()  # raises on an unknown mode
 
     def mode_list(self) -> tuple[str, ...]:

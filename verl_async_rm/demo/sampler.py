@@ -13,7 +13,8 @@ generation ended (``extra_fields["demo_finished_at"]``), so for a training batch
 Both go to verl's step metrics (the sampler's metrics dict), so verl's ``Tracking`` logs them. Each trajectory's
 reward (``rm_scores``), ``reward_extra_info``, response length, a digest of its prompt and response ids and its own
 reward tail (``reward_wait_s``: verl's ``AgentLoopMetrics.compute_score``, from its agent loop's end to its reward)
-go to ``sampler_kwargs.record_path`` (JSON lines).
+go to ``sampler_kwargs.record_path`` (JSON lines). With another agent loop (no generation end recorded) it
+records the trajectories and gives no timeline.
 """
 
 from __future__ import annotations
@@ -47,9 +48,11 @@ class TimedReplayBuffer(ShortPollReplayBuffer):
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
                                select_fields=["extra_fields", "rm_scores", "prompts", "responses", "metrics"])
         extras = [data["extra_fields"][i] for i in range(len(batch.keys))]
-        finished = max(float(e[FINISHED_AT]) for e in extras)
-        metrics = {**metrics, "demo/rollout_s": max(0.0, finished - start),
-                   "demo/reward_tail_s": max(0.0, end - finished)}
+        ends = [e.get(FINISHED_AT) for e in extras]
+        if all(t is not None for t in ends):  # the demo's agent loop (another one records no end: no timeline)
+            finished = max(map(float, ends))
+            metrics = {**metrics, "demo/rollout_s": max(0.0, finished - start),
+                       "demo/reward_tail_s": max(0.0, end - finished)}
         if self.record_path:
             with open(self.record_path, "a") as out:
                 for i, key in enumerate(batch.keys):
@@ -60,7 +63,7 @@ class TimedReplayBuffer(ShortPollReplayBuffer):
                         "reward_extra_info": info, "response_tokens": int(len(data["responses"][i])),
                         "digest": hashlib.sha1(repr((data["prompts"][i].tolist(), data["responses"][i].tolist()))
                                                .encode()).hexdigest()[:12],
-                        "finished_s": float(extras[i][FINISHED_AT]) - start,
+                        "finished_s": None if ends[i] is None else float(ends[i]) - start,
                         "reward_wait_s": float((data["metrics"][i] or {}).get("compute_score") or 0.0),
                     }) + "\n")
         return batch, metrics

@@ -71,7 +71,9 @@ def _rm_score(trajectory: Mapping[str, Any], mode: str) -> float | None:
 
 def step_record(metrics: Mapping[str, Any], trajectories: list[Mapping[str, Any]], mode: str) -> dict[str, Any]:
     """One step of one mode: its phases (module doc), its mean RM score and reward, its trajectories."""
-    d = metrics
+    # the v0 trainer logs what its manager reports as timing_s/...: read both trainers' names alike
+    d = {**metrics, **{k.removeprefix("timing_s/"): v for k, v in metrics.items()
+                       if k.startswith(("timing_s/demo/", "timing_s/async_rm/"))}}
     phases = {
         "rollout": float(d["demo/rollout_s"]),
         "reward_tail": float(d["demo/reward_tail_s"]),
@@ -95,7 +97,7 @@ def step_record(metrics: Mapping[str, Any], trajectories: list[Mapping[str, Any]
         "rm_scores": rm_scores,
         "response_tokens": [int(t["response_tokens"]) for t in trajectories],
         "digests": [t.get("digest") for t in trajectories],
-        "reward_waits_s": [float(t.get("reward_wait_s", 0.0)) for t in trajectories],
+        "reward_waits_s": [float(t["reward_wait_s"]) for t in trajectories if t.get("reward_wait_s") is not None],
     }
     for key in ("async_rm/scored", "async_rm/errors", "async_rm/reward_tail_s", "async_rm/sleep_s", "async_rm/wake_s"):
         if key in d:
@@ -168,8 +170,9 @@ def format_report(summary: Mapping[str, Any]) -> str:
     modes, over = summary["modes"], summary["overhead_vs_no_rm"]
     cfg = summary["config"]
     steady = next(iter(modes.values()))["steady_steps"]
-    lines = [f"GRPO with verl's own trainer, {cfg['steps']} steps x {cfg['prompts']} prompts x {cfg['rollout_n']} "
-             f"responses per mode; mean seconds per step over steps {steady[0]}-{steady[-1]}:"]
+    lines = [f"GRPO with verl's own trainer ({cfg.get('trainer', 'v1')}), {cfg['steps']} steps x {cfg['prompts']} "
+             f"prompts x {cfg['rollout_n']} responses per mode; mean seconds per step over steps "
+             f"{steady[0]}-{steady[-1]}:"]
     head = (f"{'mode':<20}{'step':>7}{'rollout':>9}{'reward tail':>13}{'log-prob':>10}{'update':>8}"
             f"{'weight sync':>13}{'other':>7}{'RM overhead':>13}")
     lines += [head]

@@ -2,261 +2,75 @@
 
 verl builds the manager with ``.create(config=, llm_client=, ...)`` and passes nothing else: it launches the RM
 services, lets verl build its agent-loop workers (the plugin's subclasses) while the RMs load, and hands them the
-services; then it marks steps and restarts a dead service at the next step boundary. verl's v0
-``AgentLoopManager.__init__`` keeps a preset ``agent_loop_workers_class`` while v1's overwrites it: v0 sets it before
-``super().__init__``, v1 after."""
+services; then it marks steps, puts RMs on the policy's GPUs to sleep and wakes them, and restarts a dead service at
+the next step boundary. verl's v0 ``AgentLoopManager.__init__`` keeps a preset ``agent_loop_workers_class`` while v1's
+overwrites it: v0 sets it before ``super().__init__``, v1 (:mod:`.v1`, imported only when a run uses verl's v1
+trainer) after."""
 
 from __future__ import annotations
 
-import asyncio
-import functools
 import logging
-import uuid
 from typing import Any
 
 import ray
 from verl.experimental.agent_loop.agent_loop import AgentLoopManager
-from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopManagerTQ
 from verl.utils.ray_utils import auto_await
 
-from verl_async_rm.integration import v1_hooks
-from verl_async_rm.integration.checks import check_v1_trainer, check_verl_config
-from verl_async_rm.integration.drops import PhaseRecord, apply_drops, check_failures
-from verl_async_rm.integration.agent_loop_worker import remote_worker_class
+from verl_async_rm.integration import trainer_hooks
+from verl_async_rm.integration.agent_loop_worker import AsyncRMAgentLoopWorker
+from verl_async_rm.integration.checks import verl_v1
+from verl_async_rm.integration.drops import apply_drops
+from verl_async_rm.integration.manager_base import AsyncRMManagerBase
 from verl_async_rm.integration.token_rewards import place_token_rewards
-from verl_async_rm.config import MAIN
-from verl_async_rm.service.metrics import PREFIX, VAL_PREFIX, step_metrics
-from verl_async_rm.service.placement import kill_and_wait, kill_quietly, remove_pool_groups
-from verl_async_rm.service.service import launch_rm_services, start_rm_service, wait_rm_services
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["AsyncRMAgentLoopManager", "AsyncRMAgentLoopManagerV0", "AsyncRMAgentLoopManagerV1"]
+__all__ = ["AsyncRMAgentLoopManager", "AsyncRMAgentLoopManagerV0"]
 
-#: Longest a control call to the RM service or an agent-loop worker may take (attach, step marks, close).
-CONTROL_TIMEOUT_S = 60.0
-
-
-class _AsyncRMSide:
-    """What the v0 and v1 managers share: the RM services (one per RM), their step marks, their restart and their
-    shutdown."""
-
-    rm_services: dict[str, Any] = {}
-
-    def _async_rm_build(self, config: Any) -> None:
-        self.async_rm_config = check_verl_config(config)
-        self._async_rm_check(config)
-        self.rm_services = {}
-        self.last_metrics: dict[str, float] = {}
-        self.service_restarts = 0
-        base = f"verl_async_rm_{uuid.uuid4().hex[:8]}"
-        self._service_names = {e.name: base if e.name == MAIN else f"{base}_{e.name}"
-                               for e in self.async_rm_config.models}
-        self._entries = {e.name: e for e in self.async_rm_config.models}
-        integration = self.async_rm_config.integration
-        self._rm_launched = launch_rm_services(self.async_rm_config.models, self._service_names,
-                                               replace_replicas=integration.replace_replicas,
-                                               max_concurrency=integration.service_max_concurrency)
-        self.rm_services = {name: service for name, (service, _) in self._rm_launched.items()}
-
-    @property
-    def rm_service(self) -> Any:
-        """The main RM's service (``reward.reward_model.*``); None once shut down."""
-        return self.rm_services.get(MAIN)
-
-    def _async_rm_check(self, config: Any) -> None:
-        """Checks of the trainer's settings that need ``async_rm_config``, before anything is started."""
-
-    def _async_rm_start_service(self, name: str) -> Any:
-        entry, integration = self._entries[name], self.async_rm_config.integration
-        return start_rm_service(entry.rm, entry.batching, name=self._service_names[name],
-                                replace_replicas=integration.replace_replicas,
-                                max_concurrency=integration.service_max_concurrency)
-
-    async def _init_agent_loop_workers(self):
-        try:
-            await super()._init_agent_loop_workers()
-            # The RMs load while the workers start. The first call on each worker also waits for its construction
-            # (tokenizer, tools...): allow the RM's load time, not the short control timeout.
-            await asyncio.gather(self._async_rm_wait_loaded(),
-                                 self._async_rm_attach(self.async_rm_config.rm.init_timeout_s))
-        except BaseException:
-            self.shutdown()
-            for worker in getattr(self, "agent_loop_workers", []):
-                kill_quietly(worker)
-            raise
-
-    async def _async_rm_wait_loaded(self) -> None:
-        try:
-            await asyncio.to_thread(wait_rm_services, self.async_rm_config.models, self._service_names,
-                                    self._rm_launched)
-        except BaseException:
-            self.rm_services = {}  # stopped, their pools released
-            raise
-
-    async def _async_rm_attach(self, timeout_s: float) -> None:
-        mix, integration = self.async_rm_config.mix, self.async_rm_config.integration
-        await asyncio.wait_for(asyncio.gather(*(
-            w.async_rm_attach.remote(self.rm_services, mix, integration.request_timeout_s, integration.on_error)
-            for w in self.agent_loop_workers)), timeout_s)
-
-    async def _async_rm_restart_service(self, name: str, cause: BaseException) -> None:
-        """Replace a dead (or unresponsive) RM service by a new one (the RM loads again); hand it to the workers."""
-        logger.error("verl_async_rm: the RM service of RM %r is gone (%r); starting a new one", name, cause)
-        kill_quietly(self.rm_services[name])
-        self.rm_services[name] = await asyncio.to_thread(self._async_rm_start_service, name)
-        self.service_restarts += 1
-        await self._async_rm_attach(CONTROL_TIMEOUT_S)
-
-    async def _async_rm_control(self, method: str, *args: Any, timeout_s: float = CONTROL_TIMEOUT_S
-                                ) -> dict[str, Any]:
-        """A call to every RM service at a step boundary, by RM name; a dead (or silent past ``timeout_s``) service
-        is replaced and asked again."""
-
-        async def call(name: str) -> Any:
-            try:
-                return await asyncio.wait_for(getattr(self.rm_services[name], method).remote(*args), timeout_s)
-            except (ray.exceptions.RayActorError, asyncio.TimeoutError) as err:
-                await self._async_rm_restart_service(name, err)
-            return await asyncio.wait_for(getattr(self.rm_services[name], method).remote(*args), timeout_s)
-
-        names = list(self.rm_services)
-        return dict(zip(names, await asyncio.gather(*(call(name) for name in names)), strict=True))
-
-    async def _async_rm_end_step(self, trajectories: PhaseRecord | None = None, prefix: str = PREFIX
-                                 ) -> dict[str, float]:
-        """End a step on every service: ``async_rm/*`` metrics (the main RM's), plus ``async_rm/<name>/*`` per RM
-        when there are several. ``trajectories`` (v1: the workers' record of the phase) gives the trajectory counts
-        instead of the service's, which include every phase."""
-        figures = await self._async_rm_control("end_step")
-        metrics = step_metrics(figures[MAIN], trajectories, prefix=prefix)
-        if len(figures) > 1:
-            for name, step in figures.items():
-                metrics.update(step_metrics(step, prefix=f"{prefix}{name}/"))
-        metrics[prefix + "service_restarts_total"] = float(self.service_restarts)
-        return metrics
-
-    def shutdown(self) -> None:
-        """Close the RM services (waiting requests fail with BatcherClosedError; replicas and pools released)."""
-        services, self.rm_services = dict(getattr(self, "rm_services", None) or {}), {}
-        for name, service in services.items():
-            try:
-                ray.get(service.close.remote(), timeout=CONTROL_TIMEOUT_S)
-            except Exception as exc:  # noqa: BLE001 - shutting down: log and go on releasing
-                logger.warning("verl_async_rm: the RM service of RM %r did not close cleanly: %r", name, exc)
-                # its replicas go with it, but its placement groups live as long as the job
-                remove_pool_groups(f"{self._service_names[name]}_", self._entries[name].rm.nnodes)
-            kill_and_wait([service], CONTROL_TIMEOUT_S)  # gone on return (its replicas are owned by it)
-
-
-class AsyncRMAgentLoopManagerV0(_AsyncRMSide, AgentLoopManager):
-    """For the v0 trainer (``trainer.use_v1=False``): ``generate_sequences`` returns the scored batch."""
+class AsyncRMAgentLoopManagerV0(AsyncRMManagerBase, AgentLoopManager):
+    """For the v0 trainer (``trainer.use_v1=False``, verl's ``RayPPOTrainer``): ``generate_sequences`` returns the
+    scored batch. verl's v0 fit loop gives a manager no phase hook, but it calls ``generate_sequences`` right after
+    waking the rollout (``update_weights``) and, for a training batch, sleeps the rollout and updates the policy right
+    after it returns: the RMs on the policy's GPUs wake as a call starts and sleep as a training batch returns. A
+    training batch is a step (its ``async_rm/*`` go into ``meta_info["timing"]``, logged as ``timing_s/async_rm/...``);
+    the validation batches of one ``_validate`` are one validation pass, closed by :mod:`.trainer_hooks`."""
 
     def __init__(self, config, llm_client, teacher_client=None, reward_loop_worker_handles=None):
-        self.agent_loop_workers_class = remote_worker_class(use_v1=False)
+        self.agent_loop_workers_class = ray.remote(AsyncRMAgentLoopWorker)
         super().__init__(config, llm_client, teacher_client, reward_loop_worker_handles)
         self._async_rm_build(config)
+        trainer_hooks.install_v0()
 
     @auto_await
     async def generate_sequences(self, prompts):
-        """verl's ``generate_sequences``, with the step's ``async_rm/*`` metrics in ``meta_info["timing"]`` (logged by
-        the v0 trainer as ``timing_s/async_rm/...``) and, with ``on_error='drop'``, the failed trajectories excluded."""
+        """verl's ``generate_sequences``, with the RMs awake; a training batch is closed as a step (its metrics in
+        ``meta_info["timing"]``, ``on_error`` applied, with ``drop`` the failed trajectories excluded) and the RMs on
+        the policy's GPUs put to sleep before it returns."""
+        await self.async_rm_wake()
+        if prompts.meta_info.get("validate", False):  # one pass of several batches, closed after verl's _validate
+            return self._exclude_dropped(await super().generate_sequences(prompts), prompts)
         await self._async_rm_control("begin_step", len(prompts))
         try:
             output = await super().generate_sequences(prompts)
         except BaseException:
             try:
-                await self._async_rm_end_step()
+                await self.async_rm_close("train")
             except Exception:  # noqa: BLE001 - the generation error is the one to report
                 logger.exception("verl_async_rm: could not close the failed step")
             raise
-        metrics = self.last_metrics = await self._async_rm_end_step()
-        place_token_rewards(output)  # process RMs with process_reduction=none: step rewards on their tokens
-        integration = self.async_rm_config.integration
-        if integration.on_error == "drop":
-            uids = prompts.non_tensor_batch.get("uid")
-            metrics["async_rm/dropped"] = float(apply_drops(output, integration.drop_budget, uids))
-        output.meta_info.setdefault("timing", {}).update(metrics)
+        await self.async_rm_sleep()  # before the close: the step's figures hold its wake and its sleep
+        metrics = await self.async_rm_close("train", prompts.meta_info.get("global_steps"))
+        output = self._exclude_dropped(output, prompts)
+        output.meta_info["timing"] = {**output.meta_info.get("timing", {}), **metrics}
         return output
 
-
-class AsyncRMAgentLoopManagerV1(_AsyncRMSide, AgentLoopManagerTQ):
-    """For the v1 trainer (TransferQueue): ``generate_sequences`` only dispatches. The step boundaries come from
-    verl's fit loop (:mod:`~verl_async_rm.integration.v1_hooks`); in the ``sync`` trainer mode each batch announces its
-    trajectory count (``flush_after``), so its last RM batch leaves the moment its last trajectory arrives."""
-
-    def __init__(self, config, llm_client, teacher_client=None, reward_loop_worker_handles=None):
-        super().__init__(config, llm_client, teacher_client, reward_loop_worker_handles)
-        self.agent_loop_workers_class = remote_worker_class(use_v1=True)
-        self._async_rm_build(config)
-        self.last_val_metrics: dict[str, float] = {}
-        self._dispatched = False
-        self._on_policy_pool = self.async_rm_config.rm.placement == "policy_pool"
-        v1_hooks.install()
-
-    def _async_rm_check(self, config: Any) -> None:
-        self._trainer_mode = check_v1_trainer(config, self.async_rm_config.integration.on_error)
-
-    def generate_sequences(self, prompts) -> None:
-        """Dispatch a batch of prompts (verl v1 semantics: returns once the agent loops are started)."""
-        step_size = None
-        if self._trainer_mode == "sync":
-            step_size = _v1_batch_size(prompts, self.config.actor_rollout_ref.rollout)
-        if step_size or not self._dispatched:
-            self._v1_before_dispatch(step_size)
-        super().generate_sequences(prompts)
-
-    @auto_await
-    async def _v1_before_dispatch(self, step_size: int | None) -> None:
-        if not self._dispatched:  # the first window starts here, not when the pool was built
-            await self._async_rm_control("begin_step", step_size)
-            self._dispatched = True
-        elif step_size:
-            await self._async_rm_control("flush_after", step_size)
-
-    @auto_await
-    async def async_rm_close(self, phase: str, global_steps: int | None = None) -> dict[str, float]:
-        """End a training step (``phase='train'``) or a validation pass (``'val'``): its metrics, from the workers'
-        records and the services' figures since the previous close, or its failure (``on_error``:
-        :func:`~verl_async_rm.integration.drops.check_failures`)."""
-        record = await self._async_rm_collect(phase)
-        prefix = PREFIX if phase == "train" else VAL_PREFIX
-        metrics = await self._async_rm_end_step(record, prefix)
-        integration = self.async_rm_config.integration
-        if integration.on_error == "drop":
-            metrics[prefix + "dropped"] = float(record.failed)
-        if phase == "train":
-            self.last_metrics = metrics
-        else:
-            self.last_val_metrics = metrics
-        where = f"step {global_steps}" if phase == "train" else f"the validation at step {global_steps}"
-        check_failures(record, integration, where)
-        return metrics
-
-    @auto_await
-    async def async_rm_sleep(self) -> None:
-        """The policy is about to train: the RMs on the policy's GPUs release them (``placement='policy_pool'``;
-        a no-op otherwise). Called by :func:`~verl_async_rm.integration.v1_hooks.hook_phases` after the sampling."""
-        if self._on_policy_pool:
-            await self._async_rm_control("sleep", timeout_s=self._sleep_timeout_s())
-
-    @auto_await
-    async def async_rm_wake(self) -> None:
-        """The next rollout is about to start: the RMs take the policy's GPUs back (see :meth:`async_rm_sleep`)."""
-        if self._on_policy_pool:
-            await self._async_rm_control("wake", timeout_s=self._sleep_timeout_s())
-
-    def _sleep_timeout_s(self) -> float:
-        """Longest a sleep or a wake of every RM may take: the running batches' end (``batch_timeout_s``), then each
-        replica's move of its weights (``init_timeout_s``), and a minute for the calls."""
-        return max((e.batching.batch_timeout_s or 60.0) + e.rm.init_timeout_s + CONTROL_TIMEOUT_S
-                   for e in self._entries.values())
-
-    async def _async_rm_collect(self, phase: str) -> PhaseRecord:
-        records = await asyncio.wait_for(
-            asyncio.gather(*(w.async_rm_pop_record.remote(phase) for w in self.agent_loop_workers)),
-            CONTROL_TIMEOUT_S)
-        return functools.reduce(PhaseRecord.merge, records, PhaseRecord())
+    def _exclude_dropped(self, output: Any, prompts: Any) -> Any:
+        """Process RMs' step rewards on their tokens; with ``on_error='drop'`` the failed trajectories excluded (the
+        budget was checked by :meth:`async_rm_close`)."""
+        place_token_rewards(output)
+        if self.async_rm_config.integration.on_error == "drop":
+            apply_drops(output, prompts.non_tensor_batch.get("uid"))
+        return output
 
 
 class AsyncRMAgentLoopManager:
@@ -267,17 +81,9 @@ class AsyncRMAgentLoopManager:
 
     @classmethod
     def create(cls, config, llm_client, teacher_client=None, reward_loop_worker_handles=None):
-        impl = AsyncRMAgentLoopManagerV1 if config.trainer.get("use_v1", True) else AsyncRMAgentLoopManagerV0
+        impl = AsyncRMAgentLoopManagerV0
+        if config.trainer.get("use_v1", True):
+            verl_v1()  # a clear error where verl has no v1 trainer
+            from verl_async_rm.integration.v1 import AsyncRMAgentLoopManagerV1 as impl
         return impl.create(config=config, llm_client=llm_client, teacher_client=teacher_client,
                            reward_loop_worker_handles=reward_loop_worker_handles)
-
-
-def _v1_batch_size(prompts: Any, rollout_config: Any) -> int | None:
-    """Trajectories a v1 batch will produce, or None when per-prompt ``__rollout_n__`` makes it unknown here."""
-    keys = set(prompts.keys())
-    if "__rollout_n__" in keys:
-        return None
-    validate = bool(prompts["validate"]) if "validate" in keys else False
-    n = rollout_config.val_kwargs.n if validate else rollout_config.n
-    return len(prompts) * int(n)
-

@@ -1,4 +1,5 @@
-"""Agent-loop workers that send each finished trajectory to every RM service the moment its agent loop ends.
+"""Agent-loop workers that send each finished trajectory to every RM service the moment its agent loop ends (the hook
+for both trainers; the v1 worker class is in :mod:`.v1`, imported only when a run uses verl's v1 trainer).
 
 The override of verl's ``AgentLoopWorker._compute_score`` (in the trajectory's own task) awaits every RM's score,
 runs verl's own ``_compute_score`` (the reward manager, which sees the scores in ``extra_info``) only when the reward
@@ -18,7 +19,6 @@ from typing import Any
 
 import ray
 from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
-from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
 
 from verl_async_rm.errors import AsyncRMError, RMServiceLostError
 from verl_async_rm.integration.drops import Failure, PhaseRecord, PhaseRecords
@@ -29,11 +29,12 @@ from verl_async_rm.service.client import score_with_timeout
 
 logger = logging.getLogger(__name__)
 
-#: The phase of the trajectory whose task is running: v1 passes ``validate`` to ``_agent_loop_postprocess`` but not to
-#: ``_compute_score``, so the v1 worker sets it around that call (each trajectory runs in its own asyncio task).
+#: The phase of the trajectory whose task is running: verl 0.9.1 passes ``validate`` to ``_agent_loop_postprocess`` but
+#: not to ``_compute_score``, so the worker sets it around that call (each trajectory runs in its own asyncio task);
+#: where verl passes ``validate=`` to ``_compute_score`` (verl PR #7217), that value is read instead.
 _PHASE: contextvars.ContextVar[str] = contextvars.ContextVar("async_rm_phase", default="train")
 
-__all__ = ["AsyncRMWorkerMixin", "AsyncRMAgentLoopWorker", "AsyncRMAgentLoopWorkerTQ"]
+__all__ = ["AsyncRMWorkerMixin", "AsyncRMAgentLoopWorker"]
 
 
 class AsyncRMWorkerMixin:
@@ -72,16 +73,25 @@ class AsyncRMWorkerMixin:
             self._async_rm_records = PhaseRecords()
         return self._async_rm_records
 
+    async def _agent_loop_postprocess(self, output: Any, validate: Any, **kwargs: Any) -> Any:
+        token = _PHASE.set("val" if validate else "train")
+        try:  # v0 returns the processed output, v1 writes it to TransferQueue
+            return await super()._agent_loop_postprocess(output, validate, **kwargs)  # type: ignore[misc]
+        finally:
+            _PHASE.reset(token)
+
     async def _compute_score(self, outputs: list, kwargs: dict, *args: Any, **options: Any) -> None:
-        # verl's later arguments (a `validate` flag is proposed upstream) go on to verl's own method unchanged
+        # verl's later arguments (`validate=`, verl PR #7217) go on to verl's own method unchanged
         final = outputs[-1]
         if final.reward_score is not None:  # the agent loop scored itself: no RM call, as verl does
             await super()._compute_score(outputs, kwargs, *args, **options)  # type: ignore[misc]
             return
         start = time.perf_counter()
-        phase, records = _PHASE.get(), self._records()
+        validate = options.get("validate")
+        phase = _PHASE.get() if validate is None else ("val" if validate else "train")
+        records = self._records()
         trajectory = f"{kwargs.get('uid', '?')}/{kwargs.get('session_id', 0)}"
-        scores, failure = await self._async_rm_scores(final, kwargs, trajectory)
+        scores, failure = await self._async_rm_scores(final, kwargs, trajectory, self._async_rm_group_size(phase))
         error = None
         if failure is not None:
             error = _describe(failure)
@@ -116,17 +126,25 @@ class AsyncRMWorkerMixin:
         elif self._async_rm_mix.token_level and not self._async_rm_replace_output:
             final.extra_fields[TOKEN_REWARDS_KEY] = None  # verl stacks the same extra_fields for every sample
 
-    async def _async_rm_scores(self, final: Any, kwargs: dict, trajectory: str
+    def _async_rm_group_size(self, phase: str) -> int | None:
+        """How many siblings a prompt's group has in ``phase`` (a group judge waits for them): verl's
+        ``actor_rollout_ref.rollout.n``, or ``val_kwargs.n`` in validation."""
+        rollout = self.config.actor_rollout_ref.rollout  # type: ignore[attr-defined] - verl's worker's whole config
+        n = rollout.val_kwargs.n if phase == "val" else rollout.n
+        return None if n is None else int(n)
+
+    async def _async_rm_scores(self, final: Any, kwargs: dict, trajectory: str, group_size: int | None = None
                                ) -> tuple[dict[str, Score], AsyncRMError | None]:
         """The trajectory's score from every RM at once (ready when the last answers), as the replicas made them,
-        and the first failure (an RM's error, or its service lost)."""
+        and the first failure (an RM's error, or its service lost). ``group_size``: its group's size."""
         if not self._async_rm_services or self._async_rm_mix is None:
             raise AsyncRMError("this agent-loop worker has no RM service attached: build it through "
                                "verl_async_rm.AsyncRMAgentLoopManager.create(...)")
         reference = kwargs.get("reward_model")  # verl's datasets: {"ground_truth": ..., "style": ...}
         request = RMRequest.from_agent_loop_output(
             final, uid=trajectory, raw_prompt=kwargs.get("raw_prompt"), group=str(kwargs.get("uid", "?")),
-            ground_truth=reference.get("ground_truth") if isinstance(reference, Mapping) else None)
+            ground_truth=reference.get("ground_truth") if isinstance(reference, Mapping) else None,
+            group_size=group_size)
         names = list(self._async_rm_services)
         answers: list[ScoreResult | BaseException] = await asyncio.gather(
             *(score_with_timeout(service, request, timeout_s=self._async_rm_timeout_s)
@@ -154,27 +172,6 @@ class AsyncRMAgentLoopWorker(AsyncRMWorkerMixin, AgentLoopWorker):
     """verl's v0 ``AgentLoopWorker`` with the per-trajectory RM hook."""
 
 
-# AgentLoopWorkerTQ is already a Ray actor class (verl decorates it with ``@ray.remote``): subclass the class it wraps.
-class AsyncRMAgentLoopWorkerTQ(AsyncRMWorkerMixin, AgentLoopWorkerTQ.__ray_actor_class__):
-    """verl's v1 (TransferQueue) ``AgentLoopWorkerTQ`` with the per-trajectory RM hook."""
-
-    _async_rm_fail_session = True
-    _async_rm_replace_output = True
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        # Must stay: without an __init__ of its own, Ray ships the inherited one by value, and cloudpickle copies
-        # verl's class with it (its module name is bound to the ActorClass, so it cannot be found by reference);
-        # verl's zero-arg super() in AgentLoopWorkerTQ.__init__ then fails on the copy.
-        super().__init__(*args, **kwargs)
-
-    async def _agent_loop_postprocess(self, output: Any, validate: Any, **kwargs: Any) -> None:
-        token = _PHASE.set("val" if validate else "train")
-        try:
-            await super()._agent_loop_postprocess(output, validate, **kwargs)
-        finally:
-            _PHASE.reset(token)
-
-
 def _describe(err: BaseException) -> str:
     """``Type: message``, after the RM it came from when there are several (``RM 'safety': ...``)."""
     where = "".join(f"{note}: " for note in getattr(err, "__notes__", ()))
@@ -186,8 +183,3 @@ def _int_or_none(value: Any) -> int | None:
         return None if value is None else int(value)
     except (TypeError, ValueError):
         return None
-
-
-def remote_worker_class(use_v1: bool):
-    """The Ray actor class verl's manager should instantiate for the agent-loop workers."""
-    return ray.remote(AsyncRMAgentLoopWorkerTQ if use_v1 else AsyncRMAgentLoopWorker)

@@ -1,6 +1,7 @@
 """Checks of verl's own keys before anything starts, for mistakes that would fail late or silently: verl's own RM
-servers enabled, the RM on the policy's GPUs with a trainer that cannot put it to sleep, legacy keys verl's
-``main_ppo`` ignores, an RM checkpoint that is not a reward model. Each is a ``ValueError`` naming the key and fix."""
+servers enabled, the RM on the policy's GPUs where it cannot fit or sleep, legacy keys verl's ``main_ppo`` ignores, a
+v1 trainer verl does not have, an RM checkpoint that is not what its kind says. Each is a ``ValueError`` naming the
+key and fix."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from verl_async_rm.options import select as _get
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["check_verl_config", "check_v1_trainer", "legacy_keys_set", "LEGACY_KEYS", "ENTRY_MODULE",
+__all__ = ["check_verl_config", "verl_v1", "probe_endpoints", "check_v1_trainer", "legacy_keys_set", "LEGACY_KEYS",
+           "ENTRY_MODULE",
            "V1_TRAINER_MODES"]
 
 ENTRY_MODULE = "verl_async_rm.main_ppo"
@@ -58,9 +60,19 @@ def check_verl_config(config: Any) -> AsyncRMConfig:
         raise ValueError(
             "reward.reward_model.enable=True makes verl start its own vLLM/SGLang reward-model servers next to this "
             f"plugin's RM replicas. Fix: set reward.reward_model.enable=False; the plugin then serves the RM {where}")
+    if _get(config, "trainer.use_v1"):
+        verl_v1()
     _check_reward_manager(config)
     settings = _check_async_rm_settings(config)
-    if settings.rm.placement == "policy_pool":
+    if settings.rm.remote and settings.rm.placement == "own_pool":
+        gpus = f"{_get(config, 'reward.reward_model.n_gpus_per_node')} x {_get(config, 'reward.reward_model.nnodes')}"
+        raise ValueError(
+            "reward.reward_model.enable_resource_pool=True with the main RM at +async_rm.endpoint: verl would count a "
+            f"reward pool of {gpus} GPUs (reward.reward_model.n_gpus_per_node x nnodes) that no replica uses, and "
+            "wait for them to be free at start. Fix: set reward.reward_model.enable_resource_pool=False (extra RMs "
+            "the plugin loads then share the policy's GPUs), or load the main RM and serve the remote one as an extra "
+            "RM (+async_rm.models.<name>.endpoint=...)")
+    if settings.rm.placement == "policy_pool" and any(not e.rm.remote for e in settings.models):
         _check_policy_pool(config, settings)
     return settings
 
@@ -70,12 +82,6 @@ def _check_policy_pool(config: Any, settings: AsyncRMConfig) -> None:
     pool, beside the actor's worker (verl's ``ResourcePoolManager.max_colocate_count`` processes fit in a bundle)."""
     from verl.single_controller.ray.base import ResourcePoolManager
 
-    if _get(config, "trainer.use_v1") is False:
-        raise ValueError(
-            "reward.reward_model.enable_resource_pool=False with trainer.use_v1=False: the RM on the policy's GPUs "
-            "sleeps and wakes at the v1 trainer's step boundaries (on_sample_end, on_step_end), which verl's v0 "
-            "trainer does not have. Fix: use the v1 trainer (trainer.use_v1=True, verl's default), or give the RM "
-            "its own pool (reward.reward_model.enable_resource_pool=True)")
     sized = (_get(config, "reward.reward_model.n_gpus_per_node"), _get(config, "reward.reward_model.nnodes"))
     trainer = (_get(config, "trainer.n_gpus_per_node"), _get(config, "trainer.nnodes"))
     if sized[1] and sized != trainer:  # verl's default nnodes=0; verl copies the trainer's there at start
@@ -93,14 +99,35 @@ def _check_policy_pool(config: Any, settings: AsyncRMConfig) -> None:
             "phase for the RM to share the trainer's GPUs with (verl refuses its own colocated RM there too). Fix: "
             "use trainer.v1.trainer_mode=sync or colocate_async, or give the RM its own pool "
             "(reward.reward_model.enable_resource_pool=True)")
+    # verl 0.9.1's trainers build their pools with ResourcePoolManager's default; the replicas read what the pool got
     room = ResourcePoolManager.max_colocate_count - 1  # the actor's worker takes one place in each bundle
-    if len(settings.models) > room:
+    local = [e for e in settings.models if not e.rm.remote]
+    if len(local) > room:
         raise ValueError(
-            f"reward.reward_model.enable_resource_pool=False with {len(settings.models)} RMs "
-            f"({', '.join(e.name for e in settings.models)}): a bundle of verl's policy pool holds "
+            f"reward.reward_model.enable_resource_pool=False with {len(local)} RMs "
+            f"({', '.join(e.name for e in local)}): a bundle of verl's policy pool holds "
             f"{ResourcePoolManager.max_colocate_count} processes (verl's ResourcePoolManager.max_colocate_count), one "
             f"of them the actor's, so at most {room} RMs fit beside it. Fix: score with at most {room} RMs, or give "
             "the RMs pools of their own (reward.reward_model.enable_resource_pool=True)")
+
+
+def verl_v1() -> Any:
+    """verl's v1 trainer package; ``ValueError`` naming verl's version and the fix where it cannot be imported (verl's
+    ``neo`` branch has no v1 trainer)."""
+    try:
+        import verl.trainer.ppo.v1 as v1
+    except ImportError as err:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            installed = version("verl")
+        except PackageNotFoundError:
+            installed = "?"
+        raise ValueError(
+            f"trainer.use_v1=True, but verl {installed} cannot import its v1 trainer (verl.trainer.ppo.v1: "
+            f"{type(err).__name__}: {err}). Fix: set trainer.use_v1=False: every feature of the plugin works on "
+            "verl's v0 trainer (RayPPOTrainer)") from err
+    return v1
 
 
 def _check_reward_manager(config: Any) -> None:
@@ -126,7 +153,8 @@ def _check_reward_manager(config: Any) -> None:
 
 
 #: verl 0.9.1's v1 trainer modes (``trainer.v1.trainer_mode``, ``trainer/ppo/v1/__init__.py``); all work with the
-#: plugin: the step boundaries come from the fit loop every mode shares (:mod:`~verl_async_rm.integration.v1_hooks`).
+#: plugin: the step boundaries come from the fit loop every mode shares
+#: (:mod:`~verl_async_rm.integration.trainer_hooks`).
 V1_TRAINER_MODES = ("sync", "colocate_async", "separate_async")
 
 
@@ -158,7 +186,7 @@ def _check_async_rm_settings(config: Any) -> AsyncRMConfig:
     for entry in settings.models:
         rm = entry.rm
         _refuse_hub_ids(config, entry)
-        if os.path.isdir(rm.model_path):
+        if rm.model_path and os.path.isdir(rm.model_path):
             try:
                 check_rm_checkpoint(rm.model_path, rm.trust_remote_code, rm.reward_kind, rm.kind_given)
             except ConfigValueError as err:
@@ -166,12 +194,29 @@ def _check_async_rm_settings(config: Any) -> AsyncRMConfig:
                     raise err.renamed(f"{entry.key}.{err.key}") from None
                 raise err.renamed(f"{entry.key}.model_path" if err.key == "model_path" else
                                   f"{CONFIG_GROUP}.{err.key}") from None
-        else:  # multi-node runs may keep the RM only on the reward nodes: each replica checks it when it loads
+        elif not rm.remote:  # multi-node runs may keep the RM only on the reward nodes: each replica checks it
             logger.info("verl_async_rm: RM %s's path %s is not on this machine; its replicas will check it",
                         entry.name, rm.model_path)
         _warn_step_sums(config, entry)
     _refuse_column_clashes(config, settings)
     return settings
+
+
+def probe_endpoints(settings: AsyncRMConfig) -> None:
+    """Each remote RM's endpoints asked for their models and one request of the kind's API (``ValueError`` naming the
+    RM, the URL and the fix), run by the entry points before anything starts (in a thread of its own: verl may call
+    them where an event loop runs); a remote RM's service asks again when it starts."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from verl_async_rm.service.remote_service import probe
+
+    for entry in (e for e in settings.models if e.rm.remote):
+        with ThreadPoolExecutor(1) as pool:
+            try:
+                pool.submit(asyncio.run, probe(entry.rm)).result()
+            except ValueError as err:
+                raise ValueError(f"RM {entry.name!r} ({entry.key}.endpoint): {err}") from err.__cause__
 
 
 #: A Hugging Face Hub id (``owner/name``): verl downloads one for the policy, the RM replicas load local directories.
@@ -182,7 +227,7 @@ def _refuse_hub_ids(config: Any, entry: Any) -> None:
     """The RM's and the policy tokenizer's paths are local directories on every node; a Hub id (not a directory here)
     is refused now, naming the key it came from, instead of failing as the replicas load."""
     rm = entry.rm
-    paths = [(f"{entry.key}.model_path", rm.model_path, "the RM")]
+    paths = [(f"{entry.key}.model_path", rm.model_path, "the RM")] if rm.model_path else []
     if rm.retemplate != "never" and rm.policy_tokenizer_path:
         key = next(k for k in (f"{CONFIG_GROUP}.policy_tokenizer_path", "actor_rollout_ref.model.tokenizer_path",
                                "actor_rollout_ref.model.path") if _get(config, k) is not None)

@@ -1,7 +1,8 @@
 """What a failed RM score does to a step: each worker records its trajectories' outcomes per phase
-(:class:`PhaseRecords`), then :func:`check_failures` applies ``on_error`` (v1, at a step's end) or
-:func:`apply_drops` excludes the dropped trajectories (v0): their ``response_mask`` zeroed, their NaN reward replaced
-by their group's mean, so GRPO's baseline does not move. Never a silent 0.0 standing in for a score."""
+(:class:`PhaseRecords`), then :func:`check_failures` applies ``on_error`` at a step's end, on both trainers; on v0
+:func:`apply_drops` also excludes the dropped trajectories from the batch: their ``response_mask`` zeroed, their NaN
+reward replaced by their group's mean, so GRPO's baseline does not move (on v1, verl left their group out already).
+Never a silent 0.0 standing in for a score."""
 
 from __future__ import annotations
 
@@ -114,31 +115,25 @@ def check_failures(record: Any, integration: Any, where: str) -> None:
                    record.requests, where, first)
 
 
-def apply_drops(output: Any, drop_budget: float, uids: Any = None) -> int:
-    """Exclude the dropped trajectories of ``output`` (a verl ``DataProto``) in place; returns how many there were
-    (:class:`TrajectoryDroppedError` past ``drop_budget``). ``uids``: the rows' groups (the input batch's ``uid``:
-    verl's v0 output does not carry it when a reward loop runs); default: ``output``'s own ``uid``, if any."""
+def apply_drops(output: Any, uids: Any = None) -> int:
+    """Exclude the dropped trajectories of ``output`` (a verl ``DataProto``; the budget is checked by
+    :func:`check_failures`): their ``response_mask`` zeroed, the NaN the reward manager gave them replaced by their
+    group's mean. Whole columns are assigned, not edited in place (a ``DataProto`` view may hand out copies). Returns
+    how many there were. ``uids``: the rows' groups (the input batch's ``uid``: verl's v0 output does not carry it
+    when a reward loop runs); default: ``output``'s own ``uid``, if any."""
     ntb = output.non_tensor_batch
-    if "rm_dropped" not in ntb:
+    dropped = np.asarray(ntb["rm_dropped"], dtype=np.float64) > 0.5 if "rm_dropped" in ntb else np.zeros(0, bool)
+    if not dropped.any():
         return 0
-    dropped = np.asarray(ntb["rm_dropped"], dtype=np.float64) > 0.5
-    total, count = len(dropped), int(dropped.sum())
-    if not count:
-        return 0
-    if count > drop_budget * total:
-        errors = [str(e) for e in np.asarray(ntb.get("rm_error", []), dtype=object)[dropped][:3]]
-        raise TrajectoryDroppedError(
-            f"{count} of {total} trajectories of this step got no RM score, more than async_rm.drop_budget="
-            f"{drop_budget:g} allows; first errors: {errors}. Fix: find why the RM fails (these errors, the RM "
-            "replicas' logs), or raise async_rm.drop_budget")
-    scores = output.batch["rm_scores"]
+    scores, mask = output.batch["rm_scores"].clone(), output.batch["response_mask"].clone()
     totals = torch.nan_to_num(scores.float(), nan=0.0).sum(dim=-1)
     uids = uids if uids is not None else ntb.get("uid")
     for i in np.flatnonzero(dropped):
-        mates = [j for j in range(total) if not dropped[j] and (uids is None or uids[j] == uids[i])]
-        fill = float(totals[mates].mean()) if mates else 0.0
-        row = scores[i]
-        row[torch.isnan(row)] = fill  # the NaN the reward manager put at the last response token
-        output.batch["response_mask"][i] = 0
-    logger.warning("verl_async_rm: %d of %d trajectories dropped (no RM score); excluded from the loss", count, total)
-    return count
+        mates = [j for j in range(len(dropped)) if not dropped[j] and (uids is None or uids[j] == uids[i])]
+        fill = float(totals[mates].mean()) if mates else 0.0  # no mate: the row is masked out, its value unread
+        scores[i][torch.isnan(scores[i])] = fill  # the NaN the reward manager put at the last response token
+        mask[i] = 0
+    output.batch["rm_scores"], output.batch["response_mask"] = scores, mask
+    logger.warning("verl_async_rm: %d of %d trajectories dropped (no RM score); excluded from the loss",
+                   int(dropped.sum()), len(dropped))
+    return int(dropped.sum())

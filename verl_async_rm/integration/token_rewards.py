@@ -69,13 +69,14 @@ def place_token_rewards(output: Any) -> int:
     column = output.non_tensor_batch.pop(TOKEN_REWARDS_KEY, None)
     if column is None:
         return 0
-    scores = output.batch["rm_scores"]
+    scores = output.batch["rm_scores"].clone()  # the column assigned whole: a DataProto view may hand out copies
     rows = 0
     for i, placement in enumerate(column):
         if placement is None or any(np.isnan(v) for _, v in placement):
             continue  # no RM placement (a dropped trajectory keeps verl's own NaN row for apply_drops)
         scores[i] = _row(scores[i], placement)
         rows += 1
+    output.batch["rm_scores"] = scores
     return rows
 
 

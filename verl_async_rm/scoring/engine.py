@@ -14,8 +14,9 @@ __all__ = ["Engine", "Row", "differs", "check_rows"]
 
 logger = logging.getLogger(__name__)
 
-#: One input: its token ids, its group (GRPO siblings share one; None: none) and the positions read (process RMs).
-Row = tuple[list[int], Hashable | None, Sequence[int] | None]
+#: One input: its token ids, its group (GRPO siblings share one; None: none) and what is read from it: the positions
+#: (process RMs), or the JSON schema its text must follow (a vLLM generate engine: a group judge's reply).
+Row = tuple[list[int], Hashable | None, Any]
 
 
 def differs(got: Sequence[float], reference: Sequence[float], half: bool, what: str) -> str | None:

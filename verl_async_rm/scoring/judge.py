@@ -16,8 +16,9 @@ from verl_async_rm.scoring.engine import check_rows, differs
 from verl_async_rm.scoring.inputs import check_token_ids, dedup_bos, strip_trailing
 from verl_async_rm.scoring.outcome import OutcomeKind, RMInput
 
-__all__ = ["JudgeLogitsKind", "JudgeGenerateKind", "Verdict", "compile_prompt", "compile_pattern",
-           "judge_input_ids", "parse_verdict", "judge_token_ids", "final_norm", "VERDICT_CHARS"]
+__all__ = ["JudgeLogitsKind", "JudgeGenerateKind", "Verdict", "compile_prompt", "compile_pattern", "judge_text",
+           "response_text", "judge_messages", "verdict_form", "judge_input_ids", "chat_ids", "last_user_text",
+           "parse_verdict", "judge_token_ids", "final_norm", "VERDICT_CHARS"]
 
 _QUESTION = (
     "Here is a question and a response to it.\n\nQuestion: {{ prompt }}\n\nResponse: {{ response }}\n"
@@ -35,19 +36,22 @@ VERDICT_CHARS = 300
 _VARIABLES = ("prompt", "response", "messages", "ground_truth")
 
 
-def compile_prompt(text: str) -> Any:
+def compile_prompt(text: str, variables: Sequence[str] = _VARIABLES, key: str = "judge_prompt") -> Any:
     """``judge_prompt`` as a sandboxed Jinja template that refuses unknown variables; ``ConfigValueError`` naming
-    ``judge_prompt`` when it does not parse or uses a variable other than prompt, response, messages, ground_truth."""
+    ``key`` when it does not parse or uses a variable other than ``variables`` (a per-response judge's: prompt,
+    response, messages, ground_truth)."""
     import jinja2
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     env = ImmutableSandboxedEnvironment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
-    fix = f"write it in Jinja with the variables {', '.join(_VARIABLES)}, e.g. 'Question: {{{{ prompt }}}}'"
+    fix = f"write it in Jinja with the variables {', '.join(variables)}, e.g. 'Question: {{{{ prompt }}}}'"
+    samples = {"prompt": "p", "response": "r", "responses": "[1]\nr", "messages": [{"role": "user", "content": "p"}],
+               "ground_truth": "g"}
     try:
         template = env.from_string(text)
-        template.render(prompt="p", response="r", messages=[{"role": "user", "content": "p"}], ground_truth="g")
+        template.render(**{name: samples[name] for name in variables})
     except jinja2.TemplateError as err:
-        raise ConfigValueError("judge_prompt", text, f"{type(err).__name__}: {err}", fix) from None
+        raise ConfigValueError(key, text, f"{type(err).__name__}: {err}", fix) from None
     return template
 
 
@@ -65,11 +69,11 @@ def compile_pattern(text: str) -> re.Pattern[str]:
     return pattern
 
 
-def judge_input_ids(request: RMRequest, *, template: Any, tokenizer: Any, policy_tokenizer: Any,
-                    response_stop_ids: Iterable[int], max_length: int | None, id_limit: int | None) -> list[int]:
-    """The judge's input ids for one trajectory: ``judge_prompt`` rendered, as the user turn of the judge's chat
-    template with its generation prompt. ``RewardInputError`` when it is longer than ``max_length`` (cutting it would
-    cut the judge's instructions or its generation prompt)."""
+def response_text(request: RMRequest, *, policy_tokenizer: Any, response_stop_ids: Iterable[int],
+                  id_limit: int | None) -> str:
+    """A trajectory's response as a reader sees it: decoded by the policy's tokenizer, special tokens skipped, its
+    trailing stop ids dropped; ``RewardInputError`` when the judge has no question to put it under (no
+    ``raw_prompt``) or an id is outside the policy's vocabulary."""
     if not request.raw_prompt:
         raise RewardInputError(
             f"trajectory {request.uid}: raw_prompt is missing; the judge's prompt needs the question as text. verl's "
@@ -77,23 +81,58 @@ def judge_input_ids(request: RMRequest, *, template: Any, tokenizer: Any, policy
             "under 'raw_prompt'")
     if id_limit is not None:
         check_token_ids(request, "response_ids", id_limit, "the policy tokenizer's vocabulary")
-    response = policy_tokenizer.decode(strip_trailing(request.response_ids, response_stop_ids),
-                                       skip_special_tokens=True)
+    return policy_tokenizer.decode(strip_trailing(request.response_ids, response_stop_ids), skip_special_tokens=True)
+
+
+def judge_text(request: RMRequest, *, template: Any, policy_tokenizer: Any, response_stop_ids: Iterable[int],
+               id_limit: int | None) -> str:
+    """``judge_prompt`` rendered for one trajectory: the user turn the judge reads (the response as
+    :func:`response_text` gives it)."""
+    response = response_text(request, policy_tokenizer=policy_tokenizer, response_stop_ids=response_stop_ids,
+                             id_limit=id_limit)
     messages = request.raw_prompt
-    text = template.render(prompt=_last_user_text(messages), response=response, messages=messages,
+    return template.render(prompt=last_user_text(messages), response=response, messages=messages,
                            ground_truth="" if request.ground_truth is None else request.ground_truth)
-    rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                             tokenize=False)
-    ids = dedup_bos(list(tokenizer(rendered, add_special_tokens=False)["input_ids"]), tokenizer.bos_token_id)
+
+
+def judge_messages(text: str, reask: tuple[str, str] | None, form: str) -> list[dict[str, str]]:
+    """The judge's conversation: ``text`` as its user turn; for a re-ask (``reask``: its previous reply and why it did
+    not read), that reply as the assistant's turn and a user turn saying why and what ``form`` the answer must take."""
+    messages = [{"role": "user", "content": text}]
+    if reask is not None:
+        reply, reason = reask
+        messages += [{"role": "assistant", "content": reply},
+                     {"role": "user", "content": f"Your reply could not be read: {reason}. Answer again; {form}."}]
+    return messages
+
+
+def verdict_form(pattern: re.Pattern[str], labels: Mapping[str, float] | None) -> str:
+    """What a re-ask tells a per-response judge its verdict must look like."""
+    words = f", one of {', '.join(labels)}" if labels else ", a number"
+    return f"the verdict must match the regular expression {pattern.pattern}{words}"
+
+
+def judge_input_ids(messages: Sequence[Mapping[str, Any]], uid: str, *, tokenizer: Any,
+                    max_length: int | None) -> list[int]:
+    """The judge's input ids for ``messages`` (its chat template with the generation prompt). ``RewardInputError``
+    naming ``uid`` when they are longer than ``max_length`` (cutting them would cut the judge's instructions or its
+    generation prompt)."""
+    ids = chat_ids(messages, tokenizer)
     if max_length is not None and len(ids) > max_length:
         raise RewardInputError(
-            f"trajectory {request.uid}: the judge's input is {len(ids)} tokens, more than max_length={max_length} "
-            "(a judge's input is never cut: that would cut its instructions). Fix: raise max_length, or shorten "
-            "judge_prompt or the response length")
+            f"{uid}: the judge's input is {len(ids)} tokens, more than max_length={max_length} (a judge's input is "
+            "never cut: that would cut its instructions). Fix: raise max_length, or shorten judge_prompt or the "
+            "response length")
     return ids
 
 
-def _last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
+def chat_ids(messages: Sequence[Mapping[str, Any]], tokenizer: Any) -> list[int]:
+    """``messages`` in the tokenizer's chat template with its generation prompt, as token ids (one BOS)."""
+    rendered = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+    return dedup_bos(list(tokenizer(rendered, add_special_tokens=False)["input_ids"]), tokenizer.bos_token_id)
+
+
+def last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
     for message in reversed(messages):
         if message.get("role") == "user":
             content = message.get("content")
@@ -106,29 +145,29 @@ def _last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
 
 def parse_verdict(text: str, pattern: re.Pattern[str], labels: Mapping[str, float] | None, where: str = "") -> float:
     """The score in a judge's text: the last match of ``pattern``'s group, as a number or one of ``labels`` (as
-    written, then ignoring case). ``JudgeVerdictError`` (``where``, then the text's end) when there is none or it is
-    not finite."""
+    written, then ignoring case). ``JudgeVerdictError`` (``where``, then the text's end; ``reply``: the text) when
+    there is none or it is not finite."""
     matches = list(pattern.finditer(text))
     end = text[-200:]
+
+    def failed(reason: str, ends: str = "the judge's text ends") -> JudgeVerdictError:
+        return JudgeVerdictError(f"{where}{reason} ({ends}: {end!r})", reply=text, reason=reason)
+
     if not matches:
-        raise JudgeVerdictError(f"{where}no match of judge_pattern {pattern.pattern!r} in the judge's text (its end: "
-                                f"{end!r})")
+        raise failed(f"no match of judge_pattern {pattern.pattern!r} in the judge's text", "its end")
     verdict = (matches[-1].group(1) or "").strip()
     if labels:
         folded = {k.casefold(): v for k, v in labels.items()}
         value = labels.get(verdict, folded.get(verdict.casefold()))
         if value is None:
-            raise JudgeVerdictError(f"{where}the verdict {verdict!r} is not one of judge_labels {sorted(labels)} (the "
-                                    f"judge's text ends: {end!r})")
+            raise failed(f"the verdict {verdict!r} is not one of judge_labels {sorted(labels)}")
         return float(value)
     try:
         value = float(verdict)
     except ValueError:
-        raise JudgeVerdictError(f"{where}the verdict {verdict!r} is not a number and no judge_labels are set (the "
-                                f"judge's text ends: {end!r})") from None
+        raise failed(f"the verdict {verdict!r} is not a number and no judge_labels are set") from None
     if not math.isfinite(value):
-        raise JudgeVerdictError(f"{where}the verdict {verdict!r} is not a finite number (the judge's text ends: "
-                                f"{end!r})")
+        raise failed(f"the verdict {verdict!r} is not a finite number")
     return value
 
 
@@ -181,10 +220,20 @@ class JudgeLogitsKind(OutcomeKind):
         keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
         return {"head": final_norm(model), "transform": JudgeLogits(model, self.token_ids), "forward_kwargs": keep}
 
+    def messages(self, request: RMRequest) -> list[dict[str, str]]:
+        """The judge's conversation for ``request`` (:func:`judge_messages`; a re-ask is a generate judge's)."""
+        text = judge_text(request, template=self.template, policy_tokenizer=self.policy_tokenizer,
+                          response_stop_ids=self.response_stop_ids, id_limit=self.policy_id_limit)
+        return judge_messages(text, request.reask, self.form)
+
+    @property
+    def form(self) -> str:
+        """What a re-ask says the answer must look like (a logits judge is never asked again)."""
+        return ""
+
     def build(self, request: RMRequest) -> RMInput:
-        return RMInput(judge_input_ids(request, template=self.template, tokenizer=self.rm_tokenizer,
-                                       policy_tokenizer=self.policy_tokenizer, response_stop_ids=self.response_stop_ids,
-                                       max_length=self.room, id_limit=self.policy_id_limit))
+        return RMInput(judge_input_ids(self.messages(request), f"trajectory {request.uid}",
+                                       tokenizer=self.rm_tokenizer, max_length=self.room))
 
     def verify(self, engine: Any) -> None:
         """The readout (final norm, judge tokens' LM-head rows) must give what the model's own next-token logits
@@ -230,6 +279,10 @@ class JudgeGenerateKind(JudgeLogitsKind):
                 "raise max_length)")
         if self.room is not None:
             self.room -= config.judge_max_tokens  # the verdict must fit in the engine's context too
+
+    @property
+    def form(self) -> str:
+        return verdict_form(self.pattern, self.labels)
 
     def read(self, request: RMRequest, value: Any, built: RMInput) -> ScoreResult:
         where = f"judge {self.config.model_path}: trajectory {request.uid}: "

@@ -16,7 +16,7 @@ from verl_async_rm.request import RMRequest, ScoreResult
 from verl_async_rm.scoring.checkpoint import load_tokenizer
 from verl_async_rm.scoring.inputs import prepare_input_ids, tokenizers_match
 
-__all__ = ["OutcomeKind", "RMInput", "find_head"]
+__all__ = ["OutcomeKind", "RMInput", "find_head", "policy_side"]
 
 logger = logging.getLogger(__name__)
 
@@ -25,14 +25,16 @@ _AUTO_HEADS = ("score", "v_head", "classifier")
 
 @dataclass
 class RMInput:
-    """One trajectory's RM input: its ids, whether they were cut to ``max_length``, and for a process RM the
-    positions read (one per kept step), the response token where each kept step ends and the leading steps cut."""
+    """One trajectory's RM input: its ids, whether they were cut to ``max_length``, for a process RM the positions
+    read (one per kept step), the response token where each kept step ends and the leading steps cut, and for a judge
+    whose reply is constrained the JSON schema its text must follow."""
 
     ids: list[int]
     truncated: bool = False
     reads: list[int] | None = None
     token_index: list[int] | None = None
     dropped: int = 0
+    schema: dict[str, Any] | None = None
 
 
 class OutcomeKind:
@@ -56,14 +58,7 @@ class OutcomeKind:
         if config.max_length and max_positions and config.max_length > max_positions:
             logger.warning("max_length=%d is more than the RM's max_position_embeddings=%d: longer inputs go beyond "
                            "the positions the RM was trained on", config.max_length, max_positions)
-        self.policy_tokenizer = None
-        self.response_stop_ids: set[int] = set()
-        if config.retemplate != "never":
-            self.policy_tokenizer = load_tokenizer(config.policy_tokenizer_path, "policy_tokenizer_path",
-                                                   config.trust_remote_code)
-            self.response_stop_ids = _stop_ids(self.policy_tokenizer, config.policy_tokenizer_path)
-        #: Response ids the policy may produce: its tokenizer's, and the padded embedding rows past them (no text).
-        self.policy_id_limit = _policy_id_limit(self.policy_tokenizer, config.policy_tokenizer_path)
+        self.policy_tokenizer, self.response_stop_ids, self.policy_id_limit = policy_side(config)
         if self.renders or config.retemplate == "always":
             self.retemplate = True
         elif config.retemplate == "never":
@@ -129,6 +124,17 @@ class OutcomeKind:
         if not tokenizers_match(policy, self.rm_tokenizer):
             logger.warning("retemplate='never' with the same vocabulary but another chat template or BOS/EOS than the "
                            "policy's: the RM reads the policy's ids in a format it was not trained on")
+
+
+def policy_side(config: Any) -> tuple[Any, set[int], int | None]:
+    """What reads the policy's responses (unless ``retemplate='never'``): its tokenizer, the ids that end a response
+    (dropped before decoding) and one past the largest id it can generate (its tokenizer's, and the padded embedding
+    rows past them, which decode to no text)."""
+    if config.retemplate == "never":
+        return None, set(), None
+    tokenizer = load_tokenizer(config.policy_tokenizer_path, "policy_tokenizer_path", config.trust_remote_code)
+    path = config.policy_tokenizer_path
+    return tokenizer, _stop_ids(tokenizer, path), _policy_id_limit(tokenizer, path)
 
 
 def find_head(model: Any, name: str) -> tuple[str, Any]:

@@ -3,16 +3,17 @@ engine refuse what they cannot do in ``__post_init__``."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from verl_async_rm.errors import ConfigValueError
 from verl_async_rm.options import check_options, option
 from verl_async_rm.scoring import vllm_engine
+from verl_async_rm.scoring.group_judge import GroupJudgeKind
 from verl_async_rm.scoring.judge import JudgeGenerateKind, JudgeLogitsKind
 from verl_async_rm.scoring.outcome import OutcomeKind
 from verl_async_rm.scoring.process import ProcessKind
 
-__all__ = ["RMConfig", "PLACEMENTS", "KINDS", "kind_class"]
+__all__ = ["RMConfig", "PLACEMENTS", "KINDS", "JUDGE_KINDS", "kind_class", "LOADED_ONLY_KEYS", "REMOTE_ONLY_KEYS"]
 
 #: Where the replicas run: ``own_pool`` (a reward pool of their own, ``reward.reward_model.enable_resource_pool=True``)
 #: or ``policy_pool`` (the bundles of verl's actor/rollout pool, asleep while the policy trains; ``=False``).
@@ -21,8 +22,12 @@ PLACEMENTS = ("own_pool", "policy_pool")
 #: The kind of each ``(reward_kind, judge_readout)``; ``judge_readout`` only tells judges apart.
 KINDS: dict[tuple[str, str | None], type[OutcomeKind]] = {
     ("outcome", None): OutcomeKind, ("process", None): ProcessKind, ("judge", "logits"): JudgeLogitsKind,
-    ("judge", "generate"): JudgeGenerateKind}
-_JUDGE_KEYS = ("judge_prompt", "judge_tokens", "judge_pattern", "judge_labels")
+    ("judge", "generate"): JudgeGenerateKind, ("group_judge", None): GroupJudgeKind}
+#: The kinds that ask a causal LM (the judge_* keys).
+JUDGE_KINDS = ("judge", "group_judge")
+_JUDGE_KEYS = ("judge_prompt", "judge_tokens", "judge_pattern", "judge_labels", "judge_readout")
+#: Keys only a group judge reads.
+_GROUP_KEYS = ("judge_scale", "judge_seed", "group_wait_s")
 _POOL_FIX = "set {key} to a positive integer (one RM replica on one GPU: n_gpus_per_node=1, nnodes=1)"
 _SECONDS = {"above": 0, "why": "must be a positive number of seconds", "fix": "set {key}=300"}
 
@@ -31,8 +36,10 @@ _SECONDS = {"above": 0, "why": "must be a positive number of seconds", "fix": "s
 class RMConfig:
     """How to load, feed and place the reward model (RM) worker group."""
 
-    model_path: str = option("", "Local directory of a HuggingFace RM (config, weights, tokenizer).",
-                             why="the RM path is required", fix="set it to the RM's local directory")
+    model_path: str | None = option(
+        None, "Local directory of a HuggingFace RM (config, weights, tokenizer). With endpoint: optional, the same "
+        "checkpoint the server serves (its tokenizer counts tokens and renders templates as the server does).", str,
+        optional=True, fix="set it to the RM's local directory")
     policy_tokenizer_path: str | None = option(
         None, "Local directory of the policy's tokenizer, to decode responses for an RM with another tokenizer or "
         "template. Required unless retemplate='never'.", str, optional=True)
@@ -66,16 +73,19 @@ class RMConfig:
         fix="use e.g. 'score' (ArmoRM-style RMs), or leave it unset to read the score head")
     reward_kind: str = option(
         "outcome", "'outcome': one score per trajectory; 'process': a PRM scoring every step at a separator token "
-        "(step_* and process_* keys); 'judge': a causal LM asked about the trajectory (judge_* keys).",
-        choices=("outcome", "process", "judge"), why="unknown kind")
+        "(step_* and process_* keys); 'judge': a causal LM asked about the trajectory (judge_* keys); 'group_judge': "
+        "a causal LM asked once about every response of a GRPO group, replying with a JSON number per response.",
+        choices=("outcome", "process", "judge", "group_judge"), why="unknown kind")
     judge_prompt: str | None = option(
         None, "Judges: Jinja with prompt, response, messages, ground_truth, the user turn of the judge's chat "
-        "template. None: a yes/no question (logits) or a 0-10 grade ending 'Verdict: <n>' (generate).",
+        "template (group judges: responses, the group's responses each under a label [1], [2], ..., instead of "
+        "response). None: a yes/no question (logits), a 0-10 grade ending 'Verdict: <n>' (generate), a 0-10 grade "
+        "per label as a JSON object (group_judge).",
         str, optional=True, fix="write it in Jinja, e.g. 'Question: {{ prompt }} Answer: {{ response }} Correct?'")
-    judge_readout: str = option(
-        "logits", "Judges: 'logits' (one forward, read at the next token: judge_tokens) or 'generate' (greedy on "
-        "vLLM, at most judge_max_tokens, parsed by judge_pattern).",
-        choices=("logits", "generate"), why="unknown readout")
+    judge_readout: str | None = option(
+        None, "Judges: 'logits' (one forward, read at the next token: judge_tokens) or 'generate' (greedy on "
+        "vLLM, at most judge_max_tokens, parsed by judge_pattern). None: 'logits' (a group judge always writes).",
+        str, optional=True, choices=("logits", "generate"), why="unknown readout")
     judge_tokens: tuple[str, ...] | None = option(
         None, "judge_readout='logits': next-token strings, one token each; two or more: the first one's probability "
         "among them; one: its raw logit. None: [Yes,No].", tuple, optional=True,
@@ -88,8 +98,20 @@ class RMConfig:
         None, "judge_readout='generate': label -> score for verdicts that are words (as written, then any case), e.g. "
         "{correct: 1, wrong: 0}. None: the verdict is a number.", dict, optional=True,
         fix="e.g. +async_rm.judge_labels='{correct:1,wrong:0}'")
-    judge_max_tokens: int = option(256, "judge_readout='generate': the most tokens the judge writes per trajectory.",
+    judge_max_tokens: int = option(256, "Judges that write (judge_readout='generate', group_judge): the most tokens "
+                                   "the judge writes per call.",
                                    least=1, why="must be a positive integer", fix="set e.g. {key}=256")
+    judge_scale: float = option(
+        1.0, "group_judge: each response's score is the number the judge gives its label divided by this (10 turns a "
+        "0-10 grade into 0-1).", above=0, fix="e.g. +{key}=10")
+    judge_seed: int = option(
+        0, "group_judge: with the group's id, seeds which response gets which label (the same in every run).",
+        least=0, fix="use 0, or another non-negative integer")
+    group_wait_s: float = option(
+        300.0, "group_judge: a group is judged when its rollout.n responses have arrived, or with those that have "
+        "when this long has passed since its last one arrived (a sibling whose agent loop failed never comes). "
+        "Must exceed the longest gap between two siblings' ends and stay below request_timeout_s.",
+        above=0, why="must be a positive number of seconds", fix="set e.g. {key}=300")
     step_delimiter: str = option(
         "\n\n", "Process RMs: how the response splits into steps; '\\n' and '\\t' on the command line mean "
         "newline and tab.", fix="use the default '\\n\\n'")
@@ -138,6 +160,33 @@ class RMConfig:
                                         **_SECONDS)
     init_timeout_s: float = option(900.0, "How long a replica may take to load the RM (and a timed-out call may "
                                    "take to answer before its replica is replaced).", **_SECONDS)
+    endpoint: tuple[str, ...] | None = option(
+        None, "A remote RM: the base URL of an OpenAI-compatible server (http(s)://host:port/v1), or a list of them "
+        "(least outstanding first, one that keeps failing set aside for a while). No replica is placed for it. "
+        "Judges: chat completions; outcome RMs: vLLM's classify endpoint.", tuple, optional=True,
+        fix="e.g. +async_rm.endpoint=http://10.0.0.5:8000/v1 or "
+        "'+async_rm.endpoint=[http://a:8000/v1,http://b:8000/v1]'")
+    endpoint_model: str | None = option(
+        None, "A remote RM: the model to ask for. None: the first model the server lists at /v1/models.", str,
+        optional=True)
+    api_key_env: str | None = option(
+        None, "A remote RM: the NAME of the environment variable that holds the API key (never the key itself); the "
+        "key is sent only to the endpoint's own hosts.", str, optional=True,
+        fix="e.g. +async_rm.api_key_env=OPENAI_API_KEY")
+    max_concurrency: int | None = option(
+        None, "A remote RM: most requests in flight at once, over the whole job. None: no bound.", int,
+        optional=True, least=1, fix="set it to the most requests the endpoint should serve at once, e.g. 64")
+    max_rpm: float | None = option(
+        None, "A remote RM: most requests per minute over the whole job (every attempt counts). None: no limit.",
+        float, optional=True, above=0, fix="set the provider's requests/min limit, e.g. 500")
+    max_tpm: float | None = option(
+        None, "A remote RM: most tokens per minute over the whole job (each request's prompt and max output "
+        "tokens reserved, reconciled with the usage the server reports). None: no limit.", float, optional=True,
+        above=0, fix="set the provider's tokens/min limit, e.g. 200000")
+    judge_retries: int = option(
+        0, "Judges that write (judge_readout='generate', group_judge): times a reply that does not read is asked for "
+        "again (greedy, with the reply and why it did not read added to the judge's conversation) before the "
+        "trajectory, or the group, fails.", least=0, fix="use 0 (fail at once) or a small count such as 2")
     kind_given: bool = field(default=False, metadata={"internal": True, "help": (
         "Whether the user set reward_kind (a process RM's checkpoint is read as an outcome RM only if they did).")})
     placement: str = field(default="own_pool", metadata={"internal": True, "help": (
@@ -155,7 +204,12 @@ class RMConfig:
                 object.__setattr__(self, name, "true" if getattr(self, name) else "false")
         if isinstance(self.step_delimiter, str):  # a command line cannot carry a newline: '\\n', '\\t' mean them
             object.__setattr__(self, "step_delimiter", self.step_delimiter.replace("\\n", "\n").replace("\\t", "\t"))
+        if isinstance(self.endpoint, str):  # one URL
+            object.__setattr__(self, "endpoint", (self.endpoint,))
         check_options(self)
+        if self.endpoint is None and not self.model_path:
+            raise ConfigValueError("model_path", self.model_path, "the RM path is required (or an endpoint)",
+                                   "set it to the RM's local directory, or +async_rm.endpoint to a server's URL")
         if self.retemplate != "never" and not self.policy_tokenizer_path:
             raise ConfigValueError(
                 "policy_tokenizer_path",
@@ -167,12 +221,26 @@ class RMConfig:
             raise ConfigValueError("score_output_field", self.score_output_field,
                                    "must be the name of a field of the model's output",
                                    "use e.g. 'score' (ArmoRM-style RMs), or leave it unset to read the score head")
-        if self.reward_kind != "judge" and (key := next((k for k in _JUDGE_KEYS if getattr(self, k) is not None),
-                                                        None)) is not None:
+        judge_key = next((k for k in _JUDGE_KEYS if getattr(self, k) is not None), None)
+        if self.reward_kind not in JUDGE_KINDS and (key := judge_key) is not None:
             raise ConfigValueError(key, getattr(self, key), f"it is read only by judge RMs, and reward_kind is "
                                    f"{self.reward_kind!r}", "set reward_kind='judge', or remove the key")
+        defaults = {f.name: f.default for f in fields(self)}
+        if self.reward_kind != "group_judge" and (key := next((k for k in _GROUP_KEYS
+                                                               if getattr(self, k) != defaults[k]), None)) is not None:
+            raise ConfigValueError(key, getattr(self, key), f"it is read only by group judges, and reward_kind is "
+                                   f"{self.reward_kind!r}", "set reward_kind='group_judge', or remove the key")
+        if self.reward_kind == "judge" and self.judge_readout is None:
+            object.__setattr__(self, "judge_readout", "logits")
         kind_class(self).check(self)
-        vllm_engine.check(self)
+        if self.endpoint is not None:
+            _check_remote(self)
+        else:
+            if (key := next((k for k in REMOTE_ONLY_KEYS if getattr(self, k) is not None), None)) is not None:
+                raise ConfigValueError(key, getattr(self, key), "it only means something for an RM served at an "
+                                       "endpoint, and this RM is loaded from model_path", "remove it, or set "
+                                       "endpoint to the URL of the server that serves this RM")
+            vllm_engine.check(self)
         if self.placement not in PLACEMENTS:
             raise ValueError(f"RMConfig.placement={self.placement!r}: one of {PLACEMENTS}")
         if self.placement == "policy_pool" and self.gpus_per_replica > 1:
@@ -194,14 +262,25 @@ class RMConfig:
                 f"one of {fits}")
 
     @property
+    def remote(self) -> bool:
+        """True when a server elsewhere scores (``endpoint``): no replica, no pool."""
+        return self.endpoint is not None
+
+    @property
     def token_level(self) -> bool:
         """True when each step's score becomes a token-level reward (``reward_kind='process'``, no reduction)."""
         return self.reward_kind == "process" and self.process_reduction == "none"
 
     @property
+    def writes(self) -> bool:
+        """True for a judge that writes (``judge_readout='generate'``, or a group judge): vLLM generate in the replicas,
+        chat completions at an endpoint."""
+        return self.reward_kind == "group_judge" or (self.reward_kind == "judge" and self.judge_readout == "generate")
+
+    @property
     def on_vllm(self) -> bool:
-        """True when the replicas run a vLLM engine (``engine='vllm'``, or a judge that writes its verdict)."""
-        return self.engine == "vllm" or (self.reward_kind == "judge" and self.judge_readout == "generate")
+        """True when the replicas run a vLLM engine (``engine='vllm'``, or a judge that writes)."""
+        return self.engine == "vllm" or self.writes
 
     @property
     def replicas_per_node(self) -> int:
@@ -217,3 +296,36 @@ class RMConfig:
 def kind_class(config: RMConfig) -> type[OutcomeKind]:
     """The kind of an RM: outcome, process, or a judge read at its next token or by the verdict it writes."""
     return KINDS[(config.reward_kind, config.judge_readout if config.reward_kind == "judge" else None)]
+
+
+#: Settings that only mean something for an RM the plugin loads, with their defaults: refused with ``endpoint``.
+#: Keys of an RM served at an endpoint, refused for one the plugin loads (and the reverse below).
+REMOTE_ONLY_KEYS = ("endpoint_model", "api_key_env", "max_concurrency", "max_rpm", "max_tpm")
+LOADED_ONLY_KEYS = ("engine", "dtype", "attn_implementation", "trust_remote_code", "micro_batch_max_tokens", "packing",
+                "share_prompts", "gpus_per_replica", "score_head", "score_output_field")
+
+
+def _check_remote(config: RMConfig) -> None:
+    """``endpoint``: the URLs checked, settings of a loaded RM refused, the limits able to send one request."""
+    from verl_async_rm.remote.endpoints import check_endpoints
+
+    object.__setattr__(config, "endpoint", check_endpoints(config.endpoint, "endpoint"))
+    defaults = {f.name: f.default for f in fields(config)}
+    for key in LOADED_ONLY_KEYS:
+        if getattr(config, key) != defaults[key]:
+            raise ConfigValueError(key, getattr(config, key), "it only means something for an RM the plugin loads "
+                                   "itself, and this RM is served at endpoint", "remove it (the server's own settings "
+                                   "decide), or remove endpoint to load the RM from model_path")
+    if config.reward_kind == "process":
+        raise ConfigValueError("reward_kind", "process", "a process RM is read at each step's separator token, which "
+                               "no OpenAI-compatible API returns", "load it with the plugin's replicas (remove "
+                               "endpoint), or use an outcome RM or a judge at the endpoint")
+    if config.reward_kind == "judge" and config.judge_readout == "logits" and len(config.judge_tokens or ()) < 2:
+        raise ConfigValueError("judge_tokens", config.judge_tokens, "a server returns log-probabilities, not the raw "
+                               "logit one judge token is read by", "list two or more tokens, e.g. '[Yes,No]': the "
+                               "first one's probability among them is the score")
+    output = config.judge_max_tokens if config.writes else 1
+    if config.max_tpm is not None and config.max_tpm < output + 1:
+        raise ConfigValueError("max_tpm", config.max_tpm, f"one request reserves its input and its {output} output "
+                               "token(s), more than a minute may send", f"raise max_tpm well above {output}, or "
+                               "lower judge_max_tokens")

@@ -20,7 +20,7 @@ from verl_async_rm.scoring.engine import check_rows, differs
 from verl_async_rm.scoring.hf_engine import HFEngine
 from verl_async_rm.scoring.offload import Move, WeightOffload
 from verl_async_rm.scoring.outcome import RMInput
-from verl_async_rm.scoring.rm_config import RMConfig, kind_class
+from verl_async_rm.scoring.rm_config import JUDGE_KINDS, RMConfig, kind_class
 from verl_async_rm.scoring.sharding import (WEIGHTS_SHARE, FailureAgreement, ShardGroup, check_same_forward, join_group,
                                             load_sharded, rm_weights_bytes)
 
@@ -151,9 +151,11 @@ class RewardModelScorer:
         rows = check_rows(self.kind.vocab_size, _CHECK_LENGTHS)
         reference = None
         pooling = self.config.engine == "vllm" and not self.kind.needs_vllm
-        where = (f"{'engine' if pooling else 'judge_readout'}="
-                 f"{'vllm' if pooling else 'generate'!r} for the RM at {self.config.model_path}")
-        fix = "use engine='hf'" if pooling else "use judge_readout='logits'"
+        key, value, fix = (("engine", "vllm", "use engine='hf'") if pooling else
+                           ("reward_kind", "group_judge", "serve the judge at an endpoint (endpoint)")
+                           if self.config.reward_kind == "group_judge" else
+                           ("judge_readout", "generate", "use judge_readout='logits'"))
+        where = f"{key}={value!r} for the RM at {self.config.model_path}"
         if not self.hf_reference and pooling:
             self.kind.head_name = "vLLM pooling (the model's classification head)"
         if self.engine is not None:
@@ -190,7 +192,7 @@ class RewardModelScorer:
         engine.canary = rows[0]
         self.engine = engine
         if not pooling:
-            self.engine_reason = f"judge_readout='generate' (vLLM {vllm_version()})"
+            self.engine_reason = f"{key}={value!r} (vLLM {vllm_version()})"
         else:
             diff = max(abs(a - b) for a, b in zip(got, reference, strict=True))
             checked = (f"as transformers within {diff:.2g}" if self.hf_reference else f"finite and alike batched and "
@@ -221,8 +223,9 @@ class RewardModelScorer:
                 results[i] = RewardInputError(f"trajectory {request.uid}: cannot build RM input: {err!r}")
                 results[i].__cause__ = err
         reads = [b.reads for b in built] if built and built[0].reads is not None else None
+        schemas = {"schemas": [b.schema for b in built]} if any(b.schema is not None for b in built) else {}
         raws = self.engine.score_all([b.ids for b in built], self.config.micro_batch_max_tokens,
-                                     [requests[i].group for i in owners], reads)
+                                     [requests[i].group for i in owners], reads, **schemas)
         step = ScorerStats.zero(self._kind_key())
         for i, b, raw in zip(owners, built, raws, strict=True):
             results[i] = raw if isinstance(raw, Exception) else self.kind.read(requests[i], raw, b)
@@ -256,7 +259,7 @@ class RewardModelScorer:
             "device": str(self.device), "dtype": str(self.dtype), "retemplate": self.kind.retemplate,
             "max_length": self.kind.max_length, "num_labels": self.num_labels,
             "engine": "hf" if isinstance(self.engine, HFEngine) else "vllm", "engine_reason": self.engine_reason,
-            **({"judge_readout": self.config.judge_readout} if self.config.reward_kind == "judge" else {}),
+            **({"judge_readout": self.config.judge_readout} if self.config.reward_kind in JUDGE_KINDS else {}),
             **self.sharding, **self.engine.describe()}
 
     def sleep(self) -> Move:
@@ -293,8 +296,7 @@ class RewardModelScorer:
         return step
 
     def _kind_key(self) -> str:
-        return "generate" if self.config.reward_kind == "judge" and self.config.judge_readout == "generate" else \
-            self.config.reward_kind
+        return "generate" if self.config.writes else self.config.reward_kind
 
 
 def fits_one_device(config: RMConfig, device: torch.device) -> bool:

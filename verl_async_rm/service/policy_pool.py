@@ -1,7 +1,9 @@
 """The policy's pool as the RM's (``reward.reward_model.enable_resource_pool=False``): verl hands the manager no pool,
 so the placement groups of verl's ``global_pool`` are found by the names verl gives them
 (``{prefix}verl_group_{'_'.join(process_on_nodes)}:{i}``, not an API: a change fails the start, naming them). A
-replica takes ``1 / max_colocate_count`` of its bundle's GPU, as verl's colocated workers do."""
+replica takes ``1 / max_colocate_count`` of its bundle's GPU, as verl's colocated workers do, with the count verl
+really gave the pool: its bundles' CPUs (verl's ``RayResourcePool`` asks ``{"CPU": max_colocate_count, "GPU": 1}``),
+not ``ResourcePoolManager``'s class default, which a trainer may override per pool."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ import logging
 import time
 
 import ray
-from ray.util.placement_group import PlacementGroup, get_placement_group
+from ray.util.placement_group import PlacementGroup, get_placement_group, placement_group_table
 from verl.single_controller.ray.base import RayResourcePool, ResourcePoolManager, sort_placement_group_by_node_ip
 
 from verl_async_rm.errors import ResourcePoolError
@@ -70,7 +72,11 @@ class PolicyPool(RayResourcePool):
             raise ResourcePoolError(f"the policy pool's placement groups {names} were not ready within "
                                     f"{self.placement_timeout_s:g}s")
         self.pgs = sort_placement_group_by_node_ip(groups)
-        logger.info("RM replicas go in the policy pool's %d group(s) %s", len(groups), ", ".join(names))
+        cpus = placement_group_table(self.pgs[0])["bundles"][0].get("CPU")
+        if cpus:  # what verl set on its pool (the count of processes a bundle holds)
+            self.max_colocate_count = int(cpus)
+        logger.info("RM replicas go in the policy pool's %d group(s) %s, %d processes a bundle", len(groups),
+                    ", ".join(names), self.max_colocate_count)
         return self.pgs
 
     def replica_bundles(self) -> list[tuple[PlacementGroup, int]]:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import time
@@ -12,15 +13,18 @@ from typing import Any
 
 import ray
 
-from verl_async_rm.errors import AsyncRMError, ReplicaLostError, ResourcePoolError, RewardModelError, remote_cause
-from verl_async_rm.request import RMRequest, ScoreResult
+from verl_async_rm.errors import (AsyncRMError, JudgeVerdictError, ReplicaLostError, ResourcePoolError,
+                                  RewardModelError, remote_cause)
+from verl_async_rm.request import GroupRequest, RMRequest, ScoreResult
 from verl_async_rm.scoring.rm_config import RMConfig
 from verl_async_rm.scoring.scorer import ScorerStats
 from verl_async_rm.service.batcher import Batcher
 from verl_async_rm.service.batching import BatchPolicy
+from verl_async_rm.service.group_gate import GroupGate
 from verl_async_rm.service.metrics import service_step_metrics
 from verl_async_rm.service.placement import (ReplicaFactory, create_rm_worker_group, kill_and_wait, kill_quietly,
                                              remove_pool_groups, replica_bundle, shutdown_rm_worker_group)
+from verl_async_rm.service.remote_service import RemoteRMService
 
 logger = logging.getLogger(__name__)
 
@@ -101,12 +105,16 @@ class SleepStats:
 class RMService:
     """One RM as a Ray async actor (see :func:`start_rm_service`). ``name`` names the pool's placement groups, the
     replicas and the log lines (a service started again under the same name removes what its dead predecessor left).
-    ``replace_replicas``: a new replica in the bundle of one that died, else it is retired."""
+    ``replace_replicas``: a new replica in the bundle of one that died, else it is retired. A group judge's requests
+    wait in its :class:`~.group_gate.GroupGate` for their group, which the batcher then sees as one request."""
 
     def __init__(self, rm: RMConfig, batching: BatchPolicy, *, name: str, replace_replicas: bool = True) -> None:
         self._rm, self._batching, self._name, self._replace = rm, batching, name, replace_replicas
         self._group: Any = None
         self._batcher: Batcher | None = None
+        self._gate = (GroupGate(self._judge_group, wait_s=rm.group_wait_s, retries=rm.judge_retries, name=name)
+                      if rm.reward_kind == "group_judge" else None)
+        self._reasks = 0  #: this step's re-asks of a per-response judge
         self._sleep = SleepStats() if rm.placement == "policy_pool" else None
         #: Replicas that did not answer the sleep, by index: lost at the wake if the index still holds them.
         self._failed_sleep: dict[int, Any] = {}
@@ -129,21 +137,52 @@ class RMService:
     async def score(self, request: RMRequest, deadline_s: float | None = None) -> ScoreResult:
         """The RM score of one trajectory, or, as a value, the error that kept it from being scored
         (``RequestTimeoutError`` past ``deadline_s``): the call itself raises only if this service is lost. A caller
-        that gives up (``ray.cancel``) takes its request out of the queue."""
+        that gives up (``ray.cancel``) takes its request out of the queue (out of its group, for a group judge). A
+        judge's reply that does not read is asked again up to ``judge_retries`` times, with the reply and why it did
+        not read (:attr:`RMRequest.reask`)."""
         try:
-            return await self._require().submit(request, num_tokens=request.num_tokens, deadline_s=deadline_s)
+            batcher = self._require()
+        except AsyncRMError as err:
+            return err
+        if self._gate is not None:
+            return await self._gate.submit(request, deadline_s)
+        loop = asyncio.get_running_loop()
+        end = None if deadline_s is None else loop.time() + deadline_s
+        retries = self._rm.judge_retries if self._rm.writes else 0
+        for asked in range(retries + 1):
+            left = None if end is None else end - loop.time()
+            try:
+                result = await batcher.submit(request, num_tokens=request.num_tokens, deadline_s=left)
+            except AsyncRMError as err:
+                result = err
+            if not (isinstance(result, JudgeVerdictError) and result.reply is not None and asked < retries
+                    and (end is None or end > loop.time())):
+                return result
+            self._reasks += 1
+            request = dataclasses.replace(request, reask=(result.reply, result.reason or "it does not read"))
+        raise AssertionError("unreachable: the last ask returns")
+
+    async def _judge_group(self, group: GroupRequest, deadline_s: float | None) -> ScoreResult:
+        """One judge call for a group (the gate's ``judge``): through the batcher, as one request."""
+        try:
+            return await self._require().submit(group, num_tokens=group.num_tokens, deadline_s=deadline_s)
         except AsyncRMError as err:
             return err
 
     async def begin_step(self, step_size: int | None = None) -> None:
         """Start a step: its figures count from here; ``step_size``: see :meth:`flush_after`."""
         self._require().pop_step_stats()
+        self._reasks = 0
+        if self._gate is not None:
+            self._gate.pop_step_stats()
         if step_size:
-            self._require().flush_after(int(step_size))
+            await self.flush_after(int(step_size))
 
     async def flush_after(self, n: int) -> None:
-        """``n`` more trajectories belong to this step: the last batch leaves the moment the last one arrives."""
-        self._require().flush_after(int(n))
+        """``n`` more trajectories belong to this step: the last batch leaves the moment the last one arrives (a
+        group judge's batches are groups, not trajectories: they leave by ``max_wait_ms``)."""
+        if self._gate is None:
+            self._require().flush_after(int(n))
 
     async def end_step(self) -> dict[str, float]:
         """End a step: flush what waits and return the step's figures (``service_step_metrics``), with the
@@ -152,7 +191,9 @@ class RMService:
         batcher.flush()
         step = batcher.pop_step_stats()
         answers = await self._each_replica("pop_step_stats", _CONTROL_S)
-        figures = service_step_metrics(step, [a for a in answers if isinstance(a, ScorerStats)])
+        reasks, self._reasks = self._reasks, 0
+        figures = service_step_metrics(step, [a for a in answers if isinstance(a, ScorerStats)],
+                                       None if self._gate is None else self._gate.pop_step_stats(), reasks)
         if self._sleep is not None:
             figures.update(self._sleep.pop())
         return figures
@@ -202,8 +243,9 @@ class RMService:
         return {"bytes": moved, "seconds": time.monotonic() - start}
 
     async def stats(self) -> dict[str, Any]:
-        """The batcher's counters and summaries since start (:meth:`Batcher.stats`)."""
-        return self._require().stats()
+        """The batcher's counters and summaries since start (:meth:`Batcher.stats`), and a group judge's groups
+        waiting (:meth:`GroupGate.stats`)."""
+        return {**self._require().stats(), **({} if self._gate is None else self._gate.stats())}
 
     async def describe(self) -> list[dict[str, Any]]:
         """Each current replica's ``describe()``, in order; one that does not answer shows ``{"error": ...}``."""
@@ -213,6 +255,8 @@ class RMService:
     async def close(self, grace_s: float = 10.0) -> None:
         """Fail waiting requests, give running batches ``grace_s``, kill the replicas and release the pool.
         Idempotent; the actor stays alive (the manager kills it)."""
+        if self._gate is not None:  # its members fail, its judge calls get grace_s (they are the batcher's requests)
+            await self._gate.aclose(grace_s=grace_s)
         batcher, self._batcher = self._batcher, None
         if batcher is not None:
             replicas = list(batcher.replicas)
@@ -258,8 +302,8 @@ def launch_rm_service(rm: RMConfig, batching: BatchPolicy, *, name: str, replace
     options: dict[str, Any] = {"max_concurrency": max_concurrency, "num_cpus": 0}
     if actor_name is not None:
         options["name"] = actor_name
-    service = ray.remote(RMService).options(**options).remote(rm, batching, name=name,
-                                                              replace_replicas=replace_replicas)
+    kind = RemoteRMService if rm.remote else RMService
+    service = ray.remote(kind).options(**options).remote(rm, batching, name=name, replace_replicas=replace_replicas)
     return service, service.start.remote()
 
 
@@ -308,7 +352,7 @@ def check_pools_fit(entries: Sequence[Any]) -> None:
     """Raise ``ValueError`` when the pools ask more, in total, than the cluster has free now."""
     need: dict[str, float] = {}
     for entry in entries:
-        if entry.rm.placement == "policy_pool":  # in the bundles verl reserved for the policy
+        if entry.rm.placement == "policy_pool" or entry.rm.remote:  # in verl's policy bundles, or served elsewhere
             continue
         for resource, amount in replica_bundle(entry.rm.gpus_per_replica, entry.rm.use_gpu).items():
             need[resource] = need.get(resource, 0.0) + amount * entry.rm.num_replicas
@@ -323,7 +367,7 @@ def check_pools_fit(entries: Sequence[Any]) -> None:
 def pools_text(entries: Sequence[Any]) -> str:
     """Each pool by its keys and size, e.g. ``async_rm.models.safety.n_gpus_per_node=1 x nnodes=1 (1 GPU)``."""
     parts = []
-    for e in entries:
+    for e in (e for e in entries if not e.rm.remote):
         unit, n, k = "GPU" if e.rm.use_gpu else "CPU", e.rm.num_replicas, e.rm.gpus_per_replica
         shape = (f"{n} {unit} bundle{'s' if n > 1 else ''}" if k == 1 else
                  f"{n * k} {unit}s: {n} replica{'s' if n > 1 else ''} of "

@@ -12,11 +12,11 @@ real methods and classes, borrowed from ``PPOTrainer`` (``trainer/ppo/v1/trainer
 - sampling: the replay buffer ``PPOTrainer._build_replay_buffer`` builds for ``trainer.v1.trainer_mode`` (it waits
   for every group, and decides what a ``failure`` group becomes: sampled with its missing trajectories left out, or
   refilled with ``trainer.v1.sampler.sync_refill_failed_groups``);
-- the step's end: the plugin's hook of ``PPOTrainer.step`` (:func:`verl_async_rm.integration.v1_hooks.closing`),
+- the step's end: the plugin's hook of ``PPOTrainer.step`` (:func:`verl_async_rm.integration.trainer_hooks.closing`),
   then ``Tracking.log`` at ``global_steps`` when a tracker is given;
 - the trainer's phase hooks where verl's sync trainer calls them: ``on_sample_end`` right after the sampling, and
   ``on_step_end`` after the step (verl sleeps and wakes its rollout there), wrapped as the plugin wraps a real
-  trainer's (:func:`verl_async_rm.integration.v1_hooks.hook_phases`: the RM on the policy's GPUs sleeps and wakes);
+  trainer's (:func:`verl_async_rm.integration.trainer_hooks.hook_phases`: the RM on the policy's GPUs sleeps and wakes);
 - validation: the dispatch and sampling of ``PPOTrainer._validate`` (partition ``val``, ``validate=True``), closed
   with the same hook as ``_validate``.
 
@@ -94,7 +94,7 @@ class V1FitLoop:
         self._make_prompts = make_prompts or (lambda n: prompt_batch(["refill question"] * n))
         self.replay_buffer = PPOTrainer._build_replay_buffer(self)
         self.replay_buffer.poll_interval = poll_interval_s
-        from verl_async_rm.integration.v1_hooks import hook_phases
+        from verl_async_rm.integration.trainer_hooks import hook_phases
 
         hook_phases(self)
 
@@ -134,7 +134,7 @@ class V1FitLoop:
         """
         import transfer_queue as tq
 
-        from verl_async_rm.integration.v1_hooks import closing
+        from verl_async_rm.integration.trainer_hooks import closing
 
         self.global_steps += 1
         size = batch_size if batch_size is not None else len(prompts)
@@ -165,7 +165,7 @@ class V1FitLoop:
         import transfer_queue as tq
         from verl.utils import tensordict_utils as tu
 
-        from verl_async_rm.integration.v1_hooks import closing
+        from verl_async_rm.integration.trainer_hooks import closing
 
         tu.assign_non_tensor_data(prompts, "global_steps", self.global_steps)
         tu.assign_non_tensor_data(prompts, "validate", True)

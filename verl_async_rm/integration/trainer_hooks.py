@@ -1,9 +1,11 @@
-"""The one place the plugin wraps verl methods: the v1 trainer's ``PPOTrainer.step`` and ``_validate``, and the
-trainer's own ``on_sample_end`` / ``on_step_end`` (:func:`hook_phases`).
+"""The one place the plugin wraps verl methods: the v1 trainer's ``PPOTrainer.step`` and ``_validate`` and the
+trainer's own ``on_sample_end`` / ``on_step_end`` (:func:`install`, :func:`hook_phases`); the v0 trainer's
+``RayPPOTrainer._validate`` (:func:`install_v0`).
 
-verl 0.9.1's v1 trainer gives the agent-loop manager no step boundary and no channel to its tracker; its fit loop logs
-what ``step`` puts in ``metrics`` and what ``_validate`` returns, so the wrappers close the phase there. They do
-nothing unless the trainer's manager is the plugin's, and a trainer class that overrides ``step`` bypasses them."""
+verl 0.9.1 gives the agent-loop manager no step boundary and no channel to its tracker; its fit loops log what v1's
+``step`` puts in ``metrics`` and what ``_validate`` returns (both trainers), so the wrappers close the phase there.
+They do nothing unless the trainer's manager is the plugin's, and a trainer class that overrides the wrapped method
+bypasses them. v1 is imported only by :func:`install`, when a v1 manager is built."""
 
 from __future__ import annotations
 
@@ -16,7 +18,8 @@ from verl_async_rm.errors import RMScoreError, TrajectoryDroppedError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["install", "installed", "closing", "hook_phases", "CLOSE_METHOD", "SLEEP_METHOD", "WAKE_METHOD"]
+__all__ = ["install", "install_v0", "installed", "closing", "hook_phases", "CLOSE_METHOD", "SLEEP_METHOD",
+           "WAKE_METHOD"]
 
 #: The manager method the wrappers call: ``close(phase, global_steps) -> metrics``.
 CLOSE_METHOD = "async_rm_close"
@@ -29,7 +32,8 @@ T = TypeVar("T")
 
 
 def _close(trainer: Any, phase: str) -> dict[str, float]:
-    manager = getattr(trainer, "agent_loop_manager", None)
+    # v1's trainer names its manager agent_loop_manager, v0's async_rollout_manager
+    manager = getattr(trainer, "agent_loop_manager", None) or getattr(trainer, "async_rollout_manager", None)
     close = getattr(manager, CLOSE_METHOD, None)
     return close(phase, trainer.global_steps) if callable(close) else {}
 
@@ -111,3 +115,21 @@ def install() -> None:
     setattr(_validate, _MARK, original_validate)
     PPOTrainer.step, PPOTrainer._validate = step, _validate
     logger.debug("verl_async_rm: wrapped PPOTrainer.step and PPOTrainer._validate")
+
+
+def install_v0() -> None:
+    """Wrap the v0 trainer's ``RayPPOTrainer._validate`` (idempotent; called when the v0 manager is built): a
+    validation pass's ``val-async_rm/*`` go into what it returns, which verl's fit loop logs."""
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    original = RayPPOTrainer._validate
+    if hasattr(original, _MARK):
+        return
+
+    @functools.wraps(original)
+    def _validate(self: Any, *args: Any, **kwargs: Any) -> dict:
+        val_metrics, extra = closing(self, "val", lambda: original(self, *args, **kwargs))
+        return {**val_metrics, **extra}
+
+    setattr(_validate, _MARK, original)
+    RayPPOTrainer._validate = _validate

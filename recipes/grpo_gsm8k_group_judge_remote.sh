@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# GRPO on GSM8K with a 72B group judge served by vLLM on another node, next to verl's GSM8K rule: the policy on all 8
+# GPUs of one node, the judge behind an OpenAI-compatible URL comparing each prompt's 5 responses in one call
+# (verl-async-rm).
+#
+# What it trains
+#   Policy Qwen/Qwen2.5-3B-Instruct, GRPO (5 samples per prompt), reward per trajectory =
+#       rule_weight * (naive manager's reward) + rm_weight * group judge
+#     = 1.0 * GSM8K rule (0 or 1) + 0.5 * Qwen2.5-72B-Instruct's grade of the response among its group (0 to 1)
+#   Reward manager: verl's `naive` (rule_weight defaults to 1.0 with a manager of verl's). Its rule is verl's
+#   default_compute_score for data_source "openai/gsm8k": 1.0 when the number after "####" equals the ground truth.
+#   Group judge (the main RM, +async_rm.endpoint, reward_kind=group_judge): Qwen/Qwen2.5-72B-Instruct served on a
+#   second node by vLLM (the command under Models). Each trajectory's request waits until the 5 responses of its
+#   prompt have finished; then ONE chat completion per group reads the question, the dataset's ground truth and the
+#   5 responses, each under a label [1]..[5] drawn per group (the position shuffle: no response is always first),
+#   greedy (temperature 0), at most judge_max_tokens=64, with response_format asking for the JSON schema of a 0-10
+#   grade per label (OpenAI's structured outputs, which the server enforces: --structured-outputs-config). Each
+#   response's score is its label's grade / judge_scale=10. A reply that does not read is asked again twice
+#   (judge_retries=2, the reply and why it did not read added to the conversation), then every trajectory of the
+#   group fails, never a default score. A group that stays short (a sibling's agent loop failed) is judged with the
+#   responses that came, group_wait_s=300 after the last one.
+#   Why a group judge: GRPO only uses a reward against its group's, and a judge ranks responses it sees side by side
+#   far more consistently than it grades each alone; it also reads the question and its instructions once per group,
+#   5 times fewer judge calls than a per-response judge (recipes/grpo_gsm8k_judge70b_2nodes.sh runs one on the
+#   plugin's replicas instead of a server; its outcome RM, Skywork/Skywork-Reward-Llama-3.1-8B-v0.2,
+#   LlamaForSequenceClassification, is not used here).
+#   No replica and no pool for the judge: reward.reward_model.enable_resource_pool=False (verl's default, written
+#   out) leaves every GPU to the policy. No reward.reward_model.model_path: the training node needs no copy of the
+#   judge (with one, its tokenizer would count each request's tokens and refuse a group too long for the server before
+#   sending it; without, the server refuses it and the group fails with the server's message).
+#   max_concurrency=64: at most 64 groups in flight from the whole job (one RM service serves every agent-loop
+#   worker); the server's --max-num-seqs 64 runs them at once. A failed request (connection error, 5xx, 429) is
+#   retried with backoff within request_timeout_s (1800 s).
+#   Logged per sample in reward_extra_info: rm_score and rm_score_main (the grade / 10), rm_verdict_main (the
+#   response's label and the judge's reply), rm_total, rule_score; per step: async_rm/* (async_rm/judge_calls,
+#   groups_judged, groups_partial, group_wait_s/p99, endpoint_latency_ms/p99 among them).
+#
+# Prerequisites
+#   GPUs     1 node x 8 GPUs with 80 GB each (A100/H100) for training, all 8 for the policy (actor + vLLM rollout +
+#            reference); a second node with 8 GPUs of 80 GB for the judge server (Qwen2.5-72B-Instruct, about 145 GB
+#            of bf16 weights, tensor parallel over 8). The judge node is not part of the Ray cluster: the training
+#            node reaches it over HTTP (JUDGE_URL).
+#   Network  the training node reaches the judge node's port 8000. Keep that port inside the cluster's network: this
+#            server takes no key (to require one: --api-key on the server, and +async_rm.api_key_env=<variable name>
+#            here).
+#   Install  On the training node: pip install "verl[vllm]==0.9.1", then this package from a checkout of its
+#            repository (it is not on PyPI): pip install /path/to/checkout, or pip install "git+<this repository's
+#            URL>". In verl's 0.9.1 docker image the second command alone. On the judge node: vLLM.
+#   Models   On the training node, the policy (its tokenizer decodes the responses the judge reads):
+#              hf download Qwen/Qwen2.5-3B-Instruct --local-dir $HOME/models/Qwen2.5-3B-Instruct
+#            On the judge node, the judge and its server (it answers on http://<judge-node>:8000/v1 once loaded; a
+#            group of 5 responses of up to 1024 tokens is about 5.8k tokens):
+#              hf download Qwen/Qwen2.5-72B-Instruct --local-dir $HOME/models/Qwen2.5-72B-Instruct
+#              vllm serve $HOME/models/Qwen2.5-72B-Instruct --tensor-parallel-size 8 \
+#                  --served-model-name judge --port 8000 --max-model-len 16384 --max-num-seqs 64 \
+#                  --structured-outputs-config '{"backend": "xgrammar", "disable_any_whitespace": true}'
+#            check, from the training node: curl -s $JUDGE_URL/models lists "judge"
+#   Data     verl's GSM8K preprocessing (a verl v0.9.1 checkout): writes train.parquet and test.parquet, with the
+#            ground truth the judge reads in reward_model.ground_truth
+#              python3 examples/data_preprocess/gsm8k.py --local_save_dir $HOME/data/gsm8k
+#
+# Launch
+#   JUDGE_URL=http://<judge-node>:8000/v1 bash recipes/grpo_gsm8k_group_judge_remote.sh [more Hydra overrides]
+#   Paths come from POLICY_PATH and DATA_DIR, the judge's base URL from JUDGE_URL (defaults below). Before Ray starts,
+#   the launch asks the server for its models (it must list "judge") and sends it one chat completion; a server that
+#   is down or serves another model stops the launch with a ValueError naming the URL and the fix.
+#
+# Checked in CI: tests/unit/test_recipes.py runs this script with VERL_ASYNC_RM_RECIPE_DRY_RUN=1 (it prints the
+# command instead of running it), composes exactly those overrides against the installed verl's config and validates
+# them with verl's and the plugin's checks (without contacting the server).
+set -euo pipefail
+
+POLICY_PATH=${POLICY_PATH:-$HOME/models/Qwen2.5-3B-Instruct}
+JUDGE_URL=${JUDGE_URL:-http://judge-node:8000/v1}
+DATA_DIR=${DATA_DIR:-$HOME/data/gsm8k}
+
+overrides=(
+    # --- verl's usual GRPO-on-GSM8K settings, for the policy on 8 GPUs ---
+    algorithm.adv_estimator=grpo
+    algorithm.use_kl_in_reward=False
+    data.train_files="$DATA_DIR/train.parquet"
+    data.val_files="$DATA_DIR/test.parquet"
+    data.train_batch_size=256
+    data.max_prompt_length=512
+    data.max_response_length=1024
+    data.filter_overlong_prompts=True
+    data.truncation=error
+    data.return_raw_chat=True
+    actor_rollout_ref.model.path="$POLICY_PATH"
+    actor_rollout_ref.model.use_remove_padding=True
+    actor_rollout_ref.model.enable_gradient_checkpointing=True
+    actor_rollout_ref.actor.optim.lr=1e-6
+    actor_rollout_ref.actor.ppo_mini_batch_size=64
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8
+    actor_rollout_ref.actor.use_kl_loss=True
+    actor_rollout_ref.actor.kl_loss_coef=0.001
+    actor_rollout_ref.actor.kl_loss_type=low_var_kl
+    actor_rollout_ref.actor.entropy_coeff=0
+    actor_rollout_ref.rollout.name=vllm
+    actor_rollout_ref.rollout.n=5
+    actor_rollout_ref.rollout.tensor_model_parallel_size=1
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.6
+    actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=20
+    actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=20
+    actor_rollout_ref.ref.fsdp_config.param_offload=True
+    trainer.logger='["console","wandb"]'
+    trainer.project_name=verl_async_rm_gsm8k
+    trainer.experiment_name=qwen2.5-3b_group_judge72b_remote
+    trainer.n_gpus_per_node=8
+    trainer.nnodes=1
+    trainer.save_freq=-1
+    trainer.test_freq=5
+    trainer.total_epochs=15
+    # --- verl-async-rm: the group judge at an endpoint, one call per GRPO group; no replica, no pool ---
+    +actor_rollout_ref.rollout.agent.agent_loop_manager_class=verl_async_rm.AsyncRMAgentLoopManager
+    reward.reward_model.enable_resource_pool=False
+    reward.reward_manager.name=naive
+    # reward.custom_reward_function.path stays null: the rule is verl's default_compute_score for the data source
+    +async_rm.endpoint="$JUDGE_URL"
+    +async_rm.endpoint_model=judge
+    +async_rm.reward_kind=group_judge
+    +async_rm.judge_scale=10
+    +async_rm.judge_max_tokens=64
+    +async_rm.judge_retries=2
+    +async_rm.group_wait_s=300
+    +async_rm.rm_weight=0.5
+    +async_rm.max_concurrency=64
+)
+
+cmd=(python3 -m verl.trainer.main_ppo "${overrides[@]}" "$@")
+if [[ -n "${VERL_ASYNC_RM_RECIPE_DRY_RUN:-}" ]]; then
+    printf '%s\0' "${cmd[@]}"  # the exact command, NUL-separated (read by tests/unit/test_recipes.py)
+    exit 0
+fi
+exec "${cmd[@]}"

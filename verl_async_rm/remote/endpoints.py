@@ -1,0 +1,604 @@
+"""An HTTP client for one remote RM served at one or several OpenAI-compatible base URLs (``http://host:port/v1``):
+each request resolves once, within its deadline, with the JSON answer or an error that names what failed.
+
+Retries: a 429, 408 or 5xx, a connection error, a read timeout, a cut or non-JSON body are retried with exponential
+backoff and full jitter (up to ``backoff_s`` before the first retry, doubling to at most :data:`BACKOFF_CAP_S`),
+honouring ``Retry-After`` (seconds or an HTTP date: the endpoint takes no request before then), until the deadline;
+a wait that would end past it fails at once. Another 4xx, or a redirect, fails at once (:class:`EndpointError`, with
+the status and the server's message). A deadline miss is a ``RequestTimeoutError`` whose ``__cause__`` is the last
+failure; every wait (rate limits, backoff, each HTTP attempt) ends by the deadline.
+
+Routing: the available endpoint with the fewest requests in flight (ties in turn), another one than the endpoint that
+just failed when there is one. :data:`MAX_FAILURES` consecutive failures (connection errors, 5xx, bad bodies; any
+answer from the server resets the count) take an endpoint out for :data:`COOLDOWN_S`; when it is back, one more
+failure takes it out again. When every endpoint is out, requests wait for the first one back, within their deadline.
+
+Security: the API key is read from the environment variable named ``api_key_env`` and sent as ``Authorization:
+Bearer`` only with requests to the configured base URLs. Redirects are not followed (a 3xx fails the request, naming
+its target): the key never reaches another host, and a moved endpoint is fixed in the config rather than hidden.
+Proxies and ``.netrc`` from the environment are ignored (``trust_env=False``). The key appears in no log, error, repr
+or statistic (a server's message that echoes it is masked). HTTPS certificates are checked unless ``verify=False``."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import email.utils
+import functools
+import ipaddress
+import json
+import logging
+import math
+import os
+import random
+import ssl
+import time
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from verl_async_rm.errors import (ConfigTypeError, ConfigValueError, EndpointClosedError, EndpointError,
+                                  RequestTimeoutError)
+from verl_async_rm.remote.limits import Limiter, Permit, RateLimits
+from verl_async_rm.percentiles import Samples
+
+__all__ = ["EndpointClient", "Reply", "Usage", "check_endpoints", "parse_retry_after", "MAX_FAILURES", "COOLDOWN_S",
+           "BACKOFF_CAP_S"]
+
+logger = logging.getLogger(__name__)
+
+#: Consecutive failures that take an endpoint out: one can be a stale keep-alive connection or one bad answer; three in
+#: a row, with no answer between, mean the server is down or restarting.
+MAX_FAILURES = 3
+#: How long an endpoint stays out: long enough that the others take its traffic instead of retries hammering it,
+#: short enough that a restarted server (a vLLM restart takes tens of seconds) is used again within seconds of it.
+COOLDOWN_S = 5.0
+#: The longest backoff between two attempts of one request (full jitter: a uniform draw up to the doubled bound).
+BACKOFF_CAP_S = 5.0
+#: Connecting gets this long at most (less when the deadline is nearer): an unreachable host fails over quickly.
+CONNECT_TIMEOUT_S = 10.0
+_RETRY_STATUS = frozenset({408, 429})
+_STEP_KEYS = ("requests", "completed", "failed", "timed_out", "cancelled", "attempts", "retries", "status_429",
+              "endpoint_errors", "client_errors", "cooldowns", "tokens_in", "tokens_out")
+
+
+def check_endpoints(urls: str | Sequence[str], key: str = "urls") -> tuple[str, ...]:
+    """The base URLs (one, or a non-empty list), checked and without a trailing slash; raises ``ConfigValueError``
+    (a ``ValueError``) under ``key`` naming the bad value and the fix."""
+    items = [urls] if isinstance(urls, str) else urls
+    if isinstance(items, bytes | Mapping) or not isinstance(items, Sequence) or len(items) == 0:
+        raise ConfigValueError(key, urls, "needs at least one base URL",
+                               "give a list of base URLs such as ['http://127.0.0.1:8000/v1']")
+    out: list[str] = []
+    for url in items:
+        if not isinstance(url, str) or not url.strip():
+            raise ConfigTypeError(key, url, "each entry must be a non-empty string", "write each base URL as text")
+        try:
+            parsed = httpx.URL(url.strip())
+        except httpx.InvalidURL as err:
+            raise ConfigValueError(key, url, f"is not a URL ({err})", "write it as http(s)://host:port/v1") from None
+        if parsed.userinfo:
+            shown = str(parsed.copy_with(username=None, password=None)).replace("://", "://***@", 1)
+            raise ConfigValueError(key, shown, "holds credentials, which would travel and be logged with the URL",
+                                   "drop them from the URL; put the key in an environment variable named by "
+                                   "api_key_env")
+        if parsed.scheme not in ("http", "https") or not parsed.host:
+            raise ConfigValueError(key, url, "needs a scheme (http:// or https://) and a host",
+                                   f"write it as http://{url.split('://')[-1]} (or https://)")
+        if parsed.query or parsed.fragment:
+            raise ConfigValueError(key, url, "must not have a query or a fragment", "give the base URL only")
+        norm = str(parsed).rstrip("/")
+        if norm in out:
+            raise ConfigValueError(key, url, "is listed twice", "list each endpoint once")
+        out.append(norm)
+    return tuple(out)
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a ``Retry-After`` header: delay-seconds (fractions accepted) or an HTTP date (against
+    wall time ``now``, default ``time.time()``); None when absent or unreadable; never negative."""
+    if not value:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when.tzinfo is None:  # RFC 9110 dates are GMT
+            return None
+        seconds = when.timestamp() - (time.time() if now is None else now)
+    return max(0.0, seconds) if math.isfinite(seconds) else None
+
+
+@dataclass(frozen=True)
+class Usage:
+    """The tokens the server says it processed."""
+
+    prompt_tokens: int
+    completion_tokens: int
+
+    @property
+    def total(self) -> int:
+        return self.prompt_tokens + self.completion_tokens
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A successful answer: ``body`` (the decoded JSON), the base URL that gave it, the attempts it took, its latency
+    from the call (waits included), the usage the server reported (None if none) and each wait the client chose
+    (backoff, Retry-After, cool-down; the rate limits' waits are the limiter's)."""
+
+    body: Any
+    endpoint: str
+    attempts: int
+    latency_s: float
+    usage: Usage | None
+    waits_s: tuple[float, ...] = ()
+
+
+class _Secret:
+    """The API key; its repr never shows it."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: str) -> None:
+        self.value = value
+
+    def __repr__(self) -> str:
+        return "<secret>"
+
+
+@dataclass
+class _Endpoint:
+    url: str
+    origin: tuple[str, str, int | None]
+    outstanding: int = 0
+    failures: int = 0  # consecutive
+    out_until: float = -math.inf
+    out_reason: str | None = None
+    attempts: int = 0
+    errors: int = 0
+
+
+@dataclass
+class _Failure:
+    error: EndpointError
+    retry: bool
+    counts: bool  # towards the endpoint's consecutive failures
+    retry_after: float | None = None
+    deadline: bool = False  # the deadline passed during the attempt
+
+
+class EndpointClient:
+    """Requests to one remote RM at ``urls`` (see the module doc). ``limits``: job-wide :class:`RateLimits` (or a
+    shared :class:`Limiter`); ``verify``: check HTTPS certificates (True), not (False), or a CA bundle path or an
+    ``ssl.SSLContext``; ``max_failures``/``cooldown_s``: when an endpoint is taken out and for how long;
+    ``backoff_s``: the most the first retry waits (full jitter, doubling per retry); ``rng``: the jitter's source.
+    Binds to the event loop of its first request."""
+
+    def __init__(self, urls: str | Sequence[str], *, api_key_env: str | None = None,
+                 limits: RateLimits | Limiter | None = None, verify: bool | str | ssl.SSLContext = True,
+                 max_failures: int = MAX_FAILURES, cooldown_s: float = COOLDOWN_S, backoff_s: float = 0.1,
+                 rng: random.Random | None = None) -> None:
+        self.urls = check_endpoints(urls)
+        if isinstance(max_failures, bool) or not isinstance(max_failures, int) or max_failures < 1:
+            raise ValueError(f"max_failures={max_failures!r}: give an integer >= 1, e.g. {MAX_FAILURES}")
+        for name, value in (("cooldown_s", cooldown_s), ("backoff_s", backoff_s)):
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+                raise ValueError(f"{name}={value!r}: give a finite number of seconds >= 0")
+        self.api_key_env = api_key_env
+        self._key = _Secret(_read_key(api_key_env)) if api_key_env is not None else None
+        self.limiter = limits if isinstance(limits, Limiter) else Limiter(limits)
+        self.max_failures, self.cooldown_s, self.backoff_s = max_failures, float(cooldown_s), float(backoff_s)
+        self._rng = rng or random.Random()
+        self._endpoints = []
+        for url in self.urls:
+            parsed = httpx.URL(url)
+            self._endpoints.append(_Endpoint(url, (parsed.scheme, parsed.host, parsed.port)))
+            if self._key is not None and parsed.scheme == "http" and not _is_loopback(parsed.host):
+                logger.warning("endpoint %s is plain http: the API key from $%s travels unencrypted; use https",
+                               url, api_key_env)
+        if verify is True:
+            verify = _default_tls()
+        elif isinstance(verify, str):
+            verify = ssl.create_default_context(**{"capath" if os.path.isdir(verify) else "cafile": verify})
+        # The limiter bounds concurrency; the pool must not add a hidden second bound.
+        pool = httpx.Limits(max_connections=None, max_keepalive_connections=self.limiter.limits.max_concurrency or 64)
+        self._http = httpx.AsyncClient(verify=verify, follow_redirects=False, trust_env=False, limits=pool,
+                                       timeout=httpx.Timeout(CONNECT_TIMEOUT_S))
+        self._rr = 0
+        self._tasks: set[asyncio.Task] = set()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+        self._counts: Counter[str] = Counter(dict.fromkeys(_STEP_KEYS, 0))
+        self._base = dict(self._counts)
+        self._latency = Samples()
+
+    def __repr__(self) -> str:
+        return (f"EndpointClient(urls={self.urls!r}, api_key_env={self.api_key_env!r}, "
+                f"limits={self.limiter.limits!r})")
+
+    async def post(self, path: str, payload: Mapping[str, Any], *, tokens: int, max_output_tokens: int = 0,
+                   deadline: float, at_root: bool = False) -> Reply:
+        """POST ``payload`` as JSON to ``path`` under the base URL (``/chat/completions``; from the host's root with
+        ``at_root``: vLLM's ``/classify``). ``tokens``: what the request sends; with ``max_output_tokens`` it is the
+        reservation under tokens/min (:class:`TokenLimitError` at once if it can never fit). ``deadline``: on the
+        running loop's clock (``loop.time()``). Raises :class:`EndpointError`, ``RequestTimeoutError`` or
+        :class:`EndpointClosedError`; a cancelled caller cancels its HTTP request."""
+        if self._closed:
+            raise EndpointClosedError("the endpoint client is closed; it takes no new requests")
+        for name, value in (("tokens", tokens), ("max_output_tokens", max_output_tokens)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
+        if not isinstance(deadline, int | float) or not math.isfinite(deadline):
+            raise ValueError(f"deadline must be a finite time on the loop's clock, got {deadline!r}")
+        self._url(self._endpoints[0], path, at_root)  # a bad path fails here, not in the first attempt
+        content = json.dumps(payload, separators=(",", ":")).encode()
+        loop = self._bind()
+        t0 = loop.time()
+        self._counts["requests"] += 1
+        try:
+            self.limiter.check_tokens(tokens + max_output_tokens)
+        except Exception:
+            self._counts["failed"] += 1
+            raise
+        task = loop.create_task(self._send(path, at_root, content, tokens + max_output_tokens, deadline, t0))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        try:
+            try:
+                await asyncio.wait({task})  # unlike `await task`, tells our caller's cancellation from aclose()'s
+            except asyncio.CancelledError:
+                task.cancel()
+                self._counts["cancelled"] += 1
+                raise
+            if task.cancelled():
+                raise EndpointClosedError("the endpoint client was closed while the request was in flight")
+            reply = task.result()
+        except asyncio.CancelledError:
+            raise
+        except RequestTimeoutError:
+            self._counts["timed_out"] += 1
+            raise
+        except BaseException:
+            self._counts["failed"] += 1
+            raise
+        self._counts["completed"] += 1
+        self._latency.add(reply.latency_s)
+        return reply
+
+    async def models(self, timeout_s: float = 10.0) -> dict[str, list[str]]:
+        """``GET /models`` on every endpoint at once (a start-up check; no rate limit, no retry): the model ids each
+        serves. Raises :class:`EndpointError` naming every endpoint that failed and why."""
+        async def one(ep: _Endpoint) -> list[str]:
+            try:
+                resp = await asyncio.wait_for(
+                    self._http.get(ep.url + "/models", headers=self._headers(), timeout=timeout_s), timeout_s)
+            except asyncio.TimeoutError:
+                raise EndpointError(f"{ep.url}: no answer within {timeout_s:g} s", endpoint=ep.url) from None
+            except httpx.HTTPError as err:
+                raise EndpointError(self._scrub(f"{ep.url}: {type(err).__name__}: {err}"), endpoint=ep.url) from None
+            if resp.status_code != 200:
+                raise EndpointError(f"{ep.url}: {self._status_text(resp)}", endpoint=ep.url, status=resp.status_code)
+            try:
+                return [str(m["id"]) for m in resp.json()["data"]]
+            except (ValueError, KeyError, TypeError):
+                raise EndpointError(f"{ep.url}: /models answered {self._scrub(resp.text[:200])!r}, not a model "
+                                    "list", endpoint=ep.url) from None
+
+        results = await asyncio.gather(*(one(ep) for ep in self._endpoints), return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        for r in failed:
+            if not isinstance(r, EndpointError):
+                raise r
+        if failed:
+            raise EndpointError(f"{len(failed)} of {len(results)} endpoint(s) failed the /models check: "
+                                + "; ".join(str(e) for e in failed), endpoint=failed[0].endpoint)  # type: ignore
+        return {ep.url: r for ep, r in zip(self._endpoints, results)}  # type: ignore[misc]
+
+    def stats(self) -> dict[str, Any]:
+        """Counters since the start (requests and their outcomes, attempts, retries, 429s, endpoint errors, 4xx,
+        cool-downs, tokens in/out from the usage reported), latency (ms), requests in flight, endpoints out now, each
+        endpoint's state, and the limiter's figures."""
+        now = self._now()
+        return {**self._counts, "in_flight": len(self._tasks),
+                "latency_ms": dataclasses.asdict(self._latency.summary()),
+                "endpoints_out": sum(ep.out_until > now for ep in self._endpoints),
+                "endpoints": {ep.url: {"outstanding": ep.outstanding, "attempts": ep.attempts, "errors": ep.errors,
+                                       "consecutive_failures": ep.failures,
+                                       "out_for_s": max(0.0, ep.out_until - now),
+                                       "out_reason": ep.out_reason if ep.out_until > now else None}
+                              for ep in self._endpoints},
+                "limits": self.limiter.stats()}
+
+    def pop_step_stats(self) -> dict[str, Any]:
+        """The counters of :meth:`stats` since the previous call (or the start), the step's latency p50/p99 (ms, None
+        without requests) and the endpoints out now; starts a new step."""
+        counts, base, self._base = dict(self._counts), self._base, dict(self._counts)
+        latency = self._latency.pop_step()
+        return {**{k: counts[k] - base[k] for k in _STEP_KEYS}, "latency_ms_p50": latency.p50,
+                "latency_ms_p99": latency.p99, "endpoints_out": sum(ep.out_until > self._now() for ep in
+                                                                    self._endpoints)}
+
+    async def aclose(self) -> None:
+        """Stop (idempotent): requests in flight fail with :class:`EndpointClosedError`, new ones are refused, and the
+        connections are closed; nothing of this client runs afterwards."""
+        self._closed = True
+        tasks = set(self._tasks)
+        for task in tasks:
+            task.cancel()
+        if tasks:  # each ends at its next await (httpx closes the connection on cancellation): bounded regardless
+            _, stuck = await asyncio.wait(tasks, timeout=10.0)
+            if stuck:
+                logger.error("endpoint client: %d request(s) ignored their cancellation at close", len(stuck))
+        await self._http.aclose()
+
+    async def __aenter__(self) -> EndpointClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.aclose()
+
+    # ------------------------------------------------------------------------------------------------ internals
+
+    def _bind(self) -> asyncio.AbstractEventLoop:
+        loop = asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+        elif self._loop is not loop:
+            raise RuntimeError("this EndpointClient is bound to another event loop; use one client per loop")
+        return loop
+
+    def _now(self) -> float:
+        return self._loop.time() if self._loop is not None else -math.inf
+
+    async def _send(self, path: str, at_root: bool, content: bytes, reserve: int, deadline: float,
+                    t0: float) -> Reply:
+        loop = self._loop
+        assert loop is not None
+        attempts, waits, tried = 0, [], []
+        last: EndpointError | None = None
+        avoid: _Endpoint | None = None
+        while True:
+            now = loop.time()
+            if now >= deadline:
+                raise self._deadline_error(path, attempts, tried, last, "no time was left for another attempt")
+            wait = max(0.0, self._available_at() - now)  # every endpoint out: wait for the first one back
+            if attempts:
+                wait = max(wait, self._rng.uniform(0.0, min(BACKOFF_CAP_S, self.backoff_s * 2 ** (attempts - 1))))
+            if wait > 0:
+                if now + wait >= deadline:
+                    raise self._deadline_error(path, attempts, tried, last, f"the next attempt could start only in "
+                                               f"{wait:.3g} s (backoff, Retry-After or cool-down)")
+                waits.append(wait)
+                await asyncio.sleep(wait)
+            try:
+                permit = await self.limiter.acquire(reserve, deadline)
+            except RequestTimeoutError as err:
+                raise self._deadline_error(path, attempts, tried, last, str(err))  # noqa: B904 - cause: last error
+            ep = self._pick(loop.time(), avoid)
+            if ep is None:  # every endpoint went out while the permit was awaited
+                permit.release(0)
+                continue
+            attempts += 1
+            tried.append(ep.url)
+            result = await self._attempt(ep, path, at_root, content, deadline, permit, attempts)
+            if isinstance(result, Reply):
+                return dataclasses.replace(result, attempts=attempts, latency_s=loop.time() - t0, waits_s=tuple(waits))
+            last, avoid = result.error, ep
+            if result.deadline:
+                raise self._deadline_error(path, attempts, tried, last, "the last attempt ran out of time")
+            if result.retry_after is not None:  # the endpoint takes no request before then
+                self._take_out(ep, loop.time() + result.retry_after, "retry-after")
+            if result.counts:
+                self._count_failure(ep)
+            if not result.retry:
+                raise result.error
+            logger.debug("request to %s: attempt %d failed (%s); retrying", path, attempts, result.error)
+
+    async def _attempt(self, ep: _Endpoint, path: str, at_root: bool, content: bytes, deadline: float,
+                       permit: Permit, attempt: int) -> Reply | _Failure:
+        """One HTTP attempt on ``ep``, ended by the deadline at the latest: the reply, or why it failed; releases
+        ``permit`` with the usage the server reported."""
+        loop = self._loop
+        assert loop is not None
+        ep.outstanding += 1
+        ep.attempts += 1
+        self._counts["attempts"] += 1
+        if attempt > 1:
+            self._counts["retries"] += 1
+        used: int | None = None  # tokens the server processed; None: not known, the reservation stands
+        try:
+            url = self._url(ep, path, at_root)
+            left = max(deadline - loop.time(), 1e-3)  # the limiter granted at the deadline at the latest
+            timeout = httpx.Timeout(left, connect=min(left, CONNECT_TIMEOUT_S))
+            try:  # httpx's timeouts bound each read; this bounds the whole attempt
+                resp = await asyncio.wait_for(
+                    self._http.post(url, content=content, headers=self._headers(), timeout=timeout), left)
+            except asyncio.TimeoutError:  # the deadline passed during the attempt (httpx's timeouts are not these)
+                return _Failure(EndpointError(f"{ep.url}: no answer before the deadline", endpoint=ep.url),
+                                retry=False, counts=False, deadline=True)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as err:
+                used = 0
+                if _bad_certificate(err):  # retrying cannot help
+                    return _Failure(EndpointError(
+                        f"{ep.url}: the server's TLS certificate failed the check ({err}); give the CA bundle that "
+                        "signed it in SSL_CERT_FILE=<path>", endpoint=ep.url), retry=False, counts=False)
+                return self._transport_failure(ep, err)
+            except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError, httpx.DecodingError) as err:
+                return self._transport_failure(ep, err)
+            except httpx.HTTPError as err:  # a local protocol error, an unsupported scheme...: not the server's doing
+                return _Failure(EndpointError(self._scrub(f"{ep.url}: {type(err).__name__}: {err}"),
+                                              endpoint=ep.url), retry=False, counts=False)
+            status = resp.status_code
+            if 200 <= status < 300:
+                try:
+                    body = resp.json()
+                except ValueError:
+                    return _Failure(EndpointError(f"{ep.url}: answered {status} with a body that is not JSON: "
+                                                  f"{self._scrub(resp.text[:200])!r}", endpoint=ep.url,
+                                                  status=status), retry=True, counts=True)
+                usage = _usage(body)
+                ep.failures = 0
+                if usage is not None:
+                    used = usage.total
+                    self._counts["tokens_in"] += usage.prompt_tokens
+                    self._counts["tokens_out"] += usage.completion_tokens
+                return Reply(body, ep.url, attempt, 0.0, usage)
+            ep.failures = 0 if status < 500 else ep.failures
+            error = EndpointError(f"{ep.url}: {self._status_text(resp)}", endpoint=ep.url, status=status)
+            retry_after = parse_retry_after(resp.headers.get("retry-after"))
+            if status == 429:
+                used = 0
+                self._counts["status_429"] += 1
+                return _Failure(error, retry=True, counts=False, retry_after=retry_after)
+            if status >= 500:
+                return _Failure(error, retry=True, counts=True, retry_after=retry_after)
+            self._counts["client_errors"] += 1
+            if 300 <= status < 400:
+                error = EndpointError(f"{ep.url}: answered {status} redirecting to {resp.headers.get('location')!r}; "
+                                      "redirects are not followed (the API key goes to the configured hosts only): "
+                                      "configure the final URL", endpoint=ep.url, status=status)
+            return _Failure(error, retry=status in _RETRY_STATUS, counts=False)
+        finally:
+            ep.outstanding -= 1
+            permit.release(used)
+
+    def _transport_failure(self, ep: _Endpoint, err: httpx.HTTPError) -> _Failure:
+        return _Failure(EndpointError(self._scrub(f"{ep.url}: {type(err).__name__}: {err}"), endpoint=ep.url),
+                        retry=True, counts=True)
+
+    def _pick(self, now: float, avoid: _Endpoint | None) -> _Endpoint | None:
+        """The available endpoint with the fewest requests in flight, ties in turn; not ``avoid`` if another is
+        available."""
+        n = len(self._endpoints)
+        ready = [ep for ep in self._endpoints if ep.out_until <= now]
+        if len(ready) > 1 and avoid in ready:
+            ready.remove(avoid)
+        best: int | None = None
+        for i in range(n):
+            index = (self._rr + i) % n
+            ep = self._endpoints[index]
+            if ep in ready and (best is None or ep.outstanding < self._endpoints[best].outstanding):
+                best = index
+        if best is None:
+            return None
+        self._rr = (best + 1) % n
+        return self._endpoints[best]
+
+    def _available_at(self) -> float:
+        """When the first endpoint is available (the past when one is now)."""
+        return min(ep.out_until for ep in self._endpoints)
+
+    def _take_out(self, ep: _Endpoint, until: float, reason: str) -> None:
+        if until > ep.out_until:
+            ep.out_until, ep.out_reason = until, reason
+
+    def _count_failure(self, ep: _Endpoint) -> None:
+        """A connection error, 5xx or bad body: counted, and the endpoint taken out after ``max_failures``."""
+        ep.failures += 1
+        ep.errors += 1
+        self._counts["endpoint_errors"] += 1
+        now = self._now()
+        # The failures of requests in flight while it is out neither extend nor renew its cool-down (back in, its next
+        # failure takes it out again); the last endpoint in service stays in: backoff alone paces the retries then.
+        others_in = any(e is not ep and e.out_until <= now for e in self._endpoints)
+        if ep.failures >= self.max_failures and ep.out_until <= now and others_in:
+            self._counts["cooldowns"] += 1
+            logger.warning("endpoint %s failed %d times in a row; out for %g s (%d of %d endpoints out)", ep.url,
+                           ep.failures, self.cooldown_s, 1 + sum(e.out_until > now for e in self._endpoints),
+                           len(self._endpoints))
+            self._take_out(ep, now + self.cooldown_s, "cool-down")
+
+    def _deadline_error(self, path: str, attempts: int, tried: list[str], last: EndpointError | None,
+                        why: str) -> RequestTimeoutError:
+        where = ", ".join(dict.fromkeys(tried)) or "no endpoint"
+        err = RequestTimeoutError(self._scrub(
+            f"request to {path} missed its deadline after {attempts} attempt(s) on {where}: {why}"
+            + (f"; last error: {last}" if last is not None else "")))
+        err.__cause__ = last
+        return err
+
+    def _url(self, ep: _Endpoint, path: str, at_root: bool) -> httpx.URL:
+        if not isinstance(path, str) or not path.startswith("/"):
+            raise ValueError(f"path must start with '/', e.g. '/chat/completions', got {path!r}")
+        url = httpx.URL(ep.url if not at_root else f"{ep.origin[0]}://{httpx.URL(ep.url).netloc.decode()}")
+        url = httpx.URL(str(url) + path)
+        if (url.scheme, url.host, url.port) != ep.origin:  # the key goes to the configured hosts only
+            raise ValueError(f"path {path!r} leaves the endpoint's host {ep.url}")
+        return url
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if self._key is not None:
+            headers["Authorization"] = f"Bearer {self._key.value}"
+        return headers
+
+    def _status_text(self, resp: httpx.Response) -> str:
+        """``HTTP <status>: <the server's message>`` (OpenAI's ``error.message`` when there is one)."""
+        try:  # OpenAI: {"error": {"message"}}; vLLM's auth: {"error": "..."}; FastAPI: {"detail": ...}
+            body = resp.json()
+            error = body.get("error")
+            message = error.get("message", error) if isinstance(error, dict) else error or body.get("message") or \
+                body.get("detail") or body
+        except (ValueError, AttributeError, TypeError):
+            message = resp.text
+        return self._scrub(f"HTTP {resp.status_code}: {str(message)[:500]}")
+
+    def _scrub(self, text: str) -> str:
+        return text.replace(self._key.value, "***") if self._key is not None else text
+
+
+def _default_tls() -> ssl.SSLContext:
+    """The default context: certificates and host names checked against the CA bundle ``SSL_CERT_FILE`` (or the
+    directory ``SSL_CERT_DIR``) names, as Python's ``ssl`` and most HTTP clients read them, else certifi's CAs."""
+    return _tls_context(os.environ.get("SSL_CERT_FILE") or None, os.environ.get("SSL_CERT_DIR") or None)
+
+
+@functools.cache
+def _tls_context(cafile: str | None, capath: str | None) -> ssl.SSLContext:
+    """Built once per CA source: loading a CA bundle takes tens of milliseconds per client."""
+    if cafile or capath:
+        return ssl.create_default_context(cafile=cafile, capath=capath)
+    return httpx.create_ssl_context(verify=True, trust_env=False)
+
+
+def _read_key(env: str) -> str:
+    if not isinstance(env, str) or not env:
+        raise ValueError(f"api_key_env={env!r}: give the NAME of the environment variable that holds the key")
+    value = os.environ.get(env, "").strip()
+    if not value:
+        raise ValueError(f"api_key_env={env!r}: the environment variable {env} is not set or empty; export the key "
+                         f"as {env} in every process that calls the endpoint (or drop api_key_env when it needs none)")
+    return value
+
+
+def _bad_certificate(err: BaseException) -> bool:
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, ssl.SSLCertVerificationError):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
+def _usage(body: Any) -> Usage | None:
+    usage = body.get("usage") if isinstance(body, dict) else None
+    if not isinstance(usage, dict) or not isinstance(usage.get("prompt_tokens"), int):
+        return None
+    completion = usage.get("completion_tokens")
+    return Usage(usage["prompt_tokens"], completion if isinstance(completion, int) else 0)
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
