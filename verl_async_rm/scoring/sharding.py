@@ -195,14 +195,9 @@ def rm_weights_bytes(config: Any) -> tuple[int, str] | None:
     return stored[0] * ELEMENT_BYTES[dtype] // ELEMENT_BYTES.get(str(stored[1]), ELEMENT_BYTES[dtype]), dtype
 
 
-def check_replica_memory(config: Any, device_bytes: int | None = None) -> None:
+def check_replica_memory(config: Any, device_bytes: int) -> None:
     """Refuse, before loading, an RM whose weights cannot fit its replica's ``gpus_per_replica`` GPUs of
-    ``device_bytes`` each (default: this process's CUDA device; no check on CPU): a ``ConfigValueError`` on
-    ``gpus_per_replica`` naming the value that fits."""
-    if device_bytes is None:
-        if not config.use_gpu or not torch.cuda.is_available():
-            return
-        device_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    ``device_bytes`` each: a ``ConfigValueError`` on ``gpus_per_replica`` naming the value that fits."""
     sized = rm_weights_bytes(config)
     if sized is None:
         return
