@@ -147,13 +147,17 @@ def platform_class() -> type:
 
         _device = _CPUDevice()
 
+        def _nothing(self, *args: Any, **kwargs: Any) -> None:
+            """The device calls that have nothing to do on the host (one device, no cache, no profiler, no CUDA)."""
+
+        set_device = synchronize = set_allocator_settings = empty_cache = _nothing
+        profiler_start = profiler_stop = cudart = _nothing
+
         @property
         def device_name(self) -> str:
             return PLATFORM_NAME
 
-        @property
-        def vendor_name(self) -> str:
-            return PLATFORM_NAME
+        vendor_name = device_name
 
         @property
         def device_module(self) -> Any:
@@ -171,24 +175,12 @@ def platform_class() -> type:
         def device_count(self) -> int:
             return 1
 
-        def set_device(self, device_index: Any) -> None:
-            pass
-
-        def synchronize(self, device_index: int | None = None) -> None:
-            pass
-
         def manual_seed(self, seed: int) -> None:
             import torch
 
             torch.manual_seed(seed)
 
         manual_seed_all = manual_seed
-
-        def set_allocator_settings(self, settings: str) -> None:
-            pass
-
-        def empty_cache(self) -> None:
-            pass
 
         def get_device_capability(self, device_index: int = 0) -> tuple[None, None]:
             return None, None
@@ -203,12 +195,6 @@ def platform_class() -> type:
         def nvtx_range(self, msg: str):
             yield
 
-        def profiler_start(self) -> None:
-            pass
-
-        def profiler_stop(self) -> None:
-            pass
-
         def ray_resource_name(self) -> str:
             return "GPU"  # verl's pools and its resource check count "GPU": the cluster advertises logical GPUs
 
@@ -218,9 +204,6 @@ def platform_class() -> type:
         def is_ipc_supported(self) -> bool:
             return False  # verl's weight sync to vLLM falls back to shared memory
 
-        def cudart(self) -> None:
-            return None
-
     return PlatformCPU
 
 
@@ -229,9 +212,7 @@ def platform_class() -> type:
 
 def _gloo_process_group(module: Any) -> None:
     """Item 2: ``initialize_global_process_group_ray(timeout_second=None, backend=None)`` defaults to ``gloo``."""
-    function = module.initialize_global_process_group_ray
-    if function.__defaults__ != (None, "gloo"):
-        function.__defaults__ = (None, "gloo")
+    module.initialize_global_process_group_ray.__defaults__ = (None, "gloo")
 
 
 def _fsdp_engine_on_cpu(module: Any) -> None:

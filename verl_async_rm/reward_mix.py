@@ -134,8 +134,9 @@ class RewardMix:
         ``manager_result``: verl's reward manager's ``reward_score`` and ``reward_extra_info``, empty when the reward
         uses no rule (the manager did not run). ``reward_extra_info`` keeps the manager's keys (one clashing with ours
         becomes ``rule/<key>``) and adds ``rm_score``, ``rm_score_<name>``, ``rm_total``, ``rule_score`` (when the
-        reward uses the rule) and ``rm_verdict_<name>`` ("" when none: verl stacks the keys of all samples). ``error`` (v0, ``on_error='drop'``): the reward is NaN, never a partial sum,
-        flagged by ``rm_dropped`` and ``rm_error``, which ``flag_drops`` adds to every trajectory."""
+        reward uses the rule) and ``rm_verdict_<name>`` ("" when none: verl stacks the keys of all samples).
+        ``error`` (v0, ``on_error='drop'``): the reward is NaN, never a partial sum, flagged by ``rm_dropped`` and
+        ``rm_error``, which ``flag_drops`` adds to every trajectory."""
         manager_info = dict(manager_result.get("reward_extra_info") or {})
         raw_rule = manager_result.get("reward_score")
         missing = [name for name in self.weights if name not in rm_scores]
@@ -146,7 +147,12 @@ class RewardMix:
         scores = {name: score_value(rm_scores[name]) if name in rm_scores else math.nan for name in self.weights}
         rule_score = math.nan  # reported only when the reward uses the manager's (else the manager did not run)
         if self.uses_rule:
-            rule_score = _as_float(raw_rule) if error is not None else _finite_rule_score(raw_rule, data_source)
+            rule_score = _as_float(raw_rule)
+            if error is None and not math.isfinite(rule_score):  # NaN, inf or not a number: raised, never a reward
+                raise ValueError(
+                    f"the reward manager's reward for data_source={str(data_source)!r} is {raw_rule!r}; the reward "
+                    "function (reward.custom_reward_function or verl's default_compute_score) must return a finite "
+                    "number, or set async_rm.rule_weight=0 to leave the manager's reward out")
         reward = total = math.nan
         if error is None:
             total = self.rm_total(scores)
@@ -183,17 +189,6 @@ def _as_float(value: Any) -> float:
         return float(value)
     except (TypeError, ValueError):
         return math.nan
-
-
-def _finite_rule_score(value: Any, data_source: Any) -> float:
-    """The manager's reward as a float; NaN/inf/non-numbers raise instead of turning the reward into NaN."""
-    score = _as_float(value)
-    if not math.isfinite(score):
-        raise ValueError(
-            f"the reward manager's reward for data_source={str(data_source)!r} is {value!r}; the reward function "
-            "(reward.custom_reward_function or verl's default_compute_score) must return a finite number, or set "
-            "async_rm.rule_weight=0 to leave the manager's reward out")
-    return score
 
 
 def _accepts(fn: Callable[..., Any], name: str) -> bool:

@@ -95,9 +95,8 @@ def test_the_memory_check_counts_the_dtype_the_rm_is_loaded_in(tmp_path):
         check_replica_memory(rm(path, n_gpus_per_node=2, dtype="float32"), device_bytes=80 * GB)
 
 
-def test_without_weight_files_or_on_cpu_there_is_nothing_to_check(tmp_path, tiny_models):
+def test_without_weight_files_there_is_nothing_to_check(tmp_path, tiny_models):
     check_replica_memory(rm(tmp_path, n_gpus_per_node=1), device_bytes=1)  # no weights found: no figure to give
-    check_replica_memory(rm(tiny_models.rm, n_gpus_per_node=1, use_gpu=False))  # CPU bundles: no GPU memory
     with pytest.raises(ValueError, match=r"^gpus_per_replica=1: the RM's weights take"):  # file sizes when no index
         check_replica_memory(rm(tiny_models.rm, n_gpus_per_node=2), device_bytes=1000)
 

@@ -72,12 +72,10 @@ class HFEngine(Engine):
                                    "use packing='auto' or 'false' (verl: +async_rm.packing=auto)")
         #: Whether siblings' common prefixes run once (needs the ``varlen`` kernel and a passing load-time check).
         self.share_prompts = False
-        if self.kernel != "padded":
+        if self.packed:
+            share = share_prompts == "true" or (share_prompts == "auto" and device.type == "cuda")
             # a process RM reads several positions per row: no shared prefix (its rows would be re-indexed)
-            share = label_index is None and (
-                share_prompts == "true" or (share_prompts == "auto" and device.type == "cuda")
-            )
-            self._switch_to_packing(packing, share)
+            self._switch_to_packing(packing, share and label_index is None)
         logger.info("RM forwards: %s (%s); shared prompts %s", self.describe()["packing"], self.packing_reason,
                     "on" if self.share_prompts else "off")
 

@@ -131,15 +131,11 @@ def plan_micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int
     if max_tokens <= 0:
         raise ValueError(f"max_tokens={max_tokens!r}: must be positive")
     batches: list[list[int]] = []
-    current: list[int] = []
     for i in sorted(range(len(lengths)), key=lambda i: lengths[i], reverse=True):
         # sorted longest first: a micro-batch's first row is its longest, and sets its width
-        if current and max(lengths[current[0]], 1) * (len(current) + 1) > max_tokens:
-            batches.append(current)
-            current = []
-        current.append(i)
-    if current:
-        batches.append(current)
+        if not batches or max(lengths[batches[-1][0]], 1) * (len(batches[-1]) + 1) > max_tokens:
+            batches.append([])
+        batches[-1].append(i)
     return batches
 
 

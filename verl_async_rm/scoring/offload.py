@@ -36,13 +36,6 @@ class WeightOffload:
     def asleep(self) -> bool:
         return self._host is not None
 
-    def _buffer(self, tensor: torch.Tensor, pin: bool) -> torch.Tensor:
-        copy = self._buffers.get(id(tensor))
-        if copy is None or copy.shape != tensor.shape or copy.dtype != tensor.dtype:
-            copy = self._buffers[id(tensor)] = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu",
-                                                            pin_memory=pin)
-        return copy
-
     def _tensors(self) -> list[torch.Tensor]:
         seen: set[int] = set()
         out = []
@@ -61,7 +54,10 @@ class WeightOffload:
         host = []
         moved = 0
         for tensor in self._tensors():
-            copy = self._buffer(tensor, pin)
+            copy = self._buffers.get(id(tensor))
+            if copy is None or copy.shape != tensor.shape or copy.dtype != tensor.dtype:
+                copy = self._buffers[id(tensor)] = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu",
+                                                                pin_memory=pin)
             copy.copy_(tensor.detach(), non_blocking=pin)
             host.append((tensor, copy, tensor.device))
             moved += tensor.numel() * tensor.element_size()

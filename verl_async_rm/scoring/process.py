@@ -14,7 +14,7 @@ from verl_async_rm.scoring.inputs import (check_token_ids, conversation_for, ded
                                           strip_trailing, truncate_left)
 from verl_async_rm.scoring.outcome import OutcomeKind, RMInput, find_head
 
-__all__ = ["ProcessKind", "StepRewards", "split_steps", "step_token_ends", "prepare_process_input", "reduce_steps"]
+__all__ = ["ProcessKind", "StepRewards", "split_steps", "step_token_ends", "reduce_steps"]
 
 
 class ProcessKind(OutcomeKind):
@@ -60,10 +60,50 @@ class ProcessKind(OutcomeKind):
         return {"head": head, "label_index": index}
 
     def build(self, request: RMRequest) -> RMInput:
-        return prepare_process_input(request, rm_tokenizer=self.rm_tokenizer, policy_tokenizer=self.policy_tokenizer,
-                                     delimiter=self.config.step_delimiter, separator=self.config.step_separator,
-                                     separator_id=self.separator_id, response_stop_ids=self.response_stop_ids,
-                                     max_length=self.max_length, id_limit=self.policy_id_limit)
+        """The PRM input of one single-turn trajectory; ``RewardInputError`` for no ``raw_prompt``, a multi-turn
+        trajectory, a response that contains the separator, or a rendering without one separator per step."""
+        separator = self.config.step_separator
+        if request.messages is not None or request.num_turns > 2:
+            raise RewardInputError(
+                f"trajectory {request.uid}: a process RM scores the steps of one response; multi-turn trajectories "
+                "(messages or num_turns > 2) are not supported")
+        if self.policy_id_limit is not None:
+            check_token_ids(request, "response_ids", self.policy_id_limit, "the policy tokenizer's vocabulary")
+        response = strip_trailing(request.response_ids, self.response_stop_ids)
+        text = self.policy_tokenizer.decode(response, skip_special_tokens=False)
+        if separator in text:
+            raise RewardInputError(
+                f"trajectory {request.uid}: the response contains the step separator {separator!r}, so its steps "
+                "cannot be told apart from the separators the PRM reads")
+        steps = split_steps(text, self.config.step_delimiter)
+        if response:
+            token_index = step_token_ends(self.policy_tokenizer, response, (end for _, end in steps))
+        else:  # nothing but stop tokens: the one (empty) step ends on the last response token
+            token_index = [max(len(request.response_ids) - 1, 0)]
+        content = separator.join(step for step, _ in steps) + separator
+        rendered = render_conversation(conversation_for(request, content), self.rm_tokenizer)
+        bos_id = self.rm_tokenizer.bos_token_id
+        ids = dedup_bos(list(self.rm_tokenizer(rendered, add_special_tokens=False)["input_ids"]), bos_id)
+        found = [j for j, t in enumerate(ids) if t == self.separator_id]
+        if len(found) < len(steps):
+            raise RewardInputError(
+                f"trajectory {request.uid}: {len(steps)} step(s) but {len(found)} separator token(s) after rendering "
+                f"with the RM's chat template; the template must keep the assistant content as it is")
+        positions = found[len(found) - len(steps) :]  # a prompt may hold the separator too: the steps' are the last
+        full_length, starts_with_bos = len(ids), bos_id is not None and ids[0] == bos_id
+        ids, truncated = truncate_left(ids, self.max_length, bos_id)
+        dropped = 0
+        if truncated:  # truncate_left kept a leading BOS (``lead``) and the last len(ids) - lead tokens
+            lead = int(starts_with_bos and len(ids) >= 2)
+            kept_from = full_length - (len(ids) - lead)
+            kept = [k for k, p in enumerate(positions) if p >= kept_from]
+            dropped = len(positions) - len(kept)
+            positions = [positions[k] - kept_from + lead for k in kept]
+            token_index = [token_index[k] for k in kept]
+        if not positions:
+            raise RewardInputError(
+                f"trajectory {request.uid}: max_length={self.max_length} leaves no step of the response to score")
+        return RMInput(ids, truncated, reads=positions, token_index=token_index, dropped=dropped)
 
     def read(self, request: RMRequest, value: Any, built: RMInput) -> ScoreResult:
         if not all(math.isfinite(v) for v in value):
@@ -106,54 +146,6 @@ def step_token_ends(tokenizer: Any, ids: Sequence[int], char_ends: Iterable[int]
                 low = mid + 1
         out.append(max(low - 1, 0))
     return out
-
-
-def prepare_process_input(request: RMRequest, *, rm_tokenizer: Any, policy_tokenizer: Any, delimiter: str,
-                          separator: str, separator_id: int, response_stop_ids: Iterable[int],
-                          max_length: int | None = None, id_limit: int | None = None) -> RMInput:
-    """The PRM input of one single-turn trajectory; ``RewardInputError`` for no ``raw_prompt``, a multi-turn
-    trajectory, a response that contains the separator, or a rendering without one separator per step."""
-    if request.messages is not None or request.num_turns > 2:
-        raise RewardInputError(
-            f"trajectory {request.uid}: a process RM scores the steps of one response; multi-turn trajectories "
-            "(messages or num_turns > 2) are not supported")
-    if id_limit is not None:
-        check_token_ids(request, "response_ids", id_limit, "the policy tokenizer's vocabulary")
-    response = strip_trailing(request.response_ids, response_stop_ids)
-    text = policy_tokenizer.decode(response, skip_special_tokens=False)
-    if separator in text:
-        raise RewardInputError(
-            f"trajectory {request.uid}: the response contains the step separator {separator!r}, so its steps "
-            "cannot be told apart from the separators the PRM reads")
-    steps = split_steps(text, delimiter)
-    if response:
-        token_index = step_token_ends(policy_tokenizer, response, (end for _, end in steps))
-    else:  # nothing but stop tokens: the one (empty) step ends on the last response token
-        token_index = [max(len(request.response_ids) - 1, 0)]
-    content = separator.join(step for step, _ in steps) + separator
-    rendered = render_conversation(conversation_for(request, content), rm_tokenizer)
-    ids = dedup_bos(list(rm_tokenizer(rendered, add_special_tokens=False)["input_ids"]), rm_tokenizer.bos_token_id)
-    found = [j for j, t in enumerate(ids) if t == separator_id]
-    if len(found) < len(steps):
-        raise RewardInputError(
-            f"trajectory {request.uid}: {len(steps)} step(s) but {len(found)} separator token(s) after rendering "
-            f"with the RM's chat template; the template must keep the assistant content as it is")
-    positions = found[len(found) - len(steps) :]  # a prompt may hold the separator too: the steps' are the last
-    bos_id = rm_tokenizer.bos_token_id
-    full_length, starts_with_bos = len(ids), bos_id is not None and ids[0] == bos_id
-    ids, truncated = truncate_left(ids, max_length, bos_id)
-    dropped = 0
-    if truncated:  # truncate_left kept a leading BOS (``lead``) and the last len(ids) - lead tokens
-        lead = int(starts_with_bos and len(ids) >= 2)
-        kept_from = full_length - (len(ids) - lead)
-        kept = [k for k, p in enumerate(positions) if p >= kept_from]
-        dropped = len(positions) - len(kept)
-        positions = [positions[k] - kept_from + lead for k in kept]
-        token_index = [token_index[k] for k in kept]
-    if not positions:
-        raise RewardInputError(
-            f"trajectory {request.uid}: max_length={max_length} leaves no step of the response to score")
-    return RMInput(ids, truncated, reads=positions, token_index=token_index, dropped=dropped)
 
 
 #: ``process_reduction``: step scores (Python floats already) to one outcome score.

@@ -153,7 +153,8 @@ def load_sharded(load: Any, path: str, trust_remote_code: bool, device: torch.de
         from torch.distributed.fsdp import fully_shard
 
         model = load()
-        for layer in _decoder_layers(model):
+        lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 0]
+        for layer in max(lists, key=len) if lists else []:  # the repeated blocks (largest ModuleList): FSDP2's units
             fully_shard(layer, mesh=mesh, reshard_after_forward=True)
         fully_shard(model, mesh=mesh, reshard_after_forward=True)
         model = model.to(device)
@@ -195,14 +196,9 @@ def rm_weights_bytes(config: Any) -> tuple[int, str] | None:
     return stored[0] * ELEMENT_BYTES[dtype] // ELEMENT_BYTES.get(str(stored[1]), ELEMENT_BYTES[dtype]), dtype
 
 
-def check_replica_memory(config: Any, device_bytes: int | None = None) -> None:
+def check_replica_memory(config: Any, device_bytes: int) -> None:
     """Refuse, before loading, an RM whose weights cannot fit its replica's ``gpus_per_replica`` GPUs of
-    ``device_bytes`` each (default: this process's CUDA device; no check on CPU): a ``ConfigValueError`` on
-    ``gpus_per_replica`` naming the value that fits."""
-    if device_bytes is None:
-        if not config.use_gpu or not torch.cuda.is_available():
-            return
-        device_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    ``device_bytes`` each: a ``ConfigValueError`` on ``gpus_per_replica`` naming the value that fits."""
     sized = rm_weights_bytes(config)
     if sized is None:
         return
@@ -221,10 +217,4 @@ def check_replica_memory(config: Any, device_bytes: int | None = None) -> None:
         f"the RM's weights take {weights / _GIB:.1f} GiB in {dtype}, {weights / k / _GIB:.1f} GiB on each of the "
         f"replica's {k} GPU(s): more than {WEIGHTS_SHARE:.0%} of a {device_bytes / _GIB:.1f} GiB GPU of this pool",
         fix)
-
-
-def _decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The model's repeated blocks (the children of its largest ``ModuleList``), FSDP2's units."""
-    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) > 0]
-    return list(max(lists, key=len)) if lists else []
 

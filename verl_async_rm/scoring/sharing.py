@@ -55,19 +55,16 @@ def plan_shared_micro_batches(inputs: Sequence[Sequence[int]], groups: Sequence[
     decreasing with every other input."""
     units: list[tuple[int, list[int]]] = []  # (cost, indices)
     for prefix, rows in _prefix_sets(inputs, groups, min_prefix):
-        if not prefix:
-            units.append((max(len(inputs[rows[0]]), 1), rows))
-            continue
         chunk: list[int] = []
-        cost = prefix
+        cost = prefix  # the prefix once, then each row's own tokens: a lone row costs its length
         for i in sorted(rows, key=lambda i: len(inputs[i]), reverse=True):
             own = len(inputs[i]) - prefix
             if chunk and cost + own > max_tokens:
-                units.append((cost if len(chunk) > 1 else len(inputs[chunk[0]]), chunk))
+                units.append((cost, chunk))
                 chunk, cost = [], prefix
             chunk.append(i)
             cost += own
-        units.append((cost if len(chunk) > 1 else len(inputs[chunk[0]]), chunk))
+        units.append((max(cost, 1), chunk))  # an empty row still takes a place
     return first_fit(units, max_tokens)
 
 

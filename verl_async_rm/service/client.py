@@ -31,24 +31,18 @@ async def score_with_timeout(service: Any, request: RMRequest, *, timeout_s: flo
     # Not asyncio.wait_for: an error the service raised that is a TimeoutError (Ray's wrapper takes its type) must not
     # read as "the service did not answer".
     answer = asyncio.wrap_future(ref.future())
+    done: set[asyncio.Future] = set()
     try:
         done, _ = await asyncio.wait({answer}, timeout=timeout_s + _HOP_S)
-    except asyncio.CancelledError:  # the caller gave up: take the request out of the service's queue too
-        answer.cancel()
-        _cancel_quietly(ray, ref)
-        raise
+    finally:
+        if not done:  # the caller gave up, or the service did not answer: take the request out of its queue too
+            answer.cancel()
+            try:  # best effort: the service drops the request if it has not run yet; the service may be gone
+                ray.cancel(ref)
+            except Exception as exc:  # noqa: BLE001
+                logger.debug("could not cancel a score call: %r", exc)
     if done:
         return answer.result()
-    answer.cancel()
-    _cancel_quietly(ray, ref)
     raise RequestTimeoutError(
         f"the RM service did not answer within {timeout_s + _HOP_S:g} s (the request's timeout_s={timeout_s:g} and "
         f"{_HOP_S:g} s for the hop); is it alive?")
-
-
-def _cancel_quietly(ray: Any, ref: Any) -> None:
-    """Best effort: the service drops the request if it has not run yet; the service may be gone."""
-    try:
-        ray.cancel(ref)
-    except Exception as exc:  # noqa: BLE001
-        logger.debug("could not cancel a score call: %r", exc)

@@ -42,10 +42,11 @@ class RMReplica(Worker):
         bundle); returns :meth:`describe`. ``ValueError`` when the weights cannot fit, naming what fits."""
         if self._scorer is not None:
             return self.describe()
-        check_replica_memory(self.config)
-        if self.config.placement == "policy_pool" and self.config.use_gpu and torch.cuda.is_available():
-            device = torch.cuda.current_device()
-            check_colocated_memory(self.config, torch.cuda.get_device_properties(device).total_memory)
+        if self.config.use_gpu and torch.cuda.is_available():  # the RM's size against its GPU (none on CPU)
+            device_bytes = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+            check_replica_memory(self.config, device_bytes)
+            if self.config.placement == "policy_pool":
+                check_colocated_memory(self.config, device_bytes)
         if self.config.gpus_per_replica == 1 or self.config.on_vllm:  # vLLM: one tensor-parallel engine here
             self._scorer = RewardModelScorer(self.config)
             return self.describe()
