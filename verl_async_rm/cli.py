@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
+
+
+def _exit_on_sigterm(signum, _frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
     from verl_async_rm.demo import run_demo
     from verl_async_rm.demo.cli import config_from_args, report
 
+    # a SIGTERM (``kill``, a CI timeout) unwinds like Ctrl-C, so the running mode's clean-up stops its main_ppo run
+    # (a session of its own, which a signal to the demo's process group does not reach)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
     result = run_demo(config_from_args(args))
     print(report(result))
     return 0

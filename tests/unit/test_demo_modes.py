@@ -175,3 +175,48 @@ def test_on_the_v0_trainer_the_manager_times_the_batches_and_the_plugin_modes_op
             assert manager == "verl_async_rm.demo.v0_timing.TimedAgentLoopManager"
     with pytest.raises(ValueError, match="trainer='v2': use v1 or v0"):
         DemoConfig(trainer="v2")
+
+
+def test_a_sigterm_to_the_demo_unwinds_it_so_its_run_is_stopped(tmp_path):
+    """``kill <demo>`` (or a CI timeout) must not leave the mode's ``main_ppo`` run behind: it runs in a session of
+    its own, which a signal to the demo does not reach, and the mode's clean-up (a ``finally``) stops it. Here the
+    demo's entry point (``verl-async-rm demo``, its signal handling) runs for real; its run is a stand-in that starts a
+    child in a session of its own and stops it in a ``finally``, as a mode's run does."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+    import time
+
+    import psutil
+
+    script = tmp_path / "demo_stand_in.py"
+    script.write_text(textwrap.dedent("""
+        import os, subprocess, sys, time
+        import verl_async_rm.demo
+        from verl_async_rm.cli import main
+
+        def run_demo(config):
+            child = subprocess.Popen(["sleep", "600"], start_new_session=True, stdout=subprocess.DEVNULL)
+            try:
+                print(child.pid, flush=True)
+                time.sleep(600)
+            finally:
+                os.killpg(child.pid, 15)
+                child.wait(timeout=30)
+                print("stopped", flush=True)
+
+        verl_async_rm.demo.run_demo = run_demo
+        sys.exit(main(["demo", "--no-progress"]))
+    """))
+    demo = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    child = int(demo.stdout.readline())
+    demo.send_signal(signal.SIGTERM)
+    out, _ = demo.communicate(timeout=60)
+    assert demo.returncode == 128 + signal.SIGTERM and "stopped" in out
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(child) and psutil.Process(child).status() != psutil.STATUS_ZOMBIE:
+        assert time.monotonic() < deadline, f"the run's process {child} outlived the demo"
+        time.sleep(0.1)
+    assert os.getpgid(os.getpid()) != child  # the child was in a session of its own, not the test's
