@@ -2,9 +2,10 @@
 CPU build, one core per rank), its ranks processes of the replica's actor.
 
 Real parts throughout, and few engine starts (CI time): one pooling RM service for the module (scores equal to
-transformers, then a rank killed under load, and its replacement), and one step of the v1 agent loop with a
-tensor-parallel ``generate`` judge next to an outcome RM (the judge's verdicts equal transformers' greedy
-``generate`` of the same prompt, every reward exact). That step runs on the stubbed fit loop the judge tests
+transformers, then a rank killed under load, and its replacement), and one step of the v1 agent loop with both judge
+readouts next to an outcome RM: a tensor-parallel ``generate`` judge (its verdicts equal transformers' greedy
+``generate`` of the same prompt) and a ``logits`` judge on transformers (the tiny random ``lm`` judge, within 1e-4 of a
+plain forward), every reward exact. That step runs on the stubbed fit loop the judge tests
 use (:class:`~verl_async_rm.testing.v1.V1FitLoop`: verl's v1 agent-loop manager, workers and reward path through the
 plugin's manager, without verl's rollout engine and actor update), not on verl's real trainer: a vLLM rollout and an
 FSDP actor next to a tensor-parallel judge are too heavy for a 2-core CI machine.
@@ -24,10 +25,11 @@ import pytest
 import ray
 import torch
 from conftest import require_vllm
-from judge_cases import DIGIT_PROMPT, generate_reference, judge_ids, response_text
+from judge_cases import DIGIT_PROMPT, TOKENS, generate_reference, judge_ids, logits_reference, response_text
 from manager_cases import RM_W, RULE_W, running_manager
 from rm_cases import direct_score, hf_model, make_request, score_all, wait_stats
 
+from verl_async_rm.scoring.judge import DEFAULT_PROMPTS
 from verl_async_rm.scoring.rm_config import RMConfig
 from verl_async_rm.service.client import score_with_timeout
 from verl_async_rm.service.service import start_rm_service
@@ -38,7 +40,7 @@ pytestmark = pytest.mark.integration
 ATOL = 1e-4
 HANG_S = 300.0
 MAX_TOKENS = 4
-GRADE_W = -0.25
+JUDGE_W, GRADE_W = 0.5, -0.25
 TP = 2
 ANSWERS = ["the farmer has 7 apples", "it costs 12 dollars", "five plus two is seven", "no", "half of ten is five",
            "the total is 30 pens", "she bought eggs", "two trains", "answer 9", "we saved money"]
@@ -120,42 +122,55 @@ def test_a_rank_killed_under_load_ends_its_replica_which_is_replaced_and_nothing
     assert new["pid"] != old["pid"] and new["tensor_parallel_size"] == TP and len(ranks_of(new)) == TP
 
 
-def test_one_v1_step_with_a_tensor_parallel_judge_next_to_an_outcome_rm(ray_local, vllm_required, tiny_models,
-                                                                          tiny_judges, policy_tok):
-    """Every reward exact: the outcome RM (transformers, two one-CPU replicas) within 1e-4 of a plain forward, the
-    two-rank judge's verdict and text as transformers' greedy ``generate`` of the same prompt, the rule, and their
-    weighted sum."""
+def test_one_v1_step_with_both_judge_readouts_next_to_an_outcome_rm(ray_local, vllm_required, tiny_models,
+                                                                    tiny_judges, policy_tok):
+    """Every reward exact: the outcome RM (transformers) within 1e-4 of a plain forward, the ``logits`` judge within
+    1e-4 of a plain forward of its judge prompt, the two-rank ``generate`` judge's verdict and text as transformers'
+    greedy ``generate`` of the same prompt, the rule, and their weighted sum."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from verl_async_rm.testing.v1 import V1FitLoop, prompt_batch
 
     questions = ["how many apples does the farmer have", "what is the total cost of two books", "how many eggs"]
+    judge = [f"+async_rm.models.judge.model_path={tiny_judges.lm}", "+async_rm.models.judge.reward_kind=judge",
+             f"+async_rm.models.judge.weight={JUDGE_W}", "+async_rm.models.judge.n_gpus_per_node=1",
+             f"+async_rm.models.judge.judge_tokens=[\"{TOKENS[0]}\",\"{TOKENS[1]}\"]"]
     grade = [f"+async_rm.models.grade.model_path={tiny_judges.digit}", "+async_rm.models.grade.reward_kind=judge",
              "+async_rm.models.grade.judge_readout=generate", f"+async_rm.models.grade.judge_prompt='{DIGIT_PROMPT}'",
              "+async_rm.models.grade.judge_pattern='^([0-9])'",
              f"+async_rm.models.grade.judge_max_tokens={MAX_TOKENS}", f"+async_rm.models.grade.weight={GRADE_W}",
              f"+async_rm.models.grade.n_gpus_per_node={TP}", f"+async_rm.models.grade.gpus_per_replica={TP}",
              "+async_rm.models.grade.init_timeout_s=240"]
-    with running_manager(ray_local, tiny_models, "v1", *grade) as (manager, config):
+    with running_manager(ray_local, tiny_models, "v1", *judge, *grade) as (manager, config):
         prompts = prompt_batch(questions, ground_truth="42")
         asked = dict(zip(prompts["uid"], questions, strict=True))
         batch = V1FitLoop(config, manager).train_step(prompts)
+        assert set(manager.rm_services) == {"main", "judge", "grade"}
         described = ray.get(manager.rm_services["grade"].describe.remote(), timeout=60)
     assert [(info["tensor_parallel_size"], info["judge_readout"]) for info in described] == [(TP, "generate")]
     main_rm = hf_model(tiny_models.rm)
+    lm = AutoModelForCausalLM.from_pretrained(tiny_judges.lm, dtype=torch.float32).eval()
+    lm_tok = AutoTokenizer.from_pretrained(tiny_judges.lm)
     digit = AutoModelForCausalLM.from_pretrained(tiny_judges.digit, dtype=torch.float32).eval()
     digit_tok = AutoTokenizer.from_pretrained(tiny_judges.digit)
     assert len(batch.keys) == len(questions) * 2
+    judged = []
     for i in range(len(batch.keys)):
         info, response = batch.reward_extra_info(i), batch.data["responses"][i]
-        text = response_text(policy_tok, response)
+        question, text = asked[batch.data["uid"][i]], response_text(policy_tok, response)
         main = direct_score(main_rm, torch.cat([batch.data["prompts"][i], response]).tolist())
+        logits = logits_reference(lm, lm_tok, judge_ids(lm_tok, DEFAULT_PROMPTS["logits"], question, text, "42"))
         verdict_text, verdict = generate_reference(
-            digit, digit_tok, judge_ids(digit_tok, DIGIT_PROMPT, asked[batch.data["uid"][i]], text), MAX_TOKENS,
-            "^([0-9])")
+            digit, digit_tok, judge_ids(digit_tok, DIGIT_PROMPT, question, text), MAX_TOKENS, "^([0-9])")
         rule = (len(policy_tok.decode(response, skip_special_tokens=True)) % 7) / 7.0
         assert info["rm_score_main"] == pytest.approx(main, abs=ATOL)
+        assert info["rm_score_judge"] == pytest.approx(logits, abs=ATOL)
         assert info["rm_score_grade"] == verdict and info["rm_verdict_grade"] == verdict_text
-        assert batch.reward(i) == pytest.approx(RM_W * main + GRADE_W * verdict + RULE_W * rule, abs=ATOL)
-    assert batch.metrics["async_rm/scored"] == len(batch.keys) and batch.metrics["async_rm/errors"] == 0
-
+        assert batch.reward(i) == pytest.approx(
+            RM_W * main + JUDGE_W * logits + GRADE_W * verdict + RULE_W * rule, abs=ATOL)
+        judged.append(logits)
+    assert max(judged) - min(judged) > 5 * ATOL  # the logits judge's scores differ: the comparison means something
+    m = batch.metrics
+    assert m["async_rm/scored"] == len(batch.keys) and m["async_rm/errors"] == 0
+    assert m["async_rm/grade/judge_parse_failures"] == 0 and m["async_rm/grade/judge_tokens"] >= len(batch.keys)
+    assert "async_rm/judge/judge_tokens" not in m  # a logits judge writes nothing
