@@ -1,11 +1,24 @@
-"""``bash recipes/grpo_cpu_tiny.sh trainer.use_v1=False`` on verl's v0 trainer (``RayPPOTrainer``) for two steps, with
-verl's v1 trainer hidden from every process of the run (``assets/hide_verl_v1``: importing ``verl.trainer.ppo.v1``
-raises, as on verl's ``neo`` branch): the plugin imports and scores without it, the actor trains, the plugin's
-metrics reach verl's tracker (a training step's as ``timing_s/async_rm/*``, the validation pass's as
-``val-async_rm/*``)."""
+"""``bash recipes/grpo_cpu_tiny.sh trainer.use_v1=False`` on verl's v0 trainer (``RayPPOTrainer``) for two steps, as
+a user runs it (verl's own ``python -m verl.trainer.main_ppo``: its own Ray cluster, the demo's tiny models and data,
+verl's vLLM rollout, FSDP2 actor with the reference model, the RM on its own pool), with
+
+- verl's v1 trainer hidden from every process of the run (``assets/hide_verl_v1``: importing ``verl.trainer.ppo.v1``
+  raises, as on verl's ``neo`` branch): the plugin imports and scores without it, the actor trains, the plugin's
+  metrics reach verl's tracker (a training step's as ``timing_s/async_rm/*``, the validation pass's as
+  ``val-async_rm/*``);
+- beside the recipe's RM, an extra RM ``group``: a group judge (``reward_kind=group_judge``: one call per GRPO group
+  of 4) on a local vLLM engine with structured output. The tiny ``json`` judge (``testing/judges.py``) gives every
+  label :data:`~verl_async_rm.testing.judges.JSON_DIGIT`, so every trajectory's ``rm_score_group`` is known (verl's
+  ``trainer.rollout_data_dir`` writes each trajectory's ``reward_extra_info``).
+
+The v1 trainer runs ``main_ppo`` in ``test_demo.py`` (the plugin on its own pool) and in-process in
+``test_manager_v1.py`` (on the policy's GPUs); v0 on the policy's GPUs with a remote judge:
+``test_cpu_recipe_v0_policy_pool.py``. One run holds v0, the hidden v1 and the group judge because each run of verl's
+trainer costs this 2-core machine minutes."""
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -14,14 +27,19 @@ from program_runs import Command, logged_steps, recipe_command
 
 pytestmark = pytest.mark.integration
 
-STEPS, TRAJECTORIES = 2, 8 * 4
+STEPS, TRAJECTORIES, GROUPS = 2, 8 * 4, 8  # the recipe's 8 prompts x 4 responses
 HIDE_V1 = TEST_ASSETS / "hide_verl_v1"
+SCALE, GROUP_W = 10, 0.1
 
 
 def program_command(request) -> Command:
+    judge = request.getfixturevalue("tiny_judges").json
+    group = [f"+async_rm.models.group.{key}={value}" for key, value in (
+        ("model_path", judge), ("reward_kind", "group_judge"), ("judge_max_tokens", 48), ("judge_scale", SCALE),
+        ("weight", GROUP_W))]
     path = os.pathsep.join(p for p in (str(HIDE_V1), os.environ.get("PYTHONPATH", "")) if p)
     return recipe_command(request, "cpu_recipe_v0", f"trainer.total_training_steps={STEPS}", "trainer.use_v1=False",
-                          env={"PYTHONPATH": path})
+                          *group, "+trainer.rollout_data_dir=rollouts", env={"PYTHONPATH": path})
 
 
 @pytest.fixture(scope="module")
@@ -29,17 +47,37 @@ def run(request, program_runs):
     require_vllm()
     proc = program_runs.finish(__name__, lambda: program_command(request))
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-5000:]
-    return proc, logged_steps(proc.command.cwd / "metrics.jsonl")
+    rows = [json.loads(line) for step in range(1, STEPS + 1)
+            for line in (proc.command.cwd / "rollouts" / f"{step}.jsonl").read_text().splitlines()]
+    return proc, logged_steps(proc.command.cwd / "metrics.jsonl"), rows
 
 
 def test_v0_trains_two_steps_with_every_trajectory_scored_and_v1_never_imported(run):
-    proc, steps = run
+    proc, steps, _ = run
     assert "hidden by tests/integration/assets/hide_verl_v1" not in proc.stdout + proc.stderr
     assert set(steps) == {0, 1, 2}  # the validation before training, then the two steps
     for step in (1, 2):
         m = steps[step]
         assert m["timing_s/async_rm/requests"] == m["timing_s/async_rm/scored"] == TRAJECTORIES
         assert m["timing_s/async_rm/errors"] == 0 and m["timing_s/async_rm/batches"] >= 1
-        assert m["actor/grad_norm"] > 0 and m["timing_s/update_weights"] > 0
+        assert m["actor/grad_norm"] > 0 and "actor/kl_loss" in m and m["timing_s/ref"] > 0
+        assert m["timing_s/update_weights"] > 0
+    assert steps[2]["actor/kl_loss"] > 0  # the actor moved away from the reference model after step 1
     assert steps[0]["val-async_rm/scored"] == steps[0]["val-async_rm/requests"] > 0
     assert steps[0]["val-async_rm/errors"] == 0
+
+
+def test_a_group_judge_scores_each_group_in_one_call_with_the_number_it_gave_each_label(run):
+    from verl_async_rm.testing.judges import JSON_DIGIT
+
+    _, steps, rows = run
+    for step in (1, 2):
+        m = steps[step]
+        assert m["timing_s/async_rm/group/requests"] == m["timing_s/async_rm/group/scored"] == TRAJECTORIES
+        assert m["timing_s/async_rm/group/errors"] == 0 and m["timing_s/async_rm/group/judge_parse_failures"] == 0
+        assert m["timing_s/async_rm/group/groups_judged"] == m["timing_s/async_rm/group/judge_calls"] == GROUPS
+        assert m["timing_s/async_rm/group/groups_partial"] == 0
+    assert len(rows) == STEPS * TRAJECTORIES
+    for row in rows:
+        assert row["rm_score_group"] == pytest.approx(JSON_DIGIT / SCALE)
+        assert row["score"] == pytest.approx(row["rm_score"] + GROUP_W * row["rm_score_group"], abs=1e-5)
