@@ -1,7 +1,7 @@
 """The group judge in-process (no Ray, no vLLM run): its keys' checks, the labels' shuffle, ``{{ responses }}``, the
 reply's schema and how a reply is read (every way it can fail, each naming the reply), the judge's input with its
-re-ask turns and a group too long for the judge. The same input on real vLLM: ``tests/integration/
-test_group_judges.py``; at an endpoint: ``tests/unit/test_remote_service.py``."""
+re-ask turns and a group too long for the judge. The same judge on real vLLM in verl's trainer:
+``tests/integration/test_cpu_recipe_v0.py``; at an endpoint: ``tests/unit/test_remote_service.py``."""
 
 from __future__ import annotations
 

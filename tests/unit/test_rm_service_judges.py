@@ -1,7 +1,7 @@
 """``RMService`` in this process (the Ray actor's class, no Ray) with its real batcher over a scripted replica: a
 per-response judge whose verdict does not parse is asked again in its conversation, a group judge's members wait in the
-gate and reach the replica as one request per group, and each step's figures count trajectories, not judge calls. The
-same service on real vLLM: ``tests/integration/test_group_judges.py``."""
+gate and reach the replica as one request per group, and each step's figures count trajectories, not judge calls. A
+group judge's service on real vLLM in verl's trainer: ``tests/integration/test_cpu_recipe_v0.py``."""
 
 from __future__ import annotations
 
