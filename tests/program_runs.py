@@ -21,8 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
-#: Program runs at once.
-MAX_RUNNING = 2
+#: Program runs at once: one. Each is a trainer with one or two vLLM engines (4-6 GB of this 24 GB machine); two at
+#: once beside the shared part's engines and an in-process trainer went past Ray's memory threshold (95%), whose
+#: monitor then killed workers of the runs and of the tests. Both cores stay busy either way.
+MAX_RUNNING = 1
 
 
 @dataclass(frozen=True)
