@@ -27,7 +27,8 @@
 #   training file; KL loss against the reference model; validation before training.
 #
 # Checked in CI: tests/unit/test_cpu_recipe_command.py compares this command with verl_async_rm.testing.cpu_trainer
-# (the demo's and the tests' overrides) and validates it; tests/integration/test_cpu_recipe.py runs it for two steps.
+# (the demo's and the tests' overrides) and validates it; tests/integration/test_cpu_recipe_v0*.py run it for two
+# steps on verl's v0 trainer (own pool with a group judge; policy pool with a remote judge).
 set -euo pipefail
 
 if [[ -z "${POLICY_PATH:-}" || -z "${RM_PATH:-}" || -z "${TRAIN_FILE:-}" || -z "${VAL_FILE:-}" ]]; then

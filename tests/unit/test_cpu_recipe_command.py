@@ -2,7 +2,7 @@
 overrides the demo and the trainer tests use (``verl_async_rm.testing.cpu_trainer``) and the README's opt-in, it
 composes against verl's config and passes verl's and the plugin's checks, and its paths come from the environment
 (else the demo's tiny models and data). Dry runs only (``VERL_ASYNC_RM_RECIPE_DRY_RUN=1``); the recipe runs for real in
-``tests/integration/test_cpu_recipe.py``."""
+``tests/integration/test_cpu_recipe_v0.py`` and ``test_cpu_recipe_v0_policy_pool.py``."""
 
 from __future__ import annotations
 
