@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from manager_cases import RM_W, RULE_W, running_manager
+from trainer_cases import rm_reference
 
 pytestmark = pytest.mark.integration
 
@@ -49,28 +50,16 @@ def _raw_prompt(batch, i):
     return [{"role": "user", "content": batch.questions[str(batch.keys[i]).split("_")[0]]}]
 
 
-def _rm_reference(rm_path, policy_path, raw_prompt, response_ids):
-    """Plain transformers: the RM's forward on its own chat template of the prompt and the decoded response (fp32)."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
-
-    policy_tok, rm_tok = AutoTokenizer.from_pretrained(policy_path), AutoTokenizer.from_pretrained(rm_path)
-    rm = AutoModelForSequenceClassification.from_pretrained(rm_path, dtype=torch.float32).eval()
-    text = rm_tok.apply_chat_template(
-        [*raw_prompt, {"role": "assistant", "content": policy_tok.decode(response_ids)}], tokenize=False)
-    ids = rm_tok(text, add_special_tokens=False)["input_ids"]
-    with torch.no_grad():
-        return float(rm(input_ids=torch.tensor([ids])).logits[0, 0])
-
-
 def test_the_vllm_replicas_score_every_trajectory_as_transformers(step, tiny_models):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_models.policy)
+    rm = rm_reference(tiny_models.rm, tiny_models.policy)
     assert len(step.keys) == N * len(QUESTIONS)
     for i in range(len(step.keys)):
         response = step.data["responses"][i].tolist()
         info = step.reward_extra_info(i)
-        expected_rm = _rm_reference(tiny_models.rm, tiny_models.policy, _raw_prompt(step, i), response)
+        expected_rm = rm(_raw_prompt(step, i), response)
         expected_rule = (len(tok.decode(response, skip_special_tokens=True)) % 7) / 7.0
         assert float(info["rm_score_main"]) == pytest.approx(expected_rm, abs=1e-4)
         assert float(info["rm_score_vl"]) == pytest.approx(expected_rm, abs=1e-4)
