@@ -24,8 +24,8 @@ pytestmark = pytest.mark.integration
 
 
 @pytest.fixture(scope="module")
-def drop_manager(ray_local, tiny_models, nan_rm):
-    with running_manager(ray_local, tiny_models, "v0", "+async_rm.on_error=drop", "+async_rm.drop_budget=0.5",
+def drop_manager(ray_wide, tiny_models, nan_rm):
+    with running_manager(ray_wide, tiny_models, "v0", "+async_rm.on_error=drop", "+async_rm.drop_budget=0.5",
                          TWO_REPLICAS, rm_path=nan_rm[0]) as (manager, config):
         yield manager, config
 
@@ -81,7 +81,7 @@ def test_a_dead_rm_service_is_replaced_at_the_next_step(drop_manager):
     assert timing["async_rm/scored"] == 4.0 and timing["async_rm/replicas_usable"] == 2.0
 
 
-def test_a_trajectory_waiting_on_an_rm_service_that_dies_fails_at_once(ray_local, tiny_models, policy_tok):
+def test_a_trajectory_waiting_on_an_rm_service_that_dies_fails_at_once(ray_wide, tiny_models, policy_tok):
     from rm_cases import make_request
     from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
 

@@ -1,88 +1,95 @@
-"""``on_error=drop`` inside verl's real v1 sync trainer on CPU (``sync_refill_failed_groups=True``, verl's own sync
-replay buffer): a group whose RM scores failed takes verl's failure path and is refilled from verl's dataloader with
-the next prompt; the step trains on the others, counts the drops, and nothing is trained on a missing score. A later
-step with more drops than ``drop_budget`` stops verl's fit.
+"""``on_error=drop`` on verl's v1 sync replay buffer (``sync_refill_failed_groups=True``): a group whose RM scores
+failed takes verl's failure path and is refilled with a fresh prompt; the step trains on the others, counts the drops,
+and nothing is trained on a missing score. A later step with more drops than ``drop_budget`` stops the run.
 
-The RM is the NaN-RM (the tiny RM, the policy's tokenizer, whose ``</s>`` embedding is NaN); every prompt runs the
-demo's agent loop, which samples ordinary tokens only, and the poisoned prompts its variant that ends the response in
-``</s>``. The prompts, in verl's dataloader order (``data.shuffle=False``, one prompt per fetch with refilling):
+The fit loop is :class:`~verl_async_rm.testing.v1.V1FitLoop` (verl's own dispatch, replay buffer and refill through
+``PPOTrainer._add_prompts_to_generate``, the plugin's step-end hook; no policy update) on the cluster's synthetic
+generation server. The RM is the NaN-RM (the tiny RM, the policy's tokenizer, whose ``</s>`` embedding is NaN); the
+poisoned prompts run the ``poisoned`` agent loop (tests/integration/assets), which ends the response in ``</s>``, the
+others verl's single-turn loop, and the refills a fresh question each:
 
-- step 1: ok, POISONED, ok, ok, then the refill (ok): 10 trajectories, 2 dropped (20% <= 25%);
+- step 1: ok, POISONED, ok, ok, then one refill: 10 trajectories, 2 dropped (20% <= 25%);
 - step 2: POISONED, POISONED, ok, ok, then two refills: 12 trajectories, 4 dropped (33% > 25%): the run stops.
+
+``on_error=drop`` in verl's real trainers: ``test_manager_v1_async.py`` (``colocate_async``, eviction and refill).
 """
 
 from __future__ import annotations
 
-import pytest
-from trainer_cases import N, RM_W, RULE_W, compose, rule_reference, running_trainer, trainer_overrides, write_prompts
+import itertools
 
-pytestmark = [pytest.mark.integration, pytest.mark.own_cluster]
+import pytest
+from manager_cases import RM_W, RULE_W, running_manager
+
+pytestmark = pytest.mark.integration
 
 BUDGET = 0.25
+N = 2  # rollout.n (manager_cases)
 POISON = "POISONED"
-KINDS = ["ok", POISON, "ok", "ok", "ok", POISON, POISON] + ["ok"] * 9
+
+
+def _prompts(kinds: list[str], step: int):
+    from verl_async_rm.testing.v1 import prompt_batch
+
+    return prompt_batch([f"{kind} question {step}.{i}: how many apples are left?" for i, kind in enumerate(kinds)],
+                        agent_names=["poisoned" if kind == POISON else "single_turn_agent" for kind in kinds])
 
 
 @pytest.fixture(scope="module")
-def dropping(tiny_models, nan_rm, tmp_path_factory):
-    from verl_async_rm.demo.agent_loop import AGENT_NAME, write_agent_loop_config
-    from verl_async_rm.demo.data import demo_assets
+def dropping(ray_wide, tiny_models, nan_rm):
+    from verl_async_rm.testing.v1 import V1FitLoop, prompt_batch
 
-    out = tmp_path_factory.mktemp("sync_drop")
-    questions = [f"{kind} question {i}: how many apples are left?" for i, kind in enumerate(KINDS)]
-    names = ["poisoned_lognormal" if kind == POISON else AGENT_NAME for kind in KINDS]
-    train = write_prompts(out / "train.parquet", questions, names)
-    loops = write_agent_loop_config(out / "loops.yaml", median_tokens=12, sigma=0.5, seed=0, greedy=False, extra={
-        "poisoned_lognormal": "async_rm_poison_lognormal_loop.PoisonedLogNormalAgentLoop"})
-    assets = demo_assets(tiny_models.root.parent)
-    config = compose(trainer_overrides(
-        assets, f"data.train_files={train}", f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}",
-        f"actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_NAME}",
-        "+async_rm.on_error=drop", f"+async_rm.drop_budget={BUDGET}",
-        "trainer.v1.sampler.sync_refill_failed_groups=True",
-        rm_path=nan_rm[0], steps=3, short_poll=False))  # verl's own sync sampler: it refills failed groups
-    with running_trainer(config, out / "metrics.jsonl") as run:
+    refills = itertools.count()
+
+    def refill(n: int):
+        return prompt_batch([f"refill question {next(refills)}: how many eggs?" for _ in range(n)])
+
+    with running_manager(ray_wide, tiny_models, "v1", "+async_rm.on_error=drop", f"+async_rm.drop_budget={BUDGET}",
+                         "trainer.v1.sampler.sync_refill_failed_groups=True", rm_path=nan_rm[0]) as (manager, config):
+        fit = V1FitLoop(config, manager, make_prompts=refill)
+        prompts = _prompts(["ok", POISON, "ok", "ok"], 1)
+        first = fit.train_step(prompts)
+        first.dispatched = list(prompts["uid"])
         error = None
         try:
-            run.fit()
+            fit.train_step(_prompts([POISON, POISON, "ok", "ok"], 2))
         except Exception as exc:  # noqa: BLE001 - checked by a test
             error = exc
-        yield run, error
+        yield first, error
 
 
-def _questions(step) -> list[str]:
-    return [raw[-1]["content"] for raw in step.raw_prompts]
+def _uid(key: str) -> str:
+    return key.split("_")[0]  # a trajectory's key is {uid}_{session}_{index}
 
 
 def test_the_failed_group_is_dropped_and_refilled_by_verls_sync_replay_buffer(dropping):
-    run, _ = dropping
-    first = run.steps[0]
-    sampled = {q.split(":")[0] for q in _questions(first)}
-    assert sampled == {"ok question 0", "ok question 2", "ok question 3", "ok question 4"}  # 4: the refill
-    assert len(first.keys) == 4 * N and all(len(m) == N for m in first.groups().values())
+    first, _ = dropping
+    sampled = [_uid(key) for key in first.keys]
+    ok, poisoned = [first.dispatched[i] for i in (0, 2, 3)], first.dispatched[1]
+    assert len(sampled) == 4 * N and all(sampled.count(uid) == N for uid in set(sampled))
+    assert set(ok) < set(sampled) and poisoned not in sampled  # the fourth group is the refill
     m = first.metrics
     assert (m["async_rm/requests"], m["async_rm/scored"], m["async_rm/dropped"]) == (5 * N, 4 * N, N)
-    assert m["actor/grad_norm"] > 0  # verl trained the step on the others
 
 
 def test_nothing_is_trained_on_a_missing_score(dropping, nan_rm, tiny_models):
     """Every sampled reward is the RM's score of its own ids plus the rule: no NaN, no stand-in value."""
     import torch
-    from rm_cases import hf_model
+    from rm_cases import direct_score, hf_model
+    from trainer_cases import rule_reference
 
-    run, _ = dropping
+    first, _ = dropping
     rm, rule = hf_model(nan_rm[0]), rule_reference(tiny_models.policy)
-    for i, (prompt, response) in enumerate(zip(run.steps[0].prompts, run.steps[0].responses, strict=True)):
-        assert nan_rm[1] not in response
-        with torch.no_grad():
-            direct = float(rm(input_ids=torch.tensor([prompt + response])).logits[0, 0])
-        assert run.steps[0].rewards[i] == pytest.approx(RM_W * direct + RULE_W * rule(response), abs=1e-4)
+    for i in range(len(first.keys)):
+        prompt, response = first.data["prompts"][i], first.data["responses"][i]
+        assert nan_rm[1] not in response.tolist()
+        direct = direct_score(rm, torch.cat([prompt, response]).tolist())
+        assert first.reward(i) == pytest.approx(RM_W * direct + RULE_W * rule(response.tolist()), abs=1e-4)
 
 
-def test_more_drops_than_the_budget_stop_verls_fit(dropping):
+def test_more_drops_than_the_budget_stop_the_run(dropping):
     from verl_async_rm.errors import TrajectoryDroppedError
 
-    run, error = dropping
+    _, error = dropping
     assert isinstance(error, TrajectoryDroppedError), repr(error)
     assert f"{2 * N} of {6 * N} trajectories of step 2 got no RM score" in str(error)
-    assert [s.step for s in run.steps] == [1]
