@@ -44,10 +44,10 @@ def _rule(tok, response_ids) -> float:
     return (len(tok.decode(response_ids, skip_special_tokens=True)) % 7) / 7.0
 
 
-def test_v1_naive_manager_reward_is_exactly_the_users_function_of_the_rm_score(ray_local, tiny_models):
+def test_v1_naive_manager_reward_is_exactly_the_users_function_of_the_rm_score(ray_wide, tiny_models):
     from verl_async_rm.testing.v1 import V1FitLoop, prompt_batch
 
-    with running_manager(ray_local, tiny_models, "v1", *FROM_RM_SCORE) as (manager, config):
+    with running_manager(ray_wide, tiny_models, "v1", *FROM_RM_SCORE) as (manager, config):
         batch = V1FitLoop(config, manager).train_step(prompt_batch(["how many apples?", "what is the cost?"]))
     assert len(batch.keys) == 2 * N and batch.metrics["async_rm/scored"] == 2 * N
     for i in range(len(batch.keys)):
@@ -59,8 +59,8 @@ def test_v1_naive_manager_reward_is_exactly_the_users_function_of_the_rm_score(r
         assert batch.reward(i) == _float32(value)  # exactly (verl keeps rewards as float32): the plugin adds nothing
 
 
-def test_v0_naive_manager_reward_is_exactly_the_users_function_of_the_rm_score(ray_local, tiny_models):
-    with running_manager(ray_local, tiny_models, "v0", *FROM_RM_SCORE) as (manager, _):
+def test_v0_naive_manager_reward_is_exactly_the_users_function_of_the_rm_score(ray_wide, tiny_models):
+    with running_manager(ray_wide, tiny_models, "v0", *FROM_RM_SCORE) as (manager, _):
         output = manager.generate_sequences(prompts_batch(2, rollout_n=N))
     prompt_len = output.batch["prompts"].shape[1]
     for i in range(len(output)):
@@ -72,7 +72,7 @@ def test_v0_naive_manager_reward_is_exactly_the_users_function_of_the_rm_score(r
     assert output.meta_info["timing"]["async_rm/scored"] == 2 * N
 
 
-def test_v1_dapo_manager_keeps_its_overlong_penalty_and_the_rm_is_added(ray_local, tiny_models):
+def test_v1_dapo_manager_keeps_its_overlong_penalty_and_the_rm_is_added(ray_wide, tiny_models):
     from transformers import AutoTokenizer
 
     from verl_async_rm.testing.v1 import V1FitLoop, prompt_batch
@@ -82,7 +82,7 @@ def test_v1_dapo_manager_keeps_its_overlong_penalty_and_the_rm_is_added(ray_loca
             f"+reward.reward_kwargs.overlong_buffer_cfg.len={DAPO_BUFFER}",
             "+reward.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0",
             "+reward.reward_kwargs.overlong_buffer_cfg.log=True"]
-    with running_manager(ray_local, tiny_models, "v1", *dapo) as (manager, config):
+    with running_manager(ray_wide, tiny_models, "v1", *dapo) as (manager, config):
         batch = V1FitLoop(config, manager).train_step(prompt_batch([f"question {i}" for i in range(4)]))
     tok = AutoTokenizer.from_pretrained(tiny_models.policy)
     penalties = []
@@ -99,8 +99,8 @@ def test_v1_dapo_manager_keeps_its_overlong_penalty_and_the_rm_is_added(ray_loca
 
 
 @pytest.fixture
-def reward_loop_calls(ray_local):
-    @ray_local.remote(num_cpus=0)
+def reward_loop_calls(ray_wide):
+    @ray_wide.remote(num_cpus=0)
     class Calls:
         def __init__(self) -> None:
             self.count = 0
@@ -113,25 +113,25 @@ def reward_loop_calls(ray_local):
 
     calls = Calls.options(name="reward_loop_calls").remote()
     yield calls
-    ray_local.kill(calls)
+    ray_wide.kill(calls)
 
 
 @pytest.mark.parametrize("rule_weight, per_trajectory", [(0, 0), (1, 1)])
-def test_with_no_rule_in_the_reward_verls_reward_loop_is_never_called(ray_local, tiny_models, reward_loop_calls,
+def test_with_no_rule_in_the_reward_verls_reward_loop_is_never_called(ray_wide, tiny_models, reward_loop_calls,
                                                                        rule_weight, per_trajectory):
     """The Ray calls of a trajectory: one to the RM service, one per batch to a replica (both counted by the service),
     and to verl's reward loop (counted by the manager) only with a rule."""
     from verl_async_rm.testing.v1 import V1FitLoop, prompt_batch
 
-    with running_manager(ray_local, tiny_models, "v1", *COUNTING, f"+async_rm.rule_weight={rule_weight}") as (
+    with running_manager(ray_wide, tiny_models, "v1", *COUNTING, f"+async_rm.rule_weight={rule_weight}") as (
             manager, config):
         batch = V1FitLoop(config, manager).train_step(prompt_batch(["how many apples?", "what is the cost?"]))
-        service = ray_local.get(manager.rm_service.stats.remote(), timeout=60)
+        service = ray_wide.get(manager.rm_service.stats.remote(), timeout=60)
     trajectories = len(batch.keys)
     assert trajectories == 2 * N and batch.metrics["async_rm/scored"] == trajectories
     assert service["submitted"] == trajectories  # one call of each trajectory to the RM service
     assert 1 <= service["batches"] <= trajectories  # one call of each batch to a replica
-    assert ray_local.get(reward_loop_calls.get.remote(), timeout=60) == per_trajectory * trajectories
+    assert ray_wide.get(reward_loop_calls.get.remote(), timeout=60) == per_trajectory * trajectories
     for i in range(trajectories):
         info = batch.reward_extra_info(i)
         assert ("rule_score" in info) is bool(rule_weight)
