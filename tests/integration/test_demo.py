@@ -28,8 +28,8 @@ STEPS, PROMPTS, N = 6, 8, 4
 
 
 def program_command(request) -> Command:
-    """The README's demo command (6 steps instead of 8, the plugin's mode alone), run in a folder of its own (:mod:`program_runs`: the
-    session starts it beside the unit tier)."""
+    """The README's demo command (6 steps instead of 8, the plugin's mode alone), run in a folder of its own
+    (:mod:`program_runs`: the session starts it beside the unit tier)."""
     tiny_models = request.getfixturevalue("tiny_models")
     cwd = request.getfixturevalue("tmp_path_factory").mktemp("demo")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH")) if p)}
