@@ -5,11 +5,14 @@ real reward loop on trajectories of verl's real agent loop, with the tiny RM sco
   the trajectory's reward is exactly that function's value, and ``rm_score`` is the plain-transformers score;
 - ``dapo`` with its overlong penalty: the penalty of each trajectory (from its response length) is still in the
   manager's reward, and the RM is added: ``reward = rule_weight * (rule + penalty) + rm_weight * rm``;
-- a manager that counts its calls: with the rule in the reward verl's reward loop runs once per trajectory; with no
-  rule (``rule_weight=0``) it is never called, so a trajectory makes two Ray calls (worker -> RM service -> replica).
+- the v1 ``naive`` manager counts its calls: with the rule in the reward verl's reward loop runs once per trajectory;
+  the next step, with no rule (``rule_weight=0``), it is never called, so a trajectory makes two Ray calls (worker ->
+  RM service -> replica).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -20,8 +23,8 @@ from conftest import TEST_ASSETS
 pytestmark = pytest.mark.integration
 
 N = 2  # rollout.n
-FROM_RM_SCORE = ["reward.reward_manager.name=naive", "reward.custom_reward_function.name=from_rm_score",
-                 "+async_rm.rm_weight=0", "+async_rm.rule_weight=1"]
+FROM_RM_SCORE = ["reward.custom_reward_function.name=from_rm_score", "+async_rm.rm_weight=0", "+async_rm.rule_weight=1"]
+NAIVE = "reward.reward_manager.name=naive"
 COUNTING = ["reward.reward_manager.source=importlib", "reward.reward_manager.name=CountingRewardManager",
             f"reward.reward_manager.module.path={TEST_ASSETS / 'counting_manager.py'}"]
 DAPO_MAX_RESP, DAPO_BUFFER = 8, 4  # dapo penalises responses longer than 8 - 4 tokens: -(extra / 4) * 1.0
@@ -44,23 +47,8 @@ def _rule(tok, response_ids) -> float:
     return (len(tok.decode(response_ids, skip_special_tokens=True)) % 7) / 7.0
 
 
-def test_v1_naive_manager_reward_is_exactly_the_users_function_of_the_rm_score(ray_wide, tiny_models):
-    from verl_async_rm.testing.v1 import V1FitLoop, prompt_batch
-
-    with running_manager(ray_wide, tiny_models, "v1", *FROM_RM_SCORE) as (manager, config):
-        batch = V1FitLoop(config, manager).train_step(prompt_batch(["how many apples?", "what is the cost?"]))
-    assert len(batch.keys) == 2 * N and batch.metrics["async_rm/scored"] == 2 * N
-    for i in range(len(batch.keys)):
-        info = batch.reward_extra_info(i)
-        ids = torch.cat([batch.data["prompts"][i], batch.data["responses"][i]])
-        assert info["rm_score"] == pytest.approx(_direct(tiny_models.rm, ids), abs=1e-4)
-        value = 3.0 * info["rm_score"] - 1.0  # the user's function
-        assert info["rule_score"] == value and info["rm_total"] == 0.0 and info["saw_rms"] == 1.0
-        assert batch.reward(i) == _float32(value)  # exactly (verl keeps rewards as float32): the plugin adds nothing
-
-
 def test_v0_naive_manager_reward_is_exactly_the_users_function_of_the_rm_score(ray_wide, tiny_models):
-    with running_manager(ray_wide, tiny_models, "v0", *FROM_RM_SCORE) as (manager, _):
+    with running_manager(ray_wide, tiny_models, "v0", NAIVE, *FROM_RM_SCORE) as (manager, _):
         output = manager.generate_sequences(prompts_batch(2, rollout_n=N))
     prompt_len = output.batch["prompts"].shape[1]
     for i in range(len(output)):
@@ -116,24 +104,44 @@ def reward_loop_calls(ray_wide):
     ray_wide.kill(calls)
 
 
-@pytest.mark.parametrize("rule_weight, per_trajectory", [(0, 0), (1, 1)])
-def test_with_no_rule_in_the_reward_verls_reward_loop_is_never_called(ray_wide, tiny_models, reward_loop_calls,
-                                                                       rule_weight, per_trajectory):
-    """The Ray calls of a trajectory: one to the RM service, one per batch to a replica (both counted by the service),
-    and to verl's reward loop (counted by the manager) only with a rule."""
+def test_v1_naive_manager_reward_is_exactly_the_users_function_and_with_no_rule_it_is_never_called(
+        ray_wide, tiny_models, reward_loop_calls):
+    """verl's ``naive`` manager (counting its calls) with a reward function of ``extra_info["rm_score"]``
+    (``rm_weight=0``, ``rule_weight=1``): each reward is exactly the function's value, and verl's reward loop runs
+    once per trajectory. The next step, the same workers given the mix that ``+async_rm.rule_weight=0`` gives them
+    (no rule; the main RM weighted): verl's reward loop is never called, so a trajectory makes two Ray calls, one to
+    the RM service and one per batch to a replica (both counted by the service)."""
     from verl_async_rm.testing.v1 import V1FitLoop, prompt_batch
 
-    with running_manager(ray_wide, tiny_models, "v1", *COUNTING, f"+async_rm.rule_weight={rule_weight}") as (
-            manager, config):
-        batch = V1FitLoop(config, manager).train_step(prompt_batch(["how many apples?", "what is the cost?"]))
+    prompts = prompt_batch(["how many apples?", "what is the cost?"])
+    with running_manager(ray_wide, tiny_models, "v1", *COUNTING, *FROM_RM_SCORE) as (manager, config):
+        loop = V1FitLoop(config, manager)
+        with_rule = loop.train_step(prompts)
+        calls = ray_wide.get(reward_loop_calls.get.remote(), timeout=60)
+        service_before = ray_wide.get(manager.rm_service.stats.remote(), timeout=60)
+        no_rule = dataclasses.replace(manager.async_rm_config.mix, rm_weight=RM_W, rule_weight=0.0)
+        assert not no_rule.uses_rule
+        ray_wide.get([w.async_rm_attach.remote(manager.rm_services, no_rule,
+                                                  manager.async_rm_config.integration.request_timeout_s)
+                      for w in manager.agent_loop_workers], timeout=60)
+        without_rule = loop.train_step(prompts)
         service = ray_wide.get(manager.rm_service.stats.remote(), timeout=60)
-    trajectories = len(batch.keys)
-    assert trajectories == 2 * N and batch.metrics["async_rm/scored"] == trajectories
-    assert service["submitted"] == trajectories  # one call of each trajectory to the RM service
-    assert 1 <= service["batches"] <= trajectories  # one call of each batch to a replica
-    assert ray_wide.get(reward_loop_calls.get.remote(), timeout=60) == per_trajectory * trajectories
+        calls_after = ray_wide.get(reward_loop_calls.get.remote(), timeout=60)
+
+    trajectories = 2 * N
+    assert calls == trajectories and calls_after == calls  # once per trajectory with the rule, never without
+    for batch in (with_rule, without_rule):
+        assert len(batch.keys) == trajectories and batch.metrics["async_rm/scored"] == trajectories
     for i in range(trajectories):
-        info = batch.reward_extra_info(i)
-        assert ("rule_score" in info) is bool(rule_weight)
-        assert batch.reward(i) == pytest.approx(RM_W * info["rm_score"] + rule_weight * info.get("rule_score", 0.0),
-                                                abs=1e-5)
+        info = with_rule.reward_extra_info(i)
+        ids = torch.cat([with_rule.data["prompts"][i], with_rule.data["responses"][i]])
+        assert info["rm_score"] == pytest.approx(_direct(tiny_models.rm, ids), abs=1e-4)
+        value = 3.0 * info["rm_score"] - 1.0  # the user's function
+        assert info["rule_score"] == value and info["rm_total"] == 0.0 and info["saw_rms"] == 1.0
+        assert with_rule.reward(i) == _float32(value)  # exactly (verl keeps rewards as float32): the plugin adds nothing
+        info = without_rule.reward_extra_info(i)
+        assert "rule_score" not in info
+        assert without_rule.reward(i) == pytest.approx(RM_W * info["rm_score"], abs=1e-5)
+    # one call of each trajectory to the RM service, one of each batch to a replica
+    assert service["submitted"] - service_before["submitted"] == trajectories
+    assert 1 <= service["batches"] - service_before["batches"] <= trajectories
