@@ -2,8 +2,9 @@
 
 The pool holds 2 replicas of 2 ranks each: every replica is 2 Ray processes that load the tiny RM sharded over a gloo
 group (tensor parallel: its heads and MLP width divide by 2) and score each batch together. Scores equal the
-unsharded model's (fp32, 1e-4) through the agent-loop manager on verl's v1 trainer, and a rank killed in the middle
-of a batch costs no trajectory: the batch is re-queued, and the replica is replaced with all its ranks. Without Ray,
+unsharded model's (fp32, 1e-4) through the agent-loop manager on verl's v1 trainer, and a forward failing on rank 0
+alone, or a rank killed in the middle of a batch, costs no trajectory: the batch is re-queued, and the replica is
+replaced with all its ranks (one service, both faults in turn). Without Ray,
 two spawned ranks score as the unsharded model by either layout (tensor parallel, FSDP2), and alike, and so does a
 ``logits`` judge.
 """
@@ -59,52 +60,6 @@ def requests(policy_tok, n: int, tag: str):
     return [make_request(policy_tok, *pairs[i % len(pairs)], uid=f"{tag}{i}") for i in range(n)]
 
 
-def test_a_rank_killed_mid_batch_costs_no_trajectory_and_its_replica_is_replaced_whole(
-    ray_local, tiny_models, policy_tok
-):
-    config = RMConfig(model_path=str(tiny_models.rm), policy_tokenizer_path=str(tiny_models.policy), use_gpu=False,
-                      n_gpus_per_node=4, gpus_per_replica=2, placement_timeout_s=60, init_timeout_s=120)
-    first, second = requests(policy_tok, 16, "a"), requests(policy_tok, 16, "b")
-    # 16 per batch and an hour of max_wait: nothing flushes until the 16th request arrives
-    service = start_rm_service(config, BatchPolicy(max_batch_size=16, max_wait_ms=3_600_000),
-                               name=f"sharded_{time.monotonic_ns()}")
-
-    async def main():
-        before = await service.describe.remote()
-        ranks = {info["ranks"][0]["pid"]: ray.get_actor(info["ranks"][0]["actor_name"]) for info in before}
-        for pid in ranks:  # both replicas' rank 1 frozen: whichever rank 0 takes the batch waits for its rank 1
-            os.kill(pid, signal.SIGSTOP)
-        waiting = [asyncio.ensure_future(score_with_timeout(service, r, timeout_s=HANG_S)) for r in first]
-        await wait_stats(service, lambda s: s["in_flight_requests"] == 16, "the batch sent to a replica")
-        lost_replica = await busy_replica(before)  # its rank 0 is inside the batch, in a collective with its frozen rank 1
-        lost_pid = before[lost_replica]["ranks"][0]["pid"]
-        ray.kill(ranks[lost_pid], no_restart=True)  # the frozen rank 1 of the busy replica dies mid-batch
-        os.kill(next(pid for pid in ranks if pid != lost_pid), signal.SIGCONT)
-        scores = await asyncio.gather(*waiting)
-        after_loss = await service.stats.remote()
-        await wait_stats(service, lambda s: s["replicas_replaced_total"] == 1, "the replica replaced")
-        after = await asyncio.wait_for(service.describe.remote(), 60)
-        again = await asyncio.gather(*(score_with_timeout(service, r, timeout_s=HANG_S) for r in second))
-        return before, lost_replica, scores, after_loss, after, again
-
-    try:
-        before, lost_replica, scores, after_loss, after, again = asyncio.run(main())
-    finally:
-        ray.get(service.close.remote(), timeout=HANG_S)
-        ray.kill(service)
-    model = hf_model(tiny_models.rm)
-    assert scores == pytest.approx([direct_score(model, r.prompt_ids + r.response_ids) for r in first], abs=1e-4)
-    assert after_loss["completed"] == 16 and after_loss["failed"] == 0
-    assert after_loss["requeued"] == 16 and after_loss["replicas_lost_total"] == 1
-    replaced = after[lost_replica]
-    assert replaced["actor_name"] != before[lost_replica]["actor_name"]
-    assert replaced["ranks"][0]["pid"] != before[lost_replica]["ranks"][0]["pid"]
-    assert replaced["sharding"] == "tensor_parallel"
-    old_rank0 = before[lost_replica]["pid"]
-    assert not os.path.exists(f"/proc/{old_rank0}") or _zombie(old_rank0)  # rank 0 ended with its rank
-    assert again == pytest.approx([direct_score(model, r.prompt_ids + r.response_ids) for r in second], abs=1e-4)
-
-
 FLAKY_RM_CODE = '''
 import os
 
@@ -142,37 +97,74 @@ def flaky_rm(rm_path, out_dir):
     return out_dir
 
 
-def test_a_forward_failing_on_rank_0_alone_ends_the_replica_and_costs_no_trajectory(
+def test_a_rank_failing_or_killed_mid_batch_costs_no_trajectory_and_its_replica_is_replaced_whole(
     ray_local, tiny_models, policy_tok, tmp_path
 ):
-    """Rank 0's forward fails while its other rank waits in the forward's first collective: through the RM service,
-    the replica ends, its batch is re-queued on the other replica (every trajectory scored, none failed) and it is
-    replaced whole. (That rank 0 does not retry out of step is the spawned-rank tests' part: on gloo a retry out of
-    step would crash the process and end the replica too.)"""
+    """One service of 2 replicas of 2 ranks (16 per batch and an hour of max_wait: nothing flushes until the 16th
+    request arrives), two faults in turn, each costing no trajectory:
+
+    - rank 0's forward fails (:data:`FLAKY_RM_CODE`, once) while its other rank waits in the forward's first
+      collective: the replica ends, its batch is re-queued on the other replica, and it is replaced whole. (That
+      rank 0 does not retry out of step is the spawned-rank tests' part: on gloo a retry out of step would crash the
+      process and end the replica too.)
+    - both replicas' rank 1 frozen, the busy replica's rank 1 killed in the middle of the batch: the batch is
+      re-queued, the replica (rank 0 too) replaced whole; the next batch scores as the unsharded model."""
     path = flaky_rm(tiny_models.rm, tmp_path / "flaky_rm")
     config = RMConfig(model_path=str(path), policy_tokenizer_path=str(tiny_models.policy), use_gpu=False,
                       trust_remote_code=True, n_gpus_per_node=4, gpus_per_replica=2, placement_timeout_s=60,
                       init_timeout_s=120)
-    reqs = requests(policy_tok, 16, "f")
+    flaky, first, second = requests(policy_tok, 16, "f"), requests(policy_tok, 16, "a"), requests(policy_tok, 16, "b")
     service = start_rm_service(config, BatchPolicy(max_batch_size=16, max_wait_ms=3_600_000),
-                               name=f"sharded_flaky_{time.monotonic_ns()}")
+                               name=f"sharded_{time.monotonic_ns()}")
 
-    async def main():
-        scores = await asyncio.gather(*(score_with_timeout(service, r, timeout_s=HANG_S) for r in reqs))
+    async def failing_rank0():
+        scores = await asyncio.gather(*(score_with_timeout(service, r, timeout_s=HANG_S) for r in flaky))
         stats = await wait_stats(service, lambda s: s["replicas_replaced_total"] == 1, "the replica replaced")
         return scores, stats, await asyncio.wait_for(service.describe.remote(), 60)
 
+    async def killed_rank1():
+        before = await service.describe.remote()
+        ranks = {info["ranks"][0]["pid"]: ray.get_actor(info["ranks"][0]["actor_name"]) for info in before}
+        for pid in ranks:  # both replicas' rank 1 frozen: whichever rank 0 takes the batch waits for its rank 1
+            os.kill(pid, signal.SIGSTOP)
+        waiting = [asyncio.ensure_future(score_with_timeout(service, r, timeout_s=HANG_S)) for r in first]
+        await wait_stats(service, lambda s: s["in_flight_requests"] == 16, "the batch sent to a replica")
+        lost_replica = await busy_replica(before)  # its rank 0 is inside the batch, in a collective with its frozen rank 1
+        lost_pid = before[lost_replica]["ranks"][0]["pid"]
+        ray.kill(ranks[lost_pid], no_restart=True)  # the frozen rank 1 of the busy replica dies mid-batch
+        os.kill(next(pid for pid in ranks if pid != lost_pid), signal.SIGCONT)
+        scores = await asyncio.gather(*waiting)
+        after_loss = await service.stats.remote()
+        await wait_stats(service, lambda s: s["replicas_replaced_total"] == 2, "the replica replaced")
+        after = await asyncio.wait_for(service.describe.remote(), 60)
+        again = await asyncio.gather(*(score_with_timeout(service, r, timeout_s=HANG_S) for r in second))
+        return before, lost_replica, scores, after_loss, after, again
+
     try:
-        scores, stats, after = asyncio.run(main())
+        flaky_scores, flaky_stats, after_flaky = asyncio.run(failing_rank0())
+        before, lost_replica, scores, after_loss, after, again = asyncio.run(killed_rank1())
     finally:
         ray.get(service.close.remote(), timeout=HANG_S)
         ray.kill(service)
-    assert (path / "failed_once").exists()  # the injected failure did happen
     model = hf_model(tiny_models.rm)
-    assert scores == pytest.approx([direct_score(model, r.prompt_ids + r.response_ids) for r in reqs], abs=1e-4)
-    assert stats["completed"] == 16 and stats["failed"] == 0
-    assert stats["requeued"] == 16 and stats["replicas_lost_total"] == 1
-    assert len(after) == 2 and all(info["sharding"] == "tensor_parallel" for info in after)
+
+    assert (path / "failed_once").exists()  # the injected failure did happen
+    assert flaky_scores == pytest.approx([direct_score(model, r.prompt_ids + r.response_ids) for r in flaky],
+                                         abs=1e-4)
+    assert flaky_stats["completed"] == 16 and flaky_stats["failed"] == 0
+    assert flaky_stats["requeued"] == 16 and flaky_stats["replicas_lost_total"] == 1
+    assert len(after_flaky) == 2 and all(info["sharding"] == "tensor_parallel" for info in after_flaky)
+
+    assert scores == pytest.approx([direct_score(model, r.prompt_ids + r.response_ids) for r in first], abs=1e-4)
+    assert after_loss["completed"] == 32 and after_loss["failed"] == 0  # 16 of each fault
+    assert after_loss["requeued"] == 32 and after_loss["replicas_lost_total"] == 2
+    replaced = after[lost_replica]
+    assert replaced["actor_name"] != before[lost_replica]["actor_name"]
+    assert replaced["ranks"][0]["pid"] != before[lost_replica]["ranks"][0]["pid"]
+    assert replaced["sharding"] == "tensor_parallel"
+    old_rank0 = before[lost_replica]["pid"]
+    assert not os.path.exists(f"/proc/{old_rank0}") or _zombie(old_rank0)  # rank 0 ended with its rank
+    assert again == pytest.approx([direct_score(model, r.prompt_ids + r.response_ids) for r in second], abs=1e-4)
 
 
 async def busy_replica(replicas: list[dict]) -> int:
