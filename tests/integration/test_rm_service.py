@@ -5,6 +5,7 @@ test_rm_faults.py."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import sys
 
 import pytest
@@ -105,9 +106,10 @@ def test_many_callers_share_one_service_and_its_step_figures_count_them(rm_confi
 def test_typed_errors_cross_ray_deadline_cancel_and_close(rm_config, policy_tok):
     import ray
 
-    # an hour of max_wait: the first request waits, deterministically, until the test acts
+    # an hour of max_wait: the first request waits, deterministically, until the test acts (nothing is scored: one
+    # replica is enough)
     policy = BatchPolicy(max_batch_size=64, max_wait_ms=3_600_000)
-    service = start_rm_service(rm_config, policy, name="svc_errors")
+    service = start_rm_service(dataclasses.replace(rm_config, n_gpus_per_node=1), policy, name="svc_errors")
     first, second, third = trajectories(policy_tok, 3, "e")
 
     async def wait_stats(predicate) -> dict:
