@@ -1,4 +1,5 @@
-"""A process RM (Qwen2.5-Math-PRM style, token classification with two labels) on verl's v1 trainer (and v0).
+"""A process RM (Qwen2.5-Math-PRM style, token classification with two labels) on verl's v1 trainer, next to the RM
+families users bring, and on v0.
 
 The policy's responses have 3 steps (synthetic generation joins 3 parts with ``"\\n\\n"``). The reference follows the
 public PRM card with plain transformers: the response split at ``"\\n\\n"``, the steps joined with ``<extra_0>`` and
@@ -6,6 +7,13 @@ ended with one, the conversation rendered with the PRM's chat template, softmax 
 the probability of label 1. The same PRM runs twice: as ``main`` with ``process_reduction=none`` each step's probability
 lands on the response token where that step ends (verl's ``rm_scores``); as ``outcome`` with ``min`` it adds one score
 on the last token.
+
+On v1 the seven RM families run in the same step, each as ``async_rm.models.<family>`` with its own pool and the keys a
+user sets for it (``trust_remote_code``, ``score_output_field``): Llama 3.1, Gemma 2, Qwen2.5, Qwen3 and Mistral
+sequence classification, an InternLM2-Reward-style custom-code RM and an ArmoRM-style custom-output RM. Every
+trajectory's score from each equals what that RM's model card recipe gives in plain transformers (fp32, 1e-4) on the
+same conversation, and the reward is the weighted sum of every RM. (One manager for both: each is a set of processes
+that import verl and load their RMs, seconds of a 2-core machine.)
 """
 
 from __future__ import annotations
@@ -18,6 +26,8 @@ pytestmark = pytest.mark.integration
 
 N = 2  # rollout.n
 PRM_W, MIN_W = 2.0, 0.5
+FAMILIES = ("llama", "gemma2", "qwen2", "qwen3", "mistral", "internlm2", "armorm")
+WEIGHTS = {name: 0.1 * (k + 1) for k, name in enumerate(FAMILIES)}
 QUESTIONS = ["how many apples does the farmer have", "what is the total cost of two books"]
 
 
@@ -57,11 +67,25 @@ def reference(policy_tok, families, question: str, response_ids) -> tuple[list[f
     return probabilities, ends
 
 
-def test_step_rewards_reach_verl_rm_scores_next_to_an_outcome_score(ray_wide, tiny_models, policy_tok, families):
+def family_overrides(families) -> list[str]:
+    from verl_async_rm.testing.families import family_settings
+
+    out = []
+    for name in FAMILIES:  # outcome RMs: the main RM's kind (process) is every RM's default
+        out += [f"+async_rm.models.{name}.model_path={families[name]}",
+                f"+async_rm.models.{name}.weight={WEIGHTS[name]}", f"+async_rm.models.{name}.reward_kind=outcome"]
+        out += [f"+async_rm.models.{name}.{key}={value}" for key, value in family_settings(name).items()]
+    return out
+
+
+def test_step_rewards_reach_verl_rm_scores_next_to_outcome_scores_of_every_family(ray_wide, tiny_models, policy_tok,
+                                                                                  families):
+    from verl_async_rm.testing.families import reference_score
     from verl_async_rm.testing.v1 import V1FitLoop, prompt_batch
 
-    with running_manager(ray_wide, tiny_models, "v1", *prm_overrides(families["prm"]),
+    with running_manager(ray_wide, tiny_models, "v1", *prm_overrides(families["prm"]), *family_overrides(families),
                          server_kwargs={"steps": 3}) as (manager, config):
+        assert set(manager.rm_services) == {"main", "outcome", *FAMILIES}
         prompts = prompt_batch(QUESTIONS)
         batch = V1FitLoop(config, manager).train_step(prompts)
     asked = dict(zip(prompts["uid"], QUESTIONS, strict=True))
@@ -71,16 +95,29 @@ def test_step_rewards_reach_verl_rm_scores_next_to_an_outcome_score(ray_wide, ti
         probabilities, ends = reference(policy_tok, families, asked[batch.data["uid"][i]], response)
         assert len(probabilities) == 3
         rm_scores, info, last = batch.data["rm_scores"][i], batch.reward_extra_info(i), len(response) - 1
-        # 3 step rewards, each on the token where its step ends; the outcome RM's part on the last token
+        ids = [int(t) for t in response]
+        while ids and ids[-1] in (policy_tok.eos_token_id, policy_tok.pad_token_id):
+            ids.pop()
+        conversation = [{"role": "user", "content": asked[batch.data["uid"][i]]},
+                        {"role": "assistant", "content": policy_tok.decode(ids, skip_special_tokens=False)}]
+        outcome = MIN_W * min(probabilities)  # the outcome RMs' part, on the last token
+        for name in FAMILIES:
+            expected = reference_score(name, families[name], conversation)
+            assert info[f"rm_score_{name}"] == pytest.approx(expected, abs=1e-4), name
+            outcome += WEIGHTS[name] * expected
+        # 3 step rewards, each on the token where its step ends; the outcome RMs' part on the last token
         assert torch.nonzero(rm_scores).flatten().tolist() == [*ends, last]
         assert rm_scores[ends].tolist() == pytest.approx([PRM_W * p for p in probabilities], abs=1e-4)
-        assert float(rm_scores[last]) == pytest.approx(MIN_W * min(probabilities), abs=1e-4)
+        assert float(rm_scores[last]) == pytest.approx(outcome, abs=1e-3)
         assert info["rm_score"] == pytest.approx(sum(probabilities), abs=1e-4)
         assert info["rm_score_outcome"] == pytest.approx(min(probabilities), abs=1e-4)
-        assert batch.reward(i) == pytest.approx(PRM_W * sum(probabilities) + MIN_W * min(probabilities), abs=1e-4)
+        assert info["rm_total"] == pytest.approx(PRM_W * sum(probabilities) + outcome, abs=1e-3)
+        assert batch.reward(i) == pytest.approx(PRM_W * sum(probabilities) + outcome, abs=1e-3)
     m = batch.metrics
     assert m["async_rm/scored"] == len(QUESTIONS) * N and m["async_rm/errors"] == 0
     assert m["async_rm/main/steps_dropped"] == 0 and m["async_rm/outcome/steps_dropped"] == 0
+    for name in ("main", "outcome", *FAMILIES):
+        assert m[f"async_rm/{name}/scored"] == len(QUESTIONS) * N and m[f"async_rm/{name}/errors"] == 0, name
 
 
 def test_v0_places_the_same_step_rewards_in_its_rm_scores(ray_wide, tiny_models, policy_tok, families):
