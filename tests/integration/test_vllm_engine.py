@@ -187,54 +187,46 @@ def test_settings_vllm_does_not_serve_are_refused_before_any_load(tiny_models):
 
 
 @ray.remote(num_cpus=0, max_calls=1)  # a process of its own, which exits after: vLLM's in-process state goes with it
-def _broken_engine_probe(rm_path: str) -> tuple[list, str]:
-    import torch
-
-    from verl_async_rm.errors import EngineDeadError
-    from verl_async_rm.scoring.vllm_engine import VLLMEngine
-
-    forward = VLLMEngine(RMConfig(model_path=rm_path, retemplate="never", use_gpu=False), max_length=256,
-                          dtype=torch.float32, device=torch.device("cpu"))
-    forward.canary = [5, 6, 7]
-    before = forward.score_all([[5, 6, 7], [8, 9]], 1024)
-    forward.llm.llm_engine.engine_core.shutdown()  # the engine breaks under the replica
-    try:
-        forward.score_all([[5, 6, 7], [8, 9]], 1024)
-    except EngineDeadError as err:
-        return before, str(err)
-    return before, "no EngineDeadError"
-
-
-def test_a_broken_engine_is_a_dead_replica_not_failed_rows(ray_local, vllm_required, tiny_models):
-    """An in-process engine that breaks fails every row: the rows are not at fault, so the forward raises
-    EngineDeadError (the replica then ends and is replaced, as a killed one) instead of failing them one by one."""
-    before, outcome = ray.get(_broken_engine_probe.remote(str(tiny_models.rm)), timeout=HANG_S)
-    assert all(isinstance(v, float) for v in before)
-    assert outcome.startswith("the vLLM engine of this replica fails on a known-good input too")
-
-
-@ray.remote(num_cpus=0, max_calls=1)  # a process of its own, which exits after: vLLM's in-process state goes with it
-def _no_reference_probe(rm_path: str, policy_path: str, ids: list) -> tuple[list, str, bool]:
+def _engine_probe(rm_path: str, policy_path: str, ids: list) -> tuple[list, str, bool, str]:
+    """One engine for two checks (each vLLM start is seconds of a 2-core machine): an RM whose weights exceed one
+    GPU of its replica (no transformers copy to compare with), scored; then its engine broken under it."""
     import verl_async_rm.scoring.scorer as scorer_module
+    from verl_async_rm.errors import EngineDeadError
 
-    # as for an RM whose weights exceed one GPU of its replica: no transformers copy to compare with
     scorer_module.fits_one_device = lambda config, device: False
     scorer = scorer_module.RewardModelScorer(RMConfig(model_path=rm_path, policy_tokenizer_path=policy_path,
                                                       use_gpu=False, engine="vllm"))
-    values = scorer.engine.score_all(ids, 1024)
+    forward = scorer.engine
+    values = forward.score_all(ids, 1024)
     reason, loaded = scorer.engine_reason, scorer.model is not None
-    scorer.engine.close()
-    return values, reason, loaded
+    forward.llm.llm_engine.engine_core.shutdown()  # the engine breaks under the replica
+    try:
+        forward.score_all(ids[:2], 1024)
+        outcome = "no EngineDeadError"
+    except EngineDeadError as err:
+        outcome = str(err)
+    forward.close()
+    return values, reason, loaded, outcome
 
 
-def test_an_rm_too_large_for_one_device_gets_the_smaller_check_and_scores_as_transformers(ray_local, vllm_required,
-                                                                                         tiny_models, policy_tok):
+@pytest.fixture(scope="module")
+def engine_probe(ray_local, vllm_required, tiny_models, policy_tok):
+    """``(ids, values, reason, loaded, outcome)`` of :func:`_engine_probe` on four trajectories."""
+    ids = [r.prompt_ids + r.response_ids for r in requests(policy_tok, 4, "s")]
+    return (ids, *ray.get(_engine_probe.remote(str(tiny_models.rm), str(tiny_models.policy), ids), timeout=HANG_S))
+
+
+def test_an_rm_too_large_for_one_device_gets_the_smaller_check_and_scores_as_transformers(engine_probe, tiny_models):
     """The smaller load-time check (rows finite and alike batched and alone) runs without loading transformers, and
     says so; the engine then scores as transformers would have."""
-    reqs = requests(policy_tok, 4, "s")
-    ids = [r.prompt_ids + r.response_ids for r in reqs]
-    values, reason, loaded = ray.get(_no_reference_probe.remote(str(tiny_models.rm), str(tiny_models.policy), ids),
-                                     timeout=HANG_S)
+    ids, values, reason, loaded, _ = engine_probe
     assert not loaded and "finite and alike batched and alone" in reason and "no transformers reference" in reason
     model = hf_model(tiny_models.rm)
     assert values == pytest.approx([direct_score(model, row) for row in ids], abs=ATOL)
+
+
+def test_a_broken_engine_is_a_dead_replica_not_failed_rows(engine_probe):
+    """An in-process engine that breaks fails every row: the rows are not at fault, so the forward raises
+    EngineDeadError (the replica then ends and is replaced, as a killed one) instead of failing them one by one."""
+    outcome = engine_probe[-1]
+    assert outcome.startswith("the vLLM engine of this replica fails on a known-good input too"), outcome
