@@ -5,7 +5,8 @@ One manager step of verl's v1 agent loop (the stubbed fit loop, :class:`~verl_as
 cluster's synthetic generation server) scores every trajectory twice: the main RM on transformers and the same
 checkpoint as an extra RM, ``vl``, on a vLLM pooling engine (weight 0), both re-rendering the trajectory with the RM's
 own chat template (``retemplate=always``). Then one engine of verl's served RM (``compute_score_disrm``) scores the
-same trajectories. The cluster has logical GPUs because verl's served RM asks for one. The plugin on verl's real vLLM
+same trajectories, and the plugin's remote outcome RM (``endpoint``) scores them at that engine's vLLM server. The
+cluster has logical GPUs because verl's served RM asks for one. The plugin on verl's real vLLM
 rollout, every reward exact: ``test_manager_v1.py`` (in-process) and ``test_demo.py`` (``main_ppo``).
 
 These tests skip with the reason where vLLM cannot run; ``VERL_ASYNC_RM_REQUIRE_VLLM=1`` (set by ``.ci/run``) turns
@@ -71,33 +72,72 @@ def test_the_vllm_replicas_score_every_trajectory_as_transformers(step, tiny_mod
     assert [info["engine"] for info in step.described["vl"]] == ["vllm"]
 
 
-def test_verls_served_rm_scores_the_same_trajectories_as_the_plugin(step, tiny_models):
-    """verl's own served RM (vLLM pooling, ``compute_score_disrm``) on each trajectory the plugin scored."""
-    import ray
-    from verl.protocol import DataProto
-
+@pytest.fixture(scope="module")
+def served(step, tiny_models):
+    """verl's own served RM (one vLLM pooling engine behind verl's reward router) of the tiny RM."""
     from verl_async_rm.demo.served_rm import start_served_rm, stop_served_rm
     from verl_async_rm.testing import compose_trainer_config
     from verl_async_rm.testing.vllm_rollout import served_rm_overrides
 
-    batch = step
     config = compose_trainer_config(tiny_models.policy, trainer="v1", num_workers=1,
                                     overrides=[*served_rm_overrides(str(tiny_models.rm), 1, max_model_len=512)])
-    served = start_served_rm(config)
+    manager = start_served_rm(config)
     try:
-        worker = served.reward_loop_workers[0]
-        for i in range(len(batch.keys)):
-            prompt, response = batch.data["prompts"][i], batch.data["responses"][i]
-            raw = np.empty(1, dtype=object)
-            raw[0] = _raw_prompt(batch, i)
-            data = DataProto.from_dict(
-                tensors={"prompts": prompt[None], "responses": response[None],
-                         "input_ids": torch.cat([prompt, response])[None],
-                         "attention_mask": torch.ones(1, len(prompt) + len(response), dtype=torch.long)},
-                non_tensors={"raw_prompt": raw, "data_source": np.array(["tiny"], dtype=object),
-                             "reward_model": np.array([{"ground_truth": "42"}], dtype=object)})
-            served_score = ray.get(worker.compute_score.remote(data), timeout=120)["reward_score"]
-            assert float(batch.reward_extra_info(i)["rm_score_main"]) == pytest.approx(served_score, abs=1e-4), i
-        assert len(ray.get(worker.pop_calls.remote(), timeout=60)) == len(batch.keys)
+        yield manager
     finally:
-        stop_served_rm(served)
+        stop_served_rm(manager)
+
+
+def test_verls_served_rm_scores_the_same_trajectories_as_the_plugin(step, served):
+    """verl's own served RM (vLLM pooling, ``compute_score_disrm``) on each trajectory the plugin scored."""
+    import ray
+    from verl.protocol import DataProto
+
+    batch = step
+    worker = served.reward_loop_workers[0]
+    for i in range(len(batch.keys)):
+        prompt, response = batch.data["prompts"][i], batch.data["responses"][i]
+        raw = np.empty(1, dtype=object)
+        raw[0] = _raw_prompt(batch, i)
+        data = DataProto.from_dict(
+            tensors={"prompts": prompt[None], "responses": response[None],
+                     "input_ids": torch.cat([prompt, response])[None],
+                     "attention_mask": torch.ones(1, len(prompt) + len(response), dtype=torch.long)},
+            non_tensors={"raw_prompt": raw, "data_source": np.array(["tiny"], dtype=object),
+                         "reward_model": np.array([{"ground_truth": "42"}], dtype=object)})
+        served_score = ray.get(worker.compute_score.remote(data), timeout=120)["reward_score"]
+        assert float(batch.reward_extra_info(i)["rm_score_main"]) == pytest.approx(served_score, abs=1e-4), i
+    assert len(ray.get(worker.pop_calls.remote(), timeout=60)) == len(batch.keys)
+
+
+def test_the_plugins_remote_rm_at_verls_served_vllm_server_scores_as_the_plugin(step, served, tiny_models):
+    """The plugin's remote outcome RM (``endpoint``: vLLM's ``/classify``, the start-up check's ``/v1/models``)
+    pointed at the vLLM server of verl's served RM (vLLM's own OpenAI-compatible app): each trajectory's score
+    equals the transformers replicas' (the same re-rendering, ``retemplate=always``)."""
+    import asyncio
+
+    from verl_async_rm.request import RMRequest
+    from verl_async_rm.scoring.rm_config import RMConfig
+    from verl_async_rm.service.remote_service import RemoteRMService
+
+    batch = step
+    [address] = served.reward_model_manager.server_addresses
+    config = RMConfig(model_path=str(tiny_models.rm), policy_tokenizer_path=str(tiny_models.policy), use_gpu=False,
+                      retemplate="always", endpoint=f"http://{address}/v1")
+    requests = [RMRequest(uid=f"t{i}", raw_prompt=_raw_prompt(batch, i),
+                          prompt_ids=batch.data["prompts"][i].tolist(), response_ids=batch.data["responses"][i].tolist())
+                for i in range(len(batch.keys))]
+
+    async def main():
+        service = RemoteRMService(config, name="remote")
+        await service.start()
+        try:
+            results = await asyncio.gather(*(service.score(r, 120.0) for r in requests))
+            return results, await service.end_step()
+        finally:
+            await service.close()
+
+    remote, figures = asyncio.run(main())
+    plugin = [float(batch.reward_extra_info(i)["rm_score_main"]) for i in range(len(batch.keys))]
+    assert remote == pytest.approx(plugin, abs=1e-3)
+    assert figures["scored"] == len(requests) and figures["errors"] == 0

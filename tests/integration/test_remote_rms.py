@@ -4,7 +4,8 @@ scores the same checkpoint:
 - the tiny ``digit`` judge (``testing/judges.py``), served once for the module: read at its first token (chat
   completions with ``top_logprobs``) its score equals the local transformers readout within 1e-3; writing its verdict
   (greedy, temperature 0) its text and verdict equal transformers' greedy ``generate`` of the local input ids;
-- the tiny sequence-classification RM (vLLM's ``/classify``, raw outputs): within 1e-3 of the local forward;
+- the tiny sequence-classification RM (vLLM's ``/classify``, raw outputs) at the vLLM server of verl's own served RM:
+  ``test_real_vllm.py`` (one vLLM server fewer here);
 - with a fifth of the requests faulted by the fault proxy (429 with ``Retry-After``, 500, 503, dropped connections,
   cut and non-JSON bodies; a real HTTP server in front of the real one) every trajectory gets exactly the score it
   gets without faults, and the retries show in the step's figures;
@@ -40,15 +41,6 @@ def judge_server(tiny_judges, tmp_path_factory):
     from verl_async_rm.testing.vllm_server import start_vllm_server
 
     with start_vllm_server(tiny_judges.digit, name="judge", log_dir=tmp_path_factory.mktemp("vllm")) as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def rm_server(tiny_models, tmp_path_factory):
-    require_vllm()
-    from verl_async_rm.testing.vllm_server import start_vllm_server
-
-    with start_vllm_server(tiny_models.rm, name="rm", log_dir=tmp_path_factory.mktemp("vllm")) as server:
         yield server
 
 
@@ -126,19 +118,6 @@ def test_a_generate_judge_at_the_endpoint_writes_what_transformers_greedy_writes
 class _Generated:
     def __init__(self, text: str) -> None:
         self.text = text
-
-
-def test_an_outcome_rm_at_vllms_classify_endpoint_scores_as_the_local_forward(rm_server, tiny_models, policy_tok):
-    from verl_async_rm.scoring.scorer import RewardModelScorer
-
-    requests = trajectories(policy_tok)
-    local_config = RMConfig(model_path=str(tiny_models.rm), policy_tokenizer_path=str(tiny_models.policy),
-                            use_gpu=False)
-    local = RewardModelScorer(local_config).score(requests)
-    remote, _ = remote_scores(RMConfig(model_path=str(tiny_models.rm), policy_tokenizer_path=str(tiny_models.policy),
-                                       use_gpu=False, endpoint=rm_server.url), requests)
-    assert remote == pytest.approx(local, abs=1e-3)
-    assert max(local) - min(local) > 1e-2
 
 
 def test_with_a_fifth_of_the_requests_faulted_nothing_is_lost_or_defaulted(judge_server, tiny_models, tiny_judges,
