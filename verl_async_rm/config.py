@@ -136,7 +136,8 @@ class AsyncRMConfig:
         extras = extra_rm_entries(models, base=base, shared_rm=sections[RMConfig], shared_batching=batching_values,
                                   group=CONFIG_GROUP)
         mix_values = sections[RewardMix]
-        if "rule_weight" not in mix_values and _manager_name(config) != ASYNC_RM_MANAGER:
+        manager = select(config, "reward.reward_manager.name") or select(config, "reward_model.reward_manager")
+        if "rule_weight" not in mix_values and manager != ASYNC_RM_MANAGER:
             mix_values["rule_weight"] = 1.0  # the user's own reward manager: its reward counts unless told otherwise
         token_level = tuple(e.name for e in extras if e.rm.token_level)
         token_level = (MAIN, *token_level) if rm.token_level else token_level
@@ -158,9 +159,9 @@ def rm_config_from_verl(config: Any, overrides: Mapping[str, Any] | None = None,
     values: dict[str, Any] = {}
     keys: dict[str, str] = {}
     for name, candidates in _VERL_KEYS.items():
-        value, key = _first_set(config, *candidates)
+        key = next((k for k in candidates if select(config, k) is not None), None)
         if key is not None:
-            values[name], keys[name] = value, key
+            values[name], keys[name] = select(config, key), key
     device = select(config, "trainer.device")
     if device is not None:
         values["use_gpu"], keys["use_gpu"] = str(device) != "cpu", "trainer.device"
@@ -274,10 +275,6 @@ def _under(prefix: str, names: Any) -> dict[str, str]:
     return {name: f"{prefix}.{name}" for name in names}
 
 
-def _manager_name(config: Any) -> Any:
-    return select(config, "reward.reward_manager.name") or select(config, "reward_model.reward_manager")
-
-
 def _group(config: Any) -> dict[str, Any]:
     from omegaconf import DictConfig, OmegaConf
 
@@ -297,12 +294,3 @@ def _check_key(prefix: str, key: str, value: Any, known: set[str]) -> None:
     """The one check of a user's key under ``prefix`` (the top of ``async_rm``, or one RM of ``async_rm.models``)."""
     if key not in known:
         raise ValueError(f"unknown key {prefix}.{key}={value!r}; known keys: {', '.join(sorted(known))}")
-
-
-def _first_set(config: Any, *keys: str) -> tuple[Any, str | None]:
-    """The first of ``keys`` whose value is not None, with the key it came from."""
-    for key in keys:
-        value = select(config, key)
-        if value is not None:
-            return value, key
-    return None, None
