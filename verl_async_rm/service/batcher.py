@@ -76,7 +76,11 @@ class Batcher:
             self._stats.rejected += 1
             raise self._no_replicas_error()
         if num_tokens is not None:
-            num_tokens = _check_tokens(num_tokens)
+            if num_tokens.__class__ is not int and (isinstance(num_tokens, bool)
+                                                     or not hasattr(num_tokens, "__index__")):
+                raise TypeError(f"num_tokens must be an integer, got {num_tokens!r}")
+            if (num_tokens := operator.index(num_tokens)) < 0:
+                raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
         elif self.policy.max_batch_tokens is not None:
             raise ValueError(f"submit(num_tokens=None) but max_batch_tokens={self.policy.max_batch_tokens}: pass the "
                              "item's length as num_tokens")
@@ -481,12 +485,4 @@ class Batcher:
 
     def _closed_error(self) -> BatcherClosedError:
         return BatcherClosedError(f"batcher {self._name!r} was closed while the request's batch was running")
-
-
-def _check_tokens(num_tokens: Any) -> int:
-    if num_tokens.__class__ is not int and (isinstance(num_tokens, bool) or not hasattr(num_tokens, "__index__")):
-        raise TypeError(f"num_tokens must be an integer, got {num_tokens!r}")
-    if (num_tokens := operator.index(num_tokens)) < 0:
-        raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
-    return num_tokens
 
