@@ -158,14 +158,12 @@ def find_head(model: Any, name: str) -> tuple[str, Any]:
     return "model logits", None
 
 
-def _policy_id_limit(tokenizer: Any | None, path: str | None) -> int | None:
+def _policy_id_limit(tokenizer: Any, path: str) -> int:
     """One past the largest id the policy can generate: ``len(tokenizer)``, or the ``vocab_size`` of the model's
     ``config.json`` next to it when larger (embedding rows padded past the tokenizer decode to no text)."""
-    if tokenizer is None:
-        return None
     limit = len(tokenizer)
     try:
-        with open(os.path.join(str(path), "config.json"), encoding="utf-8") as f:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
             config = json.load(f)
         sizes = [config.get("vocab_size"), (config.get("text_config") or {}).get("vocab_size")]
         limit = max([limit, *(v for v in sizes if isinstance(v, int))])
