@@ -128,13 +128,30 @@ class OutcomeKind:
 
 def policy_side(config: Any) -> tuple[Any, set[int], int | None]:
     """What reads the policy's responses (unless ``retemplate='never'``): its tokenizer, the ids that end a response
-    (dropped before decoding) and one past the largest id it can generate (its tokenizer's, and the padded embedding
-    rows past them, which decode to no text)."""
+    (dropped before decoding: EOS and pad, and the EOS ids of its generation config) and one past the largest id it can
+    generate: ``len(tokenizer)``, or the ``vocab_size`` of the model's ``config.json`` next to it when larger (embedding
+    rows padded past the tokenizer decode to no text)."""
     if config.retemplate == "never":
         return None, set(), None
-    tokenizer = load_tokenizer(config.policy_tokenizer_path, "policy_tokenizer_path", config.trust_remote_code)
     path = config.policy_tokenizer_path
-    return tokenizer, _stop_ids(tokenizer, path), _policy_id_limit(tokenizer, path)
+    tokenizer = load_tokenizer(path, "policy_tokenizer_path", config.trust_remote_code)
+    stop_ids = {tokenizer.eos_token_id, tokenizer.pad_token_id}
+    try:
+        from transformers import GenerationConfig
+
+        eos = GenerationConfig.from_pretrained(path).eos_token_id
+        stop_ids.update(eos if isinstance(eos, list) else [eos])
+    except OSError:  # no generation_config.json next to the tokenizer
+        pass
+    limit = len(tokenizer)
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            model_config = json.load(f)
+        sizes = [model_config.get("vocab_size"), (model_config.get("text_config") or {}).get("vocab_size")]
+        limit = max([limit, *(v for v in sizes if isinstance(v, int))])
+    except (OSError, ValueError, AttributeError):  # a tokenizer-only directory
+        pass
+    return tokenizer, {i for i in stop_ids if i is not None}, limit
 
 
 def find_head(model: Any, name: str) -> tuple[str, Any]:
@@ -157,29 +174,3 @@ def find_head(model: Any, name: str) -> tuple[str, Any]:
                    type(model).__name__)
     return "model logits", None
 
-
-def _policy_id_limit(tokenizer: Any, path: str) -> int:
-    """One past the largest id the policy can generate: ``len(tokenizer)``, or the ``vocab_size`` of the model's
-    ``config.json`` next to it when larger (embedding rows padded past the tokenizer decode to no text)."""
-    limit = len(tokenizer)
-    try:
-        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-            config = json.load(f)
-        sizes = [config.get("vocab_size"), (config.get("text_config") or {}).get("vocab_size")]
-        limit = max([limit, *(v for v in sizes if isinstance(v, int))])
-    except (OSError, ValueError, AttributeError):  # a tokenizer-only directory
-        pass
-    return limit
-
-
-def _stop_ids(tokenizer: Any, path: str) -> set[int]:
-    """Ids that end a policy response: EOS and pad of the tokenizer, and the EOS ids of its generation config."""
-    ids = {tokenizer.eos_token_id, tokenizer.pad_token_id}
-    try:
-        from transformers import GenerationConfig
-
-        eos = GenerationConfig.from_pretrained(path).eos_token_id
-        ids.update(eos if isinstance(eos, list) else [eos])
-    except OSError:  # no generation_config.json next to the tokenizer
-        pass
-    return {i for i in ids if i is not None}
