@@ -173,13 +173,9 @@ def _opts_in(config: Any) -> bool:
     return isinstance(cls, type) and issubclass(cls, (AsyncRMAgentLoopManager, AsyncRMManagerBase))
 
 
-def _install() -> None:
+try:
     after_import(REGISTRY_MODULE, lambda _module: register_reward_manager())
     after_import(PLATFORM_MODULE, _activate_cpu_platform)
     after_import(CONFIG_MODULE, check_config_first)
-
-
-try:
-    _install()
 except Exception:  # never break `import verl`
     logger.exception("verl_async_rm: could not install the plugin's import hooks")
