@@ -117,13 +117,12 @@ class AsyncRMWorkerMixin:
         # verl times its own reward-loop call only: the whole hook is the trajectory's wait for its reward
         final.metrics.compute_score = time.perf_counter() - start
         if error is None and any(isinstance(s, StepRewards) for s in scores.values()):
-            placement = token_placement(final.reward_score, scores, self._async_rm_mix.weights,
-                                        len(final.response_ids))
+            placement = token_placement(final.reward_score, scores, mix.weights, len(final.response_ids))
             if self._async_rm_replace_output:
                 outputs[-1] = with_token_rewards(final, placement)
             else:
                 final.extra_fields[TOKEN_REWARDS_KEY] = placement
-        elif self._async_rm_mix.token_level and not self._async_rm_replace_output:
+        elif mix.token_level and not self._async_rm_replace_output:
             final.extra_fields[TOKEN_REWARDS_KEY] = None  # verl stacks the same extra_fields for every sample
 
     def _async_rm_group_size(self, phase: str) -> int | None:
