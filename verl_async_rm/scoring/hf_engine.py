@@ -65,8 +65,16 @@ class HFEngine(Engine):
         #: 'varlen' (packed) or 'padded'.
         self.kernel, self.packing_reason = choose_kernel(
             model, device, packing, per_token_head=head is not None and output_field is None)
+        # score_output_field, checked at load: a padded batch must score as its rows alone (the model's own code may
+        # pick its last token by pad_token_id or ignore the mask), else one row per forward
         if output_field is not None:
-            self._check_output_field()
+            rows = check_rows(int(model.get_input_embeddings().num_embeddings), (7, 4))
+            check_output_field(model, rows[0], output_field, score_reduction, score_index, device)
+            single = torch.cat([self.forward_padded([ids]) for ids in rows])
+            if self._check(self.forward_padded(rows), single, "batched") is not None:
+                logger.warning("score_output_field=%s: %s scores a padded batch differently from single rows; scoring "
+                               "one row per forward", output_field, type(model).__name__)
+                self.max_rows = 1
         if packing == "true" and self.kernel == "padded":
             raise ConfigValueError("packing", "true", self.packing_reason.removeprefix("packing=true, but "),
                                    "use packing='auto' or 'false' (verl: +async_rm.packing=auto)")
@@ -232,18 +240,6 @@ class HFEngine(Engine):
         if self.transform is not None:
             logits = self.transform(logits)
         return reduce_outputs(logits, self.score_reduction, self.score_index)
-
-    def _check_output_field(self) -> None:
-        """Load-time check of ``output_field``, then: a padded two-row batch must score as its rows do alone, else one
-        row per forward (the model's own code may pick its last token by ``pad_token_id`` or ignore the mask)."""
-        rows = check_rows(int(self.model.get_input_embeddings().num_embeddings), (7, 4))
-        check_output_field(self.model, rows[0], self.output_field, self.score_reduction, self.score_index, self.device)
-        single = torch.cat([self.forward_padded([ids]) for ids in rows])
-        if self._check(self.forward_padded(rows), single, "batched") is not None:
-            logger.warning(
-                "score_output_field=%s: %s scores a padded batch differently from single rows; scoring one row "
-                "per forward", self.output_field, type(self.model).__name__)
-            self.max_rows = 1
 
     def _run(self, rows: list[Row]) -> list[Any]:
         groups = [g for _, g, _ in rows] if any(g is not None for _, g, _ in rows) else None
