@@ -11,7 +11,9 @@ import re
 from typing import Any
 
 from verl_async_rm.config import CONFIG_GROUP, MAIN, AsyncRMConfig
+from verl_async_rm.errors import ConfigValueError
 from verl_async_rm.options import select as _get
+from verl_async_rm.scoring.checkpoint import check_rm_checkpoint
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +64,30 @@ def check_verl_config(config: Any) -> AsyncRMConfig:
     if _get(config, "trainer.use_v1"):
         verl_v1()
     _check_reward_manager(config)
-    settings = _check_async_rm_settings(config)
+    settings = AsyncRMConfig.from_verl(config)
+    estimator = str(_get(config, "algorithm.adv_estimator") or "")
+    for entry in settings.models:
+        rm = entry.rm
+        _refuse_hub_ids(config, entry)
+        if rm.model_path and os.path.isdir(rm.model_path):
+            try:
+                check_rm_checkpoint(rm.model_path, rm.trust_remote_code, rm.reward_kind, rm.kind_given)
+            except ConfigValueError as err:
+                if entry.name != MAIN:
+                    raise err.renamed(f"{entry.key}.{err.key}") from None
+                raise err.renamed(f"{entry.key}.model_path" if err.key == "model_path" else
+                                  f"{CONFIG_GROUP}.{err.key}") from None
+        elif not rm.remote:  # multi-node runs may keep the RM only on the reward nodes: each replica checks it
+            logger.info("verl_async_rm: RM %s's path %s is not on this machine; its replicas will check it",
+                        entry.name, rm.model_path)
+        if rm.token_level and estimator in SUM_ONLY_ESTIMATORS:  # legitimate, but more steps earn more
+            logger.warning(
+                "verl_async_rm: RM %s has process_reduction=none with algorithm.adv_estimator=%s, which reads only "
+                "the sum of a trajectory's token rewards: its reward is then the sum of its step scores, so a response "
+                "with more steps earns more. With %s use process_reduction=min (the default; or mean, last, product); "
+                "keep 'none' for an estimator that reads each token's reward (gae, reinforce_plus_plus, remax)",
+                entry.name, estimator, estimator)
+    _refuse_column_clashes(config, settings)
     if settings.rm.remote and settings.rm.placement == "own_pool":
         gpus = f"{_get(config, 'reward.reward_model.n_gpus_per_node')} x {_get(config, 'reward.reward_model.nnodes')}"
         raise ValueError(
@@ -175,37 +200,6 @@ def check_v1_trainer(config: Any, on_error: str) -> str:
             "refill the group. Fix: add trainer.v1.sampler.sync_refill_failed_groups=True (verl then fetches one "
             "prompt per dataloader call), or keep +async_rm.on_error=raise")
     return mode
-
-
-def _check_async_rm_settings(config: Any) -> AsyncRMConfig:
-    from verl_async_rm.errors import ConfigValueError
-    from verl_async_rm.scoring.checkpoint import check_rm_checkpoint
-
-    settings = AsyncRMConfig.from_verl(config)
-    estimator = str(_get(config, "algorithm.adv_estimator") or "")
-    for entry in settings.models:
-        rm = entry.rm
-        _refuse_hub_ids(config, entry)
-        if rm.model_path and os.path.isdir(rm.model_path):
-            try:
-                check_rm_checkpoint(rm.model_path, rm.trust_remote_code, rm.reward_kind, rm.kind_given)
-            except ConfigValueError as err:
-                if entry.name != MAIN:
-                    raise err.renamed(f"{entry.key}.{err.key}") from None
-                raise err.renamed(f"{entry.key}.model_path" if err.key == "model_path" else
-                                  f"{CONFIG_GROUP}.{err.key}") from None
-        elif not rm.remote:  # multi-node runs may keep the RM only on the reward nodes: each replica checks it
-            logger.info("verl_async_rm: RM %s's path %s is not on this machine; its replicas will check it",
-                        entry.name, rm.model_path)
-        if rm.token_level and estimator in SUM_ONLY_ESTIMATORS:  # legitimate, but more steps earn more
-            logger.warning(
-                "verl_async_rm: RM %s has process_reduction=none with algorithm.adv_estimator=%s, which reads only "
-                "the sum of a trajectory's token rewards: its reward is then the sum of its step scores, so a response "
-                "with more steps earns more. With %s use process_reduction=min (the default; or mean, last, product); "
-                "keep 'none' for an estimator that reads each token's reward (gae, reinforce_plus_plus, remax)",
-                entry.name, estimator, estimator)
-    _refuse_column_clashes(config, settings)
-    return settings
 
 
 def probe_endpoints(settings: AsyncRMConfig) -> None:
