@@ -29,8 +29,7 @@ CONTROL_TIMEOUT_S = 60.0
 
 
 class AsyncRMManagerBase:
-    """What the v0 and v1 managers share: the RM services (one per RM), their step marks, the closing of a phase (its
-    metrics and ``on_error``), the sleep and wake of RMs on the policy's GPUs, the services' restart and shutdown."""
+    """What the v0 and v1 managers share (module doc)."""
 
     rm_services: dict[str, Any] = {}
 
