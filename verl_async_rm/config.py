@@ -117,7 +117,18 @@ class AsyncRMConfig:
     def from_verl(cls, config: Any) -> AsyncRMConfig:
         """Build from verl's whole trainer config (a ``DictConfig`` or nested mappings); ``ValueError`` naming the
         key, the value and the fix."""
-        group = _group(config)
+        from omegaconf import DictConfig, OmegaConf
+
+        group = select(config, CONFIG_GROUP)
+        if group is None:
+            group = {}
+        elif isinstance(group, DictConfig):
+            group = OmegaConf.to_container(group, resolve=True)
+        if not isinstance(group, Mapping):
+            raise ValueError(
+                f"{CONFIG_GROUP}={group!r}: it must be a group of keys; set them one by one, e.g. "
+                f"+{CONFIG_GROUP}.max_batch_size=64")
+        group = dict(group)
         models = group.pop(MODELS_KEY, None)
         sections: dict[type, dict[str, Any]] = {BatchPolicy: {}, RMConfig: {}, RewardMix: {}, IntegrationConfig: {}}
         owner = {f.name: kind for kind in sections for f in dataclasses.fields(kind) if not f.metadata.get("internal")}
@@ -273,21 +284,6 @@ def _check_group_wait(entry: RMEntry, request_timeout_s: float) -> None:
 
 def _under(prefix: str, names: Any) -> dict[str, str]:
     return {name: f"{prefix}.{name}" for name in names}
-
-
-def _group(config: Any) -> dict[str, Any]:
-    from omegaconf import DictConfig, OmegaConf
-
-    node = select(config, CONFIG_GROUP)
-    if node is None:
-        return {}
-    if isinstance(node, DictConfig):
-        node = OmegaConf.to_container(node, resolve=True)
-    if not isinstance(node, Mapping):
-        raise ValueError(
-            f"{CONFIG_GROUP}={node!r}: it must be a group of keys; set them one by one, e.g. "
-            f"+{CONFIG_GROUP}.max_batch_size=64")
-    return dict(node)
 
 
 def _check_key(prefix: str, key: str, value: Any, known: set[str]) -> None:
