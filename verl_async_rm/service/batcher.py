@@ -86,8 +86,14 @@ class Batcher:
                              "item's length as num_tokens")
         if deadline_s is not None and not deadline_s > 0:
             raise ValueError(f"deadline_s must be > 0 seconds (None for none), got {deadline_s!r}")
-        if self._task is None or self._task.done():
-            self._start()
+        if self._task is None or self._task.done():  # (re)start the loop; the first submit binds the batcher to it
+            loop = asyncio.get_running_loop()
+            if self._loop is None:
+                self._loop, self._stats.step_t0 = loop, loop.time()
+            elif self._loop is not loop:
+                raise RuntimeError(f"batcher {self._name!r} is bound to another event loop; use one batcher per loop")
+            self._task = loop.create_task(self._run_loop(), name=f"{self._name}-batching-loop")
+            self._task.add_done_callback(self._loop_ended)
         loop = self._loop
         self._seq += 1
         now = loop.time()  # type: ignore[union-attr]
@@ -204,16 +210,6 @@ class Batcher:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
-
-    def _start(self) -> None:
-        loop = asyncio.get_running_loop()
-        if self._loop is None:
-            self._loop = loop
-            self._stats.step_t0 = loop.time()
-        elif self._loop is not loop:
-            raise RuntimeError(f"batcher {self._name!r} is bound to another event loop; use one batcher per loop")
-        self._task = loop.create_task(self._run_loop(), name=f"{self._name}-batching-loop")
-        self._task.add_done_callback(self._loop_ended)
 
     async def _run_loop(self) -> None:
         """The batching loop; if it raises, every waiting request fails with the cause and the loop starts again."""
