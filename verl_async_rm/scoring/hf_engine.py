@@ -173,7 +173,12 @@ class HFEngine(Engine):
         ids[mask] = flat_ids(batch, int(lengths.sum()))  # row-major: each row's tokens, then the next row's
         input_ids, attention_mask = to_device(ids, self.device), to_device(mask.astype(np.int64), self.device)
         self._captured = None
-        with torch.no_grad(), self._no_shape_plans():
+        plans: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        if self.device.type == "cuda":  # sdpa without the cuDNN backend, which plans every new shape
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            plans = sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+        with torch.no_grad(), plans:
             output = self.model(input_ids=input_ids, attention_mask=attention_mask, **self.forward_kwargs)
             per_token, self._captured = self._captured, None
             if self.output_field is not None:
@@ -262,14 +267,6 @@ class HFEngine(Engine):
 
     def _capture(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         self._captured = output if isinstance(output, torch.Tensor) else None
-
-    def _no_shape_plans(self) -> contextlib.AbstractContextManager[Any]:
-        """On CUDA: sdpa without the cuDNN backend (it plans per shape); elsewhere nothing."""
-        if self.device.type != "cuda":
-            return contextlib.nullcontext()
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
     def _switch_to_packing(self, mode: str, share_prompts: bool) -> None:
         """Pack only if packed scores of a few short rows (and, with ``share_prompts``, of a sibling pair sharing its
