@@ -150,10 +150,9 @@ class AsyncRMConfig:
         manager = select(config, "reward.reward_manager.name") or select(config, "reward_model.reward_manager")
         if "rule_weight" not in mix_values and manager != ASYNC_RM_MANAGER:
             mix_values["rule_weight"] = 1.0  # the user's own reward manager: its reward counts unless told otherwise
-        token_level = tuple(e.name for e in extras if e.rm.token_level)
-        token_level = (MAIN, *token_level) if rm.token_level else token_level
-        writes = [(MAIN, rm), *((e.name, e.rm) for e in extras)]
-        verdict = tuple(name for name, c in writes if c.writes)
+        named = [(MAIN, rm), *((e.name, e.rm) for e in extras)]
+        token_level = tuple(name for name, c in named if c.token_level)
+        verdict = tuple(name for name, c in named if c.writes)
         mix = RewardMix(**mix_values, extra_weights=tuple((e.name, e.weight) for e in extras),
                         token_level_rms=token_level, verdict_rms=verdict)
         main = RMEntry(name=MAIN, weight=mix.rm_weight, rm=rm, batching=batching, key="reward.reward_model")
