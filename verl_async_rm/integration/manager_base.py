@@ -113,19 +113,6 @@ class AsyncRMManagerBase:
         names = list(self.rm_services)
         return dict(zip(names, await asyncio.gather(*(call(name) for name in names)), strict=True))
 
-    async def _async_rm_end_step(self, trajectories: PhaseRecord | None = None, prefix: str = PREFIX
-                                 ) -> dict[str, float]:
-        """End a step on every service: ``async_rm/*`` metrics (the main RM's), plus ``async_rm/<name>/*`` per RM
-        when there are several. ``trajectories`` (v1: the workers' record of the phase) gives the trajectory counts
-        instead of the service's, which include every phase."""
-        figures = await self._async_rm_control("end_step")
-        metrics = step_metrics(figures[MAIN], trajectories, prefix=prefix)
-        if len(figures) > 1:
-            for name, step in figures.items():
-                metrics.update(step_metrics(step, prefix=f"{prefix}{name}/"))
-        metrics[prefix + "service_restarts_total"] = float(self.service_restarts)
-        return metrics
-
     @auto_await
     async def async_rm_close(self, phase: str, global_steps: int | None = None) -> dict[str, float]:
         """End a training step (``phase='train'``) or a validation pass (``'val'``): its metrics, from the workers'
@@ -136,7 +123,13 @@ class AsyncRMManagerBase:
             CONTROL_TIMEOUT_S)
         record = functools.reduce(PhaseRecord.merge, records, PhaseRecord())
         prefix = PREFIX if phase == "train" else VAL_PREFIX
-        metrics = await self._async_rm_end_step(record, prefix)
+        figures = await self._async_rm_control("end_step")
+        # the main RM's figures as async_rm/*, with the workers' trajectory counts (the services' include every phase)
+        metrics = step_metrics(figures[MAIN], record, prefix=prefix)
+        if len(figures) > 1:  # and each RM's as async_rm/<name>/*
+            for name, step in figures.items():
+                metrics.update(step_metrics(step, prefix=f"{prefix}{name}/"))
+        metrics[prefix + "service_restarts_total"] = float(self.service_restarts)
         integration = self.async_rm_config.integration
         if integration.on_error == "drop":
             metrics[prefix + "dropped"] = float(record.failed)
