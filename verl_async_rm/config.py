@@ -157,8 +157,14 @@ class AsyncRMConfig:
                         token_level_rms=token_level, verdict_rms=verdict)
         main = RMEntry(name=MAIN, weight=mix.rm_weight, rm=rm, batching=batching, key="reward.reward_model")
         integration = IntegrationConfig(**sections[IntegrationConfig])
-        for entry in (main, *extras):
-            _check_group_wait(entry, integration.request_timeout_s)
+        timeout_s = integration.request_timeout_s
+        for entry in (main, *extras):  # a group judge's short groups are judged before their members' deadlines
+            if entry.rm.reward_kind == "group_judge" and entry.rm.group_wait_s >= timeout_s:
+                raise ConfigValueError(
+                    f"{CONFIG_GROUP if entry.name == MAIN else entry.key}.group_wait_s", entry.rm.group_wait_s,
+                    "a short group (a sibling that never comes) is judged this long after its last member, past the "
+                    f"request_timeout_s={timeout_s:g} its members wait at most",
+                    f"set it well below {timeout_s:g}, e.g. 300, or raise {CONFIG_GROUP}.request_timeout_s")
         return cls(batching=batching, rm=rm, mix=mix, integration=integration, models=(main, *extras))
 
 
@@ -268,17 +274,6 @@ def extra_rm_entries(models: Any, *, base: Mapping[str, Any], shared_rm: Mapping
         batching = build(BatchPolicy, batching_values, _under(key, batching_values))
         entries.append(RMEntry(name=name, weight=weight, rm=rm, batching=batching, key=key))
     return tuple(entries)
-
-
-def _check_group_wait(entry: RMEntry, request_timeout_s: float) -> None:
-    """A group judge's partial groups must be judged before their members' deadlines pass."""
-    rm = entry.rm
-    if rm.reward_kind == "group_judge" and rm.group_wait_s >= request_timeout_s:
-        key = f"{CONFIG_GROUP}.group_wait_s" if entry.name == MAIN else f"{entry.key}.group_wait_s"
-        raise ConfigValueError(key, rm.group_wait_s, f"a short group (a sibling that never comes) is judged this long "
-                               f"after its last member, past the request_timeout_s={request_timeout_s:g} its members "
-                               "wait at most", f"set it well below {request_timeout_s:g}, e.g. 300, or raise "
-                               f"{CONFIG_GROUP}.request_timeout_s")
 
 
 def _under(prefix: str, names: Any) -> dict[str, str]:
