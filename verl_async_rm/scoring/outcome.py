@@ -63,7 +63,17 @@ class OutcomeKind:
             self.retemplate = True
         elif config.retemplate == "never":
             self.retemplate = False
-            self._check_ids_can_be_reused()
+            path = config.policy_tokenizer_path  # when given, its vocabulary must be the RM's
+            if path and os.path.isdir(path):
+                policy = load_tokenizer(path, "policy_tokenizer_path", config.trust_remote_code)
+                if policy.get_vocab() != rm_tokenizer.get_vocab():
+                    raise ConfigValueError(
+                        "retemplate", "never", f"the RM's vocabulary ({config.model_path}) differs from the policy's "
+                        f"({path}), so the policy's token ids would mean other text to the RM",
+                        "use retemplate='auto' (the default): the conversation is re-rendered as text for the RM")
+                if not tokenizers_match(policy, rm_tokenizer):
+                    logger.warning("retemplate='never' with the same vocabulary but another chat template or BOS/EOS "
+                                   "than the policy's: the RM reads the policy's ids in a format it was not trained on")
         else:
             self.retemplate = not tokenizers_match(self.policy_tokenizer, rm_tokenizer)
         if self.retemplate and not getattr(rm_tokenizer, "chat_template", None):
@@ -109,21 +119,6 @@ class OutcomeKind:
 
     def verify(self, engine: Any) -> None:
         """A check of the loaded engine (a judge's readout, say); nothing for an outcome RM."""
-
-    def _check_ids_can_be_reused(self) -> None:
-        """retemplate='never': refuse a policy tokenizer whose vocabulary differs from the RM's (when one is given)."""
-        path = self.config.policy_tokenizer_path
-        if not path or not os.path.isdir(path):
-            return
-        policy = load_tokenizer(path, "policy_tokenizer_path", self.config.trust_remote_code)
-        if policy.get_vocab() != self.rm_tokenizer.get_vocab():
-            raise ConfigValueError(
-                "retemplate", "never", f"the RM's vocabulary ({self.config.model_path}) differs from the policy's "
-                f"({path}), so the policy's token ids would mean other text to the RM",
-                "use retemplate='auto' (the default): the conversation is re-rendered as text for the RM")
-        if not tokenizers_match(policy, self.rm_tokenizer):
-            logger.warning("retemplate='never' with the same vocabulary but another chat template or BOS/EOS than the "
-                           "policy's: the RM reads the policy's ids in a format it was not trained on")
 
 
 def policy_side(config: Any) -> tuple[Any, set[int], int | None]:
