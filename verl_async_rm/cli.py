@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import signal
 import sys
 
@@ -23,41 +24,18 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+#: ``bench <name> [...]``: the module of ``verl_async_rm.bench`` that runs it, with a parser of its own: the batcher
+#: micro-benchmark, the RM scorer's forwards on this device, a judge's two readouts, a group judge against a
+#: per-response one, where to put the RM (a model), a remote judge (the plugin vs verl's rate_limited manager, with
+#: faults). ``bench [...]``: the overlap benchmark (``report``).
+_BENCHES = {"batcher": "batcher", "rm": "rm", "judge": "judge", "group-judge": "group_judge", "layout": "layout",
+            "remote": "remote"}
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
-    # `bench batcher [...]`: the batcher micro-benchmark; `bench rm [...]`: the RM scorer's forwards on this
-    # device; `bench judge [...]`: a judge's two readouts; `bench group-judge [...]`: a group judge against a
-    # per-response one; `bench layout [...]`: where to put the RM (a model); `bench remote [...]`: a remote judge,
-    # the plugin vs verl's rate_limited manager, with faults; `bench [...]`: the overlap benchmark (each its own
-    # parser).
-    if args.rest[:1] == ["batcher"]:
-        from verl_async_rm.bench.batcher import main as bench_main
-
-        rest = args.rest[1:]
-    elif args.rest[:1] == ["rm"]:
-        from verl_async_rm.bench.rm import main as bench_main
-
-        rest = args.rest[1:]
-    elif args.rest[:1] == ["judge"]:
-        from verl_async_rm.bench.judge import main as bench_main
-
-        rest = args.rest[1:]
-    elif args.rest[:1] == ["group-judge"]:
-        from verl_async_rm.bench.group_judge import main as bench_main
-
-        rest = args.rest[1:]
-    elif args.rest[:1] == ["layout"]:
-        from verl_async_rm.bench.layout import main as bench_main
-
-        rest = args.rest[1:]
-    elif args.rest[:1] == ["remote"]:
-        from verl_async_rm.bench.remote import main as bench_main
-
-        rest = args.rest[1:]
-    else:
-        from verl_async_rm.bench.report import main as bench_main
-
-        rest = args.rest
-    status, report = bench_main(rest)
+    name = _BENCHES.get(args.rest[0]) if args.rest else None
+    bench = importlib.import_module(f"verl_async_rm.bench.{name or 'report'}")
+    status, report = bench.main(args.rest[1:] if name else args.rest)
     print(report)
     return status
 

@@ -117,7 +117,18 @@ class AsyncRMConfig:
     def from_verl(cls, config: Any) -> AsyncRMConfig:
         """Build from verl's whole trainer config (a ``DictConfig`` or nested mappings); ``ValueError`` naming the
         key, the value and the fix."""
-        group = _group(config)
+        from omegaconf import DictConfig, OmegaConf
+
+        group = select(config, CONFIG_GROUP)
+        if group is None:
+            group = {}
+        elif isinstance(group, DictConfig):
+            group = OmegaConf.to_container(group, resolve=True)
+        if not isinstance(group, Mapping):
+            raise ValueError(
+                f"{CONFIG_GROUP}={group!r}: it must be a group of keys; set them one by one, e.g. "
+                f"+{CONFIG_GROUP}.max_batch_size=64")
+        group = dict(group)
         models = group.pop(MODELS_KEY, None)
         sections: dict[type, dict[str, Any]] = {BatchPolicy: {}, RMConfig: {}, RewardMix: {}, IntegrationConfig: {}}
         owner = {f.name: kind for kind in sections for f in dataclasses.fields(kind) if not f.metadata.get("internal")}
@@ -136,18 +147,24 @@ class AsyncRMConfig:
         extras = extra_rm_entries(models, base=base, shared_rm=sections[RMConfig], shared_batching=batching_values,
                                   group=CONFIG_GROUP)
         mix_values = sections[RewardMix]
-        if "rule_weight" not in mix_values and _manager_name(config) != ASYNC_RM_MANAGER:
+        manager = select(config, "reward.reward_manager.name") or select(config, "reward_model.reward_manager")
+        if "rule_weight" not in mix_values and manager != ASYNC_RM_MANAGER:
             mix_values["rule_weight"] = 1.0  # the user's own reward manager: its reward counts unless told otherwise
-        token_level = tuple(e.name for e in extras if e.rm.token_level)
-        token_level = (MAIN, *token_level) if rm.token_level else token_level
-        writes = [(MAIN, rm), *((e.name, e.rm) for e in extras)]
-        verdict = tuple(name for name, c in writes if c.writes)
+        named = [(MAIN, rm), *((e.name, e.rm) for e in extras)]
+        token_level = tuple(name for name, c in named if c.token_level)
+        verdict = tuple(name for name, c in named if c.writes)
         mix = RewardMix(**mix_values, extra_weights=tuple((e.name, e.weight) for e in extras),
                         token_level_rms=token_level, verdict_rms=verdict)
         main = RMEntry(name=MAIN, weight=mix.rm_weight, rm=rm, batching=batching, key="reward.reward_model")
         integration = IntegrationConfig(**sections[IntegrationConfig])
-        for entry in (main, *extras):
-            _check_group_wait(entry, integration.request_timeout_s)
+        timeout_s = integration.request_timeout_s
+        for entry in (main, *extras):  # a group judge's short groups are judged before their members' deadlines
+            if entry.rm.reward_kind == "group_judge" and entry.rm.group_wait_s >= timeout_s:
+                raise ConfigValueError(
+                    f"{CONFIG_GROUP if entry.name == MAIN else entry.key}.group_wait_s", entry.rm.group_wait_s,
+                    "a short group (a sibling that never comes) is judged this long after its last member, past the "
+                    f"request_timeout_s={timeout_s:g} its members wait at most",
+                    f"set it well below {timeout_s:g}, e.g. 300, or raise {CONFIG_GROUP}.request_timeout_s")
         return cls(batching=batching, rm=rm, mix=mix, integration=integration, models=(main, *extras))
 
 
@@ -158,9 +175,9 @@ def rm_config_from_verl(config: Any, overrides: Mapping[str, Any] | None = None,
     values: dict[str, Any] = {}
     keys: dict[str, str] = {}
     for name, candidates in _VERL_KEYS.items():
-        value, key = _first_set(config, *candidates)
+        key = next((k for k in candidates if select(config, k) is not None), None)
         if key is not None:
-            values[name], keys[name] = value, key
+            values[name], keys[name] = select(config, key), key
     device = select(config, "trainer.device")
     if device is not None:
         values["use_gpu"], keys["use_gpu"] = str(device) != "cpu", "trainer.device"
@@ -259,50 +276,11 @@ def extra_rm_entries(models: Any, *, base: Mapping[str, Any], shared_rm: Mapping
     return tuple(entries)
 
 
-def _check_group_wait(entry: RMEntry, request_timeout_s: float) -> None:
-    """A group judge's partial groups must be judged before their members' deadlines pass."""
-    rm = entry.rm
-    if rm.reward_kind == "group_judge" and rm.group_wait_s >= request_timeout_s:
-        key = f"{CONFIG_GROUP}.group_wait_s" if entry.name == MAIN else f"{entry.key}.group_wait_s"
-        raise ConfigValueError(key, rm.group_wait_s, f"a short group (a sibling that never comes) is judged this long "
-                               f"after its last member, past the request_timeout_s={request_timeout_s:g} its members "
-                               "wait at most", f"set it well below {request_timeout_s:g}, e.g. 300, or raise "
-                               f"{CONFIG_GROUP}.request_timeout_s")
-
-
 def _under(prefix: str, names: Any) -> dict[str, str]:
     return {name: f"{prefix}.{name}" for name in names}
-
-
-def _manager_name(config: Any) -> Any:
-    return select(config, "reward.reward_manager.name") or select(config, "reward_model.reward_manager")
-
-
-def _group(config: Any) -> dict[str, Any]:
-    from omegaconf import DictConfig, OmegaConf
-
-    node = select(config, CONFIG_GROUP)
-    if node is None:
-        return {}
-    if isinstance(node, DictConfig):
-        node = OmegaConf.to_container(node, resolve=True)
-    if not isinstance(node, Mapping):
-        raise ValueError(
-            f"{CONFIG_GROUP}={node!r}: it must be a group of keys; set them one by one, e.g. "
-            f"+{CONFIG_GROUP}.max_batch_size=64")
-    return dict(node)
 
 
 def _check_key(prefix: str, key: str, value: Any, known: set[str]) -> None:
     """The one check of a user's key under ``prefix`` (the top of ``async_rm``, or one RM of ``async_rm.models``)."""
     if key not in known:
         raise ValueError(f"unknown key {prefix}.{key}={value!r}; known keys: {', '.join(sorted(known))}")
-
-
-def _first_set(config: Any, *keys: str) -> tuple[Any, str | None]:
-    """The first of ``keys`` whose value is not None, with the key it came from."""
-    for key in keys:
-        value = select(config, key)
-        if value is not None:
-            return value, key
-    return None, None

@@ -1,11 +1,10 @@
 """verl's trainer on a machine without an accelerator: a ``cpu`` platform for verl 0.9.1 and the workarounds its
-trainer needs there, active only where no accelerator is present (develop and debug an RM set-up on a laptop, then
-take it to GPUs unchanged).
+trainer needs there (develop and debug an RM set-up on a laptop, then take it to GPUs unchanged).
 
 verl 0.9.1 ships nvidia, npu and rocm platforms only, and ``platform_manager._detect_platform_name`` falls back to
 ``nvidia`` when none is found: ``get_device_name()`` is then ``cuda`` and ``initialize_global_process_group_ray`` asks
-for NCCL. :func:`activate` (called by :mod:`verl_async_rm.plugin`, the ``verl.plugins`` entry point, so in every
-process that imports verl) does, where :func:`accelerator_present` finds nothing:
+for NCCL. :func:`activate` (run by :mod:`verl_async_rm.plugin` in every process that imports verl) does, where
+:func:`accelerator_present` finds nothing:
 
 1. registers ``PlatformCPU`` (:func:`platform_class`) with verl's own ``PlatformRegistry`` (probed after verl's own
    platforms): device ``cpu``, ``torch.cpu`` with no-op memory calls, backend ``gloo``, Ray resource ``GPU`` (verl's
@@ -26,10 +25,9 @@ process that imports verl) does, where :func:`accelerator_present` finds nothing
    vLLM's own ``process_weights_after_loading``, which verl calls after the sync, packs the new weights.
 
 Nothing of verl's or vLLM's installed files is changed: 2-5 replace a default, add a registration, or replace a module
-attribute, each when its module is imported (:func:`verl_async_rm.plugin.after_import`). On a machine with an
-accelerator nothing happens and verl picks its own platform. ``VERL_PLATFORM`` (verl's own override) wins:
-``VERL_PLATFORM=cpu`` activates this module anywhere (e.g. a CUDA build of torch on a machine with an NVIDIA driver
-but no usable GPU), any other value leaves verl alone.
+attribute, each when its module is imported (:func:`verl_async_rm.plugin.after_import`). ``VERL_PLATFORM`` (verl's
+own override) wins: ``VERL_PLATFORM=cpu`` activates this module anywhere (e.g. a CUDA build of torch on a machine with
+an NVIDIA driver but no usable GPU), any other value leaves verl alone.
 """
 
 from __future__ import annotations

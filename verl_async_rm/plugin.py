@@ -1,6 +1,6 @@
 """Entry point of the ``verl.plugins`` group, imported on ``import verl`` in every process: cheap, never raises.
 
-Two things happen here, each when the verl module it needs is imported (:func:`after_import`), not before:
+Three things happen here, each when the verl module it needs is imported (:func:`after_import`), not before:
 
 - the ``async_rm`` reward manager is registered when verl's reward-manager registry is imported (importing that stack
   eagerly would roughly double the time of ``import verl`` in every process);
@@ -100,8 +100,8 @@ class _LoaderProxy(importlib.abc.Loader):
         self._loader.exec_module(module)
         with _lock:
             callbacks = _hooks.pop(self._name, [])
-            if not _hooks:
-                _remove_hook()
+            if not _hooks:  # the last awaited import: the finder goes
+                sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _PostImportHook)]
         _run(self._name, module, callbacks)
 
     def __getattr__(self, name):
@@ -124,10 +124,6 @@ class _PostImportHook(importlib.abc.MetaPathFinder):
                     spec.loader = _LoaderProxy(spec.loader, fullname)
                 return spec
         return None
-
-
-def _remove_hook() -> None:
-    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _PostImportHook)]
 
 
 def _activate_cpu_platform(_platform_module: Any) -> None:
@@ -177,13 +173,9 @@ def _opts_in(config: Any) -> bool:
     return isinstance(cls, type) and issubclass(cls, (AsyncRMAgentLoopManager, AsyncRMManagerBase))
 
 
-def _install() -> None:
+try:
     after_import(REGISTRY_MODULE, lambda _module: register_reward_manager())
     after_import(PLATFORM_MODULE, _activate_cpu_platform)
     after_import(CONFIG_MODULE, check_config_first)
-
-
-try:
-    _install()
 except Exception:  # never break `import verl`
     logger.exception("verl_async_rm: could not install the plugin's import hooks")

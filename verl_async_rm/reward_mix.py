@@ -98,7 +98,11 @@ class RewardMix:
             raise ValueError(
                 f"async_rm.combine_fn={self.combine_fn!r}: {problem}; it must name an importable function (its package "
                 "on PYTHONPATH in every Ray worker), e.g. +async_rm.combine_fn=my_rewards.mix:combine")
-        if _accepts(fn, "rm_scores"):
+        try:
+            params = inspect.signature(fn).parameters.values()
+        except (TypeError, ValueError):  # a builtin without a signature: pass everything
+            return fn
+        if any(p.name == "rm_scores" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
             return fn
         if self.extra_weights:
             raise ValueError(
@@ -147,7 +151,10 @@ class RewardMix:
         scores = {name: score_value(rm_scores[name]) if name in rm_scores else math.nan for name in self.weights}
         rule_score = math.nan  # reported only when the reward uses the manager's (else the manager did not run)
         if self.uses_rule:
-            rule_score = _as_float(raw_rule)
+            try:
+                rule_score = float(raw_rule)
+            except (TypeError, ValueError):
+                pass  # not a number: NaN
             if error is None and not math.isfinite(rule_score):  # NaN, inf or not a number: raised, never a reward
                 raise ValueError(
                     f"the reward manager's reward for data_source={str(data_source)!r} is {raw_rule!r}; the reward "
@@ -183,17 +190,3 @@ def with_rm_scores(extra_info: Any, rm_scores: Mapping[str, Score]) -> dict[str,
     info[RM_SCORES_KEY] = values
     return info
 
-
-def _as_float(value: Any) -> float:
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return math.nan
-
-
-def _accepts(fn: Callable[..., Any], name: str) -> bool:
-    try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):  # a builtin without a signature: pass everything
-        return True
-    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)

@@ -1,11 +1,7 @@
-"""``AsyncRMAgentLoopManager``: verl's agent-loop manager plus one RM service per RM, for v0 and v1.
-
-verl builds the manager with ``.create(config=, llm_client=, ...)`` and passes nothing else: it launches the RM
-services, lets verl build its agent-loop workers (the plugin's subclasses) while the RMs load, and hands them the
-services; then it marks steps, puts RMs on the policy's GPUs to sleep and wakes them, and restarts a dead service at
-the next step boundary. verl's v0 ``AgentLoopManager.__init__`` keeps a preset ``agent_loop_workers_class`` while v1's
-overwrites it: v0 sets it before ``super().__init__``, v1 (:mod:`.v1`, imported only when a run uses verl's v1
-trainer) after."""
+"""``AsyncRMAgentLoopManager``: verl's agent-loop manager plus one RM service per RM, for v0 and v1 (what they share:
+:mod:`.manager_base`), built by verl with ``.create(config=, llm_client=, ...)``. verl's v0
+``AgentLoopManager.__init__`` keeps a preset ``agent_loop_workers_class`` while v1's overwrites it: v0 sets it before
+``super().__init__``, v1 (:mod:`.v1`, imported only when a run uses verl's v1 trainer) after."""
 
 from __future__ import annotations
 

@@ -91,7 +91,9 @@ class AsyncRMWorkerMixin:
         phase = _PHASE.get() if validate is None else ("val" if validate else "train")
         records = self._records()
         trajectory = f"{kwargs.get('uid', '?')}/{kwargs.get('session_id', 0)}"
-        scores, failure = await self._async_rm_scores(final, kwargs, trajectory, self._async_rm_group_size(phase))
+        rollout = self.config.actor_rollout_ref.rollout  # type: ignore[attr-defined] - verl's worker's whole config
+        n = rollout.val_kwargs.n if phase == "val" else rollout.n  # the group's size, which a group judge waits for
+        scores, failure = await self._async_rm_scores(final, kwargs, trajectory, None if n is None else int(n))
         error = None
         if failure is not None:
             error = _describe(failure)
@@ -117,21 +119,13 @@ class AsyncRMWorkerMixin:
         # verl times its own reward-loop call only: the whole hook is the trajectory's wait for its reward
         final.metrics.compute_score = time.perf_counter() - start
         if error is None and any(isinstance(s, StepRewards) for s in scores.values()):
-            placement = token_placement(final.reward_score, scores, self._async_rm_mix.weights,
-                                        len(final.response_ids))
+            placement = token_placement(final.reward_score, scores, mix.weights, len(final.response_ids))
             if self._async_rm_replace_output:
                 outputs[-1] = with_token_rewards(final, placement)
             else:
                 final.extra_fields[TOKEN_REWARDS_KEY] = placement
-        elif self._async_rm_mix.token_level and not self._async_rm_replace_output:
+        elif mix.token_level and not self._async_rm_replace_output:
             final.extra_fields[TOKEN_REWARDS_KEY] = None  # verl stacks the same extra_fields for every sample
-
-    def _async_rm_group_size(self, phase: str) -> int | None:
-        """How many siblings a prompt's group has in ``phase`` (a group judge waits for them): verl's
-        ``actor_rollout_ref.rollout.n``, or ``val_kwargs.n`` in validation."""
-        rollout = self.config.actor_rollout_ref.rollout  # type: ignore[attr-defined] - verl's worker's whole config
-        n = rollout.val_kwargs.n if phase == "val" else rollout.n
-        return None if n is None else int(n)
 
     async def _async_rm_scores(self, final: Any, kwargs: dict, trajectory: str, group_size: int | None = None
                                ) -> tuple[dict[str, Score], AsyncRMError | None]:

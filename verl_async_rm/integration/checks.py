@@ -11,13 +11,14 @@ import re
 from typing import Any
 
 from verl_async_rm.config import CONFIG_GROUP, MAIN, AsyncRMConfig
+from verl_async_rm.errors import ConfigValueError
 from verl_async_rm.options import select as _get
+from verl_async_rm.scoring.checkpoint import check_rm_checkpoint
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["check_verl_config", "verl_v1", "probe_endpoints", "check_v1_trainer", "legacy_keys_set", "LEGACY_KEYS",
-           "ENTRY_MODULE",
-           "V1_TRAINER_MODES"]
+           "ENTRY_MODULE", "V1_TRAINER_MODES"]
 
 ENTRY_MODULE = "verl_async_rm.main_ppo"
 #: Legacy top-level keys that verl 0.9.1's ``main_ppo`` ignores (all null in verl's defaults), with the keys
@@ -63,7 +64,30 @@ def check_verl_config(config: Any) -> AsyncRMConfig:
     if _get(config, "trainer.use_v1"):
         verl_v1()
     _check_reward_manager(config)
-    settings = _check_async_rm_settings(config)
+    settings = AsyncRMConfig.from_verl(config)
+    estimator = str(_get(config, "algorithm.adv_estimator") or "")
+    for entry in settings.models:
+        rm = entry.rm
+        _refuse_hub_ids(config, entry)
+        if rm.model_path and os.path.isdir(rm.model_path):
+            try:
+                check_rm_checkpoint(rm.model_path, rm.trust_remote_code, rm.reward_kind, rm.kind_given)
+            except ConfigValueError as err:
+                if entry.name != MAIN:
+                    raise err.renamed(f"{entry.key}.{err.key}") from None
+                raise err.renamed(f"{entry.key}.model_path" if err.key == "model_path" else
+                                  f"{CONFIG_GROUP}.{err.key}") from None
+        elif not rm.remote:  # multi-node runs may keep the RM only on the reward nodes: each replica checks it
+            logger.info("verl_async_rm: RM %s's path %s is not on this machine; its replicas will check it",
+                        entry.name, rm.model_path)
+        if rm.token_level and estimator in SUM_ONLY_ESTIMATORS:  # legitimate, but more steps earn more
+            logger.warning(
+                "verl_async_rm: RM %s has process_reduction=none with algorithm.adv_estimator=%s, which reads only "
+                "the sum of a trajectory's token rewards: its reward is then the sum of its step scores, so a response "
+                "with more steps earns more. With %s use process_reduction=min (the default; or mean, last, product); "
+                "keep 'none' for an estimator that reads each token's reward (gae, reinforce_plus_plus, remax)",
+                entry.name, estimator, estimator)
+    _refuse_column_clashes(config, settings)
     if settings.rm.remote and settings.rm.placement == "own_pool":
         gpus = f"{_get(config, 'reward.reward_model.n_gpus_per_node')} x {_get(config, 'reward.reward_model.nnodes')}"
         raise ValueError(
@@ -178,30 +202,6 @@ def check_v1_trainer(config: Any, on_error: str) -> str:
     return mode
 
 
-def _check_async_rm_settings(config: Any) -> AsyncRMConfig:
-    from verl_async_rm.errors import ConfigValueError
-    from verl_async_rm.scoring.checkpoint import check_rm_checkpoint
-
-    settings = AsyncRMConfig.from_verl(config)
-    for entry in settings.models:
-        rm = entry.rm
-        _refuse_hub_ids(config, entry)
-        if rm.model_path and os.path.isdir(rm.model_path):
-            try:
-                check_rm_checkpoint(rm.model_path, rm.trust_remote_code, rm.reward_kind, rm.kind_given)
-            except ConfigValueError as err:
-                if entry.name != MAIN:
-                    raise err.renamed(f"{entry.key}.{err.key}") from None
-                raise err.renamed(f"{entry.key}.model_path" if err.key == "model_path" else
-                                  f"{CONFIG_GROUP}.{err.key}") from None
-        elif not rm.remote:  # multi-node runs may keep the RM only on the reward nodes: each replica checks it
-            logger.info("verl_async_rm: RM %s's path %s is not on this machine; its replicas will check it",
-                        entry.name, rm.model_path)
-        _warn_step_sums(config, entry)
-    _refuse_column_clashes(config, settings)
-    return settings
-
-
 def probe_endpoints(settings: AsyncRMConfig) -> None:
     """Each remote RM's endpoints asked for their models and one request of the kind's API (``ValueError`` naming the
     RM, the URL and the fix), run by the entry points before anything starts (in a thread of its own: verl may call
@@ -249,18 +249,6 @@ SUM_ONLY_ESTIMATORS = ("grpo", "grpo_vectorized", "grpo_passk", "gdpo", "rloo", 
                        "reinforce_plus_plus_baseline")
 
 
-def _warn_step_sums(config: Any, entry: Any) -> None:
-    """``process_reduction=none`` with an estimator that reads only the sum: legitimate, but more steps earn more."""
-    estimator = str(_get(config, "algorithm.adv_estimator") or "")
-    if entry.rm.token_level and estimator in SUM_ONLY_ESTIMATORS:
-        logger.warning(
-            "verl_async_rm: RM %s has process_reduction=none with algorithm.adv_estimator=%s, which reads only the sum "
-            "of a trajectory's token rewards: its reward is then the sum of its step scores, so a response with more "
-            "steps earns more. With %s use process_reduction=min (the default; or mean, last, product); keep 'none' "
-            "for an estimator that reads each token's reward (gae, reinforce_plus_plus, remax)", entry.name,
-            estimator, estimator)
-
-
 def _refuse_column_clashes(config: Any, settings: AsyncRMConfig) -> None:
     """A dataset column named like a key the plugin writes into ``reward_extra_info`` (verl's v0 trainer would fail
     joining the rollout to the batch, after the first rollout) or like one it adds to ``extra_info`` (the dataset's
@@ -273,24 +261,19 @@ def _refuse_column_clashes(config: Any, settings: AsyncRMConfig) -> None:
         ours.add(TOKEN_REWARDS_KEY)
     for key in ("data.train_files", "data.val_files"):
         files = _get(config, key)
-        for path in [files] if isinstance(files, str) else list(files or ()):
-            columns, extra_info = _parquet_columns(str(path))
-            for clash, where in ((ours & columns, "reward_extra_info"),
+        for path in map(str, [files] if isinstance(files, str) else list(files or ())):
+            if not path.endswith(".parquet") or not os.path.isfile(path):  # only local parquet files are read
+                continue
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            schema = pq.read_schema(path)
+            extra = schema.field("extra_info").type if "extra_info" in schema.names else None
+            extra_info = {f.name for f in extra} if extra is not None and pa.types.is_struct(extra) else set()
+            for clash, where in ((ours & set(schema.names), "reward_extra_info"),
                                  ({RM_SCORE_KEY, RM_SCORES_KEY} & extra_info, "extra_info")):
                 if clash:
                     raise ValueError(
                         f"{key}: {path} has {'extra_info field' if where == 'extra_info' else 'column'}(s) "
                         f"{sorted(clash)}, named like the key(s) the plugin writes into each trajectory's {where}: one "
                         "would overwrite the other. Fix: rename them in your dataset")
-
-
-def _parquet_columns(path: str) -> tuple[set[str], set[str]]:
-    """The columns of a local parquet file and the fields of its ``extra_info`` struct (empty when not readable)."""
-    if not path.endswith(".parquet") or not os.path.isfile(path):
-        return set(), set()
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    schema = pq.read_schema(path)
-    extra = schema.field("extra_info").type if "extra_info" in schema.names else None
-    return set(schema.names), {f.name for f in extra} if extra is not None and pa.types.is_struct(extra) else set()

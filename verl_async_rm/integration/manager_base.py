@@ -29,8 +29,7 @@ CONTROL_TIMEOUT_S = 60.0
 
 
 class AsyncRMManagerBase:
-    """What the v0 and v1 managers share: the RM services (one per RM), their step marks, the closing of a phase (its
-    metrics and ``on_error``), the sleep and wake of RMs on the policy's GPUs, the services' restart and shutdown."""
+    """What the v0 and v1 managers share (module doc)."""
 
     rm_services: dict[str, Any] = {}
 
@@ -60,12 +59,6 @@ class AsyncRMManagerBase:
 
     def _async_rm_check(self, config: Any) -> None:
         """Checks of the trainer's settings that need ``async_rm_config``, before anything is started."""
-
-    def _async_rm_start_service(self, name: str) -> Any:
-        entry, integration = self._entries[name], self.async_rm_config.integration
-        return start_rm_service(entry.rm, entry.batching, name=self._service_names[name],
-                                replace_replicas=integration.replace_replicas,
-                                max_concurrency=integration.service_max_concurrency)
 
     async def _init_agent_loop_workers(self):
         try:
@@ -98,7 +91,10 @@ class AsyncRMManagerBase:
         """Replace a dead (or unresponsive) RM service by a new one (the RM loads again); hand it to the workers."""
         logger.error("verl_async_rm: the RM service of RM %r is gone (%r); starting a new one", name, cause)
         kill_quietly(self.rm_services[name])
-        self.rm_services[name] = await asyncio.to_thread(self._async_rm_start_service, name)
+        entry, integration = self._entries[name], self.async_rm_config.integration
+        self.rm_services[name] = await asyncio.to_thread(
+            start_rm_service, entry.rm, entry.batching, name=self._service_names[name],
+            replace_replicas=integration.replace_replicas, max_concurrency=integration.service_max_concurrency)
         self.service_restarts += 1
         await self._async_rm_attach(CONTROL_TIMEOUT_S)
 
@@ -117,27 +113,23 @@ class AsyncRMManagerBase:
         names = list(self.rm_services)
         return dict(zip(names, await asyncio.gather(*(call(name) for name in names)), strict=True))
 
-    async def _async_rm_end_step(self, trajectories: PhaseRecord | None = None, prefix: str = PREFIX
-                                 ) -> dict[str, float]:
-        """End a step on every service: ``async_rm/*`` metrics (the main RM's), plus ``async_rm/<name>/*`` per RM
-        when there are several. ``trajectories`` (v1: the workers' record of the phase) gives the trajectory counts
-        instead of the service's, which include every phase."""
-        figures = await self._async_rm_control("end_step")
-        metrics = step_metrics(figures[MAIN], trajectories, prefix=prefix)
-        if len(figures) > 1:
-            for name, step in figures.items():
-                metrics.update(step_metrics(step, prefix=f"{prefix}{name}/"))
-        metrics[prefix + "service_restarts_total"] = float(self.service_restarts)
-        return metrics
-
     @auto_await
     async def async_rm_close(self, phase: str, global_steps: int | None = None) -> dict[str, float]:
         """End a training step (``phase='train'``) or a validation pass (``'val'``): its metrics, from the workers'
         records and the services' figures since the previous close, or its failure (``on_error``:
         :func:`~verl_async_rm.integration.drops.check_failures`)."""
-        record = await self._async_rm_collect(phase)
+        records = await asyncio.wait_for(
+            asyncio.gather(*(w.async_rm_pop_record.remote(phase) for w in self.agent_loop_workers)),
+            CONTROL_TIMEOUT_S)
+        record = functools.reduce(PhaseRecord.merge, records, PhaseRecord())
         prefix = PREFIX if phase == "train" else VAL_PREFIX
-        metrics = await self._async_rm_end_step(record, prefix)
+        figures = await self._async_rm_control("end_step")
+        # the main RM's figures as async_rm/*, with the workers' trajectory counts (the services' include every phase)
+        metrics = step_metrics(figures[MAIN], record, prefix=prefix)
+        if len(figures) > 1:  # and each RM's as async_rm/<name>/*
+            for name, step in figures.items():
+                metrics.update(step_metrics(step, prefix=f"{prefix}{name}/"))
+        metrics[prefix + "service_restarts_total"] = float(self.service_restarts)
         integration = self.async_rm_config.integration
         if integration.on_error == "drop":
             metrics[prefix + "dropped"] = float(record.failed)
@@ -167,12 +159,6 @@ class AsyncRMManagerBase:
         replica's move of its weights (``init_timeout_s``), and a minute for the calls."""
         return max((e.batching.batch_timeout_s or 60.0) + e.rm.init_timeout_s + CONTROL_TIMEOUT_S
                    for e in self._entries.values())
-
-    async def _async_rm_collect(self, phase: str) -> PhaseRecord:
-        records = await asyncio.wait_for(
-            asyncio.gather(*(w.async_rm_pop_record.remote(phase) for w in self.agent_loop_workers)),
-            CONTROL_TIMEOUT_S)
-        return functools.reduce(PhaseRecord.merge, records, PhaseRecord())
 
     def shutdown(self) -> None:
         """Close the RM services (waiting requests fail with BatcherClosedError; replicas and pools released)."""

@@ -23,9 +23,8 @@ TOKEN_REWARDS_KEY = "rm_token_rewards"
 _RESOLUTION = 1e-7
 
 
-def token_placement(
-    reward: float, scores: Mapping[str, Any], weights: Mapping[str, float], response_length: int
-) -> list[tuple[int, float]]:
+def token_placement(reward: float, scores: Mapping[str, Any], weights: Mapping[str, float],
+                    response_length: int) -> list[tuple[int, float]]:
     """``[(response token index, value), ...]`` whose values sum to ``reward``: each token-level RM's step scores
     (its :class:`StepRewards`) times its weight at their tokens (steps ending on one token add up), the rest (verl's
     rule, outcome RMs) on the last response token."""

@@ -31,11 +31,12 @@ _PHASES_MARK = "_async_rm_phases_hooked"
 T = TypeVar("T")
 
 
-def _close(trainer: Any, phase: str) -> dict[str, float]:
+def _call(trainer: Any, method: str, *args: Any) -> Any:
+    """The manager's ``method(*args)``; {} without the plugin's manager."""
     # v1's trainer names its manager agent_loop_manager, v0's async_rollout_manager
     manager = getattr(trainer, "agent_loop_manager", None) or getattr(trainer, "async_rollout_manager", None)
-    close = getattr(manager, CLOSE_METHOD, None)
-    return close(phase, trainer.global_steps) if callable(close) else {}
+    call = getattr(manager, method, None)
+    return call(*args) if callable(call) else {}
 
 
 def closing(trainer: Any, phase: str, body: Callable[[], T]) -> tuple[T, dict[str, float]]:
@@ -46,13 +47,13 @@ def closing(trainer: Any, phase: str, body: Callable[[], T]) -> tuple[T, dict[st
         result = body()
     except Exception:
         try:
-            _close(trainer, phase)
+            _call(trainer, CLOSE_METHOD, phase, trainer.global_steps)
         except (RMScoreError, TrajectoryDroppedError):
             raise
         except Exception:  # noqa: BLE001 - the step's own error is the one to report
             logger.exception("verl_async_rm: could not close the failed %s phase", phase)
         raise
-    return result, _close(trainer, phase)
+    return result, _call(trainer, CLOSE_METHOD, phase, trainer.global_steps)
 
 
 def hook_phases(trainer: Any) -> None:
@@ -75,13 +76,6 @@ def hook_phases(trainer: Any) -> None:
 
     trainer.on_sample_end, trainer.on_step_end = on_sample_end, on_step_end
     setattr(trainer, _PHASES_MARK, True)
-
-
-def _call(trainer: Any, method: str) -> None:
-    manager = getattr(trainer, "agent_loop_manager", None)
-    call = getattr(manager, method, None)
-    if callable(call):
-        call()
 
 
 def installed() -> bool:

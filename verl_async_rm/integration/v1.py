@@ -51,9 +51,11 @@ class AsyncRMAgentLoopManagerV1(AsyncRMManagerBase, AgentLoopManagerTQ):
 
     def generate_sequences(self, prompts) -> None:
         """Dispatch a batch of prompts (verl v1 semantics: returns once the agent loops are started)."""
-        step_size = None
-        if self._trainer_mode == "sync":
-            step_size = _v1_batch_size(prompts, self.config.actor_rollout_ref.rollout)
+        step_size = None  # the trajectories the batch makes; unknown here with a per-prompt __rollout_n__
+        if self._trainer_mode == "sync" and "__rollout_n__" not in (keys := set(prompts.keys())):
+            rollout = self.config.actor_rollout_ref.rollout
+            validate = bool(prompts["validate"]) if "validate" in keys else False
+            step_size = len(prompts) * int(rollout.val_kwargs.n if validate else rollout.n)
         if step_size or not self._dispatched:
             self._v1_before_dispatch(step_size)
         super().generate_sequences(prompts)
@@ -66,12 +68,3 @@ class AsyncRMAgentLoopManagerV1(AsyncRMManagerBase, AgentLoopManagerTQ):
         elif step_size:
             await self._async_rm_control("flush_after", step_size)
 
-
-def _v1_batch_size(prompts: Any, rollout_config: Any) -> int | None:
-    """Trajectories a v1 batch will produce, or None when per-prompt ``__rollout_n__`` makes it unknown here."""
-    keys = set(prompts.keys())
-    if "__rollout_n__" in keys:
-        return None
-    validate = bool(prompts["validate"]) if "validate" in keys else False
-    n = rollout_config.val_kwargs.n if validate else rollout_config.n
-    return len(prompts) * int(n)

@@ -52,17 +52,7 @@ def process_rm_signs(config: dict[str, Any], model_path: str) -> tuple[list[str]
         signs.append("its code maps AutoModelForTokenClassification only")
     # transformers writes no label map for its default of two labels
     labels = config.get("num_labels") or len(config.get("id2label") or {}) or 2
-    step = next((t for t in _STEP_TOKENS if t in _added_tokens(model_path)), None)
-    if (signs or labels == 2) and step is not None:
-        signs.append(f"{labels} labels and the step token {step!r}")
-    elif signs:
-        signs.append(f"{labels} labels")
-    return signs, step
-
-
-def _added_tokens(model_path: str) -> set[str]:
-    """The added (special) tokens its tokenizer files declare; empty when they cannot be read."""
-    found: list[Any] = []
+    found: list[Any] = []  # the added (special) tokens its tokenizer files declare; none when they cannot be read
     for name in ("tokenizer_config.json", "tokenizer.json"):
         try:
             with open(os.path.join(model_path, name), encoding="utf-8") as f:
@@ -74,7 +64,13 @@ def _added_tokens(model_path: str) -> set[str]:
             found += [t.get("content") for t in [*decoder.values(), *(files.get("added_tokens") or ())]
                       if isinstance(t, dict)]
             found += list(files.get("additional_special_tokens") or ())
-    return {t for t in found if isinstance(t, str)}
+    added = {t for t in found if isinstance(t, str)}
+    step = next((t for t in _STEP_TOKENS if t in added), None)
+    if (signs or labels == 2) and step is not None:
+        signs.append(f"{labels} labels and the step token {step!r}")
+    elif signs:
+        signs.append(f"{labels} labels")
+    return signs, step
 
 
 def check_rm_checkpoint(model_path: str, trust_remote_code: bool, reward_kind: str = "outcome",

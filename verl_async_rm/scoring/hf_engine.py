@@ -65,8 +65,16 @@ class HFEngine(Engine):
         #: 'varlen' (packed) or 'padded'.
         self.kernel, self.packing_reason = choose_kernel(
             model, device, packing, per_token_head=head is not None and output_field is None)
+        # score_output_field, checked at load: a padded batch must score as its rows alone (the model's own code may
+        # pick its last token by pad_token_id or ignore the mask), else one row per forward
         if output_field is not None:
-            self._check_output_field()
+            rows = check_rows(int(model.get_input_embeddings().num_embeddings), (7, 4))
+            check_output_field(model, rows[0], output_field, score_reduction, score_index, device)
+            single = torch.cat([self.forward_padded([ids]) for ids in rows])
+            if self._check(self.forward_padded(rows), single, "batched") is not None:
+                logger.warning("score_output_field=%s: %s scores a padded batch differently from single rows; scoring "
+                               "one row per forward", output_field, type(model).__name__)
+                self.max_rows = 1
         if packing == "true" and self.kernel == "padded":
             raise ConfigValueError("packing", "true", self.packing_reason.removeprefix("packing=true, but "),
                                    "use packing='auto' or 'false' (verl: +async_rm.packing=auto)")
@@ -165,7 +173,12 @@ class HFEngine(Engine):
         ids[mask] = flat_ids(batch, int(lengths.sum()))  # row-major: each row's tokens, then the next row's
         input_ids, attention_mask = to_device(ids, self.device), to_device(mask.astype(np.int64), self.device)
         self._captured = None
-        with torch.no_grad(), self._no_shape_plans():
+        plans: contextlib.AbstractContextManager[Any] = contextlib.nullcontext()
+        if self.device.type == "cuda":  # sdpa without the cuDNN backend, which plans every new shape
+            from torch.nn.attention import SDPBackend, sdpa_kernel
+
+            plans = sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+        with torch.no_grad(), plans:
             output = self.model(input_ids=input_ids, attention_mask=attention_mask, **self.forward_kwargs)
             per_token, self._captured = self._captured, None
             if self.output_field is not None:
@@ -233,18 +246,6 @@ class HFEngine(Engine):
             logits = self.transform(logits)
         return reduce_outputs(logits, self.score_reduction, self.score_index)
 
-    def _check_output_field(self) -> None:
-        """Load-time check of ``output_field``, then: a padded two-row batch must score as its rows do alone, else one
-        row per forward (the model's own code may pick its last token by ``pad_token_id`` or ignore the mask)."""
-        rows = check_rows(int(self.model.get_input_embeddings().num_embeddings), (7, 4))
-        check_output_field(self.model, rows[0], self.output_field, self.score_reduction, self.score_index, self.device)
-        single = torch.cat([self.forward_padded([ids]) for ids in rows])
-        if self._check(self.forward_padded(rows), single, "batched") is not None:
-            logger.warning(
-                "score_output_field=%s: %s scores a padded batch differently from single rows; scoring one row "
-                "per forward", self.output_field, type(self.model).__name__)
-            self.max_rows = 1
-
     def _run(self, rows: list[Row]) -> list[Any]:
         groups = [g for _, g, _ in rows] if any(g is not None for _, g, _ in rows) else None
         reads = [r for _, _, r in rows] if rows[0][2] is not None else None
@@ -266,14 +267,6 @@ class HFEngine(Engine):
 
     def _capture(self, module: torch.nn.Module, args: Any, output: Any) -> None:
         self._captured = output if isinstance(output, torch.Tensor) else None
-
-    def _no_shape_plans(self) -> contextlib.AbstractContextManager[Any]:
-        """On CUDA: sdpa without the cuDNN backend (it plans per shape); elsewhere nothing."""
-        if self.device.type != "cuda":
-            return contextlib.nullcontext()
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
     def _switch_to_packing(self, mode: str, share_prompts: bool) -> None:
         """Pack only if packed scores of a few short rows (and, with ``share_prompts``, of a sibling pair sharing its

@@ -63,7 +63,17 @@ class OutcomeKind:
             self.retemplate = True
         elif config.retemplate == "never":
             self.retemplate = False
-            self._check_ids_can_be_reused()
+            path = config.policy_tokenizer_path  # when given, its vocabulary must be the RM's
+            if path and os.path.isdir(path):
+                policy = load_tokenizer(path, "policy_tokenizer_path", config.trust_remote_code)
+                if policy.get_vocab() != rm_tokenizer.get_vocab():
+                    raise ConfigValueError(
+                        "retemplate", "never", f"the RM's vocabulary ({config.model_path}) differs from the policy's "
+                        f"({path}), so the policy's token ids would mean other text to the RM",
+                        "use retemplate='auto' (the default): the conversation is re-rendered as text for the RM")
+                if not tokenizers_match(policy, rm_tokenizer):
+                    logger.warning("retemplate='never' with the same vocabulary but another chat template or BOS/EOS "
+                                   "than the policy's: the RM reads the policy's ids in a format it was not trained on")
         else:
             self.retemplate = not tokenizers_match(self.policy_tokenizer, rm_tokenizer)
         if self.retemplate and not getattr(rm_tokenizer, "chat_template", None):
@@ -110,31 +120,33 @@ class OutcomeKind:
     def verify(self, engine: Any) -> None:
         """A check of the loaded engine (a judge's readout, say); nothing for an outcome RM."""
 
-    def _check_ids_can_be_reused(self) -> None:
-        """retemplate='never': refuse a policy tokenizer whose vocabulary differs from the RM's (when one is given)."""
-        path = self.config.policy_tokenizer_path
-        if not path or not os.path.isdir(path):
-            return
-        policy = load_tokenizer(path, "policy_tokenizer_path", self.config.trust_remote_code)
-        if policy.get_vocab() != self.rm_tokenizer.get_vocab():
-            raise ConfigValueError(
-                "retemplate", "never", f"the RM's vocabulary ({self.config.model_path}) differs from the policy's "
-                f"({path}), so the policy's token ids would mean other text to the RM",
-                "use retemplate='auto' (the default): the conversation is re-rendered as text for the RM")
-        if not tokenizers_match(policy, self.rm_tokenizer):
-            logger.warning("retemplate='never' with the same vocabulary but another chat template or BOS/EOS than the "
-                           "policy's: the RM reads the policy's ids in a format it was not trained on")
-
 
 def policy_side(config: Any) -> tuple[Any, set[int], int | None]:
     """What reads the policy's responses (unless ``retemplate='never'``): its tokenizer, the ids that end a response
-    (dropped before decoding) and one past the largest id it can generate (its tokenizer's, and the padded embedding
-    rows past them, which decode to no text)."""
+    (dropped before decoding: EOS and pad, and the EOS ids of its generation config) and one past the largest id it can
+    generate: ``len(tokenizer)``, or the ``vocab_size`` of the model's ``config.json`` next to it when larger (embedding
+    rows padded past the tokenizer decode to no text)."""
     if config.retemplate == "never":
         return None, set(), None
-    tokenizer = load_tokenizer(config.policy_tokenizer_path, "policy_tokenizer_path", config.trust_remote_code)
     path = config.policy_tokenizer_path
-    return tokenizer, _stop_ids(tokenizer, path), _policy_id_limit(tokenizer, path)
+    tokenizer = load_tokenizer(path, "policy_tokenizer_path", config.trust_remote_code)
+    stop_ids = {tokenizer.eos_token_id, tokenizer.pad_token_id}
+    try:
+        from transformers import GenerationConfig
+
+        eos = GenerationConfig.from_pretrained(path).eos_token_id
+        stop_ids.update(eos if isinstance(eos, list) else [eos])
+    except OSError:  # no generation_config.json next to the tokenizer
+        pass
+    limit = len(tokenizer)
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            model_config = json.load(f)
+        sizes = [model_config.get("vocab_size"), (model_config.get("text_config") or {}).get("vocab_size")]
+        limit = max([limit, *(v for v in sizes if isinstance(v, int))])
+    except (OSError, ValueError, AttributeError):  # a tokenizer-only directory
+        pass
+    return tokenizer, {i for i in stop_ids if i is not None}, limit
 
 
 def find_head(model: Any, name: str) -> tuple[str, Any]:
@@ -157,31 +169,3 @@ def find_head(model: Any, name: str) -> tuple[str, Any]:
                    type(model).__name__)
     return "model logits", None
 
-
-def _policy_id_limit(tokenizer: Any | None, path: str | None) -> int | None:
-    """One past the largest id the policy can generate: ``len(tokenizer)``, or the ``vocab_size`` of the model's
-    ``config.json`` next to it when larger (embedding rows padded past the tokenizer decode to no text)."""
-    if tokenizer is None:
-        return None
-    limit = len(tokenizer)
-    try:
-        with open(os.path.join(str(path), "config.json"), encoding="utf-8") as f:
-            config = json.load(f)
-        sizes = [config.get("vocab_size"), (config.get("text_config") or {}).get("vocab_size")]
-        limit = max([limit, *(v for v in sizes if isinstance(v, int))])
-    except (OSError, ValueError, AttributeError):  # a tokenizer-only directory
-        pass
-    return limit
-
-
-def _stop_ids(tokenizer: Any, path: str) -> set[int]:
-    """Ids that end a policy response: EOS and pad of the tokenizer, and the EOS ids of its generation config."""
-    ids = {tokenizer.eos_token_id, tokenizer.pad_token_id}
-    try:
-        from transformers import GenerationConfig
-
-        eos = GenerationConfig.from_pretrained(path).eos_token_id
-        ids.update(eos if isinstance(eos, list) else [eos])
-    except OSError:  # no generation_config.json next to the tokenizer
-        pass
-    return {i for i in ids if i is not None}

@@ -12,9 +12,8 @@ import torch
 
 from verl_async_rm.errors import ConfigValueError, RewardModelError
 
-__all__ = [
-    "last_token_logits", "reduce_outputs", "read_index", "per_token_logits", "field_scores", "check_output_field",
-    "JudgeLogits"]
+__all__ = ["last_token_logits", "reduce_outputs", "read_index", "per_token_logits", "field_scores",
+           "check_output_field", "JudgeLogits"]
 
 
 def last_token_logits(per_token: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
@@ -62,9 +61,8 @@ def field_scores(output: Any, name: str, rows: int, reduction: str, index: int) 
     return value.float() if value.dim() == 1 else reduce_outputs(value, reduction, index)
 
 
-def check_output_field(
-    model: torch.nn.Module, ids: list[int], name: str, reduction: str, index: int, device: torch.device
-) -> None:
+def check_output_field(model: torch.nn.Module, ids: list[int], name: str, reduction: str, index: int,
+                       device: torch.device) -> None:
     """Raise ``ValueError`` naming ``score_output_field`` (and the fields the output has) unless a one-row dry
     forward of ``ids`` gives one finite value, or one row of values that ``score_index`` can index, in that field."""
     with torch.no_grad():
@@ -79,8 +77,9 @@ def check_output_field(
     elif not bool(torch.isfinite(value.float()).all()):
         problem = f"output.{name} is not finite on a dry forward ({value.tolist()})"
     if problem is not None:
-        raise ConfigValueError("score_output_field", name,
-                               f"{problem}; the output has the fields {_field_names(output)}",
+        names = ([str(k) for k in output.keys()] if isinstance(output, dict) else
+                 sorted(k for k in vars(output) if not k.startswith("_")) if hasattr(output, "__dict__") else [])
+        raise ConfigValueError("score_output_field", name, f"{problem}; the output has the fields {names}",
                                "set score_output_field to the field that holds the reward (one value per row)")
     width = value.shape[1] if value.dim() == 2 else 0
     if width and reduction == "index" and not -width <= index < width:
@@ -92,12 +91,6 @@ def _field(output: Any, name: str) -> Any:
     if isinstance(output, dict) and name in output:  # ModelOutput is a dict too
         return output[name]
     return getattr(output, name, None)
-
-
-def _field_names(output: Any) -> list[str]:
-    if isinstance(output, dict):
-        return [str(k) for k in output.keys()]
-    return sorted(k for k in vars(output) if not k.startswith("_")) if hasattr(output, "__dict__") else []
 
 
 class JudgeLogits(torch.nn.Module):

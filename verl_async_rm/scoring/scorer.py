@@ -127,8 +127,7 @@ class RewardModelScorer:
         def load(**kwargs: Any) -> Any:
             return load_reward_model(config.model_path, trust_remote_code=config.trust_remote_code,
                                      attn_implementation=config.attn_implementation, reward_kind=config.reward_kind,
-                                     kind_given=config.kind_given,
-                                     dtype=self.dtype, **kwargs)
+                                     kind_given=config.kind_given, dtype=self.dtype, **kwargs)
 
         agreement = None
         if shard is None:

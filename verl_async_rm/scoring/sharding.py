@@ -45,10 +45,8 @@ class ShardGroup:
 
 
 def host_store(world_size: int, timeout_s: float, port: int = 0) -> tuple[str, int, Any]:
-    """Rank 0's ``TCPStore`` on ``port`` (0: a free one) of this node: ``(host, port, store)``; keep ``store``.
-
-    All ranks of a replica are on one node (one bundle), so the store listens on the loopback address."""
-    host = "127.0.0.1"
+    """Rank 0's ``TCPStore`` on ``port`` (0: a free one) of this node: ``(host, port, store)``; keep ``store``."""
+    host = "127.0.0.1"  # a replica's ranks are all on one node (one bundle): the loopback address
     store = torch.distributed.TCPStore(
         host, port, world_size, is_master=True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
     return host, store.port, store

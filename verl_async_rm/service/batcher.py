@@ -76,14 +76,24 @@ class Batcher:
             self._stats.rejected += 1
             raise self._no_replicas_error()
         if num_tokens is not None:
-            num_tokens = _check_tokens(num_tokens)
+            if num_tokens.__class__ is not int and (isinstance(num_tokens, bool)
+                                                     or not hasattr(num_tokens, "__index__")):
+                raise TypeError(f"num_tokens must be an integer, got {num_tokens!r}")
+            if (num_tokens := operator.index(num_tokens)) < 0:
+                raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
         elif self.policy.max_batch_tokens is not None:
             raise ValueError(f"submit(num_tokens=None) but max_batch_tokens={self.policy.max_batch_tokens}: pass the "
                              "item's length as num_tokens")
         if deadline_s is not None and not deadline_s > 0:
             raise ValueError(f"deadline_s must be > 0 seconds (None for none), got {deadline_s!r}")
-        if self._task is None or self._task.done():
-            self._start()
+        if self._task is None or self._task.done():  # (re)start the loop; the first submit binds the batcher to it
+            loop = asyncio.get_running_loop()
+            if self._loop is None:
+                self._loop, self._stats.step_t0 = loop, loop.time()
+            elif self._loop is not loop:
+                raise RuntimeError(f"batcher {self._name!r} is bound to another event loop; use one batcher per loop")
+            self._task = loop.create_task(self._run_loop(), name=f"{self._name}-batching-loop")
+            self._task.add_done_callback(self._loop_ended)
         loop = self._loop
         self._seq += 1
         now = loop.time()  # type: ignore[union-attr]
@@ -200,16 +210,6 @@ class Batcher:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.aclose()
-
-    def _start(self) -> None:
-        loop = asyncio.get_running_loop()
-        if self._loop is None:
-            self._loop = loop
-            self._stats.step_t0 = loop.time()
-        elif self._loop is not loop:
-            raise RuntimeError(f"batcher {self._name!r} is bound to another event loop; use one batcher per loop")
-        self._task = loop.create_task(self._run_loop(), name=f"{self._name}-batching-loop")
-        self._task.add_done_callback(self._loop_ended)
 
     async def _run_loop(self) -> None:
         """The batching loop; if it raises, every waiting request fails with the cause and the loop starts again."""
@@ -481,12 +481,4 @@ class Batcher:
 
     def _closed_error(self) -> BatcherClosedError:
         return BatcherClosedError(f"batcher {self._name!r} was closed while the request's batch was running")
-
-
-def _check_tokens(num_tokens: Any) -> int:
-    if num_tokens.__class__ is not int and (isinstance(num_tokens, bool) or not hasattr(num_tokens, "__index__")):
-        raise TypeError(f"num_tokens must be an integer, got {num_tokens!r}")
-    if (num_tokens := operator.index(num_tokens)) < 0:
-        raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
-    return num_tokens
 

@@ -54,21 +54,16 @@ class Ranks:
         pg, bundle = placement
         self.config = config
         self.world_size = config.gpus_per_replica
-        options: dict[str, Any] = {
-            "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                placement_group=pg, placement_group_bundle_index=bundle),
-            "max_restarts": 0,
-        }
+        strategy = PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=bundle)
+        options: dict[str, Any] = {"scheduling_strategy": strategy, "max_restarts": 0}
         if config.use_gpu:
             from verl.plugin.platform import get_platform
 
             options.update(get_platform().ray_resource_options(1))
         else:
             options["num_cpus"] = 1
-        self.workers = [
-            ray.remote(RankWorker).options(**options, **({"name": f"{name}:rank{r}"} if name else {})).remote(config)
-            for r in range(1, self.world_size)
-        ]
+        self.workers = [ray.remote(RankWorker).options(**options, **({"name": f"{name}:rank{r}"} if name else {}))
+                        .remote(config) for r in range(1, self.world_size)]
         self.infos: list[dict[str, Any]] = []
         self._store: Any = None  # the group's TCPStore, which rank 0 hosts for the group's whole life
 

@@ -82,14 +82,13 @@ class SleepStats:
         self.asleep, self._since = asleep, now
 
     def slept(self, seconds: float, moved_bytes: float) -> None:
-        self._switch(True)
         self._add("sleep", seconds, moved_bytes)
 
     def woke(self, seconds: float, moved_bytes: float) -> None:
-        self._switch(False)
         self._add("wake", seconds, moved_bytes)
 
     def _add(self, what: str, seconds: float, moved_bytes: float) -> None:
+        self._switch(what == "sleep")
         self._step[f"{what}s"] += 1
         self._step[f"{what}_s"] += seconds
         self._step[f"{what}_bytes"] += moved_bytes
