@@ -124,9 +124,8 @@ def test_the_plugins_remote_rm_at_verls_served_vllm_server_scores_as_the_plugin(
     [address] = served.reward_model_manager.server_addresses
     config = RMConfig(model_path=str(tiny_models.rm), policy_tokenizer_path=str(tiny_models.policy), use_gpu=False,
                       retemplate="always", endpoint=f"http://{address}/v1")
-    requests = [RMRequest(uid=f"t{i}", raw_prompt=_raw_prompt(batch, i),
-                          prompt_ids=batch.data["prompts"][i].tolist(), response_ids=batch.data["responses"][i].tolist())
-                for i in range(len(batch.keys))]
+    requests = [RMRequest(uid=f"t{i}", raw_prompt=_raw_prompt(batch, i), prompt_ids=batch.data["prompts"][i].tolist(),
+                          response_ids=batch.data["responses"][i].tolist()) for i in range(len(batch.keys))]
 
     async def main():
         service = RemoteRMService(config, name="remote")

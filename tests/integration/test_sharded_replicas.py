@@ -129,7 +129,7 @@ def test_a_rank_failing_or_killed_mid_batch_costs_no_trajectory_and_its_replica_
             os.kill(pid, signal.SIGSTOP)
         waiting = [asyncio.ensure_future(score_with_timeout(service, r, timeout_s=HANG_S)) for r in first]
         await wait_stats(service, lambda s: s["in_flight_requests"] == 16, "the batch sent to a replica")
-        lost_replica = await busy_replica(before)  # its rank 0 is inside the batch, in a collective with its frozen rank 1
+        lost_replica = await busy_replica(before)  # its rank 0 is in the batch, in a collective with its frozen rank 1
         lost_pid = before[lost_replica]["ranks"][0]["pid"]
         ray.kill(ranks[lost_pid], no_restart=True)  # the frozen rank 1 of the busy replica dies mid-batch
         os.kill(next(pid for pid in ranks if pid != lost_pid), signal.SIGCONT)

@@ -138,7 +138,7 @@ def test_v1_naive_manager_reward_is_exactly_the_users_function_and_with_no_rule_
         assert info["rm_score"] == pytest.approx(_direct(tiny_models.rm, ids), abs=1e-4)
         value = 3.0 * info["rm_score"] - 1.0  # the user's function
         assert info["rule_score"] == value and info["rm_total"] == 0.0 and info["saw_rms"] == 1.0
-        assert with_rule.reward(i) == _float32(value)  # exactly (verl keeps rewards as float32): the plugin adds nothing
+        assert with_rule.reward(i) == _float32(value)  # exactly (verl keeps rewards as float32): nothing added
         info = without_rule.reward_extra_info(i)
         assert "rule_score" not in info
         assert without_rule.reward(i) == pytest.approx(RM_W * info["rm_score"], abs=1e-5)
