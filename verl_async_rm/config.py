@@ -153,8 +153,9 @@ class AsyncRMConfig:
         named = [(MAIN, rm), *((e.name, e.rm) for e in extras)]
         token_level = tuple(name for name, c in named if c.token_level)
         verdict = tuple(name for name, c in named if c.writes)
+        groups = tuple(name for name, c in named if c.reward_kind == "group_judge")
         mix = RewardMix(**mix_values, extra_weights=tuple((e.name, e.weight) for e in extras),
-                        token_level_rms=token_level, verdict_rms=verdict)
+                        token_level_rms=token_level, verdict_rms=verdict, group_rms=groups)
         main = RMEntry(name=MAIN, weight=mix.rm_weight, rm=rm, batching=batching, key="reward.reward_model")
         integration = IntegrationConfig(**sections[IntegrationConfig])
         timeout_s = integration.request_timeout_s

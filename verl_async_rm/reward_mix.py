@@ -46,6 +46,9 @@ class RewardMix:
     #: Names of the judges that write their verdict (``judge_readout='generate'``), whose text goes into
     #: ``reward_extra_info`` as ``rm_verdict_<name>``; not a user key.
     verdict_rms: tuple[str, ...] = field(default=(), metadata={"internal": True})
+    #: Names of the group judges (``reward_kind='group_judge'``), told of a trajectory that will never come; not a
+    #: user key.
+    group_rms: tuple[str, ...] = field(default=(), metadata={"internal": True})
 
     def __post_init__(self) -> None:
         check_options(self, prefix="async_rm.")

@@ -238,6 +238,7 @@ _RT, _BASE, _MAIN = "verl.trainer.ppo.ray_trainer", "verl.single_controller.ray.
 #: The plugin's signatures that verl's call sites must bind: the worker's overrides and the manager's ``create``.
 _SCORE = inspect.signature(lambda self, outputs, kwargs, *args, **options: None)
 _POSTPROCESS = inspect.signature(lambda self, output, validate, **kwargs: None)
+_RUN = inspect.signature(lambda self, sampling_params, trajectory, *args, **kwargs: None)
 _CREATE = inspect.signature(lambda config, llm_client, teacher_client=None, reward_loop_worker_handles=None: None)
 
 
@@ -416,6 +417,14 @@ TOUCH_POINTS: tuple[TouchPoint, ...] = (
        _all(_named(f"{_AL}:AgentLoopWorker._agent_loop_postprocess", "self", "output", "validate", var_keyword=True),
             _call_sites(_AL, "AgentLoopWorker", "_agent_loop_postprocess", _POSTPROCESS, "self"),
             _call_sites(_AL, "AgentLoopWorker._agent_loop_postprocess", "_compute_score", _SCORE, "self"))),
+    _P("worker-run-agent-loop", f"{_AL}:AgentLoopWorker._run_agent_loop",
+       "overridden as `(self, sampling_params, trajectory, *args, **kwargs)` to withdraw a trajectory whose agent loop "
+       "failed from the group judges; verl's calls bind it, `trajectory['validate']` and the prompt's `uid` in "
+       "`kwargs`", (_WORKER,),
+       _all(_named(f"{_AL}:AgentLoopWorker._run_agent_loop", "self", "sampling_params", "trajectory",
+                   var_keyword=True),
+            _call_sites(_AL, "AgentLoopWorker", "_run_agent_loop", _RUN, "self"),
+            _mentions(_AL, "AgentLoopWorker._run_agent_loop", "validate"))),
     _P("worker-outputs", f"{_AL}:AgentLoopWorker._postprocess, AgentLoopOutput, AgentLoopMetrics",
        "(v0) `reward_score` -> `rm_scores`, `reward_extra_info`/`extra_fields` keys -> columns; output fields "
        "`prompt_ids`... `metrics.compute_score`; `as_dict(self)` overridden",
@@ -583,7 +592,8 @@ TOUCH_POINTS: tuple[TouchPoint, ...] = (
        _all(_sig(f"{_TQ}:AgentLoopWorkerTQ.__ray_actor_class__.__init__", "self", "c", "l", "t", "h"),
             _named(f"{_TQ}:AgentLoopWorkerTQ.__ray_actor_class__._agent_loop_postprocess", "self", "output",
                    "validate", var_keyword=True),
-            _call_sites(_TQ, "AgentLoopWorkerTQ", "_compute_score", _SCORE, "self", then=_forwards_score)), "v1"),
+            _call_sites(_TQ, "AgentLoopWorkerTQ", "_compute_score", _SCORE, "self", then=_forwards_score),
+            _call_sites(_TQ, "AgentLoopWorkerTQ", "_run_agent_loop", _RUN, "self")), "v1"),
     _P("v1-manager", f"{_TQ}:AgentLoopManagerTQ, {_MAIN}:TaskRunnerV1",
        "subclassed (worker class set after `__init__`); `create` awaits `_init_agent_loop_workers()`; "
        "`generate_sequences(self, prompts)`; `TaskRunnerV1` calls `create(config=, llm_client=, ...)`",

@@ -2,7 +2,7 @@
 one judge call and each member gets its own score; a short group is judged with the members it has once the wait has
 passed since its last arrival; a reply that does not read is asked again, then every member gets the error with the
 reply; a member that gives up (cancelled, or past its deadline) leaves its group and the others are judged without
-it; every member resolves exactly once."""
+it, as they are once a sibling that will never come is withdrawn; every member resolves exactly once."""
 
 from __future__ import annotations
 
@@ -85,6 +85,43 @@ def test_a_short_group_is_judged_with_its_members_once_the_wait_has_passed_since
     assert waited == pytest.approx(WAIT_S)
     figures = group_metrics(stats)
     assert figures["groups_partial"] == 1 and figures["group_wait_s/p50"] == pytest.approx(20.0 + WAIT_S)
+
+
+def test_a_withdrawn_sibling_lets_its_group_be_judged_when_the_rest_are_in_and_an_all_withdrawn_group_is_dropped():
+    async def main():
+        loop = asyncio.get_running_loop()
+        judge = Judge()
+        gate = GroupGate(judge, wait_s=WAIT_S)
+        gate.withdraw("g", 3)  # before any sibling is in: its agent loop failed first
+        first = asyncio.ensure_future(gate.submit(member("g", 0)))
+        await asyncio.sleep(5.0)
+        second = asyncio.ensure_future(gate.submit(member("g", 1)))
+        results = await asyncio.gather(first, second)  # 2 in + 1 withdrawn: judged at once
+        judged_after = loop.time() - 5.0
+        third = asyncio.ensure_future(gate.submit(member("h", 0, 2)))
+        await asyncio.sleep(1.0)
+        gate.withdraw("h", 2)  # after a sibling is in
+        alone = await third
+        for _ in range(3):  # every member of "k" withdrawn: no judge call, nothing left open
+            gate.withdraw("k", 3)
+        return judge.calls, results, judged_after, alone, gate.stats(), gate.pop_step_stats()
+
+    calls, results, judged_after, alone, open_now, stats = run_virtual(main)
+    assert judged_after == pytest.approx(0.0)  # not WAIT_S after the last arrival
+    assert [c.group for c in calls] == ["g", "h"] and [len(c.members) for c in calls] == [2, 1]
+    assert [r.score for r in results] == [0.0, 1.0] and alone.score == 0.0
+    assert open_now["open_groups"] == 0 and open_now["waiting_members"] == 0
+    assert (stats.requests, stats.scored, stats.groups, stats.partial, stats.calls) == (3, 3, 2, 2, 2)
+
+
+def test_a_withdrawal_alone_opens_nothing_that_outlives_the_wait():
+    async def main():
+        gate = GroupGate(Judge(), wait_s=WAIT_S)
+        gate.withdraw("g", 3)  # its siblings never come either (their step was cancelled)
+        await asyncio.sleep(WAIT_S + 1.0)
+        return gate.stats()
+
+    assert run_virtual(main)["open_groups"] == 0
 
 
 def test_a_member_after_its_groups_judging_starts_the_group_again_and_one_without_a_size_waits():

@@ -448,6 +448,7 @@ def test_the_group_judge_recipes_grade_each_group_in_one_call_within_the_judges_
     assert judge.judge_retries >= 1 and judge.group_wait_s < settings.integration.request_timeout_s
     assert settings.mix.combine(rm_score=1.0, rule_score=1.0) == pytest.approx(0.5 + 1.0)
     assert settings.mix.verdict_rms == ("main",)  # the label and the reply in reward_extra_info
+    assert settings.mix.group_rms == ("main",)  # told of a trajectory that will never come
     rollout, data = config.actor_rollout_ref.rollout, config.data
     group_tokens = rollout.n * data.max_response_length + data.max_prompt_length + 400  # 400: the instructions
     if judge.remote:

@@ -1,6 +1,7 @@
 """``RMService`` in this process (the Ray actor's class, no Ray) with its real batcher over a scripted replica: a
 per-response judge whose verdict does not parse is asked again in its conversation, a group judge's members wait in the
-gate and reach the replica as one request per group, and each step's figures count trajectories, not judge calls. A
+gate and reach the replica as one request per group (judged without a withdrawn sibling as soon as the rest are in),
+and each step's figures count trajectories, not judge calls. A
 group judge's service on real vLLM in verl's trainer: ``tests/integration/test_cpu_recipe_v0.py``."""
 
 from __future__ import annotations
@@ -94,3 +95,15 @@ async def test_a_group_judges_members_reach_the_replica_as_one_request_per_group
     assert (figures["requests"], figures["scored"], figures["groups_judged"], figures["judge_calls"]) == (6, 6, 2, 2)
     assert figures["judge_tokens_in_per_trajectory"] == pytest.approx(200 / 6) and figures["judge_reasks"] == 0
     assert "group_wait_s/p99" in figures and figures["reward_tail_s"] >= 0
+
+
+@pytest.mark.asyncio
+async def test_a_withdrawn_sibling_lets_its_group_be_judged_without_waiting_for_it(tiny_models, tiny_judges):
+    service, replica = service_of(tiny_models, tiny_judges, reward_kind="group_judge")  # group_wait_s: 300 s
+    await service.withdraw("g", 3)  # its agent loop failed
+    results = await asyncio.wait_for(asyncio.gather(*(service.score(trajectory("g", j, 3), 30.0) for j in (0, 1))),
+                                     10.0)
+    await service._batcher.aclose()
+    assert [r.score for r in results] == [0.0, 1.0]
+    [[group]] = replica.batches
+    assert isinstance(group, GroupRequest) and [m.uid for m in group.members] == ["g/0", "g/1"]

@@ -33,6 +33,11 @@ logger = logging.getLogger(__name__)
 #: not to ``_compute_score``, so the worker sets it around that call (each trajectory runs in its own asyncio task);
 #: where verl passes ``validate=`` to ``_compute_score`` (verl PR #7217), that value is read instead.
 _PHASE: contextvars.ContextVar[str] = contextvars.ContextVar("async_rm_phase", default="train")
+#: Whether the running trajectory has gone to the RM services, or been withdrawn from its group judges: a flag set
+#: by ``_run_agent_loop`` (a list, so that tasks it starts share it). One whose agent loop fails before is withdrawn.
+_SENT: contextvars.ContextVar[list[bool]] = contextvars.ContextVar("async_rm_sent")
+#: Longest wait for the group judges to take a withdrawal.
+_WITHDRAW_S = 30.0
 
 __all__ = ["AsyncRMWorkerMixin", "AsyncRMAgentLoopWorker"]
 
@@ -73,6 +78,20 @@ class AsyncRMWorkerMixin:
             self._async_rm_records = PhaseRecords()
         return self._async_rm_records
 
+    async def _run_agent_loop(self, sampling_params: dict, trajectory: dict, *args: Any, **kwargs: Any) -> Any:
+        """verl's run of one trajectory; one whose agent loop fails before its RM call is withdrawn from the group
+        judges, so that its siblings are judged without waiting ``group_wait_s`` for it."""
+        sent = [False]
+        token = _SENT.set(sent)
+        try:
+            return await super()._run_agent_loop(sampling_params, trajectory, *args, **kwargs)  # type: ignore[misc]
+        except Exception:
+            if not sent[0]:
+                await self._async_rm_withdraw(kwargs, bool(trajectory.get("validate")))
+            raise
+        finally:
+            _SENT.reset(token)
+
     async def _agent_loop_postprocess(self, output: Any, validate: Any, **kwargs: Any) -> Any:
         token = _PHASE.set("val" if validate else "train")
         try:  # v0 returns the processed output, v1 writes it to TransferQueue
@@ -83,17 +102,16 @@ class AsyncRMWorkerMixin:
     async def _compute_score(self, outputs: list, kwargs: dict, *args: Any, **options: Any) -> None:
         # verl's later arguments (`validate=`, verl PR #7217) go on to verl's own method unchanged
         final = outputs[-1]
+        validate = options.get("validate")
+        phase = _PHASE.get() if validate is None else ("val" if validate else "train")
         if final.reward_score is not None:  # the agent loop scored itself: no RM call, as verl does
+            await self._async_rm_withdraw(kwargs, phase == "val")
             await super()._compute_score(outputs, kwargs, *args, **options)  # type: ignore[misc]
             return
         start = time.perf_counter()
-        validate = options.get("validate")
-        phase = _PHASE.get() if validate is None else ("val" if validate else "train")
         records = self._records()
         trajectory = f"{kwargs.get('uid', '?')}/{kwargs.get('session_id', 0)}"
-        rollout = self.config.actor_rollout_ref.rollout  # type: ignore[attr-defined] - verl's worker's whole config
-        n = rollout.val_kwargs.n if phase == "val" else rollout.n  # the group's size, which a group judge waits for
-        scores, failure = await self._async_rm_scores(final, kwargs, trajectory, None if n is None else int(n))
+        scores, failure = await self._async_rm_scores(final, kwargs, trajectory, self._group_size(phase == "val"))
         error = None
         if failure is not None:
             error = _describe(failure)
@@ -127,6 +145,29 @@ class AsyncRMWorkerMixin:
         elif mix.token_level and not self._async_rm_replace_output:
             final.extra_fields[TOKEN_REWARDS_KEY] = None  # verl stacks the same extra_fields for every sample
 
+    def _group_size(self, validate: bool) -> int | None:
+        """The size of a group of trajectories (``rollout.n``), which a group judge waits for."""
+        rollout = self.config.actor_rollout_ref.rollout  # type: ignore[attr-defined] - verl's worker's whole config
+        n = rollout.val_kwargs.n if validate else rollout.n
+        return None if n is None else int(n)
+
+    async def _async_rm_withdraw(self, kwargs: dict, validate: bool) -> None:
+        """Tell the group judges that this trajectory will never reach them (its agent loop failed, or scored
+        itself): its siblings are judged without it as soon as they are in."""
+        _mark_sent()
+        mix = self._async_rm_mix
+        judges = [self._async_rm_services[name] for name in (mix.group_rms if mix is not None else ())
+                  if name in self._async_rm_services]
+        if not judges:
+            return
+        group = str(kwargs.get("uid", "?"))
+        try:
+            await asyncio.wait_for(asyncio.gather(
+                *(judge.withdraw.remote(group, self._group_size(validate)) for judge in judges)), _WITHDRAW_S)
+        except Exception as err:  # noqa: BLE001 - the trajectory's own failure is what its caller must see
+            logger.warning("verl_async_rm: could not withdraw a trajectory of group %s from the group judges (%s): its "
+                           "siblings are judged group_wait_s after the last of them", group, _describe(err))
+
     async def _async_rm_scores(self, final: Any, kwargs: dict, trajectory: str, group_size: int | None = None
                                ) -> tuple[dict[str, Score], AsyncRMError | None]:
         """The trajectory's score from every RM at once (ready when the last answers), as the replicas made them,
@@ -140,6 +181,7 @@ class AsyncRMWorkerMixin:
             ground_truth=reference.get("ground_truth") if isinstance(reference, Mapping) else None,
             group_size=group_size)
         names = list(self._async_rm_services)
+        _mark_sent()
         answers: list[ScoreResult | BaseException] = await asyncio.gather(
             *(score_with_timeout(service, request, timeout_s=self._async_rm_timeout_s)
               for service in self._async_rm_services.values()), return_exceptions=True)
@@ -164,6 +206,12 @@ class AsyncRMWorkerMixin:
 
 class AsyncRMAgentLoopWorker(AsyncRMWorkerMixin, AgentLoopWorker):
     """verl's v0 ``AgentLoopWorker`` with the per-trajectory RM hook."""
+
+
+def _mark_sent() -> None:
+    sent = _SENT.get(None)
+    if sent is not None:
+        sent[0] = True
 
 
 def _describe(err: BaseException) -> str:

@@ -109,7 +109,8 @@ class RMConfig:
         least=0, fix="use 0, or another non-negative integer")
     group_wait_s: float = option(
         300.0, "group_judge: a group is judged when its rollout.n responses have arrived, or with those that have "
-        "when this long has passed since its last one arrived (a sibling whose agent loop failed never comes). "
+        "when this long has passed since its last one arrived (a sibling whose agent loop failed is withdrawn at "
+        "once; this wait is for one that is lost). "
         "Must exceed the longest gap between two siblings' ends and stay below request_timeout_s.",
         above=0, why="must be a positive number of seconds", fix="set e.g. {key}=300")
     step_delimiter: str = option(

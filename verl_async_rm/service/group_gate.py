@@ -3,9 +3,10 @@ request is held until its group (verl's prompt ``uid``, ``RMRequest.group``) has
 (``rollout.n``), then ONE judge call scores the whole group and each member gets its own score. Other groups keep
 flowing: each group is judged the moment it is complete.
 
-- **Partial groups.** A group that stays short (a sibling whose agent loop failed never comes) is judged with the
-  members it has once ``wait_s`` has passed since its last member arrived; a request without ``group_size`` is judged
-  that way too. Never a stand-in score: each member gets the judge's number for its own response, or an error. A
+- **Partial groups.** A sibling that will never come (its agent loop failed, or scored itself) is withdrawn by its
+  worker (:meth:`GroupGate.withdraw`): its group is judged as soon as the rest have arrived. A group that stays short
+  otherwise is judged with the members it has once ``wait_s`` has passed since its last member arrived; a request
+  without ``group_size`` is judged that way too. Never a stand-in score: each member gets the judge's number for its own response, or an error. A
   member that arrives after its group was judged starts its group again (judged with the other late members). Open
   groups are not judged at a step's end: in verl's async trainer modes the next batch's groups are filling then, and
   in the sync ones no group can be open at a step's end, since its members' trajectories hold the step.
@@ -78,7 +79,7 @@ class _Group:
     size: int | None
     first: float
     members: list[_Member] = field(default_factory=list)
-    arrivals: int = 0
+    arrivals: int = 0  #: members arrived, and members withdrawn (they will never come)
     timer: asyncio.TimerHandle | None = None
 
 
@@ -107,19 +108,10 @@ class GroupGate:
             return self._result(BatcherClosedError(f"{self._name}: the RM service is closed; it scores no new "
                                                    "trajectory"))
         key = request.group if request.group is not None else f"\0{request.uid}"  # no group: judged alone
-        group = self._open.get(key)
-        if group is None:
-            size = request.group_size if request.group is not None else 1
-            group = self._open[key] = _Group(key, size, now)
+        group = self._arrive(key, request.group_size if request.group is not None else 1)
         member = _Member(request, loop.create_future(), None if deadline_s is None else now + deadline_s)
         group.members.append(member)
-        group.arrivals += 1
-        if group.size is not None and group.arrivals >= group.size:
-            self._close(group)
-        else:
-            if group.timer is not None:
-                group.timer.cancel()
-            group.timer = loop.call_later(self._wait_s, self._close, group)
+        self._close_or_wait(group)
         try:
             done, _ = await asyncio.wait({member.future}, timeout=deadline_s)
         except asyncio.CancelledError:  # the caller gave up: it leaves its group; the others go on
@@ -131,6 +123,30 @@ class GroupGate:
                 f"{self._name}: trajectory {request.uid} missed its deadline of {deadline_s:g} s waiting for its group "
                 f"{request.group} ({group.arrivals} of {group.size or '?'} arrived) or its judge call"))
         return self._result(member.future.result())
+
+    def withdraw(self, group: str, group_size: int | None) -> None:
+        """A member of ``group`` will never come (its agent loop failed, or scored itself): the group is judged as
+        soon as the others have arrived, not ``wait_s`` after the last of them. A group left with no member is
+        dropped, never judged."""
+        if not self._closed:
+            self._close_or_wait(self._arrive(group, group_size))
+
+    def _arrive(self, key: str, size: int | None) -> _Group:
+        """The open group ``key`` (opened now if none is), one more of its members counted."""
+        group = self._open.get(key)
+        if group is None:
+            group = self._open[key] = _Group(key, size, asyncio.get_running_loop().time())
+        group.arrivals += 1
+        return group
+
+    def _close_or_wait(self, group: _Group) -> None:
+        """Judge ``group`` now if every member is in, else (again) ``wait_s`` from now."""
+        if group.size is not None and group.arrivals >= group.size:
+            self._close(group)
+            return
+        if group.timer is not None:
+            group.timer.cancel()
+        group.timer = asyncio.get_running_loop().call_later(self._wait_s, self._close, group)
 
     def pop_step_stats(self) -> GroupStats:
         """Figures since the previous call (or the start); starts a new step."""

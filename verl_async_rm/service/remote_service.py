@@ -134,6 +134,13 @@ class RemoteRMService:
         step["last_result"] = time.monotonic()
         return result
 
+    async def withdraw(self, group: str, group_size: int | None) -> None:
+        """A trajectory of ``group`` will never be scored here (its agent loop failed, or scored itself): a group
+        judge judges its siblings without waiting for it (:meth:`GroupGate.withdraw`); other RMs have nothing to
+        do."""
+        if self._gate is not None:
+            self._gate.withdraw(group, group_size)
+
     async def _judge_group(self, group: GroupRequest, deadline_s: float | None) -> ScoreResult:
         """One judge call for a group (the gate's ``judge``)."""
         loop = asyncio.get_running_loop()

@@ -161,6 +161,13 @@ class RMService:
             request = dataclasses.replace(request, reask=(result.reply, result.reason or "it does not read"))
         raise AssertionError("unreachable: the last ask returns")
 
+    async def withdraw(self, group: str, group_size: int | None) -> None:
+        """A trajectory of ``group`` will never be scored here (its agent loop failed, or scored itself): a group
+        judge judges its siblings without waiting for it (:meth:`GroupGate.withdraw`); other RMs have nothing to
+        do."""
+        if self._gate is not None:
+            self._gate.withdraw(group, group_size)
+
     async def _judge_group(self, group: GroupRequest, deadline_s: float | None) -> ScoreResult:
         """One judge call for a group (the gate's ``judge``): through the batcher, as one request."""
         try:
