@@ -78,3 +78,20 @@ async def wait_stats(service, predicate, what: str, timeout_s: float = 180.0) ->
             return stats
         await asyncio.sleep(0.2)
     raise AssertionError(f"RM service never reached: {what}; last stats {stats}")
+
+
+def remote_scores(config, requests, deadline_s: float = 120.0) -> tuple[list, dict]:
+    """Each of ``requests`` scored by a ``RemoteRMService`` of ``config`` in this process (its start-up check first),
+    each with ``deadline_s``: the results and the step's figures."""
+    from verl_async_rm.service.remote_service import RemoteRMService
+
+    async def main():
+        service = RemoteRMService(config, name="remote")
+        await service.start()
+        try:
+            return (await asyncio.gather(*(service.score(r, deadline_s) for r in requests)),
+                    await service.end_step())
+        finally:
+            await service.close()
+
+    return asyncio.run(main())

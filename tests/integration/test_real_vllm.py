@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import torch
 from manager_cases import RM_W, RULE_W, running_manager
+from rm_cases import remote_scores
 from trainer_cases import rm_reference
 
 pytestmark = pytest.mark.integration
@@ -114,11 +115,8 @@ def test_the_plugins_remote_rm_at_verls_served_vllm_server_scores_as_the_plugin(
     """The plugin's remote outcome RM (``endpoint``: vLLM's ``/classify``, the start-up check's ``/v1/models``)
     pointed at the vLLM server of verl's served RM (vLLM's own OpenAI-compatible app): each trajectory's score
     equals the transformers replicas' (the same re-rendering, ``retemplate=always``)."""
-    import asyncio
-
     from verl_async_rm.request import RMRequest
     from verl_async_rm.scoring.rm_config import RMConfig
-    from verl_async_rm.service.remote_service import RemoteRMService
 
     batch = step
     [address] = served.reward_model_manager.server_addresses
@@ -127,16 +125,7 @@ def test_the_plugins_remote_rm_at_verls_served_vllm_server_scores_as_the_plugin(
     requests = [RMRequest(uid=f"t{i}", raw_prompt=_raw_prompt(batch, i), prompt_ids=batch.data["prompts"][i].tolist(),
                           response_ids=batch.data["responses"][i].tolist()) for i in range(len(batch.keys))]
 
-    async def main():
-        service = RemoteRMService(config, name="remote")
-        await service.start()
-        try:
-            results = await asyncio.gather(*(service.score(r, 120.0) for r in requests))
-            return results, await service.end_step()
-        finally:
-            await service.close()
-
-    remote, figures = asyncio.run(main())
+    remote, figures = remote_scores(config, requests)
     plugin = [float(batch.reward_extra_info(i)["rm_score_main"]) for i in range(len(batch.keys))]
     assert remote == pytest.approx(plugin, abs=1e-3)
     assert figures["scored"] == len(requests) and figures["errors"] == 0

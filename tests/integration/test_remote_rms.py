@@ -20,11 +20,11 @@ import asyncio
 import pytest
 import torch
 from conftest import require_vllm
+from rm_cases import remote_scores
 
 from verl_async_rm.errors import RequestTimeoutError
 from verl_async_rm.request import RMRequest, Verdict
 from verl_async_rm.scoring.rm_config import RMConfig
-from verl_async_rm.service.remote_service import RemoteRMService
 from verl_async_rm.testing.fault_proxy import FaultProxy, FaultSchedule
 from verl_async_rm.testing.judges import LOGITS_TOKENS
 
@@ -59,19 +59,6 @@ def trajectories(policy_tok, n: int = len(ANSWERS)) -> list[RMRequest]:
 def judge_config(tiny_models, tiny_judges, url: str | None, **settings) -> RMConfig:
     return RMConfig(model_path=str(tiny_judges.digit), policy_tokenizer_path=str(tiny_models.policy), use_gpu=False,
                     reward_kind="judge", judge_prompt=PROMPT, endpoint=url, **settings)
-
-
-def remote_scores(config: RMConfig, requests) -> tuple[list, dict]:
-    async def main():
-        service = RemoteRMService(config, name="remote")
-        await service.start()
-        try:
-            results = await asyncio.gather(*(service.score(r, HANG_S) for r in requests))
-            return results, await service.end_step()
-        finally:
-            await service.close()
-
-    return asyncio.run(main())
 
 
 def test_a_logits_judge_at_the_endpoint_scores_as_the_local_readout(judge_server, tiny_models, tiny_judges,
@@ -140,23 +127,10 @@ def test_an_answer_past_the_deadline_fails_its_trajectory_on_time(judge_server, 
                                                                   policy_tok):
     schedule = FaultSchedule(plan={1: "delay"}, delay_s=30.0)
     with FaultProxy(judge_server.url, schedule) as proxy:
-        results, figures = remote_scores_with_deadline(
+        results, figures = remote_scores(
             judge_config(tiny_models, tiny_judges, proxy.url, judge_tokens=LOGITS_TOKENS),
             trajectories(policy_tok, 1), deadline_s=2.0)
     assert isinstance(results[0], RequestTimeoutError) and figures["errors"] == 1
-
-
-def remote_scores_with_deadline(config, requests, deadline_s):
-    async def main():
-        service = RemoteRMService(config, name="remote")
-        await service.start()
-        try:
-            return (await asyncio.gather(*(service.score(r, deadline_s) for r in requests)),
-                    await service.end_step())
-        finally:
-            await service.close()
-
-    return asyncio.run(main())
 
 
 def test_the_rm_service_actor_serves_a_remote_rm_with_nothing_placed(ray_local, judge_server, tiny_models,
