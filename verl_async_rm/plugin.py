@@ -126,12 +126,6 @@ class _PostImportHook(importlib.abc.MetaPathFinder):
         return None
 
 
-def _activate_cpu_platform(_platform_module: Any) -> None:
-    from verl_async_rm import cpu_platform
-
-    cpu_platform.activate(after_import)
-
-
 def check_config_first(config_module: Any) -> None:
     """Wrap ``config_module.validate_config`` (verl's) so that, after verl's own checks, a config that opts into the
     plugin (its agent-loop manager or the ``async_rm`` reward manager) gets the plugin's checks too
@@ -175,7 +169,8 @@ def _opts_in(config: Any) -> bool:
 
 try:
     after_import(REGISTRY_MODULE, lambda _module: register_reward_manager())
-    after_import(PLATFORM_MODULE, _activate_cpu_platform)
+    after_import(PLATFORM_MODULE,
+                 lambda _module: importlib.import_module("verl_async_rm.cpu_platform").activate(after_import))
     after_import(CONFIG_MODULE, check_config_first)
 except Exception:  # never break `import verl`
     logger.exception("verl_async_rm: could not install the plugin's import hooks")
