@@ -90,8 +90,7 @@ class _LoaderProxy(importlib.abc.Loader):
     """Runs the real loader, then the module's hooks."""
 
     def __init__(self, loader, name: str):
-        self._loader = loader
-        self._name = name
+        self._loader, self._name = loader, name
 
     def create_module(self, spec):
         return self._loader.create_module(spec)
@@ -115,9 +114,7 @@ class _PostImportHook(importlib.abc.MetaPathFinder):
         if fullname not in _hooks:
             return None
         for finder in sys.meta_path:
-            if finder is self:
-                continue
-            find_spec = getattr(finder, "find_spec", None)
+            find_spec = getattr(finder, "find_spec", None) if finder is not self else None
             spec = find_spec(fullname, path, target) if find_spec else None
             if spec is not None:
                 if spec.loader is not None:
