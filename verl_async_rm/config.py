@@ -259,17 +259,14 @@ def extra_rm_entries(models: Any, *, base: Mapping[str, Any], shared_rm: Mapping
             raise ValueError(
                 f"{key}.model_path={options.get('model_path')!r}: each extra RM needs its path (or an endpoint); "
                 f"set +{key}.model_path=/path/to/rm, or +{key}.endpoint=http://host:port/v1")
-        if base.get("placement") == "policy_pool":  # every RM on the policy's GPUs, one replica on each
-            for own in ("n_gpus_per_node", "nnodes"):
-                if own in options:
-                    raise ValueError(
-                        f"{key}.{own}={options[own]!r}: with reward.reward_model.enable_resource_pool=False every RM "
-                        "has one replica on each of the policy's GPUs (trainer.n_gpus_per_node x trainer.nnodes). "
-                        f"Fix: remove {key}.{own}, or give the RMs pools of their own "
-                        "(reward.reward_model.enable_resource_pool=True)")
-        # the top of async_rm never sizes a pool (verl's keys do)
-        rm_values.setdefault("n_gpus_per_node", base.get("n_gpus_per_node", 1))
-        rm_values.setdefault("nnodes", base.get("nnodes", 1))
+        for own in ("n_gpus_per_node", "nnodes"):  # the top of async_rm never sizes a pool (verl's keys do)
+            if own in options and base.get("placement") == "policy_pool":  # every RM on the policy's GPUs, one each
+                raise ValueError(
+                    f"{key}.{own}={options[own]!r}: with reward.reward_model.enable_resource_pool=False every RM "
+                    "has one replica on each of the policy's GPUs (trainer.n_gpus_per_node x trainer.nnodes). "
+                    f"Fix: remove {key}.{own}, or give the RMs pools of their own "
+                    "(reward.reward_model.enable_resource_pool=True)")
+            rm_values.setdefault(own, base.get(own, 1))
         keys = {**_under(group, shared_rm), **_under(key, {**options, **dict.fromkeys(_OWN_KEYS)})}
         rm = build(RMConfig, {**base, **rm_values, "kind_given": "reward_kind" in rm_values}, keys)
         batching = build(BatchPolicy, batching_values, _under(key, batching_values))

@@ -205,9 +205,6 @@ def platform_class() -> type:
     return PlatformCPU
 
 
-# --- the workarounds (module doc, items 2-5), each applied when its module is imported --------------------------
-
-
 def _gloo_process_group(module: Any) -> None:
     """Item 2: ``initialize_global_process_group_ray(timeout_second=None, backend=None)`` defaults to ``gloo``."""
     module.initialize_global_process_group_ray.__defaults__ = (None, "gloo")

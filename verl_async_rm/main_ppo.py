@@ -36,15 +36,14 @@ def migrate_legacy_keys(config: Any) -> Any:
         return config
     from verl.experimental.reward_loop import migrate_legacy_reward_impl
 
+    from verl_async_rm.integration.checks import legacy_keys_set
+
     trust_remote_code = _select(config, "reward_model.model.trust_remote_code")
     if trust_remote_code is not None and _select(config, "async_rm.trust_remote_code") is None:
         OmegaConf.update(config, "async_rm.trust_remote_code", trust_remote_code, force_add=True)
     if _select(config, "custom_reward_function.path") is not None:
         if _select(config, "custom_reward_function.name") is None:
             config.custom_reward_function.name = _select(config, "reward.custom_reward_function.name")
-
-    from verl_async_rm.integration.checks import legacy_keys_set
-
     moved = legacy_keys_set(config)
     config = migrate_legacy_reward_impl(config)
     if moved:

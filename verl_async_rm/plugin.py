@@ -90,8 +90,7 @@ class _LoaderProxy(importlib.abc.Loader):
     """Runs the real loader, then the module's hooks."""
 
     def __init__(self, loader, name: str):
-        self._loader = loader
-        self._name = name
+        self._loader, self._name = loader, name
 
     def create_module(self, spec):
         return self._loader.create_module(spec)
@@ -115,21 +114,13 @@ class _PostImportHook(importlib.abc.MetaPathFinder):
         if fullname not in _hooks:
             return None
         for finder in sys.meta_path:
-            if finder is self:
-                continue
-            find_spec = getattr(finder, "find_spec", None)
+            find_spec = getattr(finder, "find_spec", None) if finder is not self else None
             spec = find_spec(fullname, path, target) if find_spec else None
             if spec is not None:
                 if spec.loader is not None:
                     spec.loader = _LoaderProxy(spec.loader, fullname)
                 return spec
         return None
-
-
-def _activate_cpu_platform(_platform_module: Any) -> None:
-    from verl_async_rm import cpu_platform
-
-    cpu_platform.activate(after_import)
 
 
 def check_config_first(config_module: Any) -> None:
@@ -175,7 +166,8 @@ def _opts_in(config: Any) -> bool:
 
 try:
     after_import(REGISTRY_MODULE, lambda _module: register_reward_manager())
-    after_import(PLATFORM_MODULE, _activate_cpu_platform)
+    after_import(PLATFORM_MODULE,
+                 lambda _module: importlib.import_module("verl_async_rm.cpu_platform").activate(after_import))
     after_import(CONFIG_MODULE, check_config_first)
 except Exception:  # never break `import verl`
     logger.exception("verl_async_rm: could not install the plugin's import hooks")

@@ -14,7 +14,6 @@ from verl_async_rm.errors import ConfigValueError, RewardModelError
 from verl_async_rm.options import check_options, option
 from verl_async_rm.request import Score, Verdict, score_value
 
-#: Checks of a weight: any finite number.
 _WEIGHT = {"why": "must be a finite number", "fix": "e.g. {key}=1.0"}
 
 __all__ = ["MAIN", "RewardMix", "RM_SCORE_KEY", "RM_SCORES_KEY", "with_rm_scores"]
@@ -65,7 +64,6 @@ class RewardMix:
 
     @property
     def uses_rule(self) -> bool:
-        """Whether the rule score is needed at all."""
         return self.combine_fn is not None or self.rule_weight != 0
 
     @property

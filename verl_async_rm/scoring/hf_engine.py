@@ -234,7 +234,6 @@ class HFEngine(Engine):
         return scores
 
     def _sharing(self, groups: Sequence[Hashable | None] | None) -> bool:
-        """Whether :meth:`score_all` shares prompts for these groups."""
         return self.share_prompts and groups is not None and any(g is not None for g in groups)
 
     def _values(self, logits: torch.Tensor) -> torch.Tensor:

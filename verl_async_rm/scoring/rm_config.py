@@ -154,11 +154,9 @@ class RMConfig:
         1, "GPUs of one replica, on one node (a divisor of n_gpus_per_node): an RM too large for one GPU is sharded "
         "(transformers, logits judges included: tensor parallel where the architecture has a plan, else FSDP2; "
         "engine='vllm' and judges that write their verdict: one vLLM engine, tensor parallel over the k GPUs).",
-        least=1,
-        why="a replica needs at least one GPU",
+        least=1, why="a replica needs at least one GPU",
         fix="set {key}=1 (a full copy per GPU), or the GPUs one copy needs, e.g. 2 for a 70B RM on 80 GB GPUs")
-    placement_timeout_s: float = option(300.0, "How long to wait for the reward pool's placement groups.",
-                                        **_SECONDS)
+    placement_timeout_s: float = option(300.0, "How long to wait for the reward pool's placement groups.", **_SECONDS)
     init_timeout_s: float = option(900.0, "How long a replica may take to load the RM (and a timed-out call may "
                                    "take to answer before its replica is replaced).", **_SECONDS)
     endpoint: tuple[str, ...] | None = option(
@@ -213,8 +211,7 @@ class RMConfig:
                                    "set it to the RM's local directory, or +async_rm.endpoint to a server's URL")
         if self.retemplate != "never" and not self.policy_tokenizer_path:
             raise ConfigValueError(
-                "policy_tokenizer_path",
-                self.policy_tokenizer_path,
+                "policy_tokenizer_path", self.policy_tokenizer_path,
                 "the policy tokenizer is needed to decode responses and to tell whether the RM can reuse token ids",
                 "set it to the policy model's directory, or set retemplate='never' if the RM shares the policy's "
                 "tokenizer and chat template")
@@ -285,7 +282,6 @@ class RMConfig:
 
     @property
     def replicas_per_node(self) -> int:
-        """RM replicas on each node of the pool."""
         return self.n_gpus_per_node // self.gpus_per_replica
 
     @property

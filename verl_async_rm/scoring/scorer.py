@@ -48,8 +48,7 @@ class ScorerStats:
     @classmethod
     def zero(cls, kind: str) -> ScorerStats:
         generate = 0 if kind == "generate" else None
-        return cls(steps_dropped=0 if kind == "process" else None, judge_tokens=generate,
-                   judge_parse_failures=generate)
+        return cls(steps_dropped=0 if kind == "process" else None, judge_tokens=generate, judge_parse_failures=generate)
 
     def add(self, other: ScorerStats) -> None:
         for f in dataclasses.fields(self):

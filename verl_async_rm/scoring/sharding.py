@@ -213,6 +213,5 @@ def check_replica_memory(config: Any, device_bytes: int) -> None:
     raise ConfigValueError(
         "gpus_per_replica", k,
         f"the RM's weights take {weights / _GIB:.1f} GiB in {dtype}, {weights / k / _GIB:.1f} GiB on each of the "
-        f"replica's {k} GPU(s): more than {WEIGHTS_SHARE:.0%} of a {device_bytes / _GIB:.1f} GiB GPU of this pool",
-        fix)
+        f"replica's {k} GPU(s): more than {WEIGHTS_SHARE:.0%} of a {device_bytes / _GIB:.1f} GiB GPU of this pool", fix)
 

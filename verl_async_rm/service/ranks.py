@@ -94,8 +94,7 @@ class Ranks:
     def run_with(self, refs: list[Any], own: Callable[[], _T], *, timeout_s: float, what: str) -> _T:
         """``own()`` while the other ranks run ``refs``; exits this process the moment one of them fails."""
         done = threading.Event()
-        watcher = threading.Thread(target=self._watch, args=(refs, done, what), daemon=True,
-                                   name="verl_async_rm-ranks")
+        watcher = threading.Thread(target=self._watch, args=(refs, done, what), daemon=True, name="verl_async_rm-ranks")
         watcher.start()
         try:
             result = own()

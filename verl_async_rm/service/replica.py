@@ -52,8 +52,7 @@ class RMReplica(Worker):
             return self.describe()
         assert placement is not None, "a sharded RM replica needs its bundle: init_model(placement=(pg, bundle))"
         self._ranks = Ranks(self.config, placement, ray.get_runtime_context().get_actor_name())
-        self._scorer = self._ranks.start(
-            lambda group, store: RewardModelScorer(self.config, shard=group, store=store))
+        self._scorer = self._ranks.start(lambda group, store: RewardModelScorer(self.config, shard=group, store=store))
         return self.describe()
 
     def score(self, requests: list[RMRequest]) -> list[ScoreResult]:
