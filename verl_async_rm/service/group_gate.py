@@ -6,10 +6,11 @@ flowing: each group is judged the moment it is complete.
 - **Partial groups.** A sibling that will never come (its agent loop failed, or scored itself) is withdrawn by its
   worker (:meth:`GroupGate.withdraw`): its group is judged as soon as the rest have arrived. A group that stays short
   otherwise is judged with the members it has once ``wait_s`` has passed since its last member arrived; a request
-  without ``group_size`` is judged that way too. Never a stand-in score: each member gets the judge's number for its own response, or an error. A
-  member that arrives after its group was judged starts its group again (judged with the other late members). Open
-  groups are not judged at a step's end: in verl's async trainer modes the next batch's groups are filling then, and
-  in the sync ones no group can be open at a step's end, since its members' trajectories hold the step.
+  without ``group_size`` is judged that way too. Never a stand-in score: each member gets the judge's number for its own
+  response, or an error. A member that arrives after its group was judged starts its group again (judged with the other
+  late members). Open groups are not judged at a step's end: in verl's async trainer modes the next batch's groups are
+  filling then, and in the sync ones no group can be open at a step's end, since its members' trajectories hold the
+  step.
 - **Re-asks.** A reply that does not read (:class:`JudgeVerdictError` with the reply) is asked again up to
   ``retries`` times, the reply and why it did not read added to the judge's conversation; then every member gets the
   error.
