@@ -65,13 +65,14 @@ QUESTIONS = ["how many apples does the farmer have", "what is the total cost of 
 #: The main RM: the tiny RM on a two-rank vLLM pooling engine (one replica).
 MAIN = ["+async_rm.engine=vllm", f"reward.reward_model.n_gpus_per_node={TP}", f"+async_rm.gpus_per_replica={TP}",
         "+async_rm.init_timeout_s=240"]
-#: The ``logits`` judge: the tiny random ``lm`` judge on transformers (the top-level engine and size are the main RM's).
-JUDGE = ["+async_rm.models.judge.model_path=JUDGE_PATH", "+async_rm.models.judge.reward_kind=judge",
+#: The ``logits`` judge: the tiny random ``lm`` judge on transformers (the top-level engine and size are the main RM's;
+#: its ``model_path`` is set by the fixture).
+JUDGE = ["+async_rm.models.judge.reward_kind=judge",
          f"+async_rm.models.judge.weight={JUDGE_W}", "+async_rm.models.judge.n_gpus_per_node=1",
          "+async_rm.models.judge.engine=hf", "+async_rm.models.judge.gpus_per_replica=1",
          f"+async_rm.models.judge.judge_tokens=[\"{TOKENS[0]}\",\"{TOKENS[1]}\"]"]
-#: The ``generate`` judge: the tiny ``digit`` judge on a two-rank vLLM engine.
-GRADE = ["+async_rm.models.grade.model_path=GRADE_PATH", "+async_rm.models.grade.reward_kind=judge",
+#: The ``generate`` judge: the tiny ``digit`` judge on a two-rank vLLM engine (its ``model_path`` set by the fixture).
+GRADE = ["+async_rm.models.grade.reward_kind=judge",
          "+async_rm.models.grade.judge_readout=generate", f"+async_rm.models.grade.judge_prompt='{DIGIT_PROMPT}'",
          "+async_rm.models.grade.judge_pattern='^([0-9])'", f"+async_rm.models.grade.judge_max_tokens={MAX_TOKENS}",
          f"+async_rm.models.grade.weight={GRADE_W}", f"+async_rm.models.grade.n_gpus_per_node={TP}",
@@ -84,8 +85,8 @@ def run(ray_local, vllm_required, tiny_models, tiny_judges):
     other tests, which call its main RM's service directly."""
     from verl_async_rm.testing.v1 import V1FitLoop, prompt_batch
 
-    extra = [o.replace("JUDGE_PATH", str(tiny_judges.lm)).replace("GRADE_PATH", str(tiny_judges.digit))
-             for o in (*MAIN, *JUDGE, *GRADE)]
+    extra = [*MAIN, *JUDGE, f"+async_rm.models.judge.model_path={tiny_judges.lm}", *GRADE,
+             f"+async_rm.models.grade.model_path={tiny_judges.digit}"]
     with running_manager(ray_local, tiny_models, "v1", *extra) as (manager, config):
         prompts = prompt_batch(QUESTIONS, ground_truth="42")
         yield manager, prompts, V1FitLoop(config, manager).train_step(prompts)
