@@ -13,7 +13,7 @@ from typing import Any
 from verl_async_rm.errors import ConfigValueError
 from verl_async_rm.reward_mix import MAIN, RewardMix
 from verl_async_rm.options import Rule, check_options, option, select
-from verl_async_rm.scoring.rm_config import LOADED_ONLY_KEYS, RMConfig
+from verl_async_rm.scoring.rm_config import KIND_KEYS, LOADED_ONLY_KEYS, RMConfig
 from verl_async_rm.service.batching import BatchPolicy
 
 __all__ = ["AsyncRMConfig", "IntegrationConfig", "RMEntry", "MAIN", "CONFIG_GROUP", "ON_ERROR_MODES",
@@ -215,6 +215,12 @@ def placement_values(config: Any) -> dict[str, Any]:
         "actor_resident_bytes": actor_resident_bytes(config)}
 
 
+def _kind(values: Mapping[str, Any]) -> tuple[Any, Any]:
+    """An RM's kind, from its keys: ``(reward_kind, judge_readout)``."""
+    kind = values.get("reward_kind", "outcome")
+    return kind, values.get("judge_readout") or ("logits" if kind == "judge" else None)
+
+
 def extra_rm_entries(models: Any, *, base: Mapping[str, Any], shared_rm: Mapping[str, Any],
                      shared_batching: Mapping[str, Any], group: str) -> tuple[RMEntry, ...]:
     """Parse ``async_rm.models`` (name -> options) into entries, in the order given. ``base``: RMConfig fields
@@ -241,8 +247,10 @@ def extra_rm_entries(models: Any, *, base: Mapping[str, Any], shared_rm: Mapping
         if not isinstance(options, Mapping):
             raise ValueError(
                 f"{key}={options!r}: it must be a group of keys; set them one by one, e.g. +{key}.model_path=/path")
-        # an extra RM served at an endpoint takes none of the main RM's settings of a loaded model (dtype, engine...)
-        inherited = _OWN_KEYS + (LOADED_ONLY_KEYS if options.get("endpoint") else ())
+        # an extra RM served at an endpoint takes none of the main RM's settings of a loaded model (dtype, engine...),
+        # one of another kind none of the keys of the main one's kind (a logits judge's judge_tokens...)
+        inherited = _OWN_KEYS + (LOADED_ONLY_KEYS if options.get("endpoint") else ()) + (
+            KIND_KEYS if _kind({**shared_rm, **options}) != _kind(shared_rm) else ())
         rm_values = {k: v for k, v in shared_rm.items() if k not in inherited}
         batching_values = dict(shared_batching)
         for option_name, value in options.items():

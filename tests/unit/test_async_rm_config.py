@@ -321,6 +321,22 @@ def test_extra_rms_get_their_own_pool_weight_and_options_and_inherit_the_top_lev
     assert settings.mix.weights == {"main": 2.0, "safety": 0.5, "helpful": 1.0}
 
 
+def test_an_extra_rm_of_another_kind_takes_none_of_the_top_levels_keys_of_a_kind(tiny_models, tiny_judges):
+    """A logits judge at the top with a group judge beside it (whose kind refuses judge_tokens) and a logits judge
+    beside it (which takes the top's judge keys)."""
+    judge = [f"reward.reward_model.model_path={tiny_judges.digit}", "+async_rm.reward_kind=judge",
+             "+async_rm.judge_tokens=['1','2']", "+async_rm.judge_prompt='Q: {{ prompt }} A: {{ response }}'",
+             "+async_rm.judge_max_tokens=8", "+async_rm.max_length=512"]
+    config = compose(tiny_models, *judge, f"+async_rm.models.group.model_path={tiny_judges.json}",
+                     "+async_rm.models.group.reward_kind=group_judge",
+                     f"+async_rm.models.twin.model_path={tiny_judges.digit}")
+    main, group, twin = check_verl_config(config).models
+    assert (group.rm.judge_tokens, group.rm.judge_readout, group.rm.judge_max_tokens) == (None, "generate", 256)
+    assert "{{ responses }}" in group.rm.judge_prompt and group.rm.max_length == 512  # not a key of a kind
+    assert (twin.rm.judge_tokens, twin.rm.judge_prompt, twin.rm.judge_max_tokens) == (
+        main.rm.judge_tokens, main.rm.judge_prompt, 8)
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

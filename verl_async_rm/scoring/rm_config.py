@@ -28,6 +28,10 @@ JUDGE_KINDS = ("judge", "group_judge")
 _JUDGE_KEYS = ("judge_prompt", "judge_tokens", "judge_pattern", "judge_labels", "judge_readout")
 #: Keys only a group judge reads.
 _GROUP_KEYS = ("judge_scale", "judge_seed", "group_wait_s")
+#: Keys that only some kinds read: an extra RM of another kind than the main one does not take them from the top.
+KIND_KEYS = ("score_index", "score_reduction", "score_head", "score_output_field", *_JUDGE_KEYS, "judge_max_tokens",
+             "judge_retries", *_GROUP_KEYS, "step_delimiter", "step_separator", "process_label_index",
+             "process_reduction")
 _POOL_FIX = "set {key} to a positive integer (one RM replica on one GPU: n_gpus_per_node=1, nnodes=1)"
 _SECONDS = {"above": 0, "why": "must be a positive number of seconds", "fix": "set {key}=300"}
 
