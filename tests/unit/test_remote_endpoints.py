@@ -144,6 +144,31 @@ async def test_retry_after_is_honoured_as_the_wait_before_the_retry(servers):
 
 
 @pytest.mark.asyncio
+async def test_on_the_last_endpoint_in_service_a_retry_after_holds_only_the_request_that_got_it(servers):
+    upstream = servers(ScriptedUpstream())
+    proxy = servers(FaultProxy(upstream.url, FaultSchedule({0: Fault("rate_limit", retry_after="30")})))
+    async with client_for(proxy.url) as client:
+        held = asyncio.ensure_future(chat(client, seconds=60))
+        await proxy.wait_until(lambda p: len(p.seen) == 1)
+        for _ in range(3):  # sent while the first one waits out its 30 s: answered at once
+            assert (await chat(client)).attempts == 1
+        assert not held.done() and client.stats()["endpoints_out"] == 0
+        held.cancel()
+        await asyncio.gather(held, return_exceptions=True)
+
+
+@pytest.mark.asyncio
+async def test_with_another_endpoint_in_service_a_retry_after_takes_its_endpoint_out(servers):
+    good = servers(ScriptedUpstream())
+    limited = servers(FaultProxy(good.url, FaultSchedule({0: Fault("rate_limit", retry_after="30")})))
+    async with client_for(limited.url, good.url) as client:
+        replies = [await chat(client) for _ in range(4)]
+        stats = client.stats()
+    assert [(r.endpoint, r.attempts) for r in replies] == [(good.url, 2)] + [(good.url, 1)] * 3
+    assert len(limited.seen) == 1 and stats["endpoints"][limited.url]["out_reason"] == "retry-after"
+
+
+@pytest.mark.asyncio
 async def test_a_retry_after_past_the_deadline_fails_at_once(servers):
     upstream = servers(ScriptedUpstream())
     proxy = servers(FaultProxy(upstream.url, FaultSchedule({0: Fault("rate_limit", retry_after="30")})))

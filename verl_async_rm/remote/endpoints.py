@@ -3,8 +3,9 @@ each request resolves once, within its deadline, with the JSON answer or an erro
 
 Retries: a 429, 408 or 5xx, a connection error, a read timeout, a cut or non-JSON body are retried with exponential
 backoff and full jitter (up to ``backoff_s`` before the first retry, doubling to at most :data:`BACKOFF_CAP_S`),
-honouring ``Retry-After`` (seconds or an HTTP date: the endpoint takes no request before then), until the deadline;
-a wait that would end past it fails at once. Another 4xx, or a redirect, fails at once (:class:`EndpointError`, with
+honouring ``Retry-After`` (seconds or an HTTP date: the endpoint takes no request before then, or, when it is the
+last endpoint in service, the request that got it waits that long and the others go on), until the deadline; a wait
+that would end past it fails at once. Another 4xx, or a redirect, fails at once (:class:`EndpointError`, with
 the status and the server's message). A deadline miss is a ``RequestTimeoutError`` whose ``__cause__`` is the last
 failure; every wait (rate limits, backoff, each HTTP attempt) ends by the deadline.
 
@@ -364,11 +365,12 @@ class EndpointClient:
         attempts, waits, tried = 0, [], []
         last: EndpointError | None = None
         avoid: _Endpoint | None = None
+        not_before = -math.inf  # a Retry-After for this request alone
         while True:
             now = loop.time()
             if now >= deadline:
                 raise self._deadline_error(path, attempts, tried, last, "no time was left for another attempt")
-            wait = max(0.0, self._available_at() - now)  # every endpoint out: wait for the first one back
+            wait = max(0.0, self._available_at() - now, not_before - now)  # every endpoint out: the first one back
             if attempts:
                 wait = max(wait, self._rng.uniform(0.0, min(BACKOFF_CAP_S, self.backoff_s * 2 ** (attempts - 1))))
             if wait > 0:
@@ -393,8 +395,11 @@ class EndpointClient:
             last, avoid = result.error, ep
             if result.deadline:
                 raise self._deadline_error(path, attempts, tried, last, "the last attempt ran out of time")
-            if result.retry_after is not None:  # the endpoint takes no request before then
-                self._take_out(ep, loop.time() + result.retry_after, "retry-after")
+            if result.retry_after is not None:  # the endpoint takes no request before then; the last one in service
+                if self._others_in(ep):            # stays in for the rest (a pause would stop every request)
+                    self._take_out(ep, loop.time() + result.retry_after, "retry-after")
+                else:
+                    not_before = loop.time() + result.retry_after
             if result.counts:
                 self._count_failure(ep)
             if not result.retry:
@@ -495,6 +500,11 @@ class EndpointClient:
         """When the first endpoint is available (the past when one is now)."""
         return min(ep.out_until for ep in self._endpoints)
 
+    def _others_in(self, ep: _Endpoint) -> bool:
+        """Whether an endpoint other than ``ep`` is in service now."""
+        now = self._now()
+        return any(e is not ep and e.out_until <= now for e in self._endpoints)
+
     def _take_out(self, ep: _Endpoint, until: float, reason: str) -> None:
         if until > ep.out_until:
             ep.out_until, ep.out_reason = until, reason
@@ -507,8 +517,7 @@ class EndpointClient:
         now = self._now()
         # The failures of requests in flight while it is out neither extend nor renew its cool-down (back in, its next
         # failure takes it out again); the last endpoint in service stays in: backoff alone paces the retries then.
-        others_in = any(e is not ep and e.out_until <= now for e in self._endpoints)
-        if ep.failures >= self.max_failures and ep.out_until <= now and others_in:
+        if ep.failures >= self.max_failures and ep.out_until <= now and self._others_in(ep):
             self._counts["cooldowns"] += 1
             logger.warning("endpoint %s failed %d times in a row; out for %g s (%d of %d endpoints out)", ep.url,
                            ep.failures, self.cooldown_s, 1 + sum(e.out_until > now for e in self._endpoints),
