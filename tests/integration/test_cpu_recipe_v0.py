@@ -6,10 +6,13 @@ verl's vLLM rollout, FSDP2 actor with the reference model, the RM on its own poo
   raises, as on verl's ``neo`` branch): the plugin imports and scores without it, the actor trains, the plugin's
   metrics reach verl's tracker (a training step's as ``timing_s/async_rm/*``, the validation pass's as
   ``val-async_rm/*``);
-- beside the recipe's RM, an extra RM ``group``: a group judge (``reward_kind=group_judge``: one call per GRPO group
-  of 4) on a local vLLM engine with structured output. The tiny ``json`` judge (``testing/judges.py``) gives every
-  label :data:`~verl_async_rm.testing.judges.JSON_DIGIT`, so every trajectory's ``rm_score_group`` is known (verl's
-  ``trainer.rollout_data_dir`` writes each trajectory's ``reward_extra_info``).
+- beside the recipe's RM, two extra RMs, each a group judge (``reward_kind=group_judge``: one call per GRPO group of
+  4) of the tiny ``json`` judge (``testing/judges.py``) with structured output: ``group`` on a local vLLM engine,
+  ``served`` at vLLM's own OpenAI-compatible server (its CPU build, on 127.0.0.1: ``python -m
+  verl_async_rm.testing.vllm_server`` runs the recipe while it serves the judge; ``response_format`` with the JSON
+  schema). The judge gives every label :data:`~verl_async_rm.testing.judges.JSON_DIGIT`, so every trajectory's
+  ``rm_score_group`` and ``rm_score_served`` are known (verl's ``trainer.rollout_data_dir`` writes each trajectory's
+  ``reward_extra_info``).
 
 The v1 trainer runs ``main_ppo`` in ``test_demo.py`` (the plugin on its own pool) and in-process in
 ``test_manager_v1.py`` (on the policy's GPUs); v0 on the policy's GPUs with a remote judge:
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 
 import pytest
 from conftest import TEST_ASSETS, require_vllm
@@ -29,17 +33,21 @@ pytestmark = pytest.mark.integration
 
 STEPS, TRAJECTORIES, GROUPS = 2, 8 * 4, 8  # the recipe's 8 prompts x 4 responses
 HIDE_V1 = TEST_ASSETS / "hide_verl_v1"
-SCALE, GROUP_W = 10, 0.1
+SCALE, GROUP_W, SERVED_W = 10, 0.1, 0.2
 
 
 def program_command(request) -> Command:
     judge = request.getfixturevalue("tiny_judges").json
-    group = [f"+async_rm.models.group.{key}={value}" for key, value in (
-        ("model_path", judge), ("reward_kind", "group_judge"), ("judge_max_tokens", 48), ("judge_scale", SCALE),
-        ("weight", GROUP_W))]
+    keys = (("model_path", judge), ("reward_kind", "group_judge"), ("judge_max_tokens", 48), ("judge_scale", SCALE))
+    group = [f"+async_rm.models.group.{key}={value}" for key, value in (*keys, ("weight", GROUP_W))]
+    served = [f"+async_rm.models.served.{key}={value}" for key, value in
+              (*keys, ("weight", SERVED_W), ("endpoint", "{endpoint}"))]
     path = os.pathsep.join(p for p in (str(HIDE_V1), os.environ.get("PYTHONPATH", "")) if p)
-    return recipe_command(request, "cpu_recipe_v0", f"trainer.total_training_steps={STEPS}", "trainer.use_v1=False",
-                          *group, "+trainer.rollout_data_dir=rollouts", env={"PYTHONPATH": path})
+    recipe = recipe_command(request, "cpu_recipe_v0", f"trainer.total_training_steps={STEPS}", "trainer.use_v1=False",
+                            *group, *served, "+trainer.rollout_data_dir=rollouts", env={"PYTHONPATH": path})
+    server = [sys.executable, "-m", "verl_async_rm.testing.vllm_server", "--model", str(judge), "--name", "judge",
+              "--log-dir", str(recipe.cwd), "--"]
+    return Command([*server, *recipe.argv], recipe.cwd, recipe.env, recipe.timeout_s)
 
 
 @pytest.fixture(scope="module")
@@ -67,17 +75,20 @@ def test_v0_trains_two_steps_with_every_trajectory_scored_and_v1_never_imported(
     assert steps[0]["val-async_rm/errors"] == 0
 
 
-def test_a_group_judge_scores_each_group_in_one_call_with_the_number_it_gave_each_label(run):
+@pytest.mark.parametrize("name", ["group", "served"])
+def test_a_group_judge_local_or_served_scores_each_group_in_one_call_with_the_number_it_gave_each_label(run, name):
     from verl_async_rm.testing.judges import JSON_DIGIT
 
     _, steps, rows = run
     for step in (1, 2):
-        m = steps[step]
-        assert m["timing_s/async_rm/group/requests"] == m["timing_s/async_rm/group/scored"] == TRAJECTORIES
-        assert m["timing_s/async_rm/group/errors"] == 0 and m["timing_s/async_rm/group/judge_parse_failures"] == 0
-        assert m["timing_s/async_rm/group/groups_judged"] == m["timing_s/async_rm/group/judge_calls"] == GROUPS
-        assert m["timing_s/async_rm/group/groups_partial"] == 0
+        m = {key.removeprefix(f"timing_s/async_rm/{name}/"): value for key, value in steps[step].items()}
+        assert m["requests"] == m["scored"] == TRAJECTORIES
+        assert m["errors"] == 0 and m["judge_parse_failures"] == 0 and m["groups_partial"] == 0
+        assert m["groups_judged"] == m["judge_calls"] == GROUPS
+        if name == "served":
+            assert m["endpoint_requests"] == GROUPS and m["endpoint_tokens_out"] > 0
     assert len(rows) == STEPS * TRAJECTORIES
     for row in rows:
-        assert row["rm_score_group"] == pytest.approx(JSON_DIGIT / SCALE)
-        assert row["score"] == pytest.approx(row["rm_score"] + GROUP_W * row["rm_score_group"], abs=1e-5)
+        assert row[f"rm_score_{name}"] == pytest.approx(JSON_DIGIT / SCALE)
+        assert row["score"] == pytest.approx(
+            row["rm_score"] + GROUP_W * row["rm_score_group"] + SERVED_W * row["rm_score_served"], abs=1e-5)
