@@ -31,4 +31,6 @@ def test_quick_bench_scores_both_sides_at_both_fault_rates(tiny_models, tmp_path
     assert plugin["defaulted"] == 0 and plugin["equal_to_reference"] == n  # nothing lost, nothing defaulted
     assert verl["faults_injected"] > 0 and verl["retries"] == 0  # verl never retries: each fault is a 0.0
     assert verl["defaulted"] == verl["faults_injected"] and verl["equal_to_reference"] == n - verl["defaulted"]
+    for run in runs.values():  # a score of 0.0 standing in for a fault is no real score
+        assert run["real_scores_per_s"] == pytest.approx(run["equal_to_reference"] / run["wall_s"])
     assert "| plugin | 20% | " in capsys.readouterr().out
