@@ -12,7 +12,8 @@ failure; every wait (rate limits, backoff, each HTTP attempt) ends by the deadli
 Routing: the available endpoint with the fewest requests in flight (ties in turn), another one than the endpoint that
 just failed when there is one. :data:`MAX_FAILURES` consecutive failures (connection errors, 5xx, bad bodies; any
 answer from the server resets the count) take an endpoint out for :data:`COOLDOWN_S`; when it is back, one more
-failure takes it out again. When every endpoint is out, requests wait for the first one back, within their deadline.
+failure takes it out again. The last endpoint in service is never taken out (a cool-down or a ``Retry-After`` there
+would stop every request), so one endpoint is always in service.
 
 Security: the API key is read from the environment variable named ``api_key_env`` and sent as ``Authorization:
 Bearer`` only with requests to the configured base URLs. Redirects are not followed (a 3xx fails the request, naming
@@ -370,7 +371,7 @@ class EndpointClient:
             now = loop.time()
             if now >= deadline:
                 raise self._deadline_error(path, attempts, tried, last, "no time was left for another attempt")
-            wait = max(0.0, self._available_at() - now, not_before - now)  # every endpoint out: the first one back
+            wait = max(0.0, not_before - now)
             if attempts:
                 wait = max(wait, self._rng.uniform(0.0, min(BACKOFF_CAP_S, self.backoff_s * 2 ** (attempts - 1))))
             if wait > 0:
@@ -384,9 +385,6 @@ class EndpointClient:
             except RequestTimeoutError as err:
                 raise self._deadline_error(path, attempts, tried, last, str(err))  # noqa: B904 - cause: last error
             ep = self._pick(loop.time(), avoid)
-            if ep is None:  # every endpoint went out while the permit was awaited
-                permit.release(0)
-                continue
             attempts += 1
             tried.append(ep.url)
             result = await self._attempt(ep, path, at_root, content, deadline, permit, attempts)
@@ -396,10 +394,9 @@ class EndpointClient:
             if result.deadline:
                 raise self._deadline_error(path, attempts, tried, last, "the last attempt ran out of time")
             if result.retry_after is not None:  # the endpoint takes no request before then; the last one in service
-                if self._others_in(ep):            # stays in for the rest (a pause would stop every request)
-                    self._take_out(ep, loop.time() + result.retry_after, "retry-after")
-                else:
-                    not_before = loop.time() + result.retry_after
+                until = loop.time() + result.retry_after  # stays in, and this request alone waits
+                if not self._take_out(ep, until, "retry-after"):
+                    not_before = until
             if result.counts:
                 self._count_failure(ep)
             if not result.retry:
@@ -478,9 +475,9 @@ class EndpointClient:
         return _Failure(EndpointError(self._scrub(f"{ep.url}: {type(err).__name__}: {err}"), endpoint=ep.url),
                         retry=True, counts=True)
 
-    def _pick(self, now: float, avoid: _Endpoint | None) -> _Endpoint | None:
+    def _pick(self, now: float, avoid: _Endpoint | None) -> _Endpoint:
         """The available endpoint with the fewest requests in flight, ties in turn; not ``avoid`` if another is
-        available."""
+        available (one always is: :meth:`_take_out`)."""
         n = len(self._endpoints)
         ready = [ep for ep in self._endpoints if ep.out_until <= now]
         if len(ready) > 1 and avoid in ready:
@@ -491,23 +488,18 @@ class EndpointClient:
             ep = self._endpoints[index]
             if ep in ready and (best is None or ep.outstanding < self._endpoints[best].outstanding):
                 best = index
-        if best is None:
-            return None
+        assert best is not None  # _take_out never takes the last endpoint in service out
         self._rr = (best + 1) % n
         return self._endpoints[best]
 
-    def _available_at(self) -> float:
-        """When the first endpoint is available (the past when one is now)."""
-        return min(ep.out_until for ep in self._endpoints)
-
-    def _others_in(self, ep: _Endpoint) -> bool:
-        """Whether an endpoint other than ``ep`` is in service now."""
+    def _take_out(self, ep: _Endpoint, until: float, reason: str) -> bool:
+        """Take ``ep`` out of service until ``until`` unless it is the last endpoint in service; whether it is out."""
         now = self._now()
-        return any(e is not ep and e.out_until <= now for e in self._endpoints)
-
-    def _take_out(self, ep: _Endpoint, until: float, reason: str) -> None:
+        if not any(e is not ep and e.out_until <= now for e in self._endpoints):
+            return False
         if until > ep.out_until:
             ep.out_until, ep.out_reason = until, reason
+        return True
 
     def _count_failure(self, ep: _Endpoint) -> None:
         """A connection error, 5xx or bad body: counted, and the endpoint taken out after ``max_failures``."""
@@ -517,12 +509,12 @@ class EndpointClient:
         now = self._now()
         # The failures of requests in flight while it is out neither extend nor renew its cool-down (back in, its next
         # failure takes it out again); the last endpoint in service stays in: backoff alone paces the retries then.
-        if ep.failures >= self.max_failures and ep.out_until <= now and self._others_in(ep):
+        if ep.failures >= self.max_failures and ep.out_until <= now and self._take_out(ep, now + self.cooldown_s,
+                                                                                       "cool-down"):
             self._counts["cooldowns"] += 1
             logger.warning("endpoint %s failed %d times in a row; out for %g s (%d of %d endpoints out)", ep.url,
-                           ep.failures, self.cooldown_s, 1 + sum(e.out_until > now for e in self._endpoints),
+                           ep.failures, self.cooldown_s, sum(e.out_until > now for e in self._endpoints),
                            len(self._endpoints))
-            self._take_out(ep, now + self.cooldown_s, "cool-down")
 
     def _deadline_error(self, path: str, attempts: int, tried: list[str], last: EndpointError | None,
                         why: str) -> RequestTimeoutError:
