@@ -8,11 +8,13 @@ the probability of label 1. The same PRM runs twice: as ``main`` with ``process_
 lands on the response token where that step ends (verl's ``rm_scores``); as ``outcome`` with ``min`` it adds one score
 on the last token.
 
-On v1 the seven RM families run in the same step, each as ``async_rm.models.<family>`` with its own pool and the keys a
-user sets for it (``trust_remote_code``, ``score_output_field``): Llama 3.1, Gemma 2, Qwen2.5, Qwen3 and Mistral
-sequence classification, an InternLM2-Reward-style custom-code RM and an ArmoRM-style custom-output RM. Every
+On v1 the two RM families that need keys of their own run in the same step, each as ``async_rm.models.<family>``
+with its own pool and the keys a user sets for it: an InternLM2-Reward-style custom-code RM (``trust_remote_code``;
+``AutoModel``, value head, reward token) and an ArmoRM-style custom-output RM (``score_output_field``). Every
 trajectory's score from each equals what that RM's model card recipe gives in plain transformers (fp32, 1e-4) on the
-same conversation, and the reward is the weighted sum of every RM. (One manager for both: each is a set of processes
+same conversation, and the reward is the weighted sum of every RM. Every family, the five plain sequence-classification
+ones too, is scored against its model card in process (``tests/unit/test_rm_families.py``): through the manager the
+plain ones take the path of the tiny RM of every other module. (One manager for both: each RM is a set of processes
 that import verl and load their RMs, seconds of a 2-core machine.)
 """
 
@@ -26,7 +28,8 @@ pytestmark = pytest.mark.integration
 
 N = 2  # rollout.n
 PRM_W, MIN_W = 2.0, 0.5
-FAMILIES = ("llama", "gemma2", "qwen2", "qwen3", "mistral", "internlm2", "armorm")
+#: The families with keys of their own (``family_settings``); the plain ones: ``tests/unit/test_rm_families.py``.
+FAMILIES = ("internlm2", "armorm")
 WEIGHTS = {name: 0.1 * (k + 1) for k, name in enumerate(FAMILIES)}
 QUESTIONS = ["how many apples does the farmer have", "what is the total cost of two books"]
 
@@ -78,8 +81,8 @@ def family_overrides(families) -> list[str]:
     return out
 
 
-def test_step_rewards_reach_verl_rm_scores_next_to_outcome_scores_of_every_family(ray_wide, tiny_models, policy_tok,
-                                                                                  families):
+def test_step_rewards_reach_verl_rm_scores_next_to_outcome_scores_of_custom_families(ray_wide, tiny_models, policy_tok,
+                                                                                    families):
     from verl_async_rm.testing.families import reference_score
     from verl_async_rm.testing.v1 import V1FitLoop, prompt_batch
 

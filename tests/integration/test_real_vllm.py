@@ -1,13 +1,14 @@
-"""The plugin's RM replicas on vLLM (``engine=vllm``, its CPU build) and verl's own vLLM-served RM, on the same
-trajectories as the plugin's transformers replicas.
+"""verl's own vLLM-served RM, and the plugin's remote outcome RM at verl's served vLLM server, on the same trajectories
+as the plugin's transformers replicas.
 
 One manager step of verl's v1 agent loop (the stubbed fit loop, :class:`~verl_async_rm.testing.v1.V1FitLoop`, on the
-cluster's synthetic generation server) scores every trajectory twice: the main RM on transformers and the same
-checkpoint as an extra RM, ``vl``, on a vLLM pooling engine (weight 0), both re-rendering the trajectory with the RM's
-own chat template (``retemplate=always``). Then one engine of verl's served RM (``compute_score_disrm``) scores the
-same trajectories, and the plugin's remote outcome RM (``endpoint``) scores them at that engine's vLLM server. The
-cluster has logical GPUs because verl's served RM asks for one. The plugin on verl's real vLLM
-rollout, every reward exact: ``test_manager_v1.py`` (in-process) and ``test_demo.py`` (``main_ppo``).
+cluster's synthetic generation server) scores every trajectory with the main RM on transformers, re-rendering the
+trajectory with the RM's own chat template (``retemplate=always``). Then one engine of verl's served RM
+(``compute_score_disrm``) scores the same trajectories, and the plugin's remote outcome RM (``endpoint``) scores them at
+that engine's vLLM server. The cluster has logical GPUs because verl's served RM asks for one. The plugin's replicas on
+vLLM (``engine=vllm``): through the manager ``test_tp_replicas.py``, against transformers ``test_vllm_engine.py``. The
+plugin on verl's real vLLM rollout, every reward exact: ``test_manager_v1.py`` (in-process) and ``test_demo.py``
+(``main_ppo``).
 
 These tests skip with the reason where vLLM cannot run; ``VERL_ASYNC_RM_REQUIRE_VLLM=1`` (set by ``.ci/run``) turns
 that skip into a failure, so CI never passes without them.
@@ -30,20 +31,13 @@ N = 2  # rollout.n (manager_cases)
 
 @pytest.fixture(scope="module")
 def step(vllm_ray, tiny_models):
-    """One v1 step: the main RM on transformers and ``vl`` (the same RM) on vLLM, with each service's replicas'
-    ``describe()``."""
-    import ray
-
+    """One v1 step, the main RM on transformers."""
     from verl_async_rm.testing.v1 import V1FitLoop, prompt_batch
 
-    vl = [f"+async_rm.models.vl.model_path={tiny_models.rm}", "+async_rm.models.vl.engine=vllm",
-          "+async_rm.models.vl.weight=0", "+async_rm.models.vl.n_gpus_per_node=1"]
-    with running_manager(vllm_ray, tiny_models, "v1", "+async_rm.retemplate=always", *vl) as (manager, config):
+    with running_manager(vllm_ray, tiny_models, "v1", "+async_rm.retemplate=always") as (manager, config):
         prompts = prompt_batch(QUESTIONS)
         batch = V1FitLoop(config, manager).train_step(prompts)
         batch.questions = dict(zip(list(prompts["uid"]), QUESTIONS, strict=True))  # uid -> question
-        batch.described = {name: ray.get(service.describe.remote(), timeout=120)
-                           for name, service in manager.rm_services.items()}
     return batch
 
 
@@ -52,7 +46,7 @@ def _raw_prompt(batch, i):
     return [{"role": "user", "content": batch.questions[str(batch.keys[i]).split("_")[0]]}]
 
 
-def test_the_vllm_replicas_score_every_trajectory_as_transformers(step, tiny_models):
+def test_the_plugin_scores_every_trajectory_as_transformers(step, tiny_models):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_models.policy)
@@ -64,13 +58,10 @@ def test_the_vllm_replicas_score_every_trajectory_as_transformers(step, tiny_mod
         expected_rm = rm(_raw_prompt(step, i), response)
         expected_rule = (len(tok.decode(response, skip_special_tokens=True)) % 7) / 7.0
         assert float(info["rm_score_main"]) == pytest.approx(expected_rm, abs=1e-4)
-        assert float(info["rm_score_vl"]) == pytest.approx(expected_rm, abs=1e-4)
         assert float(info["rule_score"]) == pytest.approx(expected_rule, abs=1e-6)
         assert step.reward(i) == pytest.approx(RM_W * expected_rm + RULE_W * expected_rule, abs=1e-4)
-    assert step.metrics["async_rm/errors"] == 0 and step.metrics["async_rm/vl/scored"] == len(step.keys)
+    assert step.metrics["async_rm/errors"] == 0 and step.metrics["async_rm/scored"] == len(step.keys)
     assert len({round(float(step.reward_extra_info(i)["rm_score_main"]), 4) for i in range(len(step.keys))}) > 1
-    assert [info["engine"] for info in step.described["main"]] == ["hf"]
-    assert [info["engine"] for info in step.described["vl"]] == ["vllm"]
 
 
 @pytest.fixture(scope="module")

@@ -2,11 +2,12 @@
 
 The pool holds 2 replicas of 2 ranks each: every replica is 2 Ray processes that load the tiny RM sharded over a gloo
 group (tensor parallel: its heads and MLP width divide by 2) and score each batch together. Scores equal the
-unsharded model's (fp32, 1e-4) through the agent-loop manager on verl's v1 trainer, and a forward failing on rank 0
-alone, or a rank killed in the middle of a batch, costs no trajectory: the batch is re-queued, and the replica is
-replaced with all its ranks (one service, both faults in turn). Without Ray,
-two spawned ranks score as the unsharded model by either layout (tensor parallel, FSDP2), and alike, and so does a
-``logits`` judge.
+unsharded model's (fp32, 1e-4), and a forward failing on rank 0 alone, or a rank killed in the middle of a batch,
+costs no trajectory: the batch is re-queued, and the replica is replaced with all its ranks (one service, both faults
+in turn, then a batch on the replaced replica). The keys that cut the pool:
+``tests/unit/test_sharded_replica_config.py``; the agent-loop manager's path is the unsharded RM's (every manager
+module). Without Ray, two spawned ranks score as the unsharded model by either layout (tensor parallel, FSDP2), and
+alike, and so does a ``logits`` judge.
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ import time
 
 import pytest
 import ray
-import torch
-from manager_cases import running_manager
 from rm_cases import ANSWERS, QUESTIONS, direct_score, hf_model, make_request, wait_stats
 
 from verl_async_rm.service.batching import BatchPolicy
@@ -30,29 +29,6 @@ from verl_async_rm.service.service import start_rm_service
 pytestmark = pytest.mark.integration
 
 HANG_S = 180.0  # hang detector for one wait; a sharded replica loads in ~15 s here
-SHARDED = ("reward.reward_model.n_gpus_per_node=4", "+async_rm.gpus_per_replica=2")
-
-
-def test_sharded_replicas_score_as_the_unsharded_rm_through_the_v1_manager(ray_local, tiny_models, policy_tok):
-    from verl_async_rm.testing.v1 import V1FitLoop, prompt_batch
-
-    questions = ["how many apples does the farmer have", "what is the total cost of two books",
-                 "how far does the train go"]
-    with running_manager(ray_local, tiny_models, "v1", *SHARDED) as (manager, config):
-        replicas = ray.get(manager.rm_services["main"].describe.remote(), timeout=60)
-        batch = V1FitLoop(config, manager).train_step(prompt_batch(questions))
-    assert len(replicas) == 2
-    for info in replicas:
-        assert info["gpus_per_replica"] == 2 and info["sharding"] == "tensor_parallel"
-        assert [rank["rank"] for rank in info["ranks"]] == [1]
-        assert info["ranks"][0]["pid"] != info["pid"]
-    model = hf_model(tiny_models.rm)
-    assert len(batch.keys) == len(questions) * 2
-    for i in range(len(batch.keys)):
-        expected = direct_score(model, torch.cat([batch.data["prompts"][i], batch.data["responses"][i]]).tolist())
-        assert batch.reward_extra_info(i)["rm_score"] == pytest.approx(expected, abs=1e-4)
-    assert batch.metrics["async_rm/scored"] == len(questions) * 2 and batch.metrics["async_rm/errors"] == 0
-    assert batch.metrics["async_rm/replicas_usable"] == 2
 
 
 def requests(policy_tok, n: int, tag: str):
@@ -158,6 +134,10 @@ def test_a_rank_failing_or_killed_mid_batch_costs_no_trajectory_and_its_replica_
     assert scores == pytest.approx([direct_score(model, r.prompt_ids + r.response_ids) for r in first], abs=1e-4)
     assert after_loss["completed"] == 32 and after_loss["failed"] == 0  # 16 of each fault
     assert after_loss["requeued"] == 32 and after_loss["replicas_lost_total"] == 2
+    assert len(before) == 2  # the pool of 4 cut into 2 replicas of 2 ranks, rank 1 a process of its own
+    for info in before:
+        assert info["gpus_per_replica"] == 2 and info["sharding"] == "tensor_parallel"
+        assert [rank["rank"] for rank in info["ranks"]] == [1] and info["ranks"][0]["pid"] != info["pid"]
     replaced = after[lost_replica]
     assert replaced["actor_name"] != before[lost_replica]["actor_name"]
     assert replaced["ranks"][0]["pid"] != before[lost_replica]["ranks"][0]["pid"]

@@ -3,13 +3,13 @@ CPU build, one core per rank), its ranks processes of the replica's actor.
 
 Real parts throughout, and few engine starts (CI time): one manager for the module, its one step of the v1 agent loop
 with both judge readouts next to a tensor-parallel outcome RM: the tiny RM on a two-rank vLLM pooling engine (within
-1e-4 of transformers), a tensor-parallel ``generate`` judge (its verdicts equal transformers' greedy ``generate`` of the
-same prompt) and a ``logits`` judge on transformers (the tiny random ``lm`` judge, within 1e-4 of a plain forward),
-every reward exact; then the main RM's service called directly (many requests, then a rank killed under load, and its
-replacement). That step runs on the stubbed fit loop the judge tests
-use (:class:`~verl_async_rm.testing.v1.V1FitLoop`: verl's v1 agent-loop manager, workers and reward path through the
-plugin's manager, without verl's rollout engine and actor update), not on verl's real trainer: a vLLM rollout and an
-FSDP actor next to a tensor-parallel judge are too heavy for a 2-core CI machine.
+1e-4 of transformers), a ``generate`` judge on a one-rank vLLM engine (its verdicts equal transformers' greedy
+``generate`` of the same prompt; the engine takes its k ranks the same way whichever runner it has) and a ``logits``
+judge on transformers (the tiny random ``lm`` judge, within 1e-4 of a plain forward), every reward exact; then the main
+RM's service called directly (many requests, then a rank killed under load, and its replacement). That step runs on the
+stubbed fit loop the judge tests use (:class:`~verl_async_rm.testing.v1.V1FitLoop`: verl's v1 agent-loop manager,
+workers and reward path through the plugin's manager, without verl's rollout engine and actor update), not on verl's
+real trainer: a vLLM rollout and an FSDP actor next to tensor-parallel engines are too heavy for a 2-core CI machine.
 
 The judge is the tiny ``digit`` judge (``verl_async_rm.testing.judges``), whose greedy verdicts no numerical path can
 flip, so they are compared exactly with transformers' greedy ``generate`` of the same prompt.
@@ -71,12 +71,12 @@ JUDGE = ["+async_rm.models.judge.reward_kind=judge",
          f"+async_rm.models.judge.weight={JUDGE_W}", "+async_rm.models.judge.n_gpus_per_node=1",
          "+async_rm.models.judge.engine=hf", "+async_rm.models.judge.gpus_per_replica=1",
          f"+async_rm.models.judge.judge_tokens=[\"{TOKENS[0]}\",\"{TOKENS[1]}\"]"]
-#: The ``generate`` judge: the tiny ``digit`` judge on a two-rank vLLM engine (its ``model_path`` set by the fixture).
+#: The ``generate`` judge: the tiny ``digit`` judge on a one-rank vLLM engine (its ``model_path`` set by the fixture).
 GRADE = ["+async_rm.models.grade.reward_kind=judge",
          "+async_rm.models.grade.judge_readout=generate", f"+async_rm.models.grade.judge_prompt='{DIGIT_PROMPT}'",
          "+async_rm.models.grade.judge_pattern='^([0-9])'", f"+async_rm.models.grade.judge_max_tokens={MAX_TOKENS}",
-         f"+async_rm.models.grade.weight={GRADE_W}", f"+async_rm.models.grade.n_gpus_per_node={TP}",
-         f"+async_rm.models.grade.gpus_per_replica={TP}"]
+         f"+async_rm.models.grade.weight={GRADE_W}", "+async_rm.models.grade.n_gpus_per_node=1",
+         "+async_rm.models.grade.gpus_per_replica=1"]
 
 
 @pytest.fixture(scope="module")
@@ -95,14 +95,14 @@ def run(ray_local, vllm_required, tiny_models, tiny_judges):
 def test_one_v1_step_with_both_judge_readouts_next_to_a_tensor_parallel_outcome_rm(run, tiny_models, tiny_judges,
                                                                                    policy_tok):
     """Every reward exact: the two-rank vLLM outcome RM within 1e-4 of a plain transformers forward, the ``logits``
-    judge within 1e-4 of a plain forward of its judge prompt, the two-rank ``generate`` judge's verdict and text as
+    judge within 1e-4 of a plain forward of its judge prompt, the ``generate`` judge's verdict and text as
     transformers' greedy ``generate`` of the same prompt, the rule, and their weighted sum."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     manager, prompts, batch = run
     assert set(manager.rm_services) == {"main", "judge", "grade"}
     described = {name: ray.get(service.describe.remote(), timeout=60) for name, service in manager.rm_services.items()}
-    assert [(info["tensor_parallel_size"], info["judge_readout"]) for info in described["grade"]] == [(TP, "generate")]
+    assert [(info["tensor_parallel_size"], info["judge_readout"]) for info in described["grade"]] == [(1, "generate")]
     [info] = described["main"]
     assert info["engine"] == "vllm" and info["tensor_parallel_size"] == TP and info["gpus_per_replica"] == TP
     assert "load-time check inputs as transformers within" in info["engine_reason"]
