@@ -1,7 +1,8 @@
 """``RMService`` in this process (the Ray actor's class, no Ray) with its real batcher over a scripted replica: a
 per-response judge whose verdict does not parse is asked again in its conversation, a group judge's members wait in the
 gate and reach the replica as one request per group (judged without a withdrawn sibling as soon as the rest are in),
-and each step's figures count trajectories, not judge calls. A
+and each step's figures count trajectories, not judge calls; a deadline that passes in the service before the
+batcher is a timeout. A
 group judge's service on real vLLM in verl's trainer: ``tests/integration/test_cpu_recipe_v0.py``."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from verl_async_rm.errors import JudgeVerdictError
+from verl_async_rm.errors import JudgeVerdictError, RequestTimeoutError
 from verl_async_rm.request import GroupRequest, GroupVerdict, RMRequest, Verdict
 from verl_async_rm.scoring.rm_config import RMConfig
 from verl_async_rm.scoring.scorer import ScorerStats
@@ -107,3 +108,22 @@ async def test_a_withdrawn_sibling_lets_its_group_be_judged_without_waiting_for_
     assert [r.score for r in results] == [0.0, 1.0]
     [[group]] = replica.batches
     assert isinstance(group, GroupRequest) and [m.uid for m in group.members] == ["g/0", "g/1"]
+
+
+@pytest.mark.asyncio
+async def test_a_deadline_that_passes_in_the_service_before_the_batcher_is_a_timeout(tiny_models, tiny_judges):
+    """The actor loses its core between reading the deadline and asking the batcher (as on a loaded machine): the
+    trajectory gets ``RequestTimeoutError``, the error of a missed deadline, not the batcher's refusal of a deadline
+    already passed (a ``ValueError``, which the agent loop would take for a bug)."""
+    service, replica = service_of(tiny_models, tiny_judges, reward_kind="judge", judge_readout="generate")
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    clock = iter([t0])  # the deadline is read at t0; the next reading is a second later
+    loop.time = lambda: next(clock, t0 + 1.0)
+    try:
+        result = await service.score(trajectory("g", 0), 0.5)
+    finally:
+        del loop.time
+    await service._batcher.aclose()
+    assert isinstance(result, RequestTimeoutError) and "missed its deadline of 0.5 s" in str(result), repr(result)
+    assert replica.batches == []
