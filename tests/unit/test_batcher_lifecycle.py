@@ -147,6 +147,23 @@ def test_a_deadline_applies_and_none_or_inf_opts_out():
     run_virtual(main)
 
 
+def test_a_deadline_already_passed_times_out_at_once_and_is_counted():
+    """A caller's time left that ran out before it asked (0 or less) is a timeout like any, never a refusal."""
+    async def main():
+        fn = GatedBatchFn()
+        batcher = Batcher(fn, BatchPolicy(max_batch_size=8, max_wait_ms=HOUR_MS))
+        late = spawn(batcher, ["z", "m"], deadline_s=0.0) + spawn(batcher, ["n"], deadline_s=-0.25)
+        await asyncio.sleep(0.01)
+        assert all(isinstance(t.exception(), RequestTimeoutError) for t in late)
+        stats = batcher.stats()
+        assert stats["submitted"] == 3 and stats["timed_out"] == 3
+        with pytest.raises(ValueError, match="deadline_s must be a number"):
+            await batcher.submit("x", deadline_s=math.nan)
+        await batcher.aclose()
+
+    run_virtual(main)
+
+
 def test_stats_account_for_every_request():
     async def main():
         fn = GatedBatchFn(lambda x: ValueError("bad") if x == "fail" else x, open=True, delay_s=0.01)

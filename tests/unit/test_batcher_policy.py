@@ -85,8 +85,6 @@ def test_submit_and_expect_validate_their_arguments():
         with pytest.raises(TypeError, match="num_tokens"):
             await batcher.submit("x", num_tokens=2.5)
         with pytest.raises(ValueError, match="deadline_s"):
-            await batcher.submit("x", num_tokens=1, deadline_s=0)
-        with pytest.raises(ValueError, match="deadline_s"):
             await batcher.submit("x", num_tokens=1, deadline_s=math.nan)
         for bad in (0, -2, 1.5, True):
             with pytest.raises(ValueError, match="flush_after"):

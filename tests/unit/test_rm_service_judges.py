@@ -113,8 +113,8 @@ async def test_a_withdrawn_sibling_lets_its_group_be_judged_without_waiting_for_
 @pytest.mark.asyncio
 async def test_a_deadline_that_passes_in_the_service_before_the_batcher_is_a_timeout(tiny_models, tiny_judges):
     """The actor loses its core between reading the deadline and asking the batcher (as on a loaded machine): the
-    trajectory gets ``RequestTimeoutError``, the error of a missed deadline, not the batcher's refusal of a deadline
-    already passed (a ``ValueError``, which the agent loop would take for a bug)."""
+    trajectory gets ``RequestTimeoutError``, the error of a missed deadline, counted in the step's figures like any
+    (not a ``ValueError``, which the agent loop would take for a bug)."""
     service, replica = service_of(tiny_models, tiny_judges, reward_kind="judge", judge_readout="generate")
     loop = asyncio.get_running_loop()
     t0 = loop.time()
@@ -124,6 +124,7 @@ async def test_a_deadline_that_passes_in_the_service_before_the_batcher_is_a_tim
         result = await service.score(trajectory("g", 0), 0.5)
     finally:
         del loop.time
+    figures = await service.end_step()
     await service._batcher.aclose()
-    assert isinstance(result, RequestTimeoutError) and "missed its deadline of 0.5 s" in str(result), repr(result)
-    assert replica.batches == []
+    assert isinstance(result, RequestTimeoutError) and "missed its deadline" in str(result), repr(result)
+    assert (figures["requests"], figures["scored"], figures["errors"]) == (1, 0, 1)

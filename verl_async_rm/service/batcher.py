@@ -67,7 +67,8 @@ class Batcher:
     async def submit(self, item: Any, *, num_tokens: int | None = None, deadline_s: float | None = None,
                      group: Any = None) -> Any:
         """Queue ``item``; return its result or raise its exception. ``num_tokens`` is required with
-        ``max_batch_tokens``; ``deadline_s`` (seconds from now, waiting or running; None or ``math.inf``: none);
+        ``max_batch_tokens``; ``deadline_s`` (seconds from now, waiting or running; None or ``math.inf``: none; 0 or
+        less: passed already, a caller's time left that ran out: the request times out at once, counted as any);
         ``group``: siblings' shared key (default: ``item.group``, as ``RMRequest`` has)."""
         if self._closed:
             self._stats.rejected += 1
@@ -84,8 +85,8 @@ class Batcher:
         elif self.policy.max_batch_tokens is not None:
             raise ValueError(f"submit(num_tokens=None) but max_batch_tokens={self.policy.max_batch_tokens}: pass the "
                              "item's length as num_tokens")
-        if deadline_s is not None and not deadline_s > 0:
-            raise ValueError(f"deadline_s must be > 0 seconds (None for none), got {deadline_s!r}")
+        if deadline_s is not None and math.isnan(deadline_s):
+            raise ValueError(f"deadline_s must be a number of seconds (None for none), got {deadline_s!r}")
         if self._task is None or self._task.done():  # (re)start the loop; the first submit binds the batcher to it
             loop = asyncio.get_running_loop()
             if self._loop is None:

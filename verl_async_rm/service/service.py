@@ -13,8 +13,8 @@ from typing import Any
 
 import ray
 
-from verl_async_rm.errors import (AsyncRMError, JudgeVerdictError, ReplicaLostError, RequestTimeoutError,
-                                  ResourcePoolError, RewardModelError, remote_cause)
+from verl_async_rm.errors import (AsyncRMError, JudgeVerdictError, ReplicaLostError, ResourcePoolError,
+                                  RewardModelError, remote_cause)
 from verl_async_rm.request import GroupRequest, RMRequest, ScoreResult
 from verl_async_rm.scoring.rm_config import RMConfig
 from verl_async_rm.scoring.scorer import ScorerStats
@@ -150,9 +150,6 @@ class RMService:
         retries = self._rm.judge_retries if self._rm.writes else 0
         for asked in range(retries + 1):
             left = None if end is None else end - loop.time()
-            if left is not None and left <= 0:  # it passed in this actor (a loaded machine), before the batcher
-                return RequestTimeoutError(f"RM service {self._name!r}: trajectory {request.uid} missed its deadline "
-                                           f"of {deadline_s:g} s before it reached the batcher")
             try:
                 result = await batcher.submit(request, num_tokens=request.num_tokens, deadline_s=left)
             except AsyncRMError as err:
