@@ -215,6 +215,18 @@ async def test_a_server_slower_than_the_deadline_times_out_naming_the_endpoint(s
 
 
 @pytest.mark.asyncio
+async def test_an_attempt_the_deadline_cuts_short_keeps_the_error_that_made_it_retry(servers):
+    """A 500, then an attempt still unanswered at the deadline: the timeout's cause is the 500, not the cut."""
+    upstream = servers(ScriptedUpstream())
+    proxy = servers(FaultProxy(upstream.url, FaultSchedule({0: Fault("server_error"), 1: Fault("delay", delay_s=30)})))
+    async with client_for(proxy.url) as client:
+        with pytest.raises(RequestTimeoutError, match=r"2 attempt\(s\) on .*ran out of time; last error: .*500") \
+                as info:
+            await chat(client, seconds=0.5)
+        assert isinstance(info.value.__cause__, EndpointError) and info.value.__cause__.status == 500
+
+
+@pytest.mark.asyncio
 async def test_retries_stop_at_the_deadline_with_the_last_error(servers):
     upstream = servers(ScriptedUpstream(lambda p: Raw(500, {"error": {"message": "engine died"}})))
     async with client_for(upstream.url, cooldown_s=60, backoff_s=0.01) as client:

@@ -7,7 +7,8 @@ honouring ``Retry-After`` (seconds or an HTTP date: the endpoint takes no reques
 last endpoint in service, the request that got it waits that long and the others go on), until the deadline; a wait
 that would end past it fails at once. Another 4xx, or a redirect, fails at once (:class:`EndpointError`, with
 the status and the server's message). A deadline miss is a ``RequestTimeoutError`` whose ``__cause__`` is the last
-failure; every wait (rate limits, backoff, each HTTP attempt) ends by the deadline.
+failure (the one that made it retry, where the deadline then cut an attempt short); every wait (rate limits,
+backoff, each HTTP attempt) ends by the deadline.
 
 Routing: the available endpoint with the fewest requests in flight (ties in turn), another one than the endpoint that
 just failed when there is one. :data:`MAX_FAILURES` consecutive failures (connection errors, 5xx, bad bodies; any
@@ -390,9 +391,10 @@ class EndpointClient:
             result = await self._attempt(ep, path, at_root, content, deadline, permit, attempts)
             if isinstance(result, Reply):
                 return dataclasses.replace(result, attempts=attempts, latency_s=loop.time() - t0, waits_s=tuple(waits))
+            if result.deadline:  # the cause: the error that made it retry (a 503, say), if one did
+                raise self._deadline_error(path, attempts, tried, last or result.error,
+                                           "the last attempt ran out of time")
             last, avoid = result.error, ep
-            if result.deadline:
-                raise self._deadline_error(path, attempts, tried, last, "the last attempt ran out of time")
             if result.retry_after is not None:  # the endpoint takes no request before then; the last one in service
                 until = loop.time() + result.retry_after  # stays in, and this request alone waits
                 if not self._take_out(ep, until, "retry-after"):
