@@ -40,6 +40,11 @@ RAY_QUIET = {
 for _key, _value in RAY_QUIET.items():
     os.environ.setdefault(_key, _value)
 
+#: Ray starts two idle workers when the first driver connects (a cluster of 8 CPUs here, Ray 2.60), for the first
+#: tasks; the tests' and verl's actors start workers of their own and those two stay idle until the cluster stops,
+#: each a process that imported Ray (~1 CPU-s). The suite starts a dozen clusters (its own, the program runs').
+os.environ.setdefault("RAY_prestart_worker_first_driver", "0")
+
 #: vLLM wraps a few sampler helpers in ``torch.compile`` (``compiled_random_sample``, ``batched_count_greater_than``:
 #: inductor on CPU) even with ``enforce_eager``: each engine process that samples imports inductor and traces them,
 #: and a fresh machine compiles their C++ first. The tests check what is sampled and scored, not how fast: the helpers
@@ -128,11 +133,14 @@ def require_vllm() -> None:
 
 
 #: The Ray cluster shapes the tests use (their modules run together, :data:`ORDER`): a cluster is started once per
-#: shape and shared by every module of that shape, not once per module.
+#: shape and shared by every module of that shape, not once per module. ``ray_wide`` and ``vllm_ray`` are one shape,
+#: so that their modules (in a row) share one cluster, with its TransferQueue, generation server and load balancer;
+#: the two names say what each module needs of it.
+_WIDE = {"num_cpus": 16, "num_gpus": 2}
 CLUSTERS = {
     "ray_local": {"num_cpus": 8, "num_gpus": 0},  # most modules
-    "ray_wide": {"num_cpus": 16, "num_gpus": 0},  # room for eight one-replica pools
-    "vllm_ray": {"num_cpus": 16, "num_gpus": 2},  # logical GPUs: verl's vLLM rollout and served RM ask for them
+    "ray_wide": _WIDE,  # room for eight one-replica pools
+    "vllm_ray": _WIDE,  # logical GPUs: verl's vLLM rollout and served RM ask for them
 }
 
 
@@ -200,7 +208,8 @@ def ray_local():
 
 @pytest.fixture(scope="module")
 def ray_wide():
-    """A local Ray cluster of 16 logical CPUs (room for eight one-replica pools; the models are tiny)."""
+    """A local Ray cluster of 16 logical CPUs (room for eight one-replica pools; the models are tiny), the
+    ``vllm_ray`` cluster."""
     yield ray_cluster("ray_wide")
 
 

@@ -6,8 +6,9 @@
 - a replica does not answer within batch_timeout_s: its trajectories fail with RequestTimeoutError on time, and the
   replica gets no new batch until its call has answered (or is killed and replaced if it stays silent init_timeout_s).
 
-Each test starts its own 2-replica service (it kills replicas), found by the actor names ``describe()`` gives. Waits are
-bounded (hang detectors, not speed checks).
+Each test starts its own service (it kills replicas): two replicas where the test is about the others, one where a
+single replica shows it (each replica is a process that imports verl and loads the RM: seconds of a 2-core machine).
+Replicas are found by the actor names ``describe()`` gives. Waits are bounded (hang detectors, not speed checks).
 """
 
 from __future__ import annotations
@@ -146,8 +147,8 @@ def test_with_every_replica_dead_and_none_replaceable_waiters_fail_at_once(rm_co
 def test_a_replica_past_batch_timeout_fails_its_batch_on_time_and_is_not_reused_until_it_answers(
     rm_config, policy_tok
 ):
-    # A timeout no real call can meet: every batch times out, and each replica stays late until its call ends.
-    service = service_for(rm_config, BatchPolicy(max_batch_size=4, max_wait_ms=0, batch_timeout_s=1e-4),
+    # A timeout no real call can meet: every batch times out, and the replica stays late until its call ends.
+    service = service_for(dataclasses.replace(rm_config, n_gpus_per_node=1), BatchPolicy(max_batch_size=4, max_wait_ms=0, batch_timeout_s=1e-4),
                           replace=False)  # a timed-out call gets init_timeout_s (120 s) to answer
     reqs = requests(policy_tok, 4, "d")
 
@@ -161,8 +162,8 @@ def test_a_replica_past_batch_timeout_fails_its_batch_on_time_and_is_not_reused_
         outcomes, stats = asyncio.run(main())
         assert all(isinstance(o, RequestTimeoutError) and "batch_timeout_s" in str(o) for o in outcomes), outcomes
         assert stats["timed_out"] == 4 and stats["replicas_timed_out_total"] == stats["batches"] >= 1
-        # the replicas' calls end (the RM is fast): they take batches again; nothing was lost
-        settled = asyncio.run(wait_stats(service, lambda s: s["replicas_free"] == 2, "late replicas back"))
+        # the replica's calls end (the RM is fast): it takes batches again; nothing was lost
+        settled = asyncio.run(wait_stats(service, lambda s: s["replicas_free"] == 1, "the late replica back"))
     finally:
         stop(service)
     assert settled["replicas_lost"] == 0 and settled["replicas_timed_out"] == 0
@@ -173,14 +174,14 @@ def test_a_replica_silent_past_its_grace_is_killed_and_replaced(rm_config, polic
     # fails at batch_timeout_s; the replica gets init_timeout_s more to answer, then counts as lost: killed and replaced.
     # init_timeout_s is also the replacement's time to load: 20 s was once too short for this 2-core machine under the
     # suite's load (the replacement failed, nothing was replaced); 45 s leaves it room.
-    cfg = dataclasses.replace(rm_config, init_timeout_s=45)
+    cfg = dataclasses.replace(rm_config, init_timeout_s=45, n_gpus_per_node=1)
     service = service_for(cfg, BatchPolicy(max_batch_size=4, max_wait_ms=0, batch_timeout_s=1.0), replace=True)
     reqs = requests(policy_tok, 1, "e")
     frozen: list[int] = []
 
     async def main():
         before = await replicas(service)
-        pid = (await service.describe.remote())[0]["pid"]  # replica 0 takes the first batch (the oldest free replica)
+        pid = (await service.describe.remote())[0]["pid"]  # the one replica takes the batch
         os.kill(pid, signal.SIGSTOP)
         frozen.append(pid)
         outcome = await asyncio.gather(score_with_timeout(service, reqs[0], timeout_s=HANG_S), return_exceptions=True)
