@@ -1,9 +1,9 @@
 """verl's own vLLM-served RM, and the plugin's remote outcome RM at verl's served vLLM server, on the same trajectories
-as the plugin's transformers replicas.
+as the plugin's transformers scorer.
 
-One manager step of verl's v1 agent loop (the stubbed fit loop, :class:`~verl_async_rm.testing.v1.V1FitLoop`, on the
-cluster's synthetic generation server) scores every trajectory with the main RM on transformers, re-rendering the
-trajectory with the RM's own chat template (``retemplate=always``). Then one engine of verl's served RM
+The plugin scores the trajectories (the tiny policy's chat prompts and written answers) with the main RM on
+transformers, re-rendering each with the RM's own chat template (``retemplate=always``), in this process: the scorer
+an RM replica runs (through the manager: every manager module). Then one engine of verl's served RM
 (``compute_score_disrm``) scores the same trajectories, and the plugin's remote outcome RM (``endpoint``) scores them at
 that engine's vLLM server. The cluster has logical GPUs because verl's served RM asks for one. The plugin's replicas on
 vLLM (``engine=vllm``): through the manager ``test_tp_replicas.py``, against transformers ``test_vllm_engine.py``. The
@@ -19,53 +19,53 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from manager_cases import RM_W, RULE_W, running_manager
 from rm_cases import remote_scores
 from trainer_cases import rm_reference
 
-pytestmark = pytest.mark.integration
+from verl_async_rm.request import RMRequest
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("vllm_ray")]  # one cluster: verl's served RM
 
 QUESTIONS = ["how many apples are left?", "what is the total cost?", "what is its speed?", "how many eggs?"]
-N = 2  # rollout.n (manager_cases)
+ANSWERS = ["There are 7 apples left.", "It costs 12 dollars.", "About 40 miles an hour, I think.", "A dozen eggs"]
 
 
 @pytest.fixture(scope="module")
-def step(vllm_ray, tiny_models):
-    """One v1 step, the main RM on transformers."""
-    from verl_async_rm.testing.v1 import V1FitLoop, prompt_batch
-
-    with running_manager(vllm_ray, tiny_models, "v1", "+async_rm.retemplate=always") as (manager, config):
-        prompts = prompt_batch(QUESTIONS)
-        batch = V1FitLoop(config, manager).train_step(prompts)
-        batch.questions = dict(zip(list(prompts["uid"]), QUESTIONS, strict=True))  # uid -> question
-    return batch
-
-
-def _raw_prompt(batch, i):
-    """The trajectory's prompt messages (its key is ``{uid}_{session}_{index}``)."""
-    return [{"role": "user", "content": batch.questions[str(batch.keys[i]).split("_")[0]]}]
-
-
-def test_the_plugin_scores_every_trajectory_as_transformers(step, tiny_models):
+def trajectories(tiny_models) -> list[RMRequest]:
+    """Two answers to each question, each ending in the policy's EOS, as the policy's chat prompt and ids."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(tiny_models.policy)
-    rm = rm_reference(tiny_models.rm, tiny_models.policy)
-    assert len(step.keys) == N * len(QUESTIONS)
-    for i in range(len(step.keys)):
-        response = step.data["responses"][i].tolist()
-        info = step.reward_extra_info(i)
-        expected_rm = rm(_raw_prompt(step, i), response)
-        expected_rule = (len(tok.decode(response, skip_special_tokens=True)) % 7) / 7.0
-        assert float(info["rm_score_main"]) == pytest.approx(expected_rm, abs=1e-4)
-        assert float(info["rule_score"]) == pytest.approx(expected_rule, abs=1e-6)
-        assert step.reward(i) == pytest.approx(RM_W * expected_rm + RULE_W * expected_rule, abs=1e-4)
-    assert step.metrics["async_rm/errors"] == 0 and step.metrics["async_rm/scored"] == len(step.keys)
-    assert len({round(float(step.reward_extra_info(i)["rm_score_main"]), 4) for i in range(len(step.keys))}) > 1
+    out = []
+    for q, question in enumerate(QUESTIONS):
+        raw_prompt = [{"role": "user", "content": question}]
+        prompt_ids = tok.apply_chat_template(raw_prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
+        for a in (q, (q + 1) % len(ANSWERS)):
+            response_ids = [*tok(ANSWERS[a], add_special_tokens=False)["input_ids"], tok.eos_token_id]
+            out.append(RMRequest(uid=f"q{q}/{a}", raw_prompt=raw_prompt, prompt_ids=list(prompt_ids),
+                                 response_ids=response_ids))
+    return out
 
 
 @pytest.fixture(scope="module")
-def served(step, tiny_models):
+def plugin(tiny_models, trajectories) -> list[float]:
+    """The plugin's scores: its transformers scorer (an RM replica's), re-rendering every trajectory."""
+    from verl_async_rm.scoring.rm_config import RMConfig
+    from verl_async_rm.scoring.scorer import RewardModelScorer
+
+    config = RMConfig(model_path=str(tiny_models.rm), policy_tokenizer_path=str(tiny_models.policy), use_gpu=False,
+                      retemplate="always")
+    return [float(score) for score in RewardModelScorer(config).score(trajectories)]
+
+
+def test_the_plugin_scores_every_trajectory_as_transformers(plugin, trajectories, tiny_models):
+    rm = rm_reference(tiny_models.rm, tiny_models.policy)
+    assert plugin == pytest.approx([rm(t.raw_prompt, t.response_ids) for t in trajectories], abs=1e-4)
+    assert len({round(score, 4) for score in plugin}) > 1  # the trajectories are told apart
+
+
+@pytest.fixture(scope="module")
+def served(vllm_ray, tiny_models):
     """verl's own served RM (one vLLM pooling engine behind verl's reward router) of the tiny RM."""
     from verl_async_rm.demo.served_rm import start_served_rm, stop_served_rm
     from verl_async_rm.testing import compose_trainer_config
@@ -80,17 +80,16 @@ def served(step, tiny_models):
         stop_served_rm(manager)
 
 
-def test_verls_served_rm_scores_the_same_trajectories_as_the_plugin(step, served):
+def test_verls_served_rm_scores_the_same_trajectories_as_the_plugin(served, trajectories, plugin):
     """verl's own served RM (vLLM pooling, ``compute_score_disrm``) on each trajectory the plugin scored."""
     import ray
     from verl.protocol import DataProto
 
-    batch = step
     worker = served.reward_loop_workers[0]
-    for i in range(len(batch.keys)):
-        prompt, response = batch.data["prompts"][i], batch.data["responses"][i]
+    for i, t in enumerate(trajectories):
+        prompt, response = torch.tensor(t.prompt_ids), torch.tensor(t.response_ids)
         raw = np.empty(1, dtype=object)
-        raw[0] = _raw_prompt(batch, i)
+        raw[0] = t.raw_prompt
         data = DataProto.from_dict(
             tensors={"prompts": prompt[None], "responses": response[None],
                      "input_ids": torch.cat([prompt, response])[None],
@@ -98,25 +97,20 @@ def test_verls_served_rm_scores_the_same_trajectories_as_the_plugin(step, served
             non_tensors={"raw_prompt": raw, "data_source": np.array(["tiny"], dtype=object),
                          "reward_model": np.array([{"ground_truth": "42"}], dtype=object)})
         served_score = ray.get(worker.compute_score.remote(data), timeout=120)["reward_score"]
-        assert float(batch.reward_extra_info(i)["rm_score_main"]) == pytest.approx(served_score, abs=1e-4), i
-    assert len(ray.get(worker.pop_calls.remote(), timeout=60)) == len(batch.keys)
+        assert plugin[i] == pytest.approx(served_score, abs=1e-4), t.uid
+    assert len(ray.get(worker.pop_calls.remote(), timeout=60)) == len(trajectories)
 
 
-def test_the_plugins_remote_rm_at_verls_served_vllm_server_scores_as_the_plugin(step, served, tiny_models):
+def test_the_plugins_remote_rm_at_verls_served_vllm_server_scores_as_the_plugin(served, trajectories, plugin,
+                                                                                  tiny_models):
     """The plugin's remote outcome RM (``endpoint``: vLLM's ``/classify``, the start-up check's ``/v1/models``)
     pointed at the vLLM server of verl's served RM (vLLM's own OpenAI-compatible app): each trajectory's score
-    equals the transformers replicas' (the same re-rendering, ``retemplate=always``)."""
-    from verl_async_rm.request import RMRequest
+    equals the transformers scorer's (the same re-rendering, ``retemplate=always``)."""
     from verl_async_rm.scoring.rm_config import RMConfig
 
-    batch = step
     [address] = served.reward_model_manager.server_addresses
     config = RMConfig(model_path=str(tiny_models.rm), policy_tokenizer_path=str(tiny_models.policy), use_gpu=False,
                       retemplate="always", endpoint=f"http://{address}/v1")
-    requests = [RMRequest(uid=f"t{i}", raw_prompt=_raw_prompt(batch, i), prompt_ids=batch.data["prompts"][i].tolist(),
-                          response_ids=batch.data["responses"][i].tolist()) for i in range(len(batch.keys))]
-
-    remote, figures = remote_scores(config, requests)
-    plugin = [float(batch.reward_extra_info(i)["rm_score_main"]) for i in range(len(batch.keys))]
+    remote, figures = remote_scores(config, trajectories)
     assert remote == pytest.approx(plugin, abs=1e-3)
-    assert figures["scored"] == len(requests) and figures["errors"] == 0
+    assert figures["scored"] == len(trajectories) and figures["errors"] == 0
