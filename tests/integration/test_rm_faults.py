@@ -6,16 +6,15 @@
 - a replica does not answer within batch_timeout_s: its trajectories fail with RequestTimeoutError on time, and the
   replica gets no new batch until its call has answered (or is killed and replaced if it stays silent init_timeout_s).
 
-Each test starts its own service (it kills replicas): two replicas where the test is about the others, one where a
-single replica shows it (each replica is a process that imports verl and loads the RM: seconds of a 2-core machine).
-Replicas are found by the actor names ``describe()`` gives. Waits are bounded (hang detectors, not speed checks).
+The first two tests start a service of two replicas each (they kill replicas); the last two share one of one replica
+(each replica is a process that imports verl and loads the RM: seconds of a 2-core machine). Replicas are found by
+the actor names ``describe()`` gives. Waits are bounded (hang detectors, not speed checks).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import os
 import signal
 import time
@@ -144,13 +143,23 @@ def test_with_every_replica_dead_and_none_replaceable_waiters_fail_at_once(rm_co
     assert stats["replicas_lost"] == 2 and stats["completed"] == 0
 
 
+@pytest.fixture(scope="module")
+def late_service(ray_local, tiny_models):
+    """One replica and a batch timeout no real call can meet (every batch times out; the replica stays late until its
+    call ends): the last two tests in turn, a replica late and then one silent. A late replica's call gets
+    ``init_timeout_s`` to answer before the replica counts as lost, which is also a replacement's time to load: 20 s
+    was once too short for this 2-core machine under the suite's load (the replacement failed); 45 s leaves it room."""
+    cfg = RMConfig(model_path=str(tiny_models.rm), policy_tokenizer_path=str(tiny_models.policy), use_gpu=False,
+                   n_gpus_per_node=1, nnodes=1, placement_timeout_s=60, init_timeout_s=45)
+    service = service_for(cfg, BatchPolicy(max_batch_size=4, max_wait_ms=0, batch_timeout_s=1e-4), replace=True)
+    yield service
+    stop(service)
+
+
 def test_a_replica_past_batch_timeout_fails_its_batch_on_time_and_is_not_reused_until_it_answers(
-    rm_config, policy_tok
+    late_service, policy_tok
 ):
-    # A timeout no real call can meet: every batch times out, and the replica stays late until its call ends.
-    service = service_for(dataclasses.replace(rm_config, n_gpus_per_node=1), BatchPolicy(max_batch_size=4, max_wait_ms=0, batch_timeout_s=1e-4),
-                          replace=False)  # a timed-out call gets init_timeout_s (120 s) to answer
-    reqs = requests(policy_tok, 4, "d")
+    service, reqs = late_service, requests(policy_tok, 4, "d")
 
     async def main():
         outcomes = await asyncio.gather(
@@ -158,45 +167,39 @@ def test_a_replica_past_batch_timeout_fails_its_batch_on_time_and_is_not_reused_
         )
         return outcomes, await service.stats.remote()
 
-    try:
-        outcomes, stats = asyncio.run(main())
-        assert all(isinstance(o, RequestTimeoutError) and "batch_timeout_s" in str(o) for o in outcomes), outcomes
-        assert stats["timed_out"] == 4 and stats["replicas_timed_out_total"] == stats["batches"] >= 1
-        # the replica's calls end (the RM is fast): it takes batches again; nothing was lost
-        settled = asyncio.run(wait_stats(service, lambda s: s["replicas_free"] == 1, "the late replica back"))
-    finally:
-        stop(service)
-    assert settled["replicas_lost"] == 0 and settled["replicas_timed_out"] == 0
+    outcomes, stats = asyncio.run(main())
+    assert all(isinstance(o, RequestTimeoutError) and "batch_timeout_s" in str(o) for o in outcomes), outcomes
+    assert stats["timed_out"] == 4 and stats["replicas_timed_out_total"] == stats["batches"] >= 1
+    # the replica's calls end (the RM is fast): it takes batches again; nothing was lost or replaced
+    settled = asyncio.run(wait_stats(service, lambda s: s["replicas_free"] == 1, "the late replica back"))
+    assert settled["replicas_lost"] == settled["replicas_timed_out"] == settled["replicas_replaced_total"] == 0
 
 
-def test_a_replica_silent_past_its_grace_is_killed_and_replaced(rm_config, policy_tok):
+def test_a_replica_silent_past_its_grace_is_killed_and_replaced(late_service, policy_tok):
     # A replica that really stops answering: its process is frozen (SIGSTOP) before the batch reaches it. The batch
     # fails at batch_timeout_s; the replica gets init_timeout_s more to answer, then counts as lost: killed and replaced.
-    # init_timeout_s is also the replacement's time to load: 20 s was once too short for this 2-core machine under the
-    # suite's load (the replacement failed, nothing was replaced); 45 s leaves it room.
-    cfg = dataclasses.replace(rm_config, init_timeout_s=45, n_gpus_per_node=1)
-    service = service_for(cfg, BatchPolicy(max_batch_size=4, max_wait_ms=0, batch_timeout_s=1.0), replace=True)
-    reqs = requests(policy_tok, 1, "e")
+    service, reqs = late_service, requests(policy_tok, 1, "e")
     frozen: list[int] = []
 
     async def main():
+        start = await service.stats.remote()
         before = await replicas(service)
         pid = (await service.describe.remote())[0]["pid"]  # the one replica takes the batch
         os.kill(pid, signal.SIGSTOP)
         frozen.append(pid)
         outcome = await asyncio.gather(score_with_timeout(service, reqs[0], timeout_s=HANG_S), return_exceptions=True)
         replaced = await wait_stats(service, lambda s: s["replicas_replaced_total"] >= 1, "a replica replaced")
-        return outcome[0], replaced, before, await replicas(service)
+        return outcome[0], start, replaced, before, await replicas(service)
 
     try:
-        outcome, replaced, before, after = asyncio.run(main())
+        outcome, start, replaced, before, after = asyncio.run(main())
     finally:
         for pid in frozen:  # let a frozen replica that was not killed go on, so that it can be stopped
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
-        stop(service)
     assert isinstance(outcome, RequestTimeoutError) and "batch_timeout_s" in str(outcome), outcome
-    assert replaced["replicas_lost_total"] == 1 and replaced["replicas_timed_out_total"] == 1
+    assert replaced["replicas_lost_total"] - start["replicas_lost_total"] == 1
+    assert replaced["replicas_timed_out_total"] - start["replicas_timed_out_total"] == 1
     assert [w for w in before if w not in after] == [before[0]], "the frozen replica was swapped for a new one"
     with pytest.raises(ray.exceptions.RayActorError):  # the silent replica was killed, not left running
         ray.get(before[0].describe.remote(), timeout=60)
