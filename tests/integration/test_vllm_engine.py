@@ -2,8 +2,9 @@
 
 Real parts throughout: RM services on the local Ray cluster, a replica that runs a vLLM engine in its own process,
 the tiny RM (head dimension 32). Every score is compared with a plain transformers forward of the same ids (fp32,
-1e-4). The faults are real too: a row whose RM score is NaN (the NaN-RM's ``</s>``), a copy of the RM that vLLM pools differently (a sentence-transformers mean-pooling config, which vLLM honours
-and transformers ignores), and a copy vLLM's CPU attention cannot run (head dimension 16).
+1e-4). The faults are real too: a row whose RM score is NaN (the NaN-RM's ``</s>``), a copy of the RM that vLLM
+pools differently (a sentence-transformers mean-pooling config, which vLLM honours and transformers ignores), and a
+copy vLLM's CPU attention cannot run (head dimension 16).
 
 These tests skip with the reason where vLLM cannot run; ``VERL_ASYNC_RM_REQUIRE_VLLM=1`` (set by ``.ci/run``) turns
 that skip into a failure.
