@@ -76,13 +76,18 @@ def test_a_logits_judge_at_the_endpoint_scores_as_the_local_readout(judge_server
 
 def test_a_generate_judge_at_the_endpoint_writes_what_transformers_greedy_writes(judge_server, tiny_models,
                                                                                 tiny_judges, policy_tok):
+    """Each verdict is what the plugin reads from transformers' greedy ``generate`` of the same judge prompt (the
+    reading a local ``generate`` judge on vLLM does too: ``JudgeGenerateKind.read``); the pattern accepts only a
+    first digit of 0-4, so some replies do not read, and each of those fails its own trajectory alone, naming it and
+    quoting the reply, and is counted."""
     from transformers import AutoModelForCausalLM
 
+    from verl_async_rm.errors import JudgeVerdictError
     from verl_async_rm.scoring.judge import JudgeGenerateKind
     from verl_async_rm.scoring.rm_config import kind_class
 
     config = judge_config(tiny_models, tiny_judges, None, judge_readout="generate", judge_max_tokens=6,
-                          judge_pattern="^([0-9])")
+                          judge_pattern="^([0-4])")
     requests = trajectories(policy_tok)
     from transformers import AutoConfig, AutoTokenizer
 
@@ -97,9 +102,21 @@ def test_a_generate_judge_at_the_endpoint_writes_what_transformers_greedy_writes
         with torch.no_grad():
             out = model.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False)
         expected.append(kind.read(request, _Generated(kind.rm_tokenizer.decode(out[0, len(ids):])), None))
-    remote, _ = remote_scores(judge_config(tiny_models, tiny_judges, judge_server.url, judge_readout="generate",
-                                           judge_max_tokens=6, judge_pattern="^([0-9])"), requests)
-    assert all(isinstance(v, Verdict) for v in expected) and remote == expected
+    remote, figures = remote_scores(judge_config(tiny_models, tiny_judges, judge_server.url,
+                                                 judge_readout="generate", judge_max_tokens=6,
+                                                 judge_pattern="^([0-4])"), requests)
+    assert {isinstance(v, Verdict) for v in expected} == {True, False}  # both kinds are in the batch
+    for request, got, want in zip(requests, remote, expected, strict=True):
+        if isinstance(want, Verdict):
+            assert got == want, request.uid
+        else:
+            assert isinstance(got, JudgeVerdictError), (request.uid, got)
+            # the same trajectory, reason and reply's end (the judge is named by its endpoint there)
+            assert isinstance(want, JudgeVerdictError) and f"trajectory {request.uid}: " in str(got)
+            assert str(got).split("trajectory ", 1)[1] == str(want).split("trajectory ", 1)[1], request.uid
+    failed = sum(not isinstance(v, Verdict) for v in expected)
+    assert (figures["judge_parse_failures"], figures["errors"], figures["scored"]) == \
+        (failed, failed, len(requests) - failed)
 
 
 class _Generated:

@@ -1,6 +1,7 @@
 """Judge RMs in-process (no Ray): the judge keys' checks, verdict parsing, and the ``logits`` readout against a plain
 transformers forward of the same judge prompt (fp32, 1e-4), padded and packed. The ``generate`` readout runs on real
-vLLM in ``tests/integration/test_judge_rms.py``."""
+vLLM: a local judge in ``tests/integration/test_tp_replicas.py``, one at vLLM's server (an unparseable verdict
+included) in ``tests/integration/test_remote_rms.py``."""
 
 from __future__ import annotations
 
