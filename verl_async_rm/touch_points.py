@@ -489,11 +489,11 @@ TOUCH_POINTS: tuple[TouchPoint, ...] = (
        "the class default 3 is `global_pool`'s (no verl caller passes another; PR #7307 would): an RM on the policy's "
        "GPUs takes 1/3 of a bundle", (_CHECKS, "service/policy_pool.py"), _colocate_count),
     _P("worker-group", f"{_BASE}:RayWorkerGroup, RayClassWithInitArgs",
-       "`RayWorkerGroup(resource_pool=, name_prefix=, ray_cls_with_init=, device_name=, master_addr=, master_port=)`, "
-       "`workers`, `_master_addr`/`_master_port`; `RayClassWithInitArgs(cls=, config=)`", (_PLACE,),
+       "`RayWorkerGroup(resource_pool=, name_prefix=, ray_cls_with_init=, device_name=)`, `workers`, `name_prefix`; "
+       "`RayClassWithInitArgs(cls=, config=)`", (_PLACE,),
        _all(_sig(f"{_BASE}:RayWorkerGroup", resource_pool=None, name_prefix="x", ray_cls_with_init=None,
-                 device_name="cpu", master_addr=None, master_port=None), _attrs(f"{_BASE}:RayWorkerGroup", "workers"),
-            _mentions(_BASE, "RayWorkerGroup.__init__", "_master_addr", "_master_port", "name_prefix", stored=True),
+                 device_name="cpu"), _attrs(f"{_BASE}:RayWorkerGroup", "workers"),
+            _mentions(_BASE, "RayWorkerGroup.__init__", "name_prefix", stored=True),
             _sig(f"{_BASE}:RayClassWithInitArgs", cls=object, config=None),
             _sig(f"{_BASE}:RayClassWithInitArgs.set_additional_resource", "self", {}),
             _sig(f"{_BASE}:RayClassWithInitArgs.update_options", "self", {}))),

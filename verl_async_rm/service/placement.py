@@ -163,14 +163,13 @@ def shutdown_rm_worker_group(wg: RayWorkerGroup) -> None:
 
 
 def replica_group(pool: RMResourcePool | PolicyPool, config: RMConfig, *, name_prefix: str | None,
-                  index: int | None = None, master: tuple[str, str] | None = None) -> RayWorkerGroup:
+                  index: int | None = None) -> RayWorkerGroup:
     """The one way a replica is spawned: a ``RayWorkerGroup`` of :class:`RMReplica` of every bundle, or of bundle
-    ``index`` alone (a replacement; ``master``: the rm_wg's address). Creates the actors without waiting for them."""
+    ``index`` alone (a replacement). Creates the actors without waiting for them."""
     sub = None if index is None else SubRayResourcePool(
         placement_groups=sort_placement_group_by_node_ip(pool.pgs), start_bundle_index=index, subgroup_world_size=1,
         process_on_nodes=pool.store, use_gpu=pool.use_gpu, max_colocate_count=pool.max_colocate_count,
         name_prefix=name_prefix)
-    addr, port = master or (None, None)
     replica = RayClassWithInitArgs(cls=ray.remote(RMReplica), config=config)
     if config.on_vllm and config.gpus_per_replica > 1:
         # the replica's actor holds its whole bundle: vLLM's tensor-parallel ranks are its processes, on those k
@@ -184,7 +183,7 @@ def replica_group(pool: RMResourcePool | PolicyPool, config: RMConfig, *, name_p
         else:
             replica.update_options({"num_cpus": k})
     return RayWorkerGroup(resource_pool=sub or pool, name_prefix=name_prefix, ray_cls_with_init=replica,
-                          device_name=get_device_name() if pool.use_gpu else "cpu", master_addr=addr, master_port=port)
+                          device_name=get_device_name() if pool.use_gpu else "cpu")
 
 
 class ReplicaFactory:
@@ -196,7 +195,6 @@ class ReplicaFactory:
         self.config = config
         self.pool = worker_group.resource_pool
         self.bundles = self.pool.replica_bundles()  # replica i's bundle, in the worker group's rank order
-        self.master = (worker_group._master_addr, worker_group._master_port)
         self.name_prefix = f"{worker_group.name_prefix}replacement_{uuid.uuid4().hex[:6]}_"
         self.made = 0
 
@@ -204,8 +202,7 @@ class ReplicaFactory:
         """Kill what is left of ``old``, start a replica in bundle ``index`` and wait until its RM is loaded."""
         kill_quietly(old)
         self.made += 1
-        group = replica_group(self.pool, self.config, name_prefix=f"{self.name_prefix}{self.made}_", index=index,
-                              master=self.master)
+        group = replica_group(self.pool, self.config, name_prefix=f"{self.name_prefix}{self.made}_", index=index)
         replica = group.workers[0]
         try:
             info = await asyncio.wait_for(asyncio.wrap_future(replica.init_model.remote(self.bundles[index]).future()),
