@@ -142,9 +142,9 @@ def test_release_reconciles_the_reservation_with_the_usage_reported():
         permit = await limiter.acquire(1000, math.inf)
         permit.release(400)  # used less than reserved: 600 credited
         assert available() == 5600 and limiter.stats()["tokens_credited"] == 600
-        permit = await limiter.acquire(1000, math.inf)
-        permit.release(6500)  # used more: 5500 debited, the bucket goes below zero
-        assert available() == -900 and limiter.stats()["tokens_debited"] == 5500
+        permit = await limiter.acquire(2000, math.inf)
+        permit.release(6500)  # used more: 4500 debited, the bucket goes below zero
+        assert available() == -900 and limiter.stats()["tokens_debited"] == 4500
         permit = await limiter.acquire(100, math.inf)  # waits for 1000 tokens: 10 s
         assert loop.time() == 10.0 and available() == 0
         permit.release(None)  # not known: the reservation stands
@@ -206,5 +206,30 @@ def test_bad_token_counts_are_refused():
     async def main():
         with pytest.raises(ValueError, match="tokens"):
             await Limiter().acquire(-1, 1.0)
+
+    run_virtual(main)
+
+
+def test_a_bogus_usage_counts_at_most_four_times_the_reservation_and_a_non_count_is_ignored():
+    """A usage of 10**9 tokens is debited 4x the reservation at most (debited whole, it would hold the bucket 10^9
+    tokens below zero: days of waiting for every later request), and a usage that is not an integer >= 0 (a float, a
+    bool, a negative number, text) leaves the reservation as it stands."""
+    async def main():
+        limiter = Limiter(RateLimits(max_tpm=6000))  # 100 tokens per second
+        loop = asyncio.get_running_loop()
+        available = lambda: limiter.stats()["tokens_available"]  # noqa: E731
+        permit = await limiter.acquire(1000, math.inf)
+        counted = permit.release(10**9)
+        assert available() == 6000 - 4000 and limiter.stats()["tokens_debited"] == 3000
+        assert counted == 4000  # 4 x the 1000 reserved
+        assert permit.release(10**9) is None  # a second release does nothing
+        permit = await limiter.acquire(3000, math.inf)  # 2000 available: waits 10 s for 1000 more, not days
+        assert loop.time() == 10.0 and available() == 0
+        for bogus in (1e9, 1.5, True, -5, "700"):  # not counts: the reservation stands
+            assert permit.release(bogus) is None  # type: ignore[arg-type]
+            assert available() == 0
+            permit = await limiter.acquire(0, math.inf)
+        stats = limiter.stats()
+        assert (stats["tokens_debited"], stats["tokens_credited"], stats["in_flight"]) == (3000, 0, 1)
 
     run_virtual(main)

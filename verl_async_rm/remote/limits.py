@@ -15,7 +15,9 @@ Bucket capacities, the burst allowed after an idle spell (both buckets start ful
 
 A request reserves what it really sends plus its max output tokens before it is sent; :meth:`Permit.release`
 reconciles the reservation with the usage the server reports (the bucket may go below zero: later requests wait
-longer). Waiters are served first come, first served, each until its deadline at most."""
+longer). A usage counts at most :data:`USAGE_CAP` times the reservation, and one that is not a count (a float, a bool,
+a negative number) is ignored: one bogus figure must not stall the job. Waiters are served first come, first served,
+each until its deadline at most."""
 
 from __future__ import annotations
 
@@ -29,12 +31,15 @@ from typing import Any
 
 from verl_async_rm.errors import RequestTimeoutError, TokenLimitError
 
-__all__ = ["RateLimits", "TokenBucket", "Limiter", "Permit"]
+__all__ = ["RateLimits", "TokenBucket", "Limiter", "Permit", "USAGE_CAP"]
 
 logger = logging.getLogger(__name__)
 
 #: A timer may fire up to one clock tick early: a bucket this close to ready counts as ready.
 _CLOCK_RESOLUTION = time.get_clock_info("monotonic").resolution
+#: A reported usage counts at most this many times the request's reservation (its estimate): a real count is near the
+#: estimate, while one bogus figure (10^9 prompt tokens) would hold the tokens/min bucket below zero for days.
+USAGE_CAP = 4
 
 
 @dataclass(frozen=True)
@@ -87,14 +92,16 @@ class Permit:
     def __init__(self, limiter: Limiter, tokens: int) -> None:
         self.tokens, self._limiter, self._released = tokens, limiter, False
 
-    def release(self, used_tokens: int | None = None) -> None:
+    def release(self, used_tokens: int | None = None) -> int | None:
         """Give the concurrency slot back and reconcile the reservation (once; later calls do nothing).
         ``used_tokens``: the server's count (prompt plus completion: the difference is debited or credited); 0 when
-        the server processed nothing (a 429, a refused connection); None to keep the reservation (not known)."""
+        the server processed nothing (a 429, a refused connection); None to keep the reservation (not known). Returns
+        the tokens counted: ``used_tokens``, at most :data:`USAGE_CAP` times the reservation; None when the
+        reservation stands (no count, one that is not an integer >= 0, or a second call)."""
         if self._released:
-            return
+            return None
         self._released = True
-        self._limiter._release(self, used_tokens)
+        return self._limiter._release(self, used_tokens)
 
     def __enter__(self) -> Permit:
         return self
@@ -238,11 +245,14 @@ class Limiter:
             self._waiters.popleft()
             waiter.future.set_result(self._grant(waiter.tokens, now))
 
-    def _release(self, permit: Permit, used_tokens: int | None) -> None:
+    def _release(self, permit: Permit, used_tokens: int | None) -> int | None:
         self._in_flight -= 1
-        if used_tokens is not None and self._tokens is not None:
+        counted = None
+        if not isinstance(used_tokens, bool) and isinstance(used_tokens, int) and used_tokens >= 0:
+            counted = min(used_tokens, USAGE_CAP * permit.tokens)
+        if counted is not None and self._tokens is not None:
             now = self._loop.time()  # type: ignore[union-attr]
-            diff = used_tokens - permit.tokens
+            diff = counted - permit.tokens
             if diff > 0:
                 self._tokens.take(diff, now)
                 self._tokens_debited += diff
@@ -251,6 +261,7 @@ class Limiter:
                 self._tokens_credited += -diff
         if self._waiters:
             self._pump()
+        return counted
 
     def _expire(self, waiter: _Waiter, t0: float) -> None:
         """The waiter's deadline passed before its permit was granted."""
