@@ -215,6 +215,27 @@ async def test_a_server_slower_than_the_deadline_times_out_naming_the_endpoint(s
 
 
 @pytest.mark.asyncio
+async def test_an_attempt_past_attempt_timeout_s_fails_its_endpoint_and_the_request_goes_to_another(servers, caplog):
+    """One endpoint answers its first request, then accepts every other and never answers (a proxy whose ``delay`` outlasts
+    the test), one is live. With a deadline of a minute and attempt_timeout_s=0.5, every request is answered by its
+    second attempt at the latest: each hung attempt is cut at 0.5 s, counted against the hung endpoint (which is
+    cooled down) and retried on the live one."""
+    live = servers(ScriptedUpstream())
+    hung = servers(FaultProxy(live.url, FaultSchedule({0: None}, rate=1.0, kinds=["delay"], delay_s=3600)))
+    caplog.set_level(logging.DEBUG, logger="verl_async_rm.remote.endpoints")
+    async with client_for(hung.url, live.url, attempt_timeout_s=0.5) as client:
+        assert (await chat(client, seconds=60)).endpoint == hung.url  # its first answer
+        replies = await asyncio.gather(*(chat(client, seconds=60) for _ in range(40)))
+        stats = client.stats()
+    hung_attempts = len(hung.seen) - 1
+    assert hung_attempts >= 1 and all(r.endpoint == live.url for r in replies)
+    assert sorted(r.attempts for r in replies) == [1] * (40 - hung_attempts) + [2] * hung_attempts
+    assert stats["endpoints"][hung.url]["errors"] == hung_attempts == stats["endpoint_errors"]
+    assert stats["cooldowns"] == 1 and stats["timed_out"] == 0 and stats["completed"] == 41
+    assert caplog.text.count("no answer within attempt_timeout_s=0.5 s") == hung_attempts
+
+
+@pytest.mark.asyncio
 async def test_an_attempt_the_deadline_cuts_short_keeps_the_error_that_made_it_retry(servers):
     """A 500, then an attempt still unanswered at the deadline: the timeout's cause is the 500, not the cut."""
     upstream = servers(ScriptedUpstream())

@@ -1,7 +1,9 @@
 """An HTTP client for one remote RM served at one or several OpenAI-compatible base URLs (``http://host:port/v1``):
 each request resolves once, within its deadline, with the JSON answer or an error that names what failed.
 
-Retries: a 429, 408 or 5xx, a connection error, a read timeout, a cut or non-JSON body are retried with exponential
+Retries: a 429, 408 or 5xx, a connection error, a cut or non-JSON body, and an attempt with no complete answer within
+``attempt_timeout_s`` (:data:`ATTEMPT_TIMEOUT_S` by default; httpx's read, write and pool timeouts are bounded by it)
+are retried, on another endpoint where there is one, with exponential
 backoff and full jitter (up to ``backoff_s`` before the first retry, doubling to at most :data:`BACKOFF_CAP_S`),
 honouring ``Retry-After`` (seconds or an HTTP date: the endpoint takes no request before then, or, when it is the
 last endpoint in service, the request that got it waits that long and the others go on), until the deadline; a wait
@@ -49,7 +51,7 @@ from verl_async_rm.remote.limits import Limiter, Permit, RateLimits
 from verl_async_rm.percentiles import Samples
 
 __all__ = ["EndpointClient", "Reply", "Usage", "check_endpoints", "parse_retry_after", "MAX_FAILURES", "COOLDOWN_S",
-           "BACKOFF_CAP_S"]
+           "BACKOFF_CAP_S", "ATTEMPT_TIMEOUT_S"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +65,9 @@ COOLDOWN_S = 5.0
 BACKOFF_CAP_S = 5.0
 #: Connecting gets this long at most (less when the deadline is nearer): an unreachable host fails over quickly.
 CONNECT_TIMEOUT_S = 10.0
+#: The default bound on one attempt (``attempt_timeout_s``): a judge writing a long verdict on a loaded server takes
+#: tens of seconds; an attempt past five minutes is on a wedged server, and the request is better retried elsewhere.
+ATTEMPT_TIMEOUT_S = 300.0
 _RETRY_STATUS = frozenset({408, 429})
 _STEP_KEYS = ("requests", "completed", "failed", "timed_out", "cancelled", "attempts", "retries", "status_429",
               "endpoint_errors", "client_errors", "cooldowns", "tokens_in", "tokens_out")
@@ -181,23 +186,29 @@ class EndpointClient:
     """Requests to one remote RM at ``urls`` (see the module doc). ``limits``: job-wide :class:`RateLimits` (or a
     shared :class:`Limiter`); ``verify``: check HTTPS certificates (True), not (False), or a CA bundle path or an
     ``ssl.SSLContext``; ``max_failures``/``cooldown_s``: when an endpoint is taken out and for how long;
-    ``backoff_s``: the most the first retry waits (full jitter, doubling per retry); ``rng``: the jitter's source.
-    Binds to the event loop of its first request."""
+    ``backoff_s``: the most the first retry waits (full jitter, doubling per retry); ``attempt_timeout_s``: the
+    longest one attempt may take (past it, an endpoint failure, retried); ``rng``: the jitter's source. Binds to the
+    event loop of its first request."""
 
     def __init__(self, urls: str | Sequence[str], *, api_key_env: str | None = None,
                  limits: RateLimits | Limiter | None = None, verify: bool | str | ssl.SSLContext = True,
                  max_failures: int = MAX_FAILURES, cooldown_s: float = COOLDOWN_S, backoff_s: float = 0.1,
-                 rng: random.Random | None = None) -> None:
+                 attempt_timeout_s: float = ATTEMPT_TIMEOUT_S, rng: random.Random | None = None) -> None:
         self.urls = check_endpoints(urls)
         if isinstance(max_failures, bool) or not isinstance(max_failures, int) or max_failures < 1:
             raise ValueError(f"max_failures={max_failures!r}: give an integer >= 1, e.g. {MAX_FAILURES}")
         for name, value in (("cooldown_s", cooldown_s), ("backoff_s", backoff_s)):
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
                 raise ValueError(f"{name}={value!r}: give a finite number of seconds >= 0")
+        if isinstance(attempt_timeout_s, bool) or not isinstance(attempt_timeout_s, int | float) or \
+                not 0 < attempt_timeout_s < math.inf:
+            raise ValueError(f"attempt_timeout_s={attempt_timeout_s!r}: give a finite number of seconds > 0, e.g. "
+                             f"{ATTEMPT_TIMEOUT_S:g}")
         self.api_key_env = api_key_env
         self._key = _Secret(_read_key(api_key_env)) if api_key_env is not None else None
         self.limiter = limits if isinstance(limits, Limiter) else Limiter(limits)
         self.max_failures, self.cooldown_s, self.backoff_s = max_failures, float(cooldown_s), float(backoff_s)
+        self.attempt_timeout_s = float(attempt_timeout_s)
         self._rng = rng or random.Random()
         self._endpoints = []
         for url in self.urls:
@@ -420,11 +431,16 @@ class EndpointClient:
         try:
             url = self._url(ep, path, at_root)
             left = max(deadline - loop.time(), 1e-3)  # the limiter granted at the deadline at the latest
-            timeout = httpx.Timeout(left, connect=min(left, CONNECT_TIMEOUT_S))
+            budget = min(left, self.attempt_timeout_s)
+            timeout = httpx.Timeout(budget, connect=min(budget, CONNECT_TIMEOUT_S))
             try:  # httpx's timeouts bound each read; this bounds the whole attempt
                 resp = await asyncio.wait_for(
-                    self._http.post(url, content=content, headers=self._headers(), timeout=timeout), left)
-            except asyncio.TimeoutError:  # the deadline passed during the attempt (httpx's timeouts are not these)
+                    self._http.post(url, content=content, headers=self._headers(), timeout=timeout), budget)
+            except asyncio.TimeoutError:  # the attempt's own bound, or the deadline (httpx's timeouts are not these)
+                if budget < left:  # a wedged endpoint: its failure, and the request goes on elsewhere
+                    return _Failure(EndpointError(f"{ep.url}: no answer within attempt_timeout_s="
+                                                  f"{self.attempt_timeout_s:g} s", endpoint=ep.url),
+                                    retry=True, counts=True)
                 return _Failure(EndpointError(f"{ep.url}: no answer before the deadline", endpoint=ep.url),
                                 retry=False, counts=False, deadline=True)
             except (httpx.ConnectError, httpx.ConnectTimeout) as err:
