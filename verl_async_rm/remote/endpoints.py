@@ -38,6 +38,7 @@ import os
 import random
 import ssl
 import time
+import zlib
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -68,6 +69,17 @@ CONNECT_TIMEOUT_S = 10.0
 #: The default bound on one attempt (``attempt_timeout_s``): a judge writing a long verdict on a loaded server takes
 #: tens of seconds; an attempt past five minutes is on a wedged server, and the request is better retried elsewhere.
 ATTEMPT_TIMEOUT_S = 300.0
+#: The most a body may hold, decoded (a judge's reply, logprobs included, is kilobytes): past it the server is broken
+#: or hostile (a 200 kB gzip body can inflate to 200 MB), so the body is not read further and the attempt fails.
+MAX_BODY_BYTES = 16 * 2**20
+#: An error's body is read this far at most: its message is all that is kept of it.
+_ERROR_BODY_BYTES = 64 * 2**10
+#: Keys that hold a result (chat and completions: choices; /classify, /models, embeddings: data; rerank: results): a
+#: 2xx body with an ``error`` and none of these is an error.
+_RESULT_KEYS = ("choices", "data", "results")
+#: What a body may be encoded with (sent as Accept-Encoding), and zlib's wbits for each: the client inflates it itself,
+#: at most to the cap (httpx would inflate each network read whole: 64 KiB of gzip to up to 64 MiB).
+_CODINGS = {"gzip": zlib.MAX_WBITS | 16, "x-gzip": zlib.MAX_WBITS | 16, "deflate": zlib.MAX_WBITS | 32}
 _RETRY_STATUS = frozenset({408, 429})
 _STEP_KEYS = ("requests", "completed", "failed", "timed_out", "cancelled", "attempts", "retries", "status_429",
               "endpoint_errors", "client_errors", "cooldowns", "tokens_in", "tokens_out")
@@ -298,10 +310,11 @@ class EndpointClient:
             except httpx.HTTPError as err:
                 raise EndpointError(self._scrub(f"{ep.url}: {type(err).__name__}: {err}"), endpoint=ep.url) from None
             if resp.status_code != 200:
-                raise EndpointError(f"{ep.url}: {self._status_text(resp)}", endpoint=ep.url, status=resp.status_code)
+                raise EndpointError(f"{ep.url}: HTTP {resp.status_code}: {self._message(resp.content, _json(resp.content))}",
+                                    endpoint=ep.url, status=resp.status_code)
             try:
-                return [str(m["id"]) for m in resp.json()["data"]]
-            except (ValueError, KeyError, TypeError):
+                return [str(m["id"]) for m in _json(resp.content)["data"]]
+            except (KeyError, TypeError):
                 raise EndpointError(f"{ep.url}: /models answered {self._scrub(resp.text[:200])!r}, not a model "
                                     "list", endpoint=ep.url) from None
 
@@ -432,10 +445,8 @@ class EndpointClient:
             url = self._url(ep, path, at_root)
             left = max(deadline - loop.time(), 1e-3)  # the limiter granted at the deadline at the latest
             budget = min(left, self.attempt_timeout_s)
-            timeout = httpx.Timeout(budget, connect=min(budget, CONNECT_TIMEOUT_S))
-            try:  # httpx's timeouts bound each read; this bounds the whole attempt
-                resp = await asyncio.wait_for(
-                    self._http.post(url, content=content, headers=self._headers(), timeout=timeout), budget)
+            try:  # httpx's timeouts bound each read; this bounds the whole attempt, the body's reading included
+                status, headers, raw, whole = await asyncio.wait_for(self._exchange(url, content, budget), budget)
             except asyncio.TimeoutError:  # the attempt's own bound, or the deadline (httpx's timeouts are not these)
                 if budget < left:  # a wedged endpoint: its failure, and the request goes on elsewhere
                     return _Failure(EndpointError(f"{ep.url}: no answer within attempt_timeout_s="
@@ -455,39 +466,62 @@ class EndpointClient:
             except httpx.HTTPError as err:  # a local protocol error, an unsupported scheme...: not the server's doing
                 return _Failure(EndpointError(self._scrub(f"{ep.url}: {type(err).__name__}: {err}"),
                                               endpoint=ep.url), retry=False, counts=False)
-            status = resp.status_code
-            if 200 <= status < 300:
-                try:
-                    body = resp.json()
-                except ValueError:
-                    return _Failure(EndpointError(f"{ep.url}: answered {status} with a body that is not JSON: "
-                                                  f"{self._scrub(resp.text[:200])!r}", endpoint=ep.url,
-                                                  status=status), retry=True, counts=True)
-                usage = _usage(body)
-                ep.failures = 0
-                if usage is not None:
-                    used = usage.total
-                    self._counts["tokens_in"] += usage.prompt_tokens
-                    self._counts["tokens_out"] += usage.completion_tokens
-                return Reply(body, ep.url, attempt, 0.0, usage)
-            ep.failures = 0 if status < 500 else ep.failures
-            error = EndpointError(f"{ep.url}: {self._status_text(resp)}", endpoint=ep.url, status=status)
-            retry_after = parse_retry_after(resp.headers.get("retry-after"))
+            result = self._answer(ep, status, headers, raw, whole)
             if status == 429:
                 used = 0
-                self._counts["status_429"] += 1
-                return _Failure(error, retry=True, counts=False, retry_after=retry_after)
-            if status >= 500:
-                return _Failure(error, retry=True, counts=True, retry_after=retry_after)
-            self._counts["client_errors"] += 1
-            if 300 <= status < 400:
-                error = EndpointError(f"{ep.url}: answered {status} redirecting to {resp.headers.get('location')!r}; "
-                                      "redirects are not followed (the API key goes to the configured hosts only): "
-                                      "configure the final URL", endpoint=ep.url, status=status)
-            return _Failure(error, retry=status in _RETRY_STATUS, counts=False)
+            elif isinstance(result, Reply) and result.usage is not None:
+                used = result.usage.total
+            return result
         finally:
             ep.outstanding -= 1
             permit.release(used)
+
+    async def _exchange(self, url: httpx.URL, content: bytes, budget: float) -> tuple[int, httpx.Headers, bytes, bool]:
+        """Send the request and read its answer: the status, the headers, the body (decoded) and whether it is whole
+        (a body larger than its cap is cut there and the connection closed)."""
+        timeout = httpx.Timeout(budget, connect=min(budget, CONNECT_TIMEOUT_S))
+        async with self._http.stream("POST", url, content=content, headers=self._headers(), timeout=timeout) as resp:
+            cap = MAX_BODY_BYTES if 200 <= resp.status_code < 300 else _ERROR_BODY_BYTES
+            raw, whole = await _read_capped(resp, cap)
+            return resp.status_code, resp.headers, raw, whole
+
+    def _answer(self, ep: _Endpoint, status: int, headers: httpx.Headers, raw: bytes, whole: bool) -> Reply | _Failure:
+        """What an answer means: a reply (a 2xx whose body is a JSON object with no error in it), or a failure."""
+        if 200 <= status < 300:
+            if not whole:
+                return _Failure(EndpointError(f"{ep.url}: answered {status} with a body over {MAX_BODY_BYTES} bytes "
+                                              "(decoded); not read further", endpoint=ep.url, status=status),
+                                retry=True, counts=True)
+            body = _json(raw)
+            if not isinstance(body, dict):
+                return _Failure(EndpointError(f"{ep.url}: answered {status} with a body that is not a JSON object: "
+                                              f"{self._scrub(raw[:200].decode(errors='replace'))!r}",
+                                              endpoint=ep.url, status=status), retry=True, counts=True)
+            if body.get("error") and not any(key in body for key in _RESULT_KEYS):  # an error object, as in a 5xx
+                return _Failure(EndpointError(f"{ep.url}: answered {status} with an error and no result: "
+                                              f"{self._message(raw, body)}", endpoint=ep.url, status=status),
+                                retry=True, counts=True, retry_after=parse_retry_after(headers.get("retry-after")))
+            usage = _usage(body)
+            ep.failures = 0
+            if usage is not None:
+                self._counts["tokens_in"] += usage.prompt_tokens
+                self._counts["tokens_out"] += usage.completion_tokens
+            return Reply(body, ep.url, 0, 0.0, usage)
+        ep.failures = 0 if status < 500 else ep.failures
+        error = EndpointError(f"{ep.url}: HTTP {status}: {self._message(raw, _json(raw))}", endpoint=ep.url,
+                              status=status)
+        retry_after = parse_retry_after(headers.get("retry-after"))
+        if status == 429:
+            self._counts["status_429"] += 1
+            return _Failure(error, retry=True, counts=False, retry_after=retry_after)
+        if status >= 500:
+            return _Failure(error, retry=True, counts=True, retry_after=retry_after)
+        self._counts["client_errors"] += 1
+        if 300 <= status < 400:
+            error = EndpointError(f"{ep.url}: answered {status} redirecting to {headers.get('location')!r}; "
+                                  "redirects are not followed (the API key goes to the configured hosts only): "
+                                  "configure the final URL", endpoint=ep.url, status=status)
+        return _Failure(error, retry=status in _RETRY_STATUS, counts=False)
 
     def _transport_failure(self, ep: _Endpoint, err: httpx.HTTPError) -> _Failure:
         return _Failure(EndpointError(self._scrub(f"{ep.url}: {type(err).__name__}: {err}"), endpoint=ep.url),
@@ -553,21 +587,20 @@ class EndpointClient:
         return url
 
     def _headers(self) -> dict[str, str]:
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        headers = {"Content-Type": "application/json", "Accept": "application/json", "Accept-Encoding": "gzip, deflate"}
         if self._key is not None:
             headers["Authorization"] = f"Bearer {self._key.value}"
         return headers
 
-    def _status_text(self, resp: httpx.Response) -> str:
-        """``HTTP <status>: <the server's message>`` (OpenAI's ``error.message`` when there is one)."""
-        try:  # OpenAI: {"error": {"message"}}; vLLM's auth: {"error": "..."}; FastAPI: {"detail": ...}
-            body = resp.json()
-            error = body.get("error")
-            message = error.get("message", error) if isinstance(error, dict) else error or body.get("message") or \
-                body.get("detail") or body
-        except (ValueError, AttributeError, TypeError):
-            message = resp.text
-        return self._scrub(f"HTTP {resp.status_code}: {str(message)[:500]}")
+    def _message(self, raw: bytes, body: Any) -> str:
+        """The server's message in an error body ``raw`` (decoded: ``body``): OpenAI's ``error.message``, vLLM's
+        ``error``, FastAPI's ``detail``, else the body itself; cut to 500 characters."""
+        error = body.get("error") if isinstance(body, dict) else None
+        for message in ((error.get("message") if isinstance(error, dict) else error,
+                         body.get("message"), body.get("detail")) if isinstance(body, dict) else ()):
+            if isinstance(message, str) and message:
+                return self._scrub(message[:500])
+        return self._scrub(raw.decode(errors="replace")[:500])
 
     def _scrub(self, text: str) -> str:
         return text.replace(self._key.value, "***") if self._key is not None else text
@@ -604,6 +637,41 @@ def _bad_certificate(err: BaseException) -> bool:
             return True
         seen = seen.__cause__ or seen.__context__
     return False
+
+
+async def _read_capped(resp: httpx.Response, cap: int) -> tuple[bytes, bool]:
+    """The body of ``resp``, decoded, and whether it is whole: read and inflated chunk by chunk until it ends or holds
+    more than ``cap`` bytes (then it is cut to :data:`_ERROR_BODY_BYTES` and the rest left unread). Raises
+    ``httpx.DecodingError`` for a coding the client did not ask for or a corrupt compressed body."""
+    coding = resp.headers.get("content-encoding", "identity").strip().lower()
+    if coding not in _CODINGS and coding not in ("identity", ""):
+        raise httpx.DecodingError(f"the body's Content-Encoding {coding!r} is none the client accepts (gzip, deflate)")
+    decoder = zlib.decompressobj(_CODINGS[coding]) if coding in _CODINGS else None
+    body = bytearray()
+    try:
+        async for chunk in resp.aiter_raw():
+            while chunk and len(body) <= cap:
+                if decoder is None:
+                    body += chunk
+                    break
+                body += decoder.decompress(chunk, cap + 1 - len(body))  # never more than the cap allows
+                chunk = decoder.unconsumed_tail
+            if len(body) > cap:
+                return bytes(body[:_ERROR_BODY_BYTES]), False
+        if decoder is not None:
+            body += decoder.flush()
+    except zlib.error as err:
+        raise httpx.DecodingError(f"the body does not inflate ({coding}): {err}") from None
+    return (bytes(body), True) if len(body) <= cap else (bytes(body[:_ERROR_BODY_BYTES]), False)
+
+
+def _json(raw: bytes) -> Any:
+    """``raw`` decoded as JSON, or None when it does not decode (whatever json raises on it: bad syntax or encoding,
+    nesting deeper than the interpreter's stack, an integer too long...)."""
+    try:
+        return json.loads(raw)
+    except Exception:  # noqa: BLE001 - any failure to decode is a body that does not read
+        return None
 
 
 def _usage(body: Any) -> Usage | None:

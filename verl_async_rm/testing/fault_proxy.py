@@ -5,7 +5,8 @@ event loop; start and stop them from sync fixtures):
   ``POST /v1/chat/completions`` (with ``logprobs``/``top_logprobs`` when asked) and vLLM's ``POST /classify``;
 - :class:`FaultProxy`: forwards to an upstream base URL and, on a deterministic seeded :class:`FaultSchedule` (per
   request index), answers 429 with ``Retry-After``, 500/503, drops the connection, answers after a delay, cuts the
-  body or sends a body that is not JSON; it counts what it injected and what it forwarded.
+  body, or answers 200 with a body that is not JSON, one nested too deep to parse, an error object, or a small gzip
+  body that inflates past the client's cap; it counts what it injected and what it forwarded.
 
 Both record every request (:attr:`TestServer.seen`), can hold requests at a gate until the test opens it
 (event-gated tests: :meth:`TestServer.wait_until` instead of sleeps), and bound their load: past ``max_requests`` they
@@ -14,12 +15,15 @@ answer 410, and ``timeout_s`` after start they shut down by themselves."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import random
 import ssl
+import struct
 import threading
 import time
+import zlib
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,14 +32,19 @@ from typing import Any
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
 
 __all__ = ["FAULTS", "Fault", "FaultSchedule", "Completion", "Raw", "Seen", "TestServer", "ScriptedUpstream",
-           "FaultProxy"]
+           "FaultProxy", "gzip_bomb"]
 
 logger = logging.getLogger(__name__)
 
 #: What the proxy can inject: ``rate_limit`` (429 + Retry-After), ``server_error`` (500), ``unavailable`` (503 +
 #: Retry-After), ``drop`` (connection closed with no answer), ``delay`` (forwarded after ``delay_s``), ``truncate`` (the
-#: body cut short and the connection closed), ``bad_json`` (a complete 200 whose body is not JSON).
-FAULTS = ("rate_limit", "server_error", "unavailable", "drop", "delay", "truncate", "bad_json")
+#: body cut short and the connection closed), ``bad_json`` (a complete 200 whose body is not JSON), ``deep_json`` (a 200
+#: whose JSON nests deeper than a parser's stack), ``error_200`` (a 200 carrying an OpenAI error object and no result),
+#: ``gzip_bomb`` (a 200 whose 32 kB gzip body inflates to a 32 MiB JSON object, twice the client's cap).
+FAULTS = ("rate_limit", "server_error", "unavailable", "drop", "delay", "truncate", "bad_json", "deep_json",
+          "error_200", "gzip_bomb")
+#: What a ``gzip_bomb`` fault inflates to, in MiB.
+_BOMB_MIB = 32
 #: Hop-by-hop and per-connection headers a proxy must not forward.
 _INDEX, _BODY = web.RequestKey("index", int), web.RequestKey("body", object)
 _HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "te", "trailer", "upgrade", "host", "content-length",
@@ -438,6 +447,13 @@ class FaultProxy(TestServer):
             return web.Response(status=500)  # never reaches the client
         if fault.kind == "bad_json":
             return web.Response(status=200, body=b"<html>502 Bad Gateway</html>", content_type="application/json")
+        if fault.kind == "deep_json":
+            return web.Response(status=200, body=b"[" * 100_000 + b"]" * 100_000, content_type="application/json")
+        if fault.kind == "error_200":
+            return _error(200, "the engine is overloaded (injected)")
+        if fault.kind == "gzip_bomb":
+            return web.Response(status=200, body=gzip_bomb(_BOMB_MIB), content_type="application/json",
+                                headers={"Content-Encoding": "gzip"})
         # truncate: the real answer, cut short, its full length announced, then the connection closed
         status, headers, body = await self._forward(request)
         resp = web.StreamResponse(status=status, headers=headers)
@@ -446,6 +462,23 @@ class FaultProxy(TestServer):
         await resp.write(body[: len(body) // 2])
         request.transport.close()  # type: ignore[union-attr]
         return resp
+
+
+@functools.cache
+def gzip_bomb(mib: int) -> bytes:
+    """A valid gzip body, about a thousandth of its size, that inflates to a JSON object padded with ``mib`` MiB of
+    spaces. A MiB of spaces is compressed once: after a full flush the compressor starts afresh, so the same bytes
+    stand for every MiB."""
+    head, block, tail = b'{"choices": [], "pad": ', b" " * 2**20, b"0}"
+    deflate = zlib.compressobj(9, zlib.DEFLATED, zlib.MAX_WBITS | 16)
+    start = deflate.compress(head) + deflate.flush(zlib.Z_FULL_FLUSH)
+    middle = deflate.compress(block) + deflate.flush(zlib.Z_FULL_FLUSH)
+    end = deflate.compress(tail) + deflate.flush(zlib.Z_FULL_FLUSH) + b"\x03\x00"  # a last, empty block
+    crc = zlib.crc32(head)
+    for _ in range(mib):
+        crc = zlib.crc32(block, crc)
+    size = len(head) + mib * len(block) + len(tail)
+    return start + middle * mib + end + struct.pack("<II", zlib.crc32(tail, crc), size & 0xFFFFFFFF)
 
 
 def _logprob_entry(step: Mapping[str, float], k: int) -> dict[str, Any]:
