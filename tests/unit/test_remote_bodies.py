@@ -1,7 +1,7 @@
 """What an endpoint answers cannot break the remote RM client: a body that does not read as a JSON object (bad syntax or
 encoding, nesting deeper than the parser's stack, a list) or a 200 carrying an error object is an endpoint failure and
 is retried; a body is read up to a cap on its decoded size (a small gzip body that inflates past it is not inflated
-whole). Real HTTP on 127.0.0.1: a scripted upstream serves each bad answer exactly once, then good ones."""
+whole); a bogus ``usage`` counts at most 4x the request's reservation in the rate limits. Real HTTP on 127.0.0.1: a scripted upstream serves each bad answer exactly once, then good ones."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ import zlib
 import pytest
 
 from verl_async_rm.errors import EndpointError, RequestTimeoutError
-from verl_async_rm.remote.endpoints import MAX_BODY_BYTES, EndpointClient, Reply
+from verl_async_rm.remote.endpoints import MAX_BODY_BYTES, EndpointClient, Reply, Usage
+from verl_async_rm.remote.limits import RateLimits
 from verl_async_rm.testing.fault_proxy import Raw, ScriptedUpstream, gzip_bomb
 
 pytestmark = pytest.mark.unit
@@ -163,3 +164,26 @@ async def test_a_body_in_a_coding_not_asked_for_or_corrupt_is_an_endpoint_failur
     async with client_for(upstream.url) as client:
         reply = await chat(client)
     assert reply.body == OK and reply.attempts == 2 and client.stats()["endpoint_errors"] == 1
+
+
+# ---------------------------------------------------------------------------------------------------- usage
+
+
+@pytest.mark.asyncio
+async def test_a_bogus_usage_counts_at_most_four_times_the_reservation_with_one_warning_naming_the_endpoint(
+        servers, caplog):
+    """``prompt_tokens=10**9`` under max_tpm=6000: the limiter debits 4x the 12 tokens reserved (not 10^9: every later
+    request would wait for months), a warning names the endpoint once; a usage that is not a count is ignored."""
+    usages = iter([{"prompt_tokens": 10**9, "completion_tokens": 1}] * 2 +
+                  [{"prompt_tokens": 1e9}, {"prompt_tokens": True}, {"prompt_tokens": -7},
+                   {"prompt_tokens": 5, "completion_tokens": 2.5}, {"prompt_tokens": 5, "completion_tokens": None}])
+    upstream = servers(ScriptedUpstream(lambda payload: Raw(200, {**OK, "usage": next(usages)})))
+    caplog.set_level(logging.WARNING, logger="verl_async_rm.remote.endpoints")
+    async with client_for(upstream.url, limits=RateLimits(max_tpm=6000)) as client:
+        replies = [await chat(client) for _ in range(7)]
+        limits = client.stats()["limits"]
+    assert limits["tokens_debited"] == 2 * (4 * 12 - 12)
+    assert limits["tokens_available"] > 6000 - 300  # nothing holds the bucket down
+    assert [r.usage for r in replies[2:6]] == [None] * 4 and replies[6].usage == Usage(5, 0)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and upstream.url in warnings[0] and "1000000001 tokens" in warnings[0]

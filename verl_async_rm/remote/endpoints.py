@@ -48,7 +48,7 @@ import httpx
 
 from verl_async_rm.errors import (ConfigTypeError, ConfigValueError, EndpointClosedError, EndpointError,
                                   RequestTimeoutError)
-from verl_async_rm.remote.limits import Limiter, Permit, RateLimits
+from verl_async_rm.remote.limits import USAGE_CAP, Limiter, Permit, RateLimits
 from verl_async_rm.percentiles import Samples
 
 __all__ = ["EndpointClient", "Reply", "Usage", "check_endpoints", "parse_retry_after", "MAX_FAILURES", "COOLDOWN_S",
@@ -183,6 +183,7 @@ class _Endpoint:
     out_reason: str | None = None
     attempts: int = 0
     errors: int = 0
+    usage_warned: bool = False  # a usage past the limiter's cap was reported
 
 
 @dataclass
@@ -474,7 +475,12 @@ class EndpointClient:
             return result
         finally:
             ep.outstanding -= 1
-            permit.release(used)
+            counted = permit.release(used)
+            if used is not None and counted is not None and counted < used and not ep.usage_warned:
+                ep.usage_warned = True
+                logger.warning("endpoint %s reported a usage of %d tokens for a request that reserved %d; the rate "
+                               "limits count at most %d times the reservation (warned once per endpoint)", ep.url,
+                               used, permit.tokens, USAGE_CAP)
 
     async def _exchange(self, url: httpx.URL, content: bytes, budget: float) -> tuple[int, httpx.Headers, bytes, bool]:
         """Send the request and read its answer: the status, the headers, the body (decoded) and whether it is whole
@@ -674,12 +680,17 @@ def _json(raw: bytes) -> Any:
         return None
 
 
-def _usage(body: Any) -> Usage | None:
-    usage = body.get("usage") if isinstance(body, dict) else None
-    if not isinstance(usage, dict) or not isinstance(usage.get("prompt_tokens"), int):
+def _usage(body: dict) -> Usage | None:
+    """The ``usage`` the body reports; None without one, or when a count in it is not an integer >= 0 (a float, a
+    bool, a negative number: a server that gets one figure wrong may get the other wrong too)."""
+    usage = body.get("usage")
+    if not isinstance(usage, dict):
         return None
-    completion = usage.get("completion_tokens")
-    return Usage(usage["prompt_tokens"], completion if isinstance(completion, int) else 0)
+    prompt, completion = usage.get("prompt_tokens"), usage.get("completion_tokens", 0)
+    completion = 0 if completion is None else completion  # /classify and embeddings report none
+    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in (prompt, completion)):
+        return None
+    return Usage(prompt, completion)
 
 
 def _is_loopback(host: str) -> bool:
