@@ -169,6 +169,26 @@ async def test_with_another_endpoint_in_service_a_retry_after_takes_its_endpoint
 
 
 @pytest.mark.asyncio
+async def test_a_retry_after_longer_than_max_retry_after_s_is_read_as_that(servers):
+    """A ``Retry-After: 86400`` would take an endpoint out for a day: with max_retry_after_s=30 it is out for 30 s at
+    most (another endpoint in service); on the last endpoint in service, with max_retry_after_s=0.2, the request that
+    got it waits 0.2 s and is answered."""
+    upstream = servers(ScriptedUpstream())
+    day = FaultSchedule({0: Fault("rate_limit", retry_after="86400")})
+    limited = servers(FaultProxy(upstream.url, day))
+    async with client_for(limited.url, upstream.url, max_retry_after_s=30) as client:
+        assert (await chat(client)).endpoint == upstream.url
+        assert 0 < client.stats()["endpoints"][limited.url]["out_for_s"] <= 30
+    alone = servers(FaultProxy(upstream.url, day))
+    async with client_for(alone.url, max_retry_after_s=0.2) as client:
+        reply = await chat(client, seconds=3600)
+    assert reply.attempts == 2 and 0.2 - 0.01 <= reply.waits_s[0] <= 0.2 + 0.01  # the backoff draw is below 0.01
+    assert EndpointClient("http://127.0.0.1:1/v1").max_retry_after_s == 60.0
+    with pytest.raises(ValueError, match=r"max_retry_after_s=-1: give a finite number of seconds >= 0"):
+        EndpointClient("http://127.0.0.1:1/v1", max_retry_after_s=-1)
+
+
+@pytest.mark.asyncio
 async def test_a_retry_after_past_the_deadline_fails_at_once(servers):
     upstream = servers(ScriptedUpstream())
     proxy = servers(FaultProxy(upstream.url, FaultSchedule({0: Fault("rate_limit", retry_after="30")})))

@@ -52,7 +52,7 @@ from verl_async_rm.remote.limits import USAGE_CAP, Limiter, Permit, RateLimits
 from verl_async_rm.percentiles import Samples
 
 __all__ = ["EndpointClient", "Reply", "Usage", "check_endpoints", "parse_retry_after", "MAX_FAILURES", "COOLDOWN_S",
-           "BACKOFF_CAP_S", "ATTEMPT_TIMEOUT_S"]
+           "BACKOFF_CAP_S", "ATTEMPT_TIMEOUT_S", "MAX_RETRY_AFTER_S", "MAX_BODY_BYTES"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +69,9 @@ CONNECT_TIMEOUT_S = 10.0
 #: The default bound on one attempt (``attempt_timeout_s``): a judge writing a long verdict on a loaded server takes
 #: tens of seconds; an attempt past five minutes is on a wedged server, and the request is better retried elsewhere.
 ATTEMPT_TIMEOUT_S = 300.0
+#: The default longest ``Retry-After`` honoured (``max_retry_after_s``): providers ask for seconds; one that asks for a
+#: day (86400) would take its endpoint out for that long.
+MAX_RETRY_AFTER_S = 60.0
 #: The most a body may hold, decoded (a judge's reply, logprobs included, is kilobytes): past it the server is broken
 #: or hostile (a 200 kB gzip body can inflate to 200 MB), so the body is not read further and the attempt fails.
 MAX_BODY_BYTES = 16 * 2**20
@@ -200,17 +203,20 @@ class EndpointClient:
     shared :class:`Limiter`); ``verify``: check HTTPS certificates (True), not (False), or a CA bundle path or an
     ``ssl.SSLContext``; ``max_failures``/``cooldown_s``: when an endpoint is taken out and for how long;
     ``backoff_s``: the most the first retry waits (full jitter, doubling per retry); ``attempt_timeout_s``: the
-    longest one attempt may take (past it, an endpoint failure, retried); ``rng``: the jitter's source. Binds to the
-    event loop of its first request."""
+    longest one attempt may take (past it, an endpoint failure, retried); ``max_retry_after_s``: the longest
+    ``Retry-After`` honoured (a longer one is read as this); ``rng``: the jitter's source. Binds to the event loop of
+    its first request."""
 
     def __init__(self, urls: str | Sequence[str], *, api_key_env: str | None = None,
                  limits: RateLimits | Limiter | None = None, verify: bool | str | ssl.SSLContext = True,
                  max_failures: int = MAX_FAILURES, cooldown_s: float = COOLDOWN_S, backoff_s: float = 0.1,
-                 attempt_timeout_s: float = ATTEMPT_TIMEOUT_S, rng: random.Random | None = None) -> None:
+                 attempt_timeout_s: float = ATTEMPT_TIMEOUT_S, max_retry_after_s: float = MAX_RETRY_AFTER_S,
+                 rng: random.Random | None = None) -> None:
         self.urls = check_endpoints(urls)
         if isinstance(max_failures, bool) or not isinstance(max_failures, int) or max_failures < 1:
             raise ValueError(f"max_failures={max_failures!r}: give an integer >= 1, e.g. {MAX_FAILURES}")
-        for name, value in (("cooldown_s", cooldown_s), ("backoff_s", backoff_s)):
+        for name, value in (("cooldown_s", cooldown_s), ("backoff_s", backoff_s), ("max_retry_after_s",
+                                                                                     max_retry_after_s)):
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
                 raise ValueError(f"{name}={value!r}: give a finite number of seconds >= 0")
         if isinstance(attempt_timeout_s, bool) or not isinstance(attempt_timeout_s, int | float) or \
@@ -221,7 +227,7 @@ class EndpointClient:
         self._key = _Secret(_read_key(api_key_env)) if api_key_env is not None else None
         self.limiter = limits if isinstance(limits, Limiter) else Limiter(limits)
         self.max_failures, self.cooldown_s, self.backoff_s = max_failures, float(cooldown_s), float(backoff_s)
-        self.attempt_timeout_s = float(attempt_timeout_s)
+        self.attempt_timeout_s, self.max_retry_after_s = float(attempt_timeout_s), float(max_retry_after_s)
         self._rng = rng or random.Random()
         self._endpoints = []
         for url in self.urls:
@@ -506,7 +512,7 @@ class EndpointClient:
             if body.get("error") and not any(key in body for key in _RESULT_KEYS):  # an error object, as in a 5xx
                 return _Failure(EndpointError(f"{ep.url}: answered {status} with an error and no result: "
                                               f"{self._message(raw, body)}", endpoint=ep.url, status=status),
-                                retry=True, counts=True, retry_after=parse_retry_after(headers.get("retry-after")))
+                                retry=True, counts=True, retry_after=self._retry_after(headers))
             usage = _usage(body)
             ep.failures = 0
             if usage is not None:
@@ -516,7 +522,7 @@ class EndpointClient:
         ep.failures = 0 if status < 500 else ep.failures
         error = EndpointError(f"{ep.url}: HTTP {status}: {self._message(raw, _json(raw))}", endpoint=ep.url,
                               status=status)
-        retry_after = parse_retry_after(headers.get("retry-after"))
+        retry_after = self._retry_after(headers)
         if status == 429:
             self._counts["status_429"] += 1
             return _Failure(error, retry=True, counts=False, retry_after=retry_after)
@@ -597,6 +603,11 @@ class EndpointClient:
         if self._key is not None:
             headers["Authorization"] = f"Bearer {self._key.value}"
         return headers
+
+    def _retry_after(self, headers: httpx.Headers) -> float | None:
+        """The answer's ``Retry-After`` in seconds, at most ``max_retry_after_s``; None without one."""
+        seconds = parse_retry_after(headers.get("retry-after"))
+        return None if seconds is None else min(seconds, self.max_retry_after_s)
 
     def _message(self, raw: bytes, body: Any) -> str:
         """The server's message in an error body ``raw`` (decoded: ``body``): OpenAI's ``error.message``, vLLM's
