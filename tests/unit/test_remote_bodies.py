@@ -187,3 +187,51 @@ async def test_a_bogus_usage_counts_at_most_four_times_the_reservation_with_one_
     assert [r.usage for r in replies[2:6]] == [None] * 4 and replies[6].usage == Usage(5, 0)
     warnings = [r.getMessage() for r in caplog.records]
     assert len(warnings) == 1 and upstream.url in warnings[0] and "1000000001 tokens" in warnings[0]
+
+
+# ---------------------------------------------------------------------------------------------------- the key
+
+
+KEY = "sk-echo-7Qz9Xw2Lm4Np8Rt6Vb3Kd5"
+#: Where a server echoes the key: each case is (status, body, headers); the key sits where a cut of the message (at
+#: 500 characters, or 200 for a body that is not JSON) would go through it.
+ECHOES = {
+    "error_message": (401, {"error": {"message": "m" * 490 + " " + KEY}}, {}),
+    "error_text": (403, "t" * 495 + KEY + " trailing", {}),
+    "not_json_200": (200, "<html>" + "h" * 190 + KEY + "</html>", {}),
+    "error_object_200": (200, {"error": "x" * 495 + KEY}, {}),
+    "server_error": (503, {"detail": KEY * 40}, {}),
+    "redirect": (307, "", {"Location": f"http://elsewhere.test/v1/chat/completions?key={KEY}"}),
+    "models": (200, {"object": "list", "models": "q" * 190 + KEY}, {}),  # /models answered with no model list
+}
+
+
+@pytest.mark.asyncio
+async def test_a_key_the_server_echoes_anywhere_appears_nowhere_not_even_eight_characters_of_it(
+        servers, monkeypatch, caplog):
+    """Errors used to be cut to 500/200 characters before the key was masked (a 20-character prefix of it was left),
+    and a redirect's Location was not masked: now no 8 consecutive characters of the key appear in any error, log
+    line or statistic, whatever body or header echoes it. ``scrub`` is the mask callers apply to reply bodies."""
+    monkeypatch.setenv("ECHO_KEY", KEY)
+    upstream = servers(ScriptedUpstream(lambda payload: Raw(*ECHOES[payload["messages"][0]["content"]])))
+    models = servers(ScriptedUpstream(list_models=lambda: Raw(*ECHOES["models"])))
+    caplog.set_level(logging.DEBUG, logger="verl_async_rm")  # the client's log lines (httpcore's trace is its own)
+    texts = []
+    async with client_for(upstream.url, api_key_env="ECHO_KEY") as client:
+        for case in ECHOES:
+            if case == "models":
+                continue
+            with pytest.raises((EndpointError, RequestTimeoutError)) as info:
+                await client.post("/chat/completions", {**CHAT, "messages": [{"role": "user", "content": case}]},
+                                  tokens=8, deadline=asyncio.get_running_loop().time() + 0.3)
+            texts += [str(info.value), repr(info.value), str(info.value.__cause__)]
+        texts += [str(client.stats()), str(client.pop_step_stats()), client.scrub(f"echo: {KEY}.")]
+    async with client_for(models.url, api_key_env="ECHO_KEY") as client:
+        with pytest.raises(EndpointError) as info:
+            await client.models(5)
+        texts += [str(info.value), str(client.stats())]
+    assert upstream.seen[0].headers["authorization"] == f"Bearer {KEY}" and len(texts) == 3 * 6 + 3 + 2
+    texts.append(caplog.text)
+    windows = {KEY[i:i + 8] for i in range(len(KEY) - 7)}
+    leaks = {w for w in windows for text in texts if w in text}
+    assert not leaks, leaks

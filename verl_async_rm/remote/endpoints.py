@@ -22,7 +22,8 @@ Security: the API key is read from the environment variable named ``api_key_env`
 Bearer`` only with requests to the configured base URLs. Redirects are not followed (a 3xx fails the request, naming
 its target): the key never reaches another host, and a moved endpoint is fixed in the config rather than hidden.
 Proxies and ``.netrc`` from the environment are ignored (``trust_env=False``). The key appears in no log, error, repr
-or statistic (a server's message that echoes it is masked). HTTPS certificates are checked unless ``verify=False``."""
+or statistic: a server's message or header that echoes it is masked before any cut (:meth:`EndpointClient.scrub`,
+for callers that build errors from a reply's body). HTTPS certificates are checked unless ``verify=False``."""
 
 from __future__ import annotations
 
@@ -256,6 +257,11 @@ class EndpointClient:
         return (f"EndpointClient(urls={self.urls!r}, api_key_env={self.api_key_env!r}, "
                 f"limits={self.limiter.limits!r})")
 
+    def scrub(self, text: str) -> str:
+        """``text`` with the API key masked (``***``) wherever it appears. Mask a text before cutting it: a cut
+        through the key would leave a part of it that no mask finds."""
+        return text.replace(self._key.value, "***") if self._key is not None else text
+
     async def post(self, path: str, payload: Mapping[str, Any], *, tokens: int, max_output_tokens: int = 0,
                    deadline: float, at_root: bool = False) -> Reply:
         """POST ``payload`` as JSON to ``path`` under the base URL (``/chat/completions``; from the host's root with
@@ -315,14 +321,14 @@ class EndpointClient:
             except asyncio.TimeoutError:
                 raise EndpointError(f"{ep.url}: no answer within {timeout_s:g} s", endpoint=ep.url) from None
             except httpx.HTTPError as err:
-                raise EndpointError(self._scrub(f"{ep.url}: {type(err).__name__}: {err}"), endpoint=ep.url) from None
+                raise EndpointError(self.scrub(f"{ep.url}: {type(err).__name__}: {err}"), endpoint=ep.url) from None
             if resp.status_code != 200:
                 raise EndpointError(f"{ep.url}: HTTP {resp.status_code}: {self._message(resp.content, _json(resp.content))}",
                                     endpoint=ep.url, status=resp.status_code)
             try:
                 return [str(m["id"]) for m in _json(resp.content)["data"]]
             except (KeyError, TypeError):
-                raise EndpointError(f"{ep.url}: /models answered {self._scrub(resp.text[:200])!r}, not a model "
+                raise EndpointError(f"{ep.url}: /models answered {self._excerpt(resp.content, 200)!r}, not a model "
                                     "list", endpoint=ep.url) from None
 
         results = await asyncio.gather(*(one(ep) for ep in self._endpoints), return_exceptions=True)
@@ -465,13 +471,14 @@ class EndpointClient:
                 used = 0
                 if _bad_certificate(err):  # retrying cannot help
                     return _Failure(EndpointError(
-                        f"{ep.url}: the server's TLS certificate failed the check ({err}); give the CA bundle that "
-                        "signed it in SSL_CERT_FILE=<path>", endpoint=ep.url), retry=False, counts=False)
+                        self.scrub(f"{ep.url}: the server's TLS certificate failed the check ({err}); give the CA "
+                                   "bundle that signed it in SSL_CERT_FILE=<path>"), endpoint=ep.url),
+                        retry=False, counts=False)
                 return self._transport_failure(ep, err)
             except (httpx.TimeoutException, httpx.NetworkError, httpx.RemoteProtocolError, httpx.DecodingError) as err:
                 return self._transport_failure(ep, err)
             except httpx.HTTPError as err:  # a local protocol error, an unsupported scheme...: not the server's doing
-                return _Failure(EndpointError(self._scrub(f"{ep.url}: {type(err).__name__}: {err}"),
+                return _Failure(EndpointError(self.scrub(f"{ep.url}: {type(err).__name__}: {err}"),
                                               endpoint=ep.url), retry=False, counts=False)
             result = self._answer(ep, status, headers, raw, whole)
             if status == 429:
@@ -507,7 +514,7 @@ class EndpointClient:
             body = _json(raw)
             if not isinstance(body, dict):
                 return _Failure(EndpointError(f"{ep.url}: answered {status} with a body that is not a JSON object: "
-                                              f"{self._scrub(raw[:200].decode(errors='replace'))!r}",
+                                              f"{self._excerpt(raw, 200)!r}",
                                               endpoint=ep.url, status=status), retry=True, counts=True)
             if body.get("error") and not any(key in body for key in _RESULT_KEYS):  # an error object, as in a 5xx
                 return _Failure(EndpointError(f"{ep.url}: answered {status} with an error and no result: "
@@ -530,13 +537,14 @@ class EndpointClient:
             return _Failure(error, retry=True, counts=True, retry_after=retry_after)
         self._counts["client_errors"] += 1
         if 300 <= status < 400:
-            error = EndpointError(f"{ep.url}: answered {status} redirecting to {headers.get('location')!r}; "
+            location = self.scrub(headers.get("location", ""))[:500]
+            error = EndpointError(f"{ep.url}: answered {status} redirecting to {location!r}; "
                                   "redirects are not followed (the API key goes to the configured hosts only): "
                                   "configure the final URL", endpoint=ep.url, status=status)
         return _Failure(error, retry=status in _RETRY_STATUS, counts=False)
 
     def _transport_failure(self, ep: _Endpoint, err: httpx.HTTPError) -> _Failure:
-        return _Failure(EndpointError(self._scrub(f"{ep.url}: {type(err).__name__}: {err}"), endpoint=ep.url),
+        return _Failure(EndpointError(self.scrub(f"{ep.url}: {type(err).__name__}: {err}"), endpoint=ep.url),
                         retry=True, counts=True)
 
     def _pick(self, now: float, avoid: _Endpoint | None) -> _Endpoint:
@@ -583,7 +591,7 @@ class EndpointClient:
     def _deadline_error(self, path: str, attempts: int, tried: list[str], last: EndpointError | None,
                         why: str) -> RequestTimeoutError:
         where = ", ".join(dict.fromkeys(tried)) or "no endpoint"
-        err = RequestTimeoutError(self._scrub(
+        err = RequestTimeoutError(self.scrub(
             f"request to {path} missed its deadline after {attempts} attempt(s) on {where}: {why}"
             + (f"; last error: {last}" if last is not None else "")))
         err.__cause__ = last
@@ -616,11 +624,14 @@ class EndpointClient:
         for message in ((error.get("message") if isinstance(error, dict) else error,
                          body.get("message"), body.get("detail")) if isinstance(body, dict) else ()):
             if isinstance(message, str) and message:
-                return self._scrub(message[:500])
-        return self._scrub(raw.decode(errors="replace")[:500])
+                return self.scrub(message)[:500]
+        return self._excerpt(raw, 500)
 
-    def _scrub(self, text: str) -> str:
-        return text.replace(self._key.value, "***") if self._key is not None else text
+    def _excerpt(self, raw: bytes, chars: int) -> str:
+        """The first ``chars`` characters of ``raw`` as text, the key masked before the cut (a key the cut goes
+        through would be found by no mask): only what the cut can reach is decoded."""
+        longest = chars + (len(self._key.value) if self._key is not None else 0)
+        return self.scrub(raw[:4 * longest].decode(errors="replace"))[:chars]  # 4: UTF-8's longest character
 
 
 def _default_tls() -> ssl.SSLContext:

@@ -305,18 +305,21 @@ class ScriptedUpstream(TestServer):
     """An OpenAI-compatible server with no model. ``chat(payload)`` answers ``/v1/chat/completions`` (a ``str``, a
     :class:`Completion` or a :class:`Raw`; default: the last message's content echoed); ``classify(item)`` gives the
     class probabilities of one ``input`` item of ``/classify`` (default ``[0.5]``); ``models``: what ``/v1/models``
-    lists (the first one is the ``model`` of answers to requests that name none); ``latency_s``: how long each chat
+    lists (the first one is the ``model`` of answers to requests that name none); ``list_models()``, when given,
+    answers ``/v1/models`` instead when it returns a :class:`Raw` (None: the list); ``latency_s``: how long each chat
     or classify answer waits before it is sent (an asyncio sleep: the server takes other requests meanwhile)."""
 
     def __init__(self, chat: Callable[[dict], str | Completion | Raw] | None = None,
                  classify: Callable[[Any], Sequence[float] | Raw] | None = None, *, models: Sequence[str] = ("judge",),
-                 latency_s: float = 0.0, **kwargs: Any) -> None:
+                 list_models: Callable[[], Raw | None] | None = None, latency_s: float = 0.0,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if not 0.0 <= latency_s < float("inf"):
             raise ValueError(f"latency_s={latency_s!r}: give a finite number of seconds >= 0")
         self.chat = chat or (lambda payload: str(payload["messages"][-1]["content"]))
         self.classify = classify or (lambda item: [0.5])
         self.models = tuple(models)
+        self.list_models = list_models
         self.latency_s = float(latency_s)
 
     def routes(self, app: web.Application) -> None:
@@ -325,6 +328,9 @@ class ScriptedUpstream(TestServer):
         app.router.add_post("/classify", self._classify)
 
     async def _models(self, request: web.Request) -> web.StreamResponse:
+        answer = self.list_models() if self.list_models is not None else None
+        if answer is not None:
+            return _raw(answer)
         return web.json_response({"object": "list", "data": [
             {"id": m, "object": "model", "created": 0, "owned_by": "test", "root": m} for m in self.models]})
 
