@@ -339,10 +339,10 @@ async def test_failures_in_flight_while_out_do_not_extend_the_cool_down():
         client._bind()
         first = client._endpoints[0]
         for _ in range(3):
-            client._count_failure(first)
+            client._count_failure(first, client._counts)
         out_for = client.stats()["endpoints"][first.url]["out_for_s"]
         await asyncio.sleep(0.05)
-        client._count_failure(first)  # a request in flight since before the cool-down fails now
+        client._count_failure(first, client._counts)  # a request in flight since before the cool-down fails now
         stats = client.stats()
     assert stats["cooldowns"] == 1 and 9.9 < out_for <= 10
     assert stats["endpoints"][first.url]["out_for_s"] <= out_for - 0.05
@@ -509,8 +509,64 @@ async def test_models_names_every_endpoint_that_fails(servers):
     dead_url = dead.url
     dead.stop()  # its port is closed now
     async with client_for(up.url, dead_url) as client:
-        with pytest.raises(EndpointError, match=rf"1 of 2 .*{dead_url}: ConnectError"):
-            await client.models(5)
+        with pytest.raises(EndpointError, match=rf"1 of 2 .*{dead_url}: .*ConnectError"):
+            await client.models(1)
+
+
+@pytest.mark.asyncio
+async def test_resolve_model_requires_endpoint_model_when_a_server_lists_several(servers, caplog):
+    """Unset endpoint_model once meant the first model listed (a gateway's, or a LoRA module of vLLM's): now the one
+    model the endpoints list, else a ValueError that lists them and names the fix."""
+    lora = servers(ScriptedUpstream(models=("judge", "judge-lora")))
+    single = servers(ScriptedUpstream(models=("judge",)))
+    other = servers(ScriptedUpstream(models=("critic",)))
+    caplog.set_level(logging.INFO, logger="verl_async_rm.remote.endpoints")
+    async with client_for(lora.url) as client:
+        with pytest.raises(ValueError, match=rf"endpoint \['{lora.url}'\] lists .*'judge', 'judge-lora'.*Fix: set "
+                                             "endpoint_model"):
+            await client.resolve_model(None)
+        assert await client.resolve_model("judge-lora") == "judge-lora"
+        with pytest.raises(ValueError, match=rf"endpoint \['{lora.url}'\] does not serve model 'other' .*Fix: set "
+                                             "endpoint_model to one it serves"):
+            await client.resolve_model("other")
+        assert client.pop_step_stats()["requests"] == 0  # a start-up check, not a step's requests
+    async with client_for(single.url) as client:
+        assert await client.resolve_model(None) == "judge"
+    assert f"endpoint ['{single.url}']: using model 'judge', the one it lists" in caplog.text
+    async with client_for(single.url, other.url) as client:  # one model each, not the same one
+        with pytest.raises(ValueError, match="the endpoints must list one model, the same"):
+            await client.resolve_model(None)
+        with pytest.raises(ValueError, match=rf"endpoint \['{other.url}'\] does not serve model 'judge'"):
+            await client.resolve_model("judge")
+
+
+@pytest.mark.asyncio
+async def test_resolve_model_lists_through_the_retry_path_of_post(servers):
+    """The model list is asked through post's one retry path, not a loop of its own: a 503 and a 429 are retried
+    (Retry-After honoured), an attempt with no answer is cut at attempt_timeout_s and retried, a 401 fails at once,
+    an unreachable endpoint fails when timeout_s runs out; each a ValueError naming the URL and the fix."""
+    answers = iter([Raw(503, {"error": "loading"}), Raw(429, {"error": "slow down"}, {"Retry-After": "0.1"})])
+    upstream = servers(ScriptedUpstream(list_models=lambda: next(answers, None)))
+    async with client_for(upstream.url) as client:
+        assert await client.resolve_model("judge", timeout_s=10) == "judge"
+        assert [s.path for s in upstream.seen] == ["/v1/models"] * 3
+        assert client.stats()["endpoints"][upstream.url]["attempts"] == 3
+    hung = servers(FaultProxy(upstream.url, FaultSchedule({0: Fault("delay", delay_s=3600)})))
+    async with client_for(hung.url, attempt_timeout_s=0.3) as client:
+        assert await client.resolve_model(None, timeout_s=60) == "judge"
+        assert len(hung.seen) == 2 and client.stats()["endpoints"][hung.url]["errors"] == 1
+    refused = servers(ScriptedUpstream(list_models=lambda: Raw(401, {"error": "Unauthorized"})))
+    async with client_for(refused.url) as client:
+        with pytest.raises(ValueError, match=rf"endpoint \['{refused.url}'\]: could not list its models .*HTTP 401: "
+                                             "Unauthorized.*Fix: start the server.*api_key_env"):
+            await client.resolve_model("judge", timeout_s=60)
+        assert len(refused.seen) == 1
+    dead = ScriptedUpstream().start()
+    dead.stop()  # its port is closed now
+    async with client_for(dead.url) as client:
+        with pytest.raises(ValueError, match=rf"could not list its models .*missed its deadline .*ConnectError.*Fix"):
+            await client.resolve_model("judge", timeout_s=0.5)
+        assert client.stats()["endpoints"][dead.url]["attempts"] > 1
 
 
 @pytest.mark.asyncio

@@ -269,8 +269,6 @@ class EndpointClient:
         reservation under tokens/min (:class:`TokenLimitError` at once if it can never fit). ``deadline``: on the
         running loop's clock (``loop.time()``). Raises :class:`EndpointError`, ``RequestTimeoutError`` or
         :class:`EndpointClosedError`; a cancelled caller cancels its HTTP request."""
-        if self._closed:
-            raise EndpointClosedError("the endpoint client is closed; it takes no new requests")
         for name, value in (("tokens", tokens), ("max_output_tokens", max_output_tokens)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ValueError(f"{name} must be an integer >= 0, got {value!r}")
@@ -278,58 +276,33 @@ class EndpointClient:
             raise ValueError(f"deadline must be a finite time on the loop's clock, got {deadline!r}")
         self._url(self._endpoints[0], path, at_root)  # a bad path fails here, not in the first attempt
         content = json.dumps(payload, separators=(",", ":")).encode()
-        loop = self._bind()
-        t0 = loop.time()
-        self._counts["requests"] += 1
-        try:
-            self.limiter.check_tokens(tokens + max_output_tokens)
-        except Exception:
-            self._counts["failed"] += 1
-            raise
-        task = loop.create_task(self._send(path, at_root, content, tokens + max_output_tokens, deadline, t0))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        try:
-            try:
-                await asyncio.wait({task})  # unlike `await task`, tells our caller's cancellation from aclose()'s
-            except asyncio.CancelledError:
-                task.cancel()
-                self._counts["cancelled"] += 1
-                raise
-            if task.cancelled():
-                raise EndpointClosedError("the endpoint client was closed while the request was in flight")
-            reply = task.result()
-        except asyncio.CancelledError:
-            raise
-        except RequestTimeoutError:
-            self._counts["timed_out"] += 1
-            raise
-        except BaseException:
-            self._counts["failed"] += 1
-            raise
-        self._counts["completed"] += 1
+        reply = await self._request("POST", path, content, tokens + max_output_tokens, deadline, at_root=at_root,
+                                    tally=self._counts)
         self._latency.add(reply.latency_s)
         return reply
 
     async def models(self, timeout_s: float = 10.0) -> dict[str, list[str]]:
-        """``GET /models`` on every endpoint at once (a start-up check; no rate limit, no retry): the model ids each
-        serves. Raises :class:`EndpointError` naming every endpoint that failed and why."""
+        """``GET /models`` on every endpoint at once, each through the retry path of :meth:`post` (its endpoint
+        only; the rate limits apply) until ``timeout_s``: the model ids each lists. Not counted in the step figures
+        (a start-up check). Raises :class:`EndpointError` naming every endpoint that failed and why (the last
+        failure of one that ran out of time, a 4xx at once)."""
+        if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not 0 < timeout_s < math.inf:
+            raise ValueError(f"timeout_s={timeout_s!r}: give a finite number of seconds > 0")
+        deadline = self._bind().time() + timeout_s
+        tally: Counter[str] = Counter()
+
         async def one(ep: _Endpoint) -> list[str]:
             try:
-                resp = await asyncio.wait_for(
-                    self._http.get(ep.url + "/models", headers=self._headers(), timeout=timeout_s), timeout_s)
-            except asyncio.TimeoutError:
-                raise EndpointError(f"{ep.url}: no answer within {timeout_s:g} s", endpoint=ep.url) from None
-            except httpx.HTTPError as err:
-                raise EndpointError(self.scrub(f"{ep.url}: {type(err).__name__}: {err}"), endpoint=ep.url) from None
-            if resp.status_code != 200:
-                raise EndpointError(f"{ep.url}: HTTP {resp.status_code}: {self._message(resp.content, _json(resp.content))}",
-                                    endpoint=ep.url, status=resp.status_code)
-            try:
-                return [str(m["id"]) for m in _json(resp.content)["data"]]
-            except (KeyError, TypeError):
-                raise EndpointError(f"{ep.url}: /models answered {self._excerpt(resp.content, 200)!r}, not a model "
-                                    "list", endpoint=ep.url) from None
+                body = (await self._request("GET", "/models", None, 0, deadline, pin=ep, tally=tally)).body
+            except RequestTimeoutError as err:
+                raise EndpointError(f"{ep.url}: {err}", endpoint=ep.url) from err
+            data = body.get("data")
+            if not isinstance(data, list) or not all(isinstance(m, dict) and isinstance(m.get("id"), str)
+                                                     for m in data):
+                raise EndpointError(f"{ep.url}: /models answered a JSON object with "
+                                    f"{self.scrub(repr(sorted(map(str, body))))[:200]} and no model list",
+                                    endpoint=ep.url)
+            return [m["id"] for m in data]
 
         results = await asyncio.gather(*(one(ep) for ep in self._endpoints), return_exceptions=True)
         failed = [r for r in results if isinstance(r, BaseException)]
@@ -340,6 +313,34 @@ class EndpointClient:
             raise EndpointError(f"{len(failed)} of {len(results)} endpoint(s) failed the /models check: "
                                 + "; ".join(str(e) for e in failed), endpoint=failed[0].endpoint)  # type: ignore
         return {ep.url: r for ep, r in zip(self._endpoints, results)}  # type: ignore[misc]
+
+    async def resolve_model(self, wanted: str | None, *, timeout_s: float = 30.0) -> str:
+        """The model to ask for: ``wanted`` (the RM's ``endpoint_model``), which every endpoint must list, or, when
+        None, the one model the endpoints list (a server with LoRA modules, or a gateway, lists several: which one
+        judges is for the user to say). Lists them with :meth:`models` (``timeout_s``). Raises ``ValueError`` naming
+        the URL(s), what they list and the fix."""
+        if wanted is not None and (not isinstance(wanted, str) or not wanted):
+            raise ValueError(f"endpoint_model={wanted!r}: give the name of a model the endpoint serves, or None")
+        try:
+            served = await self.models(timeout_s)
+        except EndpointError as err:
+            raise ValueError(f"endpoint {list(self.urls)}: could not list its models ({err}). Fix: start the server, "
+                             "check the URL (http(s)://host:port/v1), the network path and api_key_env") from err
+        if wanted is not None:
+            missing = [url for url, ids in served.items() if wanted not in ids]
+            if missing:
+                raise ValueError(f"endpoint {missing} does not serve model {wanted!r} (it lists {served}). Fix: set "
+                                 "endpoint_model to one it serves, or start the server with that model (vLLM: "
+                                 "--served-model-name)")
+            return wanted
+        listed = list(dict.fromkeys(m for ids in served.values() for m in ids))
+        if len(listed) != 1 or any(ids != listed for ids in served.values()):
+            raise ValueError(f"endpoint {list(served)} lists {served}: with no endpoint_model, the endpoints must list "
+                             "one model, the same. Fix: set endpoint_model to the model to ask for, one that every "
+                             "endpoint lists")
+        logger.info("endpoint %s: using model %r, the one it lists (endpoint_model is not set)", list(served),
+                    listed[0])
+        return listed[0]
 
     def stats(self) -> dict[str, Any]:
         """Counters since the start (requests and their outcomes, attempts, retries, 429s, endpoint errors, 4xx,
@@ -397,8 +398,46 @@ class EndpointClient:
     def _now(self) -> float:
         return self._loop.time() if self._loop is not None else -math.inf
 
-    async def _send(self, path: str, at_root: bool, content: bytes, reserve: int, deadline: float,
-                    t0: float) -> Reply:
+    async def _request(self, method: str, path: str, content: bytes | None, reserve: int, deadline: float, *,
+                       at_root: bool = False, pin: _Endpoint | None = None, tally: Counter[str]) -> Reply:
+        """One request through the retry path, in a task that :meth:`aclose` cancels; on ``pin`` alone when given.
+        Its outcome is counted in ``tally`` (the step figures, or a start-up check's own)."""
+        if self._closed:
+            raise EndpointClosedError("the endpoint client is closed; it takes no new requests")
+        loop = self._bind()
+        t0 = loop.time()
+        tally["requests"] += 1
+        try:
+            self.limiter.check_tokens(reserve)
+        except Exception:
+            tally["failed"] += 1
+            raise
+        task = loop.create_task(self._send(method, path, at_root, content, reserve, deadline, t0, pin, tally))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        try:
+            try:
+                await asyncio.wait({task})  # unlike `await task`, tells our caller's cancellation from aclose()'s
+            except asyncio.CancelledError:
+                task.cancel()
+                tally["cancelled"] += 1
+                raise
+            if task.cancelled():
+                raise EndpointClosedError("the endpoint client was closed while the request was in flight")
+            reply = task.result()
+        except asyncio.CancelledError:
+            raise
+        except RequestTimeoutError:
+            tally["timed_out"] += 1
+            raise
+        except BaseException:
+            tally["failed"] += 1
+            raise
+        tally["completed"] += 1
+        return reply
+
+    async def _send(self, method: str, path: str, at_root: bool, content: bytes | None, reserve: int,
+                    deadline: float, t0: float, pin: _Endpoint | None, tally: Counter[str]) -> Reply:
         loop = self._loop
         assert loop is not None
         attempts, waits, tried = 0, [], []
@@ -409,7 +448,7 @@ class EndpointClient:
             now = loop.time()
             if now >= deadline:
                 raise self._deadline_error(path, attempts, tried, last, "no time was left for another attempt")
-            wait = max(0.0, not_before - now)
+            wait = max(0.0, not_before - now, pin.out_until - now if pin is not None else 0.0)
             if attempts:
                 wait = max(wait, self._rng.uniform(0.0, min(BACKOFF_CAP_S, self.backoff_s * 2 ** (attempts - 1))))
             if wait > 0:
@@ -422,10 +461,10 @@ class EndpointClient:
                 permit = await self.limiter.acquire(reserve, deadline)
             except RequestTimeoutError as err:
                 raise self._deadline_error(path, attempts, tried, last, str(err))  # noqa: B904 - cause: last error
-            ep = self._pick(loop.time(), avoid)
+            ep = pin if pin is not None else self._pick(loop.time(), avoid)
             attempts += 1
             tried.append(ep.url)
-            result = await self._attempt(ep, path, at_root, content, deadline, permit, attempts)
+            result = await self._attempt(ep, method, path, at_root, content, deadline, permit, attempts, tally)
             if isinstance(result, Reply):
                 return dataclasses.replace(result, attempts=attempts, latency_s=loop.time() - t0, waits_s=tuple(waits))
             if result.deadline:  # the cause: the error that made it retry (a 503, say), if one did
@@ -437,29 +476,30 @@ class EndpointClient:
                 if not self._take_out(ep, until, "retry-after"):
                     not_before = until
             if result.counts:
-                self._count_failure(ep)
+                self._count_failure(ep, tally)
             if not result.retry:
                 raise result.error
             logger.debug("request to %s: attempt %d failed (%s); retrying", path, attempts, result.error)
 
-    async def _attempt(self, ep: _Endpoint, path: str, at_root: bool, content: bytes, deadline: float,
-                       permit: Permit, attempt: int) -> Reply | _Failure:
+    async def _attempt(self, ep: _Endpoint, method: str, path: str, at_root: bool, content: bytes | None,
+                       deadline: float, permit: Permit, attempt: int, tally: Counter[str]) -> Reply | _Failure:
         """One HTTP attempt on ``ep``, ended by the deadline at the latest: the reply, or why it failed; releases
         ``permit`` with the usage the server reported."""
         loop = self._loop
         assert loop is not None
         ep.outstanding += 1
         ep.attempts += 1
-        self._counts["attempts"] += 1
+        tally["attempts"] += 1
         if attempt > 1:
-            self._counts["retries"] += 1
+            tally["retries"] += 1
         used: int | None = None  # tokens the server processed; None: not known, the reservation stands
         try:
             url = self._url(ep, path, at_root)
             left = max(deadline - loop.time(), 1e-3)  # the limiter granted at the deadline at the latest
             budget = min(left, self.attempt_timeout_s)
             try:  # httpx's timeouts bound each read; this bounds the whole attempt, the body's reading included
-                status, headers, raw, whole = await asyncio.wait_for(self._exchange(url, content, budget), budget)
+                status, headers, raw, whole = await asyncio.wait_for(self._exchange(method, url, content, budget),
+                                                                     budget)
             except asyncio.TimeoutError:  # the attempt's own bound, or the deadline (httpx's timeouts are not these)
                 if budget < left:  # a wedged endpoint: its failure, and the request goes on elsewhere
                     return _Failure(EndpointError(f"{ep.url}: no answer within attempt_timeout_s="
@@ -480,7 +520,7 @@ class EndpointClient:
             except httpx.HTTPError as err:  # a local protocol error, an unsupported scheme...: not the server's doing
                 return _Failure(EndpointError(self.scrub(f"{ep.url}: {type(err).__name__}: {err}"),
                                               endpoint=ep.url), retry=False, counts=False)
-            result = self._answer(ep, status, headers, raw, whole)
+            result = self._answer(ep, status, headers, raw, whole, tally)
             if status == 429:
                 used = 0
             elif isinstance(result, Reply) and result.usage is not None:
@@ -495,16 +535,18 @@ class EndpointClient:
                                "limits count at most %d times the reservation (warned once per endpoint)", ep.url,
                                used, permit.tokens, USAGE_CAP)
 
-    async def _exchange(self, url: httpx.URL, content: bytes, budget: float) -> tuple[int, httpx.Headers, bytes, bool]:
+    async def _exchange(self, method: str, url: httpx.URL, content: bytes | None,
+                        budget: float) -> tuple[int, httpx.Headers, bytes, bool]:
         """Send the request and read its answer: the status, the headers, the body (decoded) and whether it is whole
         (a body larger than its cap is cut there and the connection closed)."""
         timeout = httpx.Timeout(budget, connect=min(budget, CONNECT_TIMEOUT_S))
-        async with self._http.stream("POST", url, content=content, headers=self._headers(), timeout=timeout) as resp:
+        async with self._http.stream(method, url, content=content, headers=self._headers(), timeout=timeout) as resp:
             cap = MAX_BODY_BYTES if 200 <= resp.status_code < 300 else _ERROR_BODY_BYTES
             raw, whole = await _read_capped(resp, cap)
             return resp.status_code, resp.headers, raw, whole
 
-    def _answer(self, ep: _Endpoint, status: int, headers: httpx.Headers, raw: bytes, whole: bool) -> Reply | _Failure:
+    def _answer(self, ep: _Endpoint, status: int, headers: httpx.Headers, raw: bytes, whole: bool,
+                tally: Counter[str]) -> Reply | _Failure:
         """What an answer means: a reply (a 2xx whose body is a JSON object with no error in it), or a failure."""
         if 200 <= status < 300:
             if not whole:
@@ -523,19 +565,19 @@ class EndpointClient:
             usage = _usage(body)
             ep.failures = 0
             if usage is not None:
-                self._counts["tokens_in"] += usage.prompt_tokens
-                self._counts["tokens_out"] += usage.completion_tokens
+                tally["tokens_in"] += usage.prompt_tokens
+                tally["tokens_out"] += usage.completion_tokens
             return Reply(body, ep.url, 0, 0.0, usage)
         ep.failures = 0 if status < 500 else ep.failures
         error = EndpointError(f"{ep.url}: HTTP {status}: {self._message(raw, _json(raw))}", endpoint=ep.url,
                               status=status)
         retry_after = self._retry_after(headers)
         if status == 429:
-            self._counts["status_429"] += 1
+            tally["status_429"] += 1
             return _Failure(error, retry=True, counts=False, retry_after=retry_after)
         if status >= 500:
             return _Failure(error, retry=True, counts=True, retry_after=retry_after)
-        self._counts["client_errors"] += 1
+        tally["client_errors"] += 1
         if 300 <= status < 400:
             location = self.scrub(headers.get("location", ""))[:500]
             error = EndpointError(f"{ep.url}: answered {status} redirecting to {location!r}; "
@@ -573,17 +615,17 @@ class EndpointClient:
             ep.out_until, ep.out_reason = until, reason
         return True
 
-    def _count_failure(self, ep: _Endpoint) -> None:
+    def _count_failure(self, ep: _Endpoint, tally: Counter[str]) -> None:
         """A connection error, 5xx or bad body: counted, and the endpoint taken out after ``max_failures``."""
         ep.failures += 1
         ep.errors += 1
-        self._counts["endpoint_errors"] += 1
+        tally["endpoint_errors"] += 1
         now = self._now()
         # The failures of requests in flight while it is out neither extend nor renew its cool-down (back in, its next
         # failure takes it out again); the last endpoint in service stays in: backoff alone paces the retries then.
         if ep.failures >= self.max_failures and ep.out_until <= now and self._take_out(ep, now + self.cooldown_s,
                                                                                        "cool-down"):
-            self._counts["cooldowns"] += 1
+            tally["cooldowns"] += 1
             logger.warning("endpoint %s failed %d times in a row; out for %g s (%d of %d endpoints out)", ep.url,
                            ep.failures, self.cooldown_s, sum(e.out_until > now for e in self._endpoints),
                            len(self._endpoints))
