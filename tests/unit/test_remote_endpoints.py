@@ -13,6 +13,7 @@ import ipaddress
 import pickle
 import logging
 import random
+import re
 import ssl
 
 import pytest
@@ -443,6 +444,45 @@ def test_check_endpoints_normalises_and_names_bad_values():
     with pytest.raises(ValueError, match="credentials") as info:
         check_endpoints("http://user:hunter2@h/v1")
     assert "hunter2" not in str(info.value)
+
+
+@pytest.mark.parametrize("url, fix", [
+    ("file:///x", "http://<host>:<port>/v1"),  # was: "write it as http:///x"
+    ("localhost:8000/v1", "http://localhost:8000/v1"),
+    ("judge-node:8000", "http://judge-node:8000/v1"),
+    ("ftp://h/v1", "http://h/v1"),
+    ("http//h/v1", "http://h/v1")])
+def test_a_url_without_http_gets_a_fix_that_is_a_base_url(url, fix):
+    with pytest.raises(ValueError, match="needs a scheme") as info:
+        check_endpoints(url, key="endpoint")
+    assert str(info.value).endswith(f"Fix: write it as {fix} (or https://)")
+    if "<" not in fix:
+        assert check_endpoints(fix) == (fix,)  # the fix itself is accepted
+
+
+@pytest.mark.parametrize("url, route, base", [
+    ("http://h:8000/v1/chat/completions", "/chat/completions", "http://h:8000/v1"),
+    ("http://h:8000/v1/completions/", "/completions", "http://h:8000/v1"),
+    ("http://h:8000/classify", "/classify", "http://h:8000/v1"),
+    ("https://api.example.com/openai/v1/models", "/models", "https://api.example.com/openai/v1")])
+def test_a_url_that_ends_with_an_api_route_is_refused_naming_the_base_url(url, route, base):
+    with pytest.raises(ValueError, match=rf"ends with the API route {route}, .*Fix: give the base URL, {base}$"):
+        check_endpoints(url, key="endpoint")
+
+
+@pytest.mark.parametrize("urls", [
+    ["http://localhost:8000/v1", "http://127.0.0.1:8000/v1"],
+    ["http://[::1]:8000/v1", "http://localhost:8000/v1/"],
+    ["http://127.0.0.1:8000/v1", "http://[::1]:8000/v1"],
+    ["http://h/v1", "http://H:80/v1"]])
+def test_one_server_under_two_names_is_listed_twice(urls):
+    with pytest.raises(ValueError, match=r"is listed twice \(as " + re.escape(urls[0].rstrip("/"))):
+        check_endpoints(urls, key="endpoint")
+
+
+def test_servers_on_other_ports_or_paths_are_other_endpoints():
+    urls = ["http://localhost:8000/v1", "http://127.0.0.1:8001/v1", "http://localhost:8000/v2", "https://localhost/v1"]
+    assert check_endpoints(urls) == tuple(urls)
 
 
 # ---------------------------------------------------------------------------------------------------- lifecycle
