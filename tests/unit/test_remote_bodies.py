@@ -1,7 +1,9 @@
 """What an endpoint answers cannot break the remote RM client: a body that does not read as a JSON object (bad syntax or
 encoding, nesting deeper than the parser's stack, a list) or a 200 carrying an error object is an endpoint failure and
 is retried; a body is read up to a cap on its decoded size (a small gzip body that inflates past it is not inflated
-whole); a bogus ``usage`` counts at most 4x the request's reservation in the rate limits. Real HTTP on 127.0.0.1: a scripted upstream serves each bad answer exactly once, then good ones."""
+whole); a bogus ``usage`` counts at most 4x the request's reservation in the rate limits; a key the server echoes is
+masked everywhere. Real HTTP on 127.0.0.1: a scripted upstream serves each bad answer exactly once (then good ones),
+or every time where the test says so."""
 
 from __future__ import annotations
 

@@ -237,10 +237,11 @@ async def test_a_server_slower_than_the_deadline_times_out_naming_the_endpoint(s
 
 @pytest.mark.asyncio
 async def test_an_attempt_past_attempt_timeout_s_fails_its_endpoint_and_the_request_goes_to_another(servers, caplog):
-    """One endpoint answers its first request, then accepts every other and never answers (a proxy whose ``delay`` outlasts
-    the test), one is live. With a deadline of a minute and attempt_timeout_s=0.5, every request is answered by its
-    second attempt at the latest: each hung attempt is cut at 0.5 s, counted against the hung endpoint (which is
-    cooled down) and retried on the live one."""
+    """One endpoint answers its first request, then accepts every other and never answers (a proxy whose ``delay``
+    outlasts the test), one is live. With a deadline of a minute and attempt_timeout_s=0.5, every request is answered
+    by its second attempt at the latest: each hung attempt is cut at 0.5 s, counted against the hung endpoint (which
+    is cooled down) and retried on the live one. (Before, an attempt's bound was the time left: each request sent to
+    the hung endpoint waited for its deadline and timed out.)"""
     live = servers(ScriptedUpstream())
     hung = servers(FaultProxy(live.url, FaultSchedule({0: None}, rate=1.0, kinds=["delay"], delay_s=3600)))
     caplog.set_level(logging.DEBUG, logger="verl_async_rm.remote.endpoints")
@@ -604,7 +605,7 @@ async def test_resolve_model_lists_through_the_retry_path_of_post(servers):
     dead = ScriptedUpstream().start()
     dead.stop()  # its port is closed now
     async with client_for(dead.url) as client:
-        with pytest.raises(ValueError, match=rf"could not list its models .*missed its deadline .*ConnectError.*Fix"):
+        with pytest.raises(ValueError, match=r"could not list its models .*missed its deadline .*ConnectError.*Fix"):
             await client.resolve_model("judge", timeout_s=0.5)
         assert client.stats()["endpoints"][dead.url]["attempts"] > 1
 

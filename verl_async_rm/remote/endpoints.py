@@ -1,22 +1,31 @@
 """An HTTP client for one remote RM served at one or several OpenAI-compatible base URLs (``http://host:port/v1``):
-each request resolves once, within its deadline, with the JSON answer or an error that names what failed.
+each request resolves once, within its deadline, with a decoded JSON object or a typed error that names what failed
+(:class:`EndpointError`, ``RequestTimeoutError``, :class:`EndpointClosedError`).
 
-Retries: a 429, 408 or 5xx, a connection error, a cut or non-JSON body, and an attempt with no complete answer within
-``attempt_timeout_s`` (:data:`ATTEMPT_TIMEOUT_S` by default; httpx's read, write and pool timeouts are bounded by it)
-are retried, on another endpoint where there is one, with exponential
-backoff and full jitter (up to ``backoff_s`` before the first retry, doubling to at most :data:`BACKOFF_CAP_S`),
-honouring ``Retry-After`` (seconds or an HTTP date: the endpoint takes no request before then, or, when it is the
-last endpoint in service, the request that got it waits that long and the others go on), until the deadline; a wait
-that would end past it fails at once. Another 4xx, or a redirect, fails at once (:class:`EndpointError`, with
-the status and the server's message). A deadline miss is a ``RequestTimeoutError`` whose ``__cause__`` is the last
-failure (the one that made it retry, where the deadline then cut an attempt short); every wait (rate limits,
-backoff, each HTTP attempt) ends by the deadline.
+Answers: a body is read up to :data:`MAX_BODY_BYTES` decoded (the client inflates gzip and deflate itself, never past
+the cap). A 2xx is the reply when its body is a JSON object other than an error object (an ``error`` with none of
+``choices``, ``data``, ``results``); what the object holds is for the caller to read.
+
+Retries: an attempt is retried when it got a 429, 408 or 5xx; a 2xx with a body over the cap, not JSON (whatever the
+parser raises, ``RecursionError`` included), not a JSON object, or an error object; a connection refused, dropped or
+cut short, or a body that does not inflate; or no complete answer within ``attempt_timeout_s``
+(:data:`ATTEMPT_TIMEOUT_S` by default; httpx's read, write and pool timeouts, bounded by it, count the same). It is
+retried on another endpoint where there is one, after exponential backoff with full jitter (up to ``backoff_s``
+before the first retry, doubling to at most :data:`BACKOFF_CAP_S`), honouring ``Retry-After`` (seconds or an HTTP
+date, at most ``max_retry_after_s``: the endpoint takes no request before then, or, when it is the last endpoint in
+service, the request that got it waits that long and the others go on), until the deadline; a wait that would end
+past it fails at once. Nothing else is retried: another 4xx, a redirect or a TLS certificate that fails the check
+fails at once (:class:`EndpointError`, with the status and the server's message). A deadline miss is a
+``RequestTimeoutError`` whose ``__cause__`` is the last failure (the one that made it retry, where the deadline then
+cut an attempt short); every wait (rate limits, backoff, each HTTP attempt) ends by the deadline. The model lists
+(:meth:`EndpointClient.models`, :meth:`EndpointClient.resolve_model`) are asked for through the same path.
 
 Routing: the available endpoint with the fewest requests in flight (ties in turn), another one than the endpoint that
-just failed when there is one. :data:`MAX_FAILURES` consecutive failures (connection errors, 5xx, bad bodies; any
-answer from the server resets the count) take an endpoint out for :data:`COOLDOWN_S`; when it is back, one more
-failure takes it out again. The last endpoint in service is never taken out (a cool-down or a ``Retry-After`` there
-would stop every request), so one endpoint is always in service.
+just failed when there is one. :data:`MAX_FAILURES` consecutive failures (the retried ones above but a 429 or 408: a
+connection error, a 5xx, a bad body, an attempt past ``attempt_timeout_s``; any other answer from the server resets
+the count) take an endpoint out for :data:`COOLDOWN_S`; when it is back, one more failure takes it out again. The last
+endpoint in service is never taken out (a cool-down or a ``Retry-After`` there would stop every request), so one
+endpoint is always in service.
 
 Security: the API key is read from the environment variable named ``api_key_env`` and sent as ``Authorization:
 Bearer`` only with requests to the configured base URLs. Redirects are not followed (a 3xx fails the request, naming
@@ -186,9 +195,9 @@ class Usage:
 
 @dataclass(frozen=True)
 class Reply:
-    """A successful answer: ``body`` (the decoded JSON), the base URL that gave it, the attempts it took, its latency
-    from the call (waits included), the usage the server reported (None if none) and each wait the client chose
-    (backoff, Retry-After, cool-down; the rate limits' waits are the limiter's)."""
+    """A successful answer: ``body`` (the decoded JSON object), the base URL that gave it, the attempts it took, its
+    latency from the call (waits included), the usage the server reported (None if none, or not counts) and each wait
+    the client chose (backoff, Retry-After, cool-down; the rate limits' waits are the limiter's)."""
 
     body: Any
     endpoint: str
