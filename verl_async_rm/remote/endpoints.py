@@ -377,9 +377,9 @@ class EndpointClient:
             return wanted
         listed = list(dict.fromkeys(m for ids in served.values() for m in ids))
         if len(listed) != 1 or any(ids != listed for ids in served.values()):
-            raise ValueError(f"endpoint {list(served)} lists {served}: with no endpoint_model, the endpoints must list "
-                             "one model, the same. Fix: set endpoint_model to the model to ask for, one that every "
-                             "endpoint lists")
+            raise ValueError(f"endpoint {list(served)} lists {served}: endpoint_model is not set, which is allowed "
+                             "only when the endpoints list one model, the same. Fix: set endpoint_model to the model "
+                             "to ask for, one that every endpoint lists")
         logger.info("endpoint %s: using model %r, the one it lists (endpoint_model is not set)", list(served),
                     listed[0])
         return listed[0]
