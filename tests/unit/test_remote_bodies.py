@@ -89,18 +89,15 @@ async def test_a_body_that_is_not_a_json_object_or_is_an_error_is_an_endpoint_fa
 
 
 @pytest.mark.asyncio
-async def test_a_body_that_never_reads_ends_in_a_typed_error_with_the_last_failure():
+async def test_a_body_that_never_reads_ends_in_a_typed_error_with_the_last_failure(servers):
     """Every answer nests deeper than the parser's stack: retried to the deadline, then ``RequestTimeoutError``
     (nothing else escapes), its cause the endpoint's failure."""
-    upstream = ScriptedUpstream(lambda payload: Raw(200, b"[" * 100_000 + b"]" * 100_000)).start()
-    try:
-        async with client_for(upstream.url) as client:
-            with pytest.raises(RequestTimeoutError, match="not a JSON object") as info:
-                await chat(client, seconds=0.5)
-        assert isinstance(info.value.__cause__, EndpointError) and info.value.__cause__.status == 200
-        assert len(upstream.seen) >= 2
-    finally:
-        upstream.stop()
+    upstream = servers(ScriptedUpstream(lambda payload: Raw(200, b"[" * 100_000 + b"]" * 100_000)))
+    async with client_for(upstream.url) as client:
+        with pytest.raises(RequestTimeoutError, match="not a JSON object") as info:
+            await chat(client, seconds=0.5)
+    assert isinstance(info.value.__cause__, EndpointError) and info.value.__cause__.status == 200
+    assert len(upstream.seen) >= 2
 
 
 @pytest.mark.asyncio
