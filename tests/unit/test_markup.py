@@ -1,16 +1,20 @@
 """Content that never becomes markup (``scoring/markup.py``), with the tiny offline tokenizers and the families':
-special-token strings hidden locally and tokenized as text, markers neutralized for a server. How the RMs' inputs use
-them: ``test_rm_inputs.py`` and ``test_process_steps.py``."""
+special-token strings hidden locally and tokenized as text, markers neutralized for a server, the judges' structure
+tags escaped. How each kind's input uses them: ``test_rm_inputs.py``, ``test_process_steps.py``,
+``test_judge_scorer.py`` and ``test_group_judge.py``."""
 
 from __future__ import annotations
+
+import html
+import re
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from verl_async_rm.errors import RewardInputError
-from verl_async_rm.scoring.markup import (COMMON_MARKERS, HIDDEN, hide_markup, hide_messages, map_strings, markup_ids,
-                                          neutralize_markup, neutralize_messages, special_token_strings)
+from verl_async_rm.scoring.markup import (COMMON_MARKERS, HIDDEN, escape_tags, hide_markup, hide_messages, map_strings,
+                                          markup_ids, neutralize_markup, neutralize_messages, special_token_strings)
 
 pytestmark = pytest.mark.unit
 
@@ -192,3 +196,22 @@ def test_strings_are_mapped_in_every_field_but_the_role():
                       {"role": "assistant", "content": "Sb", "tool_calls": [{"function": {"arguments": {"x": "S"}}}]}]
     assert messages[1]["content"] == "<s>b"  # a copy
 
+
+# ------------------------------------------------------------------------------------------------- structure tags
+
+
+@pytest.mark.parametrize("tag", ["</response>", '<response label="2">', "< / RESPONSE >", "<Response label='3'>",
+                                 "<\n/response>", "<responses>", "</reference_answer>", "<Reference>", "<question>",
+                                 "</QUESTION >", "\uff1c/response\uff1e", "\u2039response\u203a",
+                                 "\u3008question\u3009"])
+def test_a_structure_tag_in_content_is_escaped_whatever_its_case_spacing_or_bracket(tag):
+    text = f"my answer\n{tag}\nmore"
+    escaped = escape_tags(text)
+    assert not re.search(r"[<\uff1c\u2039\u3008]\s*/?\s*(?:response|question|reference)", escaped, re.IGNORECASE)
+    assert html.unescape(escaped) == text
+    assert escape_tags(escaped) == escaped
+
+
+def test_benign_text_and_other_tags_are_not_escaped():
+    for text in [*BENIGN, "<b>bold</b> <answer>7</answer> <responsibility>"]:
+        assert escape_tags(text) == text

@@ -4,8 +4,12 @@ checked at load against the model's own logits) or by the verdict it writes (``g
 ``judge_pattern``; a verdict that does not parse fails its trajectory, never a default score).
 
 The values the prompt renders (``prompt``, ``response``, ``ground_truth``, ``messages``) are content
-(:func:`as_content`): locally a special token's string in a value stays text (:func:`~.markup.hide_markup`, then
-:func:`chat_ids`); the text of ``judge_prompt`` itself is the user's, and its special tokens are control tokens."""
+(:func:`as_content`): whatever they hold, the judge reads it as text, inside the prompt's structure. The default
+prompts put the question, the reference answer and the response each between tags of their own (``<question>``,
+``<reference_answer>``, ``<response>``), and a tag of those names in a value is escaped
+(:func:`~.markup.escape_tags`), so a response cannot close its section or write another. Locally a special token's
+string in a value stays text (:func:`~.markup.hide_markup`, then :func:`chat_ids`); the text of ``judge_prompt`` itself
+is the user's, and its special tokens are control tokens."""
 
 from __future__ import annotations
 
@@ -19,16 +23,19 @@ from verl_async_rm.errors import ConfigValueError, JudgeVerdictError, RewardInpu
 from verl_async_rm.request import RMRequest, ScoreResult, Verdict
 from verl_async_rm.scoring.engine import check_rows, differs
 from verl_async_rm.scoring.inputs import check_token_ids, dedup_bos, strip_trailing
-from verl_async_rm.scoring.markup import hide_markup, map_strings, markup_ids
+from verl_async_rm.scoring.markup import escape_tags, hide_markup, map_strings, markup_ids
 from verl_async_rm.scoring.outcome import OutcomeKind, RMInput
 
 __all__ = ["JudgeLogitsKind", "JudgeGenerateKind", "Verdict", "compile_prompt", "compile_pattern", "judge_text",
            "response_text", "as_content", "prompt_values", "judge_messages", "verdict_form", "judge_input_ids",
            "chat_ids", "last_user_text", "parse_verdict", "judge_token_ids", "final_norm", "VERDICT_CHARS"]
 
+# each part between tags of its own: a response cannot write the reference's section or another part's
+# (as_content escapes those tags in it), and the instruction comes last, where the judge reads it before it answers
 _QUESTION = (
-    "Here is a question and a response to it.\n\nQuestion: {{ prompt }}\n\nResponse: {{ response }}\n"
-    "{% if ground_truth %}\nReference answer: {{ ground_truth }}\n{% endif %}\n"
+    "Here is a question{% if ground_truth %}, a reference answer{% endif %} and a response to it, each between "
+    "tags.\n\n<question>\n{{ prompt }}\n</question>\n{% if ground_truth %}\n<reference_answer>\n{{ ground_truth }}\n"
+    "</reference_answer>\n{% endif %}\n<response>\n{{ response }}\n</response>\n\n"
 )
 DEFAULT_PROMPTS = {
     "logits": _QUESTION + "Is the response correct? Answer Yes or No.",
@@ -51,8 +58,8 @@ def compile_prompt(text: str, variables: Sequence[str] = _VARIABLES, key: str = 
 
     env = ImmutableSandboxedEnvironment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     fix = f"write it in Jinja with the variables {', '.join(variables)}, e.g. 'Question: {{{{ prompt }}}}'"
-    samples = {"prompt": "p", "response": "r", "responses": "[1]\nr", "messages": [{"role": "user", "content": "p"}],
-               "ground_truth": "g"}
+    samples = {"prompt": "p", "response": "r", "responses": '<response label="1">\nr\n</response>',
+               "messages": [{"role": "user", "content": "p"}], "ground_truth": "g"}
     try:
         template = env.from_string(text)
         template.render(**{name: samples[name] for name in variables})
@@ -100,9 +107,10 @@ def judge_text(request: RMRequest, *, template: Any, policy_tokenizer: Any, resp
 
 
 def as_content(text: str, escape: Callable[[str], str] | None = None) -> str:
-    """A value as a judge's prompt renders it: ``escape`` applied, locally :func:`~.markup.hide_markup` for the
-    judge's tokenizer (:func:`chat_ids` reads its special-token strings as text), at an endpoint
-    :func:`~.markup.neutralize_markup`. Benign text is unchanged."""
+    """A value as a judge's prompt renders it: its structure tags escaped (:func:`~.markup.escape_tags`), then
+    ``escape`` applied: locally :func:`~.markup.hide_markup` for the judge's tokenizer (:func:`chat_ids` reads its
+    special-token strings as text), at an endpoint :func:`~.markup.neutralize_markup`. Benign text is unchanged."""
+    text = escape_tags(text)
     return text if escape is None else escape(text)
 
 

@@ -1,5 +1,5 @@
 """Content that never becomes markup: whatever a prompt, a response or a reference holds reaches an RM or a judge as
-text, never as a control token of its chat format.
+text, never as a control token of its chat format, nor as the structure of a judge's prompt.
 
 Special tokens, locally. The RM's or judge's input holds exactly the special tokens its templates write (the chat
 template, and the text of ``judge_prompt`` itself). Each piece of content goes through :func:`hide_markup` (or
@@ -16,6 +16,12 @@ characters (BERT-style ``clean_text`` removes category Cf) before it matches tok
 word; and a reader, human or LLM, still reads the same words. The markers are the judge's tokenizer's special-token
 strings when it is at hand (``model_path``), else :data:`COMMON_MARKERS`.
 
+A judge's structure. The judges' default prompts put each part between tags (``<question>``, ``<reference_answer>``,
+``<response>``; a group judge's responses each between ``<response label="2">`` and ``</response>``).
+:func:`escape_tags` writes the opening bracket of any tag in content whose name starts with one of
+:data:`STRUCTURE_TAGS` (any case, any spacing, a closing slash, ``<`` or a look-alike bracket) as its HTML character
+reference (``&lt;/response>``): a reader sees the text, never a tag; ``html.unescape`` gives the text back.
+
 One-character special tokens (no chat format has one) cannot be broken by a mark and are left as they are.
 """
 
@@ -30,8 +36,8 @@ from typing import Any
 
 from verl_async_rm.errors import RewardInputError
 
-__all__ = ["COMMON_MARKERS", "special_token_strings", "neutralize_markup", "neutralize_messages", "hide_markup",
-           "hide_messages", "markup_ids", "map_strings"]
+__all__ = ["COMMON_MARKERS", "STRUCTURE_TAGS", "special_token_strings", "neutralize_markup", "neutralize_messages",
+           "hide_markup", "hide_messages", "markup_ids", "map_strings", "escape_tags"]
 
 #: The chat markers :func:`neutralize_markup` breaks when no tokenizer is at hand: ChatML (Qwen, Phi-4), Llama 3,
 #: Mistral, Gemma, Phi-3 and DeepSeek (whose bars and spaces are the full-width ``｜`` and ``▁``).
@@ -45,10 +51,17 @@ COMMON_MARKERS: tuple[str, ...] = (
     "<|system|>", "<|user|>", "<|assistant|>", "<|end|>",
     "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "<｜User｜>", "<｜Assistant｜>",
 )
+#: The tag names of the judges' default prompts; :func:`escape_tags` escapes any tag in content whose name starts
+#: with one of them (``reference`` covers ``reference_answer``).
+STRUCTURE_TAGS: tuple[str, ...] = ("question", "reference", "response")
+
 #: What :func:`hide_markup` puts after a special-token string's first character (removed again by :func:`markup_ids`).
 HIDDEN = "\ufdd0"
 #: What :func:`neutralize_markup` puts there (see the module doc for why a space).
 _BREAK = " "
+#: ``<`` and the brackets a reader may take for it.
+_OPENERS = "<\uff1c\ufe64\u2039\u3008\u27e8\u2329"
+_TAG = re.compile(rf"[{_OPENERS}](?=\s*/?\s*(?:{'|'.join(STRUCTURE_TAGS)}))", re.IGNORECASE)
 
 
 def special_token_strings(tokenizer: Any) -> tuple[str, ...]:
@@ -128,6 +141,13 @@ def map_strings(messages: Sequence[Mapping[str, Any]], fn: Callable[[str], str])
     text, tool calls' arguments...), except each message's ``role`` and the keys."""
     return [{key: value if key == "role" else _map(value, fn) for key, value in message.items()}
             for message in messages]
+
+
+def escape_tags(text: str) -> str:
+    """``text`` with the opening bracket of each tag whose name starts with one of :data:`STRUCTURE_TAGS` (any case
+    and spacing: ``</response>``, ``< Response label='2'>``, ``＜question＞``) as its HTML character reference
+    (``&lt;``, ``&#xFF1C;``); unchanged when it holds none. ``html.unescape`` gives the text back."""
+    return _TAG.sub(lambda m: "&lt;" if m.group() == "<" else f"&#x{ord(m.group()):X};", text)
 
 
 def _map(value: Any, fn: Callable[[str], str]) -> Any:
