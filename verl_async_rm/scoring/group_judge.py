@@ -1,32 +1,50 @@
 """The group judge (``reward_kind='group_judge'``): one judge call scores every response of a GRPO group side by side.
 
 The judge reads ``judge_prompt`` (Jinja: ``prompt``, the last user turn; ``messages``; ``ground_truth``; and
-``responses``, each response as a reader sees it under a label ``[1]``, ``[2]``, ... in label order, blocks separated by
-one blank line). Which response gets which label is a permutation drawn from ``judge_seed`` and the group's id (a
-stable hash, the same in every process and run), over the members in the order of their ids, so no response is always
-first and a re-ask shows the same labels. The judge replies with a JSON object mapping each label to a number; where
-the engine can, the reply is constrained to that schema (:func:`reply_schema`). Each member's score is its label's
-number divided by ``judge_scale``. A reply that is not such an object (a label missing, repeated or unknown, a value
-that is not a finite number) fails the whole group (:class:`JudgeVerdictError` with the reply), never a score standing
-in; a group longer than the judge's context fails whole too (:class:`RewardInputError`), never cut.
+``responses``: each response as a reader sees it, in a block of its own that carries its label, in label order, blocks
+separated by one blank line)::
+
+    <response label="1">
+    The farmer has 57 apples.
+    </response>
+
+    <response label="2">
+    72 apples.
+    </response>
+
+A response's text is escaped so that the judge's input holds exactly one block per response: the ``<`` of any tag in it
+whose name starts with ``response``, ``question`` or ``reference`` (any case or spacing, a closing ``/``, or a bracket
+that looks like ``<``) is written as its HTML character reference (``&lt;/response>``, :func:`~.markup.escape_tags`), so
+a response can neither close its block nor open one under another label; the other values (the question, the reference
+answer) are escaped the same way, and, locally, a special token's string in any of them stays text (:mod:`~.markup`).
+
+Which response gets which label is a permutation drawn from ``judge_seed`` and the group's id (a stable hash, the same
+in every process and run), over the members in the order of their ids, so no response is always first and a re-ask shows
+the same labels. The judge replies with a JSON object mapping each label to a number; where the engine can, the reply is
+constrained to that schema (:func:`reply_schema`). Each member's score is its label's number divided by ``judge_scale``.
+A reply that is not such an object (a label missing, repeated or unknown, a value that is not a finite number) fails the
+whole group (:class:`JudgeVerdictError` with the reply), never a score standing in; a group longer than the judge's
+context fails whole too (:class:`RewardInputError`), never cut.
 
 Locally the kind runs on the replica's vLLM engine (:class:`GroupJudgeKind`); at an endpoint the chat-completions
 request is built from the same functions (:mod:`verl_async_rm.remote.kinds`)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import math
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from verl_async_rm.errors import ConfigValueError, JudgeVerdictError, RewardInputError
 from verl_async_rm.request import GroupRequest, GroupVerdict, ScoreResult
-from verl_async_rm.scoring.judge import (VERDICT_CHARS, chat_ids, compile_prompt, judge_messages, last_user_text,
+from verl_async_rm.scoring.judge import (VERDICT_CHARS, chat_ids, compile_prompt, judge_messages, prompt_values,
                                          response_text)
+from verl_async_rm.scoring.markup import escape_tags, hide_markup
 from verl_async_rm.scoring.outcome import OutcomeKind, RMInput
 
 logger = logging.getLogger(__name__)
@@ -37,8 +55,9 @@ __all__ = ["GroupJudgeKind", "DEFAULT_GROUP_PROMPT", "GROUP_VARIABLES", "group_l
 #: The variables of a group judge's ``judge_prompt``.
 GROUP_VARIABLES = ("prompt", "messages", "responses", "ground_truth")
 DEFAULT_GROUP_PROMPT = (
-    "Here is a question and several responses to it, each under a label in brackets.\n\nQuestion: {{ prompt }}\n"
-    "{% if ground_truth %}\nReference answer: {{ ground_truth }}\n{% endif %}\nResponses:\n\n{{ responses }}\n\n"
+    "Here is a question{% if ground_truth %}, a reference answer{% endif %} and several responses to it, each between "
+    "tags; each response's tag carries its label.\n\n<question>\n{{ prompt }}\n</question>\n{% if ground_truth %}\n"
+    "<reference_answer>\n{{ ground_truth }}\n</reference_answer>\n{% endif %}\n{{ responses }}\n\n"
     "Compare the responses with each other and grade each from 0 (wrong or useless) to 10 (correct and complete). "
     'Reply with only a JSON object that maps each label to its grade, e.g. {"1": 7, "2": 3}.'
 )
@@ -60,9 +79,11 @@ def group_labels(group: str, count: int, seed: int) -> list[int]:
 
 
 def render_responses(texts: Sequence[str], labels: Sequence[int]) -> str:
-    """``{{ responses }}``: each text as ``[<label>]``, a line break and the text, in label order, blocks separated by
-    one blank line."""
-    return "\n\n".join(f"[{label}]\n{text}" for label, text in sorted(zip(labels, texts, strict=True)))
+    """``{{ responses }}``: each text between the lines ``<response label="<label>">`` and ``</response>``, its own
+    tags of those names escaped (:func:`~.markup.escape_tags`), in label order, blocks separated by one blank line:
+    exactly ``len(texts)`` blocks, whatever the texts hold."""
+    return "\n\n".join(f'<response label="{label}">\n{escape_tags(text)}\n</response>'
+                        for label, text in sorted(zip(labels, texts, strict=True)))
 
 
 def member_labels(group: GroupRequest, seed: int) -> tuple[int, ...]:
@@ -77,17 +98,18 @@ def member_labels(group: GroupRequest, seed: int) -> tuple[int, ...]:
 
 
 def group_text(group: GroupRequest, *, template: Any, policy_tokenizer: Any, response_stop_ids: Iterable[int],
-               id_limit: int | None, seed: int) -> tuple[str, tuple[int, ...]]:
+               id_limit: int | None, seed: int, escape: Callable[[str], str] | None = None
+               ) -> tuple[str, tuple[int, ...]]:
     """The judge's user turn for ``group`` (``judge_prompt`` rendered with its responses under their labels) and each
-    member's label. The question is the first member's (every member of a group answers the same prompt)."""
+    member's label; every value content (:func:`~.judge.as_content`, with ``escape``). The question is the first
+    member's (every member of a group answers the same prompt)."""
     stop_ids = list(response_stop_ids)
     texts = [response_text(m, policy_tokenizer=policy_tokenizer, response_stop_ids=stop_ids, id_limit=id_limit)
              for m in group.members]
+    if escape is not None:  # render_responses escapes their tags
+        texts = [escape(text) for text in texts]
     labels = member_labels(group, seed)
-    first = group.members[0]
-    text = template.render(prompt=last_user_text(first.raw_prompt or []), messages=first.raw_prompt,
-                           responses=render_responses(texts, labels),
-                           ground_truth="" if first.ground_truth is None else first.ground_truth)
+    text = template.render(responses=render_responses(texts, labels), **prompt_values(group.members[0], escape))
     return text, labels
 
 
@@ -202,11 +224,13 @@ class GroupJudgeKind(OutcomeKind):
         self._warned_long = False
 
     def messages(self, group: GroupRequest) -> tuple[list[dict[str, str]], tuple[int, ...]]:
-        """The judge's conversation for ``group`` (a re-ask's turns after the first) and each member's label."""
+        """The judge's conversation for ``group`` (a re-ask's turns after the first) and each member's label; its
+        content hidden for the judge's tokenizer (:func:`~.markup.hide_markup`)."""
+        hide = functools.partial(hide_markup, tokenizer=self.rm_tokenizer)
         text, labels = group_text(group, template=self.template, policy_tokenizer=self.policy_tokenizer,
                                   response_stop_ids=self.response_stop_ids, id_limit=self.policy_id_limit,
-                                  seed=self.config.judge_seed)
-        return judge_messages(text, group.reask, reply_form(len(labels))), labels
+                                  seed=self.config.judge_seed, escape=hide)
+        return judge_messages(text, group.reask, reply_form(len(labels)), escape=hide), labels
 
     def build(self, group: GroupRequest) -> RMInput:  # type: ignore[override]
         messages, labels = self.messages(group)

@@ -1,6 +1,6 @@
-"""Trajectories into RM input (:func:`prepare_input_ids`: re-rendered with the RM's chat template, or the
-policy's ids reused; cut from the left, keeping the response's end where the score is read) and inputs into
-micro-batches (:func:`plan_micro_batches`, :func:`plan_packed_micro_batches`). Pure functions."""
+"""Trajectories into RM input (:func:`prepare_input_ids`: re-rendered with the RM's chat template, every content as
+text (:mod:`~.markup`), or the policy's ids reused; cut from the left, keeping the response's end where the score is
+read) and inputs into micro-batches (:func:`plan_micro_batches`, :func:`plan_packed_micro_batches`). Pure functions."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Any
 
 from verl_async_rm.errors import RewardInputError
 from verl_async_rm.request import RMRequest
+from verl_async_rm.scoring.markup import hide_messages, markup_ids
 
 __all__ = ["tokenizers_match", "strip_trailing", "conversation_for", "render_conversation", "dedup_bos",
            "truncate_left", "check_token_ids", "prepare_input_ids", "plan_micro_batches", "plan_packed_micro_batches",
@@ -102,9 +103,10 @@ def prepare_input_ids(request: RMRequest, *, rm_tokenizer: Any, policy_tokenizer
                 response_stop_ids = {policy_tokenizer.eos_token_id, policy_tokenizer.pad_token_id} - {None}
             response = strip_trailing(request.response_ids, response_stop_ids)
             response_text = policy_tokenizer.decode(response, skip_special_tokens=False)
-        text = render_conversation(conversation_for(request, response_text), rm_tokenizer)
-        # as apply_chat_template(tokenize=True) does: the template writes the special tokens it wants
-        ids = dedup_bos(list(rm_tokenizer(text, add_special_tokens=False)["input_ids"]), bos_id)
+        # every content as text (a special token's string the prompt or response spells, or the string of a special id
+        # the policy wrote mid-response, decoded above): the template alone writes the RM's control tokens
+        messages = hide_messages(conversation_for(request, response_text), rm_tokenizer)
+        ids = dedup_bos(markup_ids(render_conversation(messages, rm_tokenizer), rm_tokenizer), bos_id)
     if not ids:
         raise RewardInputError(f"trajectory {request.uid}: empty RM input (no prompt and no response tokens)")
     room = None if max_length is None else max(max_length - len(suffix_ids), 1)

@@ -1,28 +1,41 @@
 """The judge kinds (``reward_kind='judge'``): a causal LM asked about the trajectory in ``judge_prompt`` (Jinja, the
 user turn of its chat template), read at its next token (``logits``, transformers, :class:`~.readout.JudgeLogits`,
 checked at load against the model's own logits) or by the verdict it writes (``generate``, vLLM, parsed by
-``judge_pattern``; a verdict that does not parse fails its trajectory, never a default score)."""
+``judge_pattern``; a verdict that does not parse fails its trajectory, never a default score).
+
+The values the prompt renders (``prompt``, ``response``, ``ground_truth``, ``messages``) are content
+(:func:`as_content`): whatever they hold, the judge reads it as text, inside the prompt's structure. The default
+prompts put the question, the reference answer and the response each between tags of their own (``<question>``,
+``<reference_answer>``, ``<response>``), and a tag of those names in a value is escaped
+(:func:`~.markup.escape_tags`), so a response cannot close its section or write another. Locally a special token's
+string in a value stays text (:func:`~.markup.hide_markup`, then :func:`chat_ids`); the text of ``judge_prompt`` itself
+is the user's, and its special tokens are control tokens."""
 
 from __future__ import annotations
 
+import functools
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from verl_async_rm.errors import ConfigValueError, JudgeVerdictError, RewardInputError
 from verl_async_rm.request import RMRequest, ScoreResult, Verdict
 from verl_async_rm.scoring.engine import check_rows, differs
 from verl_async_rm.scoring.inputs import check_token_ids, dedup_bos, strip_trailing
+from verl_async_rm.scoring.markup import escape_tags, hide_markup, map_strings, markup_ids
 from verl_async_rm.scoring.outcome import OutcomeKind, RMInput
 
 __all__ = ["JudgeLogitsKind", "JudgeGenerateKind", "Verdict", "compile_prompt", "compile_pattern", "judge_text",
-           "response_text", "judge_messages", "verdict_form", "judge_input_ids", "chat_ids", "last_user_text",
-           "parse_verdict", "judge_token_ids", "final_norm", "VERDICT_CHARS"]
+           "response_text", "as_content", "prompt_values", "judge_messages", "verdict_form", "judge_input_ids",
+           "chat_ids", "last_user_text", "parse_verdict", "judge_token_ids", "final_norm", "VERDICT_CHARS"]
 
+# each part between tags of its own: a response cannot write the reference's section or another part's
+# (as_content escapes those tags in it), and the instruction comes last, where the judge reads it before it answers
 _QUESTION = (
-    "Here is a question and a response to it.\n\nQuestion: {{ prompt }}\n\nResponse: {{ response }}\n"
-    "{% if ground_truth %}\nReference answer: {{ ground_truth }}\n{% endif %}\n"
+    "Here is a question{% if ground_truth %}, a reference answer{% endif %} and a response to it, each between "
+    "tags.\n\n<question>\n{{ prompt }}\n</question>\n{% if ground_truth %}\n<reference_answer>\n{{ ground_truth }}\n"
+    "</reference_answer>\n{% endif %}\n<response>\n{{ response }}\n</response>\n\n"
 )
 DEFAULT_PROMPTS = {
     "logits": _QUESTION + "Is the response correct? Answer Yes or No.",
@@ -45,8 +58,8 @@ def compile_prompt(text: str, variables: Sequence[str] = _VARIABLES, key: str = 
 
     env = ImmutableSandboxedEnvironment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     fix = f"write it in Jinja with the variables {', '.join(variables)}, e.g. 'Question: {{{{ prompt }}}}'"
-    samples = {"prompt": "p", "response": "r", "responses": "[1]\nr", "messages": [{"role": "user", "content": "p"}],
-               "ground_truth": "g"}
+    samples = {"prompt": "p", "response": "r", "responses": '<response label="1">\nr\n</response>',
+               "messages": [{"role": "user", "content": "p"}], "ground_truth": "g"}
     try:
         template = env.from_string(text)
         template.render(**{name: samples[name] for name in variables})
@@ -85,22 +98,43 @@ def response_text(request: RMRequest, *, policy_tokenizer: Any, response_stop_id
 
 
 def judge_text(request: RMRequest, *, template: Any, policy_tokenizer: Any, response_stop_ids: Iterable[int],
-               id_limit: int | None) -> str:
+               id_limit: int | None, escape: Callable[[str], str] | None = None) -> str:
     """``judge_prompt`` rendered for one trajectory: the user turn the judge reads (the response as
-    :func:`response_text` gives it)."""
+    :func:`response_text` gives it), every value content (:func:`as_content`, with ``escape``)."""
     response = response_text(request, policy_tokenizer=policy_tokenizer, response_stop_ids=response_stop_ids,
                              id_limit=id_limit)
+    return template.render(response=as_content(response, escape), **prompt_values(request, escape))
+
+
+def as_content(text: str, escape: Callable[[str], str] | None = None) -> str:
+    """A value as a judge's prompt renders it: its structure tags escaped (:func:`~.markup.escape_tags`), then
+    ``escape`` applied: locally :func:`~.markup.hide_markup` for the judge's tokenizer (:func:`chat_ids` reads its
+    special-token strings as text), at an endpoint :func:`~.markup.neutralize_markup`. Benign text is unchanged."""
+    text = escape_tags(text)
+    return text if escape is None else escape(text)
+
+
+def prompt_values(request: RMRequest, escape: Callable[[str], str] | None = None) -> dict[str, Any]:
+    """The values of a judge's prompt besides the response(s), each content (:func:`as_content`): ``prompt`` (the
+    last user turn of ``raw_prompt``), ``messages`` (``raw_prompt``, every string but the roles) and ``ground_truth``
+    (empty when there is none)."""
+    content = functools.partial(as_content, escape=escape)
     messages = request.raw_prompt
-    return template.render(prompt=last_user_text(messages), response=response, messages=messages,
-                           ground_truth="" if request.ground_truth is None else request.ground_truth)
+    return {"prompt": content(last_user_text(messages or [])),
+            "messages": None if messages is None else map_strings(messages, content),
+            "ground_truth": content("" if request.ground_truth is None else request.ground_truth)}
 
 
-def judge_messages(text: str, reask: tuple[str, str] | None, form: str) -> list[dict[str, str]]:
+def judge_messages(text: str, reask: tuple[str, str] | None, form: str,
+                   escape: Callable[[str], str] | None = None) -> list[dict[str, str]]:
     """The judge's conversation: ``text`` as its user turn; for a re-ask (``reask``: its previous reply and why it did
-    not read), that reply as the assistant's turn and a user turn saying why and what ``form`` the answer must take."""
+    not read), that reply as the assistant's turn and a user turn saying why and what ``form`` the answer must take.
+    ``escape`` (as in :func:`as_content`) applies to the reply and the reason, which may quote what a response wrote."""
     messages = [{"role": "user", "content": text}]
     if reask is not None:
         reply, reason = reask
+        if escape is not None:
+            reply, reason = escape(reply), escape(reason)
         messages += [{"role": "assistant", "content": reply},
                      {"role": "user", "content": f"Your reply could not be read: {reason}. Answer again; {form}."}]
     return messages
@@ -127,9 +161,11 @@ def judge_input_ids(messages: Sequence[Mapping[str, Any]], uid: str, *, tokenize
 
 
 def chat_ids(messages: Sequence[Mapping[str, Any]], tokenizer: Any) -> list[int]:
-    """``messages`` in the tokenizer's chat template with its generation prompt, as token ids (one BOS)."""
+    """``messages`` in the tokenizer's chat template with its generation prompt, as token ids (one BOS): the special
+    tokens the template and the messages' own text write are control tokens, content hidden by
+    :func:`~.markup.hide_markup` is text (:func:`~.markup.markup_ids`)."""
     rendered = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
-    return dedup_bos(list(tokenizer(rendered, add_special_tokens=False)["input_ids"]), tokenizer.bos_token_id)
+    return dedup_bos(markup_ids(rendered, tokenizer), tokenizer.bos_token_id)
 
 
 def last_user_text(messages: Sequence[Mapping[str, Any]]) -> str:
@@ -221,10 +257,12 @@ class JudgeLogitsKind(OutcomeKind):
         return {"head": final_norm(model), "transform": JudgeLogits(model, self.token_ids), "forward_kwargs": keep}
 
     def messages(self, request: RMRequest) -> list[dict[str, str]]:
-        """The judge's conversation for ``request`` (:func:`judge_messages`; a re-ask is a generate judge's)."""
+        """The judge's conversation for ``request`` (:func:`judge_messages`; a re-ask is a generate judge's), its
+        content hidden for the judge's tokenizer (:func:`~.markup.hide_markup`)."""
+        hide = functools.partial(hide_markup, tokenizer=self.rm_tokenizer)
         text = judge_text(request, template=self.template, policy_tokenizer=self.policy_tokenizer,
-                          response_stop_ids=self.response_stop_ids, id_limit=self.policy_id_limit)
-        return judge_messages(text, request.reask, self.form)
+                          response_stop_ids=self.response_stop_ids, id_limit=self.policy_id_limit, escape=hide)
+        return judge_messages(text, request.reask, self.form, escape=hide)
 
     @property
     def form(self) -> str:

@@ -12,6 +12,7 @@ from verl_async_rm.errors import ConfigValueError, NonFiniteScoreError, RewardIn
 from verl_async_rm.request import RMRequest, ScoreResult, StepRewards
 from verl_async_rm.scoring.inputs import (check_token_ids, conversation_for, dedup_bos, render_conversation,
                                           strip_trailing, truncate_left)
+from verl_async_rm.scoring.markup import hide_markup, hide_messages, markup_ids
 from verl_async_rm.scoring.outcome import OutcomeKind, RMInput, find_head
 
 __all__ = ["ProcessKind", "StepRewards", "split_steps", "step_token_ends", "reduce_steps"]
@@ -80,10 +81,13 @@ class ProcessKind(OutcomeKind):
             token_index = step_token_ends(self.policy_tokenizer, response, (end for _, end in steps))
         else:  # nothing but stop tokens: the one (empty) step ends on the last response token
             token_index = [max(len(request.response_ids) - 1, 0)]
-        content = separator.join(step for step, _ in steps) + separator
-        rendered = render_conversation(conversation_for(request, content), self.rm_tokenizer)
-        bos_id = self.rm_tokenizer.bos_token_id
-        ids = dedup_bos(list(self.rm_tokenizer(rendered, add_special_tokens=False)["input_ids"]), bos_id)
+        # the prompt and each step as text (markup.py); the separators between them are the ones read
+        tokenizer = self.rm_tokenizer
+        content = separator.join(hide_markup(step, tokenizer) for step, _ in steps) + separator
+        *prompt, answer = conversation_for(request, content)
+        rendered = render_conversation([*hide_messages(prompt, tokenizer), answer], tokenizer)
+        bos_id = tokenizer.bos_token_id
+        ids = dedup_bos(markup_ids(rendered, tokenizer), bos_id)
         found = [j for j, t in enumerate(ids) if t == self.separator_id]
         if len(found) < len(steps):
             raise RewardInputError(
