@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GRPO on GSM8K with a reward model on its own GPUs: two 8-GPU nodes, policy on 6+6 GPUs, RM on 2+2 (verl-async-rm).
+# GRPO on GSM8K over two 8-GPU nodes with the RM on the policy's GPUs: the policy on 8 + 8 GPUs and an RM replica
+# beside it on each, asleep while the policy trains (verl-async-rm).
 #
 # What it trains
 #   Policy Qwen/Qwen2.5-3B-Instruct, GRPO (5 samples per prompt), reward = the score of the sequence-classification RM
@@ -7,15 +8,17 @@
 #   moment its agent loop ends. The RM has its own chat template (Llama 3), so responses are re-rendered for it.
 #
 # Prerequisites
-#   GPUs     2 nodes x 8 GPUs with 80 GB each (A100/H100). On each node: 6 for the policy (12 in all: actor + vLLM
-#            rollout + reference), 2 for RM replicas (4 in all, one full bf16 copy of the 8B RM per GPU).
+#   GPUs     2 nodes x 8 GPUs with 80 GB each (A100/H100), all 16 for the policy (actor + vLLM rollout + reference)
+#            and 16 RM replicas beside it, one per GPU (a bf16 copy of the 8B RM, about 15 GB, in the room the
+#            rollout's gpu_memory_utilization=0.5 leaves). Modelled faster than a pool of its own on several nodes too
+#            (docs/benchmarks.md, bench layout); an RM that cannot sit there takes a pool of its own instead, about one
+#            GPU in eight (reward.reward_model.enable_resource_pool=True, n_gpus_per_node=1, nnodes=2, and
+#            trainer.n_gpus_per_node=7 with batch sizes that split over 14 GPUs).
 #   Cluster  one Ray cluster over both nodes, started before the launch:
 #              node 1:  ray start --head --port=6379
 #              node 2:  ray start --address=<node-1-ip>:6379
 #            then run the script on node 1 (verl's ray.init() joins the running cluster).
-#   Install  On both nodes: pip install "verl[vllm]==0.9.1", then this package from a checkout of its repository (it is
-#            not on PyPI): pip install /path/to/checkout, or pip install "git+<this repository's URL>". In
-#            verl's 0.9.1 docker image the second command alone.
+#   Install  On both nodes: pip install "verl[vllm]==0.9.1" /path/to/checkout (this package, not on PyPI).
 #   Models   local directories on BOTH nodes, same path (or shared storage): the RM replicas load the RM and the
 #            policy's tokenizer from disk, not from the Hub:
 #              hf download Qwen/Qwen2.5-3B-Instruct --local-dir $HOME/models/Qwen2.5-3B-Instruct
@@ -30,10 +33,6 @@
 # Launch
 #   bash recipes/grpo_gsm8k_2nodes.sh [more Hydra overrides, e.g. trainer.total_epochs=1]
 #   Paths come from POLICY_PATH, RM_PATH and DATA_DIR (defaults below).
-#
-# Checked in CI: tests/unit/test_recipes.py runs this script with VERL_ASYNC_RM_RECIPE_DRY_RUN=1 (it prints the
-# command instead of running it), composes exactly those overrides against the installed verl's config and validates
-# them with verl's and the plugin's checks.
 set -euo pipefail
 
 POLICY_PATH=${POLICY_PATH:-$HOME/models/Qwen2.5-3B-Instruct}
@@ -46,7 +45,7 @@ overrides=(
     algorithm.use_kl_in_reward=False
     data.train_files="$DATA_DIR/train.parquet"
     data.val_files="$DATA_DIR/test.parquet"
-    data.train_batch_size=480
+    data.train_batch_size=512
     data.max_prompt_length=512
     data.max_response_length=1024
     data.filter_overlong_prompts=True
@@ -56,8 +55,8 @@ overrides=(
     actor_rollout_ref.model.use_remove_padding=True
     actor_rollout_ref.model.enable_gradient_checkpointing=True
     actor_rollout_ref.actor.optim.lr=1e-6
-    actor_rollout_ref.actor.ppo_mini_batch_size=120
-    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=10
+    actor_rollout_ref.actor.ppo_mini_batch_size=128
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8
     actor_rollout_ref.actor.use_kl_loss=True
     actor_rollout_ref.actor.kl_loss_coef=0.001
     actor_rollout_ref.actor.kl_loss_type=low_var_kl
@@ -65,23 +64,21 @@ overrides=(
     actor_rollout_ref.rollout.name=vllm
     actor_rollout_ref.rollout.n=5
     actor_rollout_ref.rollout.tensor_model_parallel_size=1
-    actor_rollout_ref.rollout.gpu_memory_utilization=0.6
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.5
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=20
     actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=20
     actor_rollout_ref.ref.fsdp_config.param_offload=True
     trainer.logger='["console","wandb"]'
     trainer.project_name=verl_async_rm_gsm8k
     trainer.experiment_name=qwen2.5-3b_skywork-rm-8b_2nodes
-    trainer.n_gpus_per_node=6
+    trainer.n_gpus_per_node=8
     trainer.nnodes=2
     trainer.save_freq=-1
     trainer.test_freq=5
     trainer.total_epochs=15
-    # --- verl-async-rm: the RM on its own pool, 2 GPUs on each of the 2 nodes, scored as trajectories finish ---
+    # --- verl-async-rm: an RM replica on each of the policy's 16 GPUs, asleep during the update ---
     +actor_rollout_ref.rollout.agent.agent_loop_manager_class=verl_async_rm.AsyncRMAgentLoopManager
-    reward.reward_model.enable_resource_pool=True
-    reward.reward_model.n_gpus_per_node=2
-    reward.reward_model.nnodes=2
+    reward.reward_model.enable_resource_pool=False
     reward.reward_model.model_path="$RM_PATH"
     reward.reward_manager.name=async_rm
     +async_rm.rm_weight=1.0

@@ -2,6 +2,10 @@
 # GRPO on GSM8K with a 7B policy whose rollout is tensor parallel over 2 GPUs, and an RM on its own 2 GPUs: one
 # 8-GPU node, policy 6, RM 2 (verl-async-rm).
 #
+# Layout
+#   a pool of its own to show a 6 + 2 split's sizes (the rollout's TP and the batch sizes must divide 6); on
+#   one node the RM on the policy's GPUs is modelled faster (recipes/grpo_gsm8k_1node.sh, docs/benchmarks.md).
+#
 # What it trains
 #   Policy Qwen/Qwen2.5-7B-Instruct, GRPO (5 samples per prompt), vLLM rollout with tensor_model_parallel_size=2 (three
 #   rollout replicas of 2 GPUs on the policy's 6); reward = the score of the sequence-classification RM
@@ -20,9 +24,7 @@
 #   GPUs     1 node x 8 GPUs with 80 GB each (A100/H100). 6 for the policy (actor + vLLM rollout + reference; the 7B
 #            actor's parameters, gradients and Adam states sharded over the 6 by FSDP), 2 for two RM replicas (one
 #            full bf16 copy of the 8B RM per GPU).
-#   Install  pip install "verl[vllm]==0.9.1", then this package from a checkout of its repository (it is
-#            not on PyPI): pip install /path/to/checkout, or pip install "git+<this repository's URL>". In
-#            verl's 0.9.1 docker image the second command alone.
+#   Install  pip install "verl[vllm]==0.9.1" /path/to/checkout (this package, not on PyPI).
 #   Models   local directories (the RM replicas load the RM and the policy's tokenizer from disk, not from the Hub):
 #              hf download Qwen/Qwen2.5-7B-Instruct --local-dir $HOME/models/Qwen2.5-7B-Instruct
 #              hf download Skywork/Skywork-Reward-Llama-3.1-8B-v0.2 \
@@ -35,10 +37,6 @@
 # Launch
 #   bash recipes/grpo_gsm8k_7b_tp2.sh [more Hydra overrides, e.g. trainer.total_epochs=1]
 #   Paths come from POLICY_PATH, RM_PATH and DATA_DIR (defaults below).
-#
-# Checked in CI: tests/unit/test_recipes.py runs this script with VERL_ASYNC_RM_RECIPE_DRY_RUN=1 (it prints the
-# command instead of running it), composes exactly those overrides against the installed verl's config and validates
-# them with verl's and the plugin's checks.
 set -euo pipefail
 
 POLICY_PATH=${POLICY_PATH:-$HOME/models/Qwen2.5-7B-Instruct}

@@ -2,6 +2,9 @@
 # GRPO on GSM8K with a group judge next to verl's GSM8K rule: one 8-GPU node, the policy on 6 GPUs, an instruct
 # model on the other 2 comparing each prompt's 5 responses side by side, one judge call per group (verl-async-rm).
 #
+# Layout
+#   a pool of its own: a group judge runs vLLM, which is not put to sleep on the policy's GPUs.
+#
 # What it trains
 #   Policy Qwen/Qwen2.5-3B-Instruct, GRPO (5 samples per prompt), reward per trajectory =
 #       rule_weight * (naive manager's reward) + rm_weight * group judge
@@ -30,9 +33,7 @@
 # Prerequisites
 #   GPUs     1 node x 8 GPUs with 80 GB each (A100/H100). 6 for the policy (actor + vLLM rollout + reference), 2 for
 #            two replicas of the judge (7B, bf16), each a vLLM engine in its replica.
-#   Install  pip install "verl[vllm]==0.9.1", then this package from a checkout of its repository (it is
-#            not on PyPI): pip install /path/to/checkout, or pip install "git+<this repository's URL>". In
-#            verl's 0.9.1 docker image the second command alone; vLLM runs the judge in its replicas.
+#   Install  pip install "verl[vllm]==0.9.1" /path/to/checkout (this package, not on PyPI); vLLM runs the judge in its replicas.
 #   Models   local directories (the replicas load the judge and the policy's tokenizer from disk, not from the Hub):
 #              hf download Qwen/Qwen2.5-3B-Instruct --local-dir $HOME/models/Qwen2.5-3B-Instruct
 #              hf download Qwen/Qwen2.5-7B-Instruct --local-dir $HOME/models/Qwen2.5-7B-Instruct
@@ -45,10 +46,6 @@
 #   bash recipes/grpo_gsm8k_group_judge_local.sh [more Hydra overrides, e.g. trainer.total_epochs=1]
 #   Paths come from POLICY_PATH, JUDGE_PATH and DATA_DIR (defaults below). Your own prompt:
 #   +async_rm.judge_prompt='...{{ prompt }}...{{ responses }}...' (see docs/rm-kinds.md, Group judges).
-#
-# Checked in CI: tests/unit/test_recipes.py runs this script with VERL_ASYNC_RM_RECIPE_DRY_RUN=1 (it prints the
-# command instead of running it), composes exactly those overrides against the installed verl's config and validates
-# them with verl's and the plugin's checks.
 set -euo pipefail
 
 POLICY_PATH=${POLICY_PATH:-$HOME/models/Qwen2.5-3B-Instruct}

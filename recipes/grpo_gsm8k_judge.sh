@@ -2,6 +2,10 @@
 # GRPO on GSM8K with an instruct model as a yes/no judge, next to verl's GSM8K rule and a reward model: one 8-GPU
 # node, policy on 6 GPUs, one GPU for the RM, one for the judge.
 #
+# Layout
+#   pools of their own: an 8B RM and a 7B judge (about 30 GB in bf16) beside the rollout and the actor on
+#   each GPU would leave the rollout little room.
+#
 # What it trains
 #   Policy Qwen/Qwen2.5-3B-Instruct, GRPO (5 samples per prompt), reward per trajectory =
 #       rule_weight * (naive manager's reward) + rm_weight * RM + weight_judge * judge
@@ -21,9 +25,7 @@
 # Prerequisites
 #   GPUs     1 node x 8 GPUs with 80 GB each (A100/H100). 6 for the policy (actor + vLLM rollout + reference), 1 for a
 #            replica of the RM (a full bf16 copy of the 8B RM), 1 for a replica of the judge (7B, bf16).
-#   Install  pip install "verl[vllm]==0.9.1", then this package from a checkout of its repository (it is
-#            not on PyPI): pip install /path/to/checkout, or pip install "git+<this repository's URL>". In
-#            verl's 0.9.1 docker image the second command alone.
+#   Install  pip install "verl[vllm]==0.9.1" /path/to/checkout (this package, not on PyPI).
 #   Models   local directories (the replicas load the models and the policy's tokenizer from disk, not from the Hub):
 #              hf download Qwen/Qwen2.5-3B-Instruct --local-dir $HOME/models/Qwen2.5-3B-Instruct
 #              hf download Skywork/Skywork-Reward-Llama-3.1-8B-v0.2 \
@@ -40,10 +42,6 @@
 #   Paths come from POLICY_PATH, RM_PATH, JUDGE_PATH and DATA_DIR (defaults below).
 #   A judge that writes its verdict instead: +async_rm.models.judge.judge_readout=generate (the default prompt asks
 #   for a 0-10 grade ending in "Verdict: <n>"), with vLLM in the replica; remove judge_tokens then.
-#
-# Checked in CI: tests/unit/test_recipes.py runs this script with VERL_ASYNC_RM_RECIPE_DRY_RUN=1 (it prints the
-# command instead of running it), composes exactly those overrides against the installed verl's config and validates
-# them with verl's and the plugin's checks.
 set -euo pipefail
 
 POLICY_PATH=${POLICY_PATH:-$HOME/models/Qwen2.5-3B-Instruct}

@@ -2,6 +2,9 @@
 # GRPO on GSM8K with a 72B judge that writes a 0-10 verdict next to verl's GSM8K rule: two 8-GPU nodes, the 32B
 # policy on 4+4 GPUs, the judge on the other 4+4 as two replicas, each one vLLM engine tensor parallel over 4 GPUs.
 #
+# Layout
+#   a pool of its own: a judge that writes runs vLLM, which is not put to sleep on the policy's GPUs.
+#
 # What it trains
 #   Policy Qwen/Qwen2.5-32B-Instruct, GRPO (5 samples per prompt), reward per trajectory =
 #       rule_weight * (naive manager's reward) + rm_weight * judge verdict
@@ -33,9 +36,7 @@
 #              node 1:  ray start --head --port=6379
 #              node 2:  ray start --address=<node-1-ip>:6379
 #            then run the script on node 1 (verl's ray.init() joins the running cluster).
-#   Install  On both nodes: pip install "verl[vllm]==0.9.1", then this package from a checkout of its repository (it is
-#            not on PyPI): pip install /path/to/checkout, or pip install "git+<this repository's URL>". In
-#            verl's 0.9.1 docker image the second command alone; vLLM runs the judge in its replicas.
+#   Install  On both nodes: pip install "verl[vllm]==0.9.1" /path/to/checkout (this package, not on PyPI); vLLM runs the judge in its replicas.
 #   Models   local directories on BOTH nodes, same path (or shared storage): the replicas load the judge and the
 #            policy's tokenizer from disk, not from the Hub:
 #              hf download Qwen/Qwen2.5-32B-Instruct --local-dir $HOME/models/Qwen2.5-32B-Instruct
@@ -48,10 +49,6 @@
 # Launch
 #   bash recipes/grpo_gsm8k_judge70b_2nodes.sh [more Hydra overrides, e.g. trainer.total_epochs=1]
 #   Paths come from POLICY_PATH, JUDGE_PATH and DATA_DIR (defaults below).
-#
-# Checked in CI: tests/unit/test_recipes.py runs this script with VERL_ASYNC_RM_RECIPE_DRY_RUN=1 (it prints the
-# command instead of running it), composes exactly those overrides against the installed verl's config and validates
-# them with verl's and the plugin's checks.
 set -euo pipefail
 
 POLICY_PATH=${POLICY_PATH:-$HOME/models/Qwen2.5-32B-Instruct}

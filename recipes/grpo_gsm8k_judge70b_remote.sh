@@ -38,10 +38,8 @@
 #   Network  the training node reaches the judge node's port 8000. Keep that port inside the cluster's network: this
 #            server takes no key. To require one, start it with --api-key and export the key on the training node
 #            under the name given by +async_rm.api_key_env=JUDGE_API_KEY (vLLM checks it on /v1, all a judge uses).
-#   Install  On the training node: pip install "verl[vllm]==0.9.1", then this package from a checkout of its
-#            repository (it is not on PyPI): pip install /path/to/checkout, or pip install "git+<this repository's
-#            URL>". In verl's 0.9.1 docker image the second command alone. On the judge node: vLLM (pip install vllm,
-#            or the same verl[vllm]==0.9.1 environment, which includes it).
+#   Install  On the training node: pip install "verl[vllm]==0.9.1" /path/to/checkout (this package, not on PyPI).
+#            On the judge node: vLLM (pip install vllm, or the same verl[vllm]==0.9.1 environment).
 #   Models   On the training node, the policy (its tokenizer decodes the responses the judge reads):
 #              hf download Qwen/Qwen2.5-3B-Instruct --local-dir $HOME/models/Qwen2.5-3B-Instruct
 #            On the judge node, the judge and its server (it answers on http://<judge-node>:8000/v1 once loaded):
@@ -58,10 +56,6 @@
 #   Paths come from POLICY_PATH and DATA_DIR, the judge's base URL from JUDGE_URL (defaults below). Before Ray starts,
 #   the launch asks the server for its models (it must list "judge") and sends it one chat completion; a server that
 #   is down or serves another model stops the launch with a ValueError naming the URL and the fix.
-#
-# Checked in CI: tests/unit/test_recipes.py runs this script with VERL_ASYNC_RM_RECIPE_DRY_RUN=1 (it prints the
-# command instead of running it), composes exactly those overrides against the installed verl's config and validates
-# them with verl's and the plugin's checks (without contacting the server).
 set -euo pipefail
 
 POLICY_PATH=${POLICY_PATH:-$HOME/models/Qwen2.5-3B-Instruct}

@@ -45,9 +45,7 @@
 #            Read by the launch's start-up check and by the judge's RM service, a Ray actor: verl's ray.init() starts
 #            Ray from this shell, so its actors see it; a Ray cluster started earlier with `ray start` needs it
 #            exported before `ray start`.
-#   Install  pip install "verl[vllm]==0.9.1", then this package from a checkout of its repository (it is
-#            not on PyPI): pip install /path/to/checkout, or pip install "git+<this repository's URL>". In
-#            verl's 0.9.1 docker image the second command alone.
+#   Install  pip install "verl[vllm]==0.9.1" /path/to/checkout (this package, not on PyPI).
 #   Models   the policy, a local directory (its tokenizer decodes the responses the judge reads):
 #              hf download Qwen/Qwen2.5-3B-Instruct --local-dir $HOME/models/Qwen2.5-3B-Instruct
 #            the judge is the provider's: the launch checks that JUDGE_URL lists JUDGE_MODEL for your key
@@ -60,10 +58,6 @@
 #   Paths come from POLICY_PATH and DATA_DIR, the judge from JUDGE_URL and JUDGE_MODEL (defaults below). Before Ray
 #   starts, the launch asks the provider for its models (JUDGE_MODEL must be listed) and sends it one chat
 #   completion of one token; a missing key, a wrong URL or model stops the launch with a ValueError naming the fix.
-#
-# Checked in CI: tests/unit/test_recipes.py runs this script with VERL_ASYNC_RM_RECIPE_DRY_RUN=1 (it prints the
-# command instead of running it), composes exactly those overrides against the installed verl's config and validates
-# them with verl's and the plugin's checks (without contacting the provider).
 set -euo pipefail
 
 POLICY_PATH=${POLICY_PATH:-$HOME/models/Qwen2.5-3B-Instruct}

@@ -4,6 +4,9 @@
 # launches through the package's entry module, python3 -m verl_async_rm.main_ppo, which moves them to reward.*
 # (verl's own migrate_legacy_reward_impl), checks the result and then runs verl's main_ppo unchanged.
 #
+# Layout
+#   a pool of its own, written with the legacy reward_model.* pool keys this recipe is about.
+#
 # What it trains
 #   Policy Qwen/Qwen2.5-3B-Instruct, GRPO (5 samples per prompt), reward = the score of the sequence-classification RM
 #   Skywork/Skywork-Reward-Llama-3.1-8B-v0.2 (LlamaForSequenceClassification, one output), scored per trajectory the
@@ -12,9 +15,7 @@
 # Prerequisites
 #   GPUs     1 node x 8 GPUs with 80 GB each (A100/H100). 6 for the policy (actor + vLLM rollout + reference), 2 for
 #            two RM replicas (one full bf16 copy of the 8B RM per GPU).
-#   Install  pip install "verl[vllm]==0.9.1", then this package from a checkout of its repository (it is
-#            not on PyPI): pip install /path/to/checkout, or pip install "git+<this repository's URL>". In
-#            verl's 0.9.1 docker image the second command alone.
+#   Install  pip install "verl[vllm]==0.9.1" /path/to/checkout (this package, not on PyPI).
 #   Models   local directories (the RM replicas load the RM and the policy's tokenizer from disk, not from the Hub):
 #              hf download Qwen/Qwen2.5-3B-Instruct --local-dir $HOME/models/Qwen2.5-3B-Instruct
 #              hf download Skywork/Skywork-Reward-Llama-3.1-8B-v0.2 \
@@ -27,10 +28,6 @@
 # Launch
 #   bash recipes/grpo_gsm8k_legacy_keys.sh [more Hydra overrides, e.g. trainer.total_epochs=1]
 #   Paths come from POLICY_PATH, RM_PATH and DATA_DIR (defaults below).
-#
-# Checked in CI: tests/unit/test_recipes.py runs this script with VERL_ASYNC_RM_RECIPE_DRY_RUN=1 (it prints the
-# command instead of running it), composes exactly those overrides against the installed verl's config and validates
-# them with verl's and the plugin's checks.
 set -euo pipefail
 
 POLICY_PATH=${POLICY_PATH:-$HOME/models/Qwen2.5-3B-Instruct}

@@ -2,6 +2,9 @@
 # GRPO on GSM8K with an outcome RM and a 72B process RM sharded over 4 GPUs, verl's naive reward manager: one 8-GPU
 # node, policy on 3 GPUs, outcome RM on 1, process RM on 4 (one replica of 4 GPUs).
 #
+# Layout
+#   pools of their own: an RM sharded over 4 GPUs cannot sit on the policy's GPUs (one replica per GPU there).
+#
 # What it trains
 #   Policy Qwen/Qwen2.5-3B-Instruct, GRPO (5 samples per prompt). Reward per trajectory: 1.0 x GSM8K rule + 0.1 x the
 #   outcome RM's score + 0.5 x the lowest step probability the PRM gives (process_reduction=min).
@@ -19,9 +22,7 @@
 # Prerequisites
 #   GPUs     1 node x 8 GPUs with 80 GB each (A100/H100). 3 for the policy (actor + vLLM rollout + reference), 1 for a
 #            replica of the outcome RM (a full bf16 copy of the 8B RM), 4 for one replica of the 72B PRM.
-#   Install  pip install "verl[vllm]==0.9.1", then this package from a checkout of its repository (it is
-#            not on PyPI): pip install /path/to/checkout, or pip install "git+<this repository's URL>". In
-#            verl's 0.9.1 docker image the second command alone.
+#   Install  pip install "verl[vllm]==0.9.1" /path/to/checkout (this package, not on PyPI).
 #   Models   local directories (the RM replicas load the RMs and the policy's tokenizer from disk, not from the Hub):
 #              hf download Qwen/Qwen2.5-3B-Instruct --local-dir $HOME/models/Qwen2.5-3B-Instruct
 #              hf download Skywork/Skywork-Reward-Llama-3.1-8B-v0.2 \
@@ -35,10 +36,6 @@
 # Launch
 #   bash recipes/grpo_gsm8k_prm72b_sharded.sh [more Hydra overrides, e.g. trainer.total_epochs=1]
 #   Paths come from POLICY_PATH, RM_PATH, PRM_PATH and DATA_DIR (defaults below).
-#
-# Checked in CI: tests/unit/test_recipes.py runs this script with VERL_ASYNC_RM_RECIPE_DRY_RUN=1 (it prints the
-# command instead of running it), composes exactly those overrides against the installed verl's config and validates
-# them with verl's and the plugin's checks.
 set -euo pipefail
 
 POLICY_PATH=${POLICY_PATH:-$HOME/models/Qwen2.5-3B-Instruct}

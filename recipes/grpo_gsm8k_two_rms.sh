@@ -2,6 +2,10 @@
 # GRPO on GSM8K with two reward models and verl's own naive reward manager: one 8-GPU node, policy on 6 GPUs, one GPU
 # for each RM.
 #
+# Layout
+#   pools of their own, each sized alone; on the policy's GPUs instead (at most two RMs), drop every pool
+#   key and set reward.reward_model.enable_resource_pool=False, if both fit beside the rollout.
+#
 # What it trains
 #   Policy Qwen/Qwen2.5-3B-Instruct, GRPO (5 samples per prompt), reward per trajectory =
 #       rule_weight * (naive manager's reward) + rm_weight * RM 1 + weight_second * RM 2
@@ -19,9 +23,7 @@
 # Prerequisites
 #   GPUs     1 node x 8 GPUs with 80 GB each (A100/H100). 6 for the policy (actor + vLLM rollout + reference), 1 for a
 #            replica of RM 1 (a full bf16 copy of the 8B RM), 1 for a replica of RM 2 (0.6B).
-#   Install  pip install "verl[vllm]==0.9.1", then this package from a checkout of its repository (it is
-#            not on PyPI): pip install /path/to/checkout, or pip install "git+<this repository's URL>". In
-#            verl's 0.9.1 docker image the second command alone.
+#   Install  pip install "verl[vllm]==0.9.1" /path/to/checkout (this package, not on PyPI).
 #   Models   local directories (the RM replicas load the RMs and the policy's tokenizer from disk, not from the Hub):
 #              hf download Qwen/Qwen2.5-3B-Instruct --local-dir $HOME/models/Qwen2.5-3B-Instruct
 #              hf download Skywork/Skywork-Reward-Llama-3.1-8B-v0.2 \
@@ -35,10 +37,6 @@
 # Launch
 #   bash recipes/grpo_gsm8k_two_rms.sh [more Hydra overrides, e.g. trainer.total_epochs=1]
 #   Paths come from POLICY_PATH, RM_PATH, RM2_PATH and DATA_DIR (defaults below).
-#
-# Checked in CI: tests/unit/test_recipes.py runs this script with VERL_ASYNC_RM_RECIPE_DRY_RUN=1 (it prints the
-# command instead of running it), composes exactly those overrides against the installed verl's config and validates
-# them with verl's and the plugin's checks.
 set -euo pipefail
 
 POLICY_PATH=${POLICY_PATH:-$HOME/models/Qwen2.5-3B-Instruct}

@@ -32,7 +32,29 @@ _BENCHES = {"batcher": "batcher", "rm": "rm", "judge": "judge", "group-judge": "
             "remote": "remote"}
 
 
+#: ``bench --help``: what each benchmark answers.
+_BENCH_HELP = """benchmarks (each takes --help):
+  bench [options]      the overlap benchmark: one simulated rollout step scored as trajectories finish, against
+                       scoring after the rollout and the best any scheduler could do (no GPU, about a minute)
+  bench batcher        the RM service's batcher: per-request overhead, fill, lateness
+  bench rm             an RM's forwards on this device: packed, padded, shared prompts, vLLM
+  bench judge          a judge's two readouts (logits, generate) on one model
+  bench group-judge    a group judge against a per-response judge on the same trajectories
+  bench layout         where to put the RM: a model of one step per layout (modelled, not measured)
+  bench remote         a judge at an endpoint: the plugin against verl's rate_limited manager, with faults"""
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
+    if args.rest[:1] in (["-h"], ["--help"]):  # the menu, then the overlap benchmark's own options
+        from verl_async_rm.bench.report import build_parser as overlap_parser
+
+        parser = overlap_parser()
+        parser.description = ("The overlap benchmark (`verl-async-rm bench [options]`); the other benchmarks are "
+                              "named first (`verl-async-rm bench rm --help`...).")
+        parser.epilog = _BENCH_HELP
+        parser.formatter_class = argparse.RawDescriptionHelpFormatter
+        print(parser.format_help())
+        return 0
     name = _BENCHES.get(args.rest[0]) if args.rest else None
     bench = importlib.import_module(f"verl_async_rm.bench.{name or 'report'}")
     status, report = bench.main(args.rest[1:] if name else args.rest)
@@ -41,9 +63,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from verl_async_rm.doctor import report
+    from verl_async_rm.doctor import quiet_verl, report
 
-    status, text = report()
+    with quiet_verl():  # verl's optional-engine warnings, on import, are not the doctor's findings
+        status, text = report(overrides=args.overrides)
     print(text)
     return status
 
@@ -52,7 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="verl-async-rm", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    demo = sub.add_parser("demo", help="rollout steps with the RM scored as each trajectory ends vs after rollout")
+    demo = sub.add_parser("demo", help="GRPO with verl's own main_ppo on this CPU machine, per mode: the plugin, "
+                                       "verl's served RM, the plugin on the policy's GPU, no RM; time per phase and "
+                                       "the RM score learnt")
     from verl_async_rm.demo.cli import add_demo_arguments
 
     add_demo_arguments(demo)
@@ -66,8 +91,17 @@ def build_parser() -> argparse.ArgumentParser:
                        help="[batcher|rm|judge|group-judge|layout|remote] and the benchmark's options")
     bench.set_defaults(func=_cmd_bench)
 
-    doctor = sub.add_parser("doctor", help="check everything the plugin uses of the installed verl (no Ray, no GPU); "
-                                           "exit status 1 when something changed")
+    doctor = sub.add_parser(
+        "doctor", help="check the installed verl, the devices and, given a main_ppo command's overrides, that command "
+                       "(no Ray, no weights loaded); exit status 1 on a problem",
+        description="Versions, CUDA and GPUs, vLLM's build, the varlen kernel, and every touch point of verl the "
+                    "plugin uses. With the overrides of a `python -m verl.trainer.main_ppo` command (as you would "
+                    "type them), that command's config is composed and checked by verl's validate_config and the "
+                    "plugin's checks, each problem printed with its fix; nothing starts Ray, loads weights or asks "
+                    "an endpoint.")
+    doctor.add_argument("overrides", nargs=argparse.REMAINDER, metavar="OVERRIDE",
+                        help="the command's Hydra overrides, e.g. trainer.n_gpus_per_node=6 "
+                             "reward.reward_model.model_path=/models/rm")
     doctor.set_defaults(func=_cmd_doctor)
     return parser
 

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from verl_async_rm.scoring.rm_config import KIND_KEYS, LOADED_ONLY_KEYS, RMConfi
 from verl_async_rm.service.batching import BatchPolicy
 
 __all__ = ["AsyncRMConfig", "IntegrationConfig", "RMEntry", "MAIN", "CONFIG_GROUP", "ON_ERROR_MODES",
-           "option_groups", "rm_config_from_verl", "placement_values", "extra_rm_entries", "build"]
+           "option_groups", "rm_config_from_verl", "placement_values", "extra_rm_entries", "build", "user_fields"]
 
 CONFIG_GROUP = "async_rm"
 MODELS_KEY = "models"
@@ -131,7 +132,7 @@ class AsyncRMConfig:
         group = dict(group)
         models = group.pop(MODELS_KEY, None)
         sections: dict[type, dict[str, Any]] = {BatchPolicy: {}, RMConfig: {}, RewardMix: {}, IntegrationConfig: {}}
-        owner = {f.name: kind for kind in sections for f in dataclasses.fields(kind) if not f.metadata.get("internal")}
+        owner = {name: kind for kind in sections for name in user_fields(kind)}
         for key, value in group.items():
             if key in _VERL_OWNED_RM_FIELDS:
                 raise ValueError(f"{CONFIG_GROUP}.{key}={value!r} is not read: {_VERL_OWNED_RM_FIELDS[key]}")
@@ -182,7 +183,7 @@ def rm_config_from_verl(config: Any, overrides: Mapping[str, Any] | None = None,
     device = select(config, "trainer.device")
     if device is not None:
         values["use_gpu"], keys["use_gpu"] = str(device) != "cpu", "trainer.device"
-    known = {f.name for f in dataclasses.fields(RMConfig)}
+    known = user_fields(RMConfig)
     prefix = f"{overrides_key}." if overrides_key else ""
     for name, value in dict(overrides or {}).items():
         if name not in known:
@@ -231,8 +232,8 @@ def extra_rm_entries(models: Any, *, base: Mapping[str, Any], shared_rm: Mapping
         raise ValueError(
             f"{group}.{MODELS_KEY}={models!r}: it must be a group of RMs by name; set each one's keys, e.g. "
             f"+{group}.{MODELS_KEY}.safety.model_path=/path/to/rm")
-    rm_fields = {f.name for f in dataclasses.fields(RMConfig)} - {"use_gpu"}
-    batching_fields = {f.name for f in dataclasses.fields(BatchPolicy)}
+    rm_fields = user_fields(RMConfig) - {"use_gpu"}
+    batching_fields = user_fields(BatchPolicy)
     entries = []
     for name, options in models.items():
         key = f"{group}.{MODELS_KEY}.{name}"
@@ -286,7 +287,16 @@ def _under(prefix: str, names: Any) -> dict[str, str]:
     return {name: f"{prefix}.{name}" for name in names}
 
 
+def user_fields(kind: type) -> set[str]:
+    """The fields of option dataclass ``kind`` a user may set: all but those marked ``internal`` (the plugin sets
+    those itself, from verl's keys)."""
+    return {f.name for f in dataclasses.fields(kind) if not f.metadata.get("internal")}
+
+
 def _check_key(prefix: str, key: str, value: Any, known: set[str]) -> None:
-    """The one check of a user's key under ``prefix`` (the top of ``async_rm``, or one RM of ``async_rm.models``)."""
+    """The one check of a user's key under ``prefix`` (the top of ``async_rm``, or one RM of ``async_rm.models``):
+    ``known`` holds user keys only, so an internal field is refused like a misspelt key; a close key is suggested."""
     if key not in known:
-        raise ValueError(f"unknown key {prefix}.{key}={value!r}; known keys: {', '.join(sorted(known))}")
+        close = difflib.get_close_matches(str(key), sorted(known), n=1)
+        hint = f" (did you mean {prefix}.{close[0]}?)" if close else ""
+        raise ValueError(f"unknown key {prefix}.{key}={value!r}{hint}; known keys: {', '.join(sorted(known))}")

@@ -294,6 +294,22 @@ def _colocate_count() -> None:
             raise _Changed(f"{module} passing max_colocate_count to ResourcePoolManager (line {passing[0]})")
 
 
+#: ``trainer.data_plane`` values under which the plugin's edits of a v0 batch land as it writes them.
+DATA_PLANES = ("classic", "neoproto")
+
+
+def _data_plane() -> None:
+    """verl 0.9.1 has no ``trainer.data_plane`` (its ``DataProto`` is the classic one); verl's ``neo`` branch adds it
+    (``classic`` or ``neoproto``). A default other than those, or a key that is not a plain name, is named."""
+    from omegaconf import OmegaConf
+
+    got = OmegaConf.select(_reference_config(), "trainer.data_plane", default=_ABSENT,
+                           throw_on_resolution_failure=False)
+    if got is not _ABSENT and got not in DATA_PLANES:
+        raise _Changed(f"in its reference config trainer.data_plane: {got!r} (relied on: absent, or one of "
+                       f"{', '.join(DATA_PLANES)})")
+
+
 def _auto_await_runs() -> bool:
     auto_await = _get("verl.utils.ray_utils:auto_await")
 
@@ -581,6 +597,11 @@ TOUCH_POINTS: tuple[TouchPoint, ...] = (
            "actor.fsdp_config.param_offload", "actor.fsdp_config.optimizer_offload", "ref.fsdp_config.param_offload",
            "actor.use_kl_loss")] + ["algorithm.use_kl_in_reward", "algorithm.adv_estimator", "data.train_files",
                                     "data.val_files"], _ANY))),
+    _P("config-data-plane", "trainer.data_plane",
+       "absent in 0.9.1 (the classic `DataProto`); `neo` adds `classic|neoproto` (NeoProto the v0 default from PR "
+       "#7557): the v0 manager writes drops and token rewards as whole columns (`rm_scores`, `response_mask`, "
+       "`meta_info[\"timing\"]`), which either data plane keeps; not run on `neoproto`",
+       (_MANAGER, "integration/drops.py", "integration/token_rewards.py"), _data_plane),
     _P("config-transfer-queue", "transfer_queue.enable, transfer_queue.backend.SimpleStorage.num_data_storage_units",
        "(testing) the test configs and the CPU trainer set both, for v0 runs too",
        ("testing/trainer_config.py", "testing/cpu_trainer.py"),

@@ -139,8 +139,8 @@ def render() -> str:
         "",
         "Every key the plugin reads, generated from the help text of its config dataclasses, so it cannot fall "
         "behind the code. All `async_rm.*` keys are optional and written with a `+` on verl's command line "
-        "(`+async_rm.max_batch_size=64`); unknown keys are refused. How to use them: [Options in practice]"
-        "(../guide/options.md).",
+        "(`+async_rm.max_batch_size=64`); unknown keys are refused. The ones you are likely to touch: [Opt in]"
+        "(../guide/opt-in.md#the-keys-you-are-likely-to-touch).",
         "",
     ]
     for group in GROUPS:

@@ -98,6 +98,38 @@ def test_unknown_key_lists_every_known_key(tiny_models):
     assert listed == fields - {"model_path", "n_gpus_per_node", "nnodes", "use_gpu"} | {"models"}
 
 
+#: Fields the plugin fills itself (``metadata={"internal": True}``): never a user's key.
+INTERNAL_RM_FIELDS = sorted(f.name for f in dataclasses.fields(RMConfig) if f.metadata.get("internal"))
+
+
+@pytest.mark.parametrize("field_name", INTERNAL_RM_FIELDS)
+@pytest.mark.parametrize("where", ["async_rm", "async_rm.models.safety"])
+def test_an_internal_field_is_not_a_users_key_nor_listed(tiny_models, field_name, where):
+    """``+async_rm.models.safety.placement=policy_pool`` once passed the checks: internal fields are refused like a
+    misspelt key, at the top and per RM, and the known keys the error lists hold none of them."""
+    extra = ["+async_rm.models.safety.model_path=/m"] if where != "async_rm" else []
+    with pytest.raises(ValueError, match=rf"unknown key {re.escape(where)}\.{field_name}=") as info:
+        AsyncRMConfig.from_verl(compose(tiny_models, *extra, f"+{where}.{field_name}=1"))
+    listed = set(str(info.value).split("known keys: ")[1].split(", "))
+    assert listed and not listed & set(INTERNAL_RM_FIELDS)
+
+
+@pytest.mark.parametrize(
+    ("key", "suggested"),
+    [("async_rm.max_batch=8", "async_rm.max_batch_size"), ("async_rm.rm_wieght=2", "async_rm.rm_weight"),
+     ("async_rm.models.safety.max_lenght=5", "async_rm.models.safety.max_length")],
+)
+def test_a_misspelt_key_gets_the_closest_known_one(tiny_models, key, suggested):
+    with pytest.raises(ValueError, match=rf"\(did you mean {re.escape(suggested)}\?\); known keys: "):
+        AsyncRMConfig.from_verl(compose(tiny_models, "+async_rm.models.safety.model_path=/m", f"+{key}"))
+
+
+def test_a_key_far_from_every_known_one_gets_no_suggestion(tiny_models):
+    with pytest.raises(ValueError, match=r"unknown key async_rm\.zzzzqqq=1; known keys: ") as info:
+        AsyncRMConfig.from_verl(compose(tiny_models, "+async_rm.zzzzqqq=1"))
+    assert "did you mean" not in str(info.value)
+
+
 @pytest.mark.parametrize(
     ("key", "value", "use_instead"),
     [
@@ -354,7 +386,8 @@ def test_an_extra_rm_of_another_kind_takes_none_of_the_top_levels_keys_of_a_kind
         (["+async_rm.models.safety.model_path=/m", "+async_rm.models.safety.weight=high"],
          r"async_rm\.models\.safety\.weight='high': must be a finite number"),
         (["+async_rm.models.safety.model_path=/m", "+async_rm.models.safety.max_lenght=5"],
-         r"unknown key async_rm\.models\.safety\.max_lenght=5; known keys: .*max_length"),
+         r"unknown key async_rm\.models\.safety\.max_lenght=5 \(did you mean async_rm\.models\.safety\."
+         r"max_length\?\); known keys: .*max_length"),
         (["+async_rm.models.safety.model_path=/m", "+async_rm.models.safety.use_gpu=false"],
          r"async_rm\.models\.safety\.use_gpu=False is not set per RM: .*trainer\.device"),
         (["+async_rm.models.safety.model_path=/m", "+async_rm.models.safety.nnodes=0"],

@@ -1,5 +1,5 @@
 """``verl-async-rm bench layout``: the layout model on hand-worked cases, its properties over many inputs, the CLI's
-JSON and its errors, and the preset's table in ``docs/layouts.md``.
+JSON and its errors, and the preset's table in ``docs/benchmarks.md``.
 
 Every figure here is the model's arithmetic (no clock): nothing is timed.
 """
@@ -246,9 +246,9 @@ def test_bad_inputs_raise_value_error_when_built_in_code():
 def test_the_preset_table_in_the_docs_is_the_models_output():
     _, text = main([])
     rows = [line for line in text.splitlines() if line.startswith("| ")]
-    docs = (REPO_ROOT / "docs" / "layouts.md").read_text(encoding="utf-8")
+    docs = (REPO_ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
     missing = [row for row in rows if row not in docs]
-    assert rows and missing == [], "docs/layouts.md is stale: paste `verl-async-rm bench layout`'s table"
+    assert rows and missing == [], "docs/benchmarks.md is stale: paste `verl-async-rm bench layout`'s table"
 
 
 def test_the_cli_runs_bench_layout(tmp_path, capsys):

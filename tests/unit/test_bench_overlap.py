@@ -84,3 +84,18 @@ def test_bad_options_exit_with_usage_error(tmp_path, args):
     with pytest.raises(SystemExit) as exc:
         cli_main(["bench", "--out", str(tmp_path), *args])
     assert exc.value.code == 2
+
+
+def test_bench_help_lists_the_benchmarks_not_a_module_docstring(capsys):
+    assert cli_main(["bench", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: verl-async-rm bench") and "--trajectories" in out
+    assert all(f"bench {name}" in out for name in ("batcher", "rm", "judge", "group-judge", "layout", "remote"))
+    assert ":mod:" not in out and "``" not in out
+
+
+def test_the_demo_help_describes_the_training_demo():
+    from verl_async_rm.cli import build_parser
+
+    [demo] = [a for a in build_parser()._subparsers._group_actions[0]._choices_actions if a.dest == "demo"]
+    assert "main_ppo" in demo.help and "after rollout" not in demo.help

@@ -131,6 +131,7 @@ def test_a_hub_id_as_the_policy_path_is_refused_naming_the_policy_key(tiny_model
     assert message.startswith("actor_rollout_ref.model.path='Qwen/Qwen2.5-0.5B-Instruct' is not a directory here and "
                               "reads as a Hugging Face Hub id")
     assert "+async_rm.policy_tokenizer_path=/shared/Qwen2.5-0.5B-Instruct" in message
+    assert "hf download Qwen/Qwen2.5-0.5B-Instruct --local-dir" in message  # the Hub's current CLI
     # a local copy named by the plugin's key takes its place; verl may keep the Hub id
     check_verl_config(compose("Qwen/Qwen2.5-0.5B-Instruct", tiny_models.rm,
                               f"+async_rm.policy_tokenizer_path={tiny_models.policy}"))

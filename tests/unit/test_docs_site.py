@@ -94,12 +94,11 @@ def site(tmp_path_factory) -> Path:
 
 
 def test_the_site_builds_strict_with_every_page(site):
-    pages = ["index.html", "guide/install/index.html", "guide/train-on-cpu/index.html", "guide/opt-in/index.html", "guide/options/index.html",
-             "guide/metrics/index.html", "guide/recipes/index.html", "guide/sizing/index.html",
-             "guide/remote/index.html",
-             "rm-kinds/index.html", "faults/index.html", "comparison/index.html", "architecture/index.html",
-             "benchmarks/index.html", "layouts/index.html", "testing/index.html", "versions/index.html",
-             "reference/options/index.html"]
+    pages = ["index.html", "guide/install/index.html", "guide/opt-in/index.html", "guide/migrate/index.html",
+             "guide/metrics/index.html", "guide/recipes/index.html", "guide/placement/index.html",
+             "guide/remote/index.html", "guide/sizing/index.html", "rm-kinds/index.html", "engines/index.html",
+             "faults/index.html", "comparison/index.html", "architecture/index.html", "benchmarks/index.html",
+             "gpu-results/index.html", "testing/index.html", "versions/index.html", "reference/options/index.html"]
     assert [p for p in pages if not (site / p).is_file()] == []
     assert not (site / "hooks").exists(), "the generator is not a page of the site"
 
@@ -263,3 +262,252 @@ def test_the_metric_check_catches_a_name_the_code_does_not_log():
 def test_the_metrics_page_documents_every_metric_the_code_logs():
     documented = set(_named_metrics((REPO_ROOT / "docs" / "guide" / "metrics.md").read_text()))
     assert sorted(_logged_metrics() - documented) == [], "add these to the table of docs/guide/metrics.md"
+
+
+# --- the word budget, the CHANGELOG's form, the CLI commands pages name, measured figures' sources ----------------
+
+#: The docs' word budget: the prose of the README and of every page under docs/ (what a user reads), counted as the
+#: whitespace-separated words outside fenced code blocks and HTML comments, tables included, the generated parts left
+#: out (the options reference, the touch-point table of docs/versions.md, both rendered from the code). 43,290 words
+#: before issue 66; the budget leaves room under 25,000 for pages to come.
+WORD_BUDGET = 25_000
+#: Pages generated from the code: not counted.
+GENERATED = ("docs/reference/options.md",)
+_FENCE = re.compile(r"^\s*(```|~~~)")
+_TOUCH_TABLE = re.compile(r"<!-- touch points: generated.*?<!-- end of the touch points -->", re.S)
+
+
+def _prose(text: str) -> str:
+    """``text`` without fenced code blocks, HTML comments and the generated touch-point table."""
+    text = re.sub(r"<!--.*?-->", "", _TOUCH_TABLE.sub("", text), flags=re.S)
+    kept, fenced = [], False
+    for line in text.splitlines():
+        if _FENCE.match(line):
+            fenced = not fenced
+        elif not fenced:
+            kept.append(line)
+    return "\n".join(kept)
+
+
+def prose_words() -> dict[str, int]:
+    """Words of prose per page (the README and docs/), by the budget's definition (:data:`WORD_BUDGET`)."""
+    pages = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
+    return {str(p.relative_to(REPO_ROOT)): len(_prose(p.read_text(encoding="utf-8")).split()) for p in pages
+            if str(p.relative_to(REPO_ROOT)) not in GENERATED}
+
+
+def test_the_docs_keep_to_their_word_budget():
+    words = prose_words()
+    assert len(words) > 15 and "README.md" in words and "docs/index.md" in words
+    biggest = ", ".join(f"{page} {n}" for page, n in sorted(words.items(), key=lambda kv: -kv[1])[:5])
+    assert sum(words.values()) <= WORD_BUDGET, f"{sum(words.values())} words of prose, the biggest pages: {biggest}"
+
+
+def test_the_word_count_leaves_out_code_comments_and_generated_tables():
+    text = ("one two\n```bash\nnot counted\n```\nthree <!-- not counted -->\n"
+            "<!-- touch points: generated ... -->\n| not | counted |\n<!-- end of the touch points -->\nfour")
+    assert _prose(text).split() == ["one", "two", "three", "four"]
+
+
+_CHANGE_KINDS = ("Added", "Changed", "Deprecated", "Removed", "Fixed", "Security")
+_VERSION = re.compile(r"^## \[(Unreleased|\d+\.\d+\.\d+\S*)\](?: - (\d{4}-\d{2}-\d{2}))?$")
+
+
+def _git_tags() -> set[str] | None:
+    try:
+        done = subprocess.run(["git", "tag"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return set(done.stdout.split()) if done.returncode == 0 else None
+
+
+def test_the_changelog_keeps_a_changelogs_form():
+    """Keep a Changelog: one section per version (Unreleased first, released ones dated), each kind of change at most
+    once in a version, nothing else at those levels; short enough to read; no git tag cited that does not exist."""
+    lines = (REPO_ROOT / "CHANGELOG.md").read_text(encoding="utf-8").splitlines()
+    assert lines[0] == "# Changelog" and len(lines) <= 400, f"{len(lines)} lines: keep it under 400"
+    versions: list[str] = []
+    kinds: dict[str, list[str]] = {}
+    for line in lines[1:]:
+        if line.startswith("## "):
+            match = _VERSION.match(line)
+            assert match, f"not a version heading: {line!r}"
+            assert match.group(1) == "Unreleased" or match.group(2), f"a release needs its date: {line!r}"
+            versions.append(match.group(1))
+            kinds[versions[-1]] = []
+        elif line.startswith("### "):
+            assert versions and line[4:] in _CHANGE_KINDS, f"not a kind of change: {line!r}"
+            kinds[versions[-1]].append(line[4:])
+        else:
+            assert not line.startswith("#"), f"a heading Keep a Changelog does not have: {line!r}"
+    assert versions and versions[0] == "Unreleased" and len(versions) == len(set(versions)), versions
+    twice = {v: k for v, ks in kinds.items() for k in ks if ks.count(k) > 1}
+    assert twice == {}, "a version lists a kind of change twice"
+    tags = _git_tags()
+    if tags is None:
+        pytest.skip("no git here to list the tags")
+    text = "\n".join(lines)
+    cited = set(re.findall(r"(?<![\w.])v\d+\.\d+\.\d+\S*?(?=[\s`)\],.;:]|$)", text)) | set(
+        re.findall(r"/(?:releases/tag|compare)/([^\s)]+)", text))
+    assert cited <= tags, f"tags cited that git does not have: {sorted(cited - tags)}"
+
+
+#: A command a page names: ``verl-async-rm ...`` or ``python -m verl_async_rm ...`` (not its submodules).
+_CLI = re.compile(r"(?:verl-async-rm|python3? -m verl_async_rm(?![.\w]))((?:[ \t]+[^\s`|]+)*)")
+
+
+def _code(text: str) -> list[str]:
+    """The code of a page: its inline code spans and its fenced blocks, continuation lines joined."""
+    spans, blocks, fenced, block = [], [], False, []
+    for line in text.splitlines():
+        if _FENCE.match(line):
+            if fenced:
+                blocks.append("\n".join(block))
+                block = []
+            fenced = not fenced
+        elif fenced:
+            block.append(line)
+        else:
+            spans += re.findall(r"`([^`\n]+)`", line)
+    joined = [re.sub(r"\\\n\s*|\n\s{8,}(?=\[)", " ", b) for b in blocks]
+    return spans + [line for b in joined for line in b.splitlines()]
+
+
+def _cli_help(argv: list[str]) -> str:
+    import contextlib
+    import io
+
+    from verl_async_rm.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.suppress(SystemExit):
+        main([*argv, "--help"])
+    return out.getvalue()
+
+
+def named_commands(text: str) -> list[tuple[str, ...]]:
+    """Each command a page's code names, as its words: ``("bench", "rm", "--shape", ...)``."""
+    return [tuple(m.group(1).split()) for code in _code(text) for m in _CLI.finditer(code)]
+
+
+def test_every_cli_command_and_flag_the_docs_name_exists():
+    from verl_async_rm.cli import _BENCHES
+
+    commands = ("demo", "bench", "doctor")
+    helps: dict[tuple[str, ...], set[str]] = {}
+    named, unknown = 0, []
+    for page in _pages():
+        if page.suffix not in (".md", "") and page.parent.name != "recipes":
+            continue
+        for words in named_commands(page.read_text(encoding="utf-8")):
+            if not words or not re.fullmatch(r"[a-z][\w-]*", words[0]):  # prose, a placeholder, a version
+                continue
+            named += 1
+            where = f"{page.relative_to(REPO_ROOT)}: verl-async-rm {' '.join(words)}"
+            if words[0] not in commands:
+                unknown.append(where)
+                continue
+            command = words[:1]
+            if words[0] == "bench" and len(words) > 1 and re.fullmatch(r"[a-z][\w-]*", words[1]):
+                if words[1] not in _BENCHES:
+                    unknown.append(where)
+                    continue
+                command = words[:2]
+            if command not in helps:
+                helps[command] = set(re.findall(r"--[a-z][\w-]*", _cli_help(list(command))))
+            flags = {f for w in words for f in re.findall(r"(?<![\w-])--[a-z][\w-]*", w)} - {"--help"}
+            unknown += [f"{where}: {flag}" for flag in sorted(flags - helps[command])]
+    assert named > 20, "no commands found: has the docs' spelling of commands changed? Update _CLI"
+    assert unknown == [], "the docs name commands or flags the command line does not have"
+
+
+def test_the_command_check_finds_a_bench_that_does_not_exist():
+    text = "run `verl-async-rm bench nothing --x` or\n```\nverl-async-rm bench rm --shape tiny \\\n    --seed 1\n```\n"
+    assert named_commands(text) == [("bench", "nothing", "--x"), ("bench", "rm", "--shape", "tiny", "--seed", "1")]
+
+
+#: A figure called measured (``not measured``, ``unmeasured`` and a quoted ``"measured"`` are not claims).
+_MEASURED = re.compile(r"(?<![\w\"'])(?<!not )(?<!not yet )measured\b(?![\"'])", re.I)
+_COMMIT = re.compile(r"`([0-9a-f]{7,40})`")
+_PATH = re.compile(r"`((?:docs|tests|scripts|recipes|verl_async_rm)/[^`\s]+)`|\]\(((?:\.\./)*[\w./-]+)(?:#[^)]*)?\)")
+
+
+def _blocks(text: str) -> list[str]:
+    """A page's paragraphs, list items and table rows (fenced code left out)."""
+    blocks, current = [], []
+    for line in _prose(text).splitlines():
+        if line.startswith("#"):  # a heading names a section, it states no figure
+            line = ""
+        if not line.strip() or line.lstrip().startswith(("- ", "* ", "|")) or re.match(r"\s*\d+\. ", line):
+            if current:
+                blocks.append(" ".join(current))
+            current = [line] if line.strip() else []
+        else:
+            current.append(line)
+    return blocks + ([" ".join(current)] if current else [])
+
+
+def _resolves(commit: str) -> bool:
+    done = subprocess.run(["git", "cat-file", "-e", f"{commit}^{{commit}}"], cwd=REPO_ROOT, capture_output=True,
+                          timeout=30)
+    return done.returncode == 0
+
+
+def _cites_a_source(block: str, page: Path) -> bool:
+    """A command that measures, a repository path that exists, a commit git knows, or (from another page) a link to
+    the pages that record the figures with theirs."""
+    if re.search(r"verl-async-rm (?:bench|demo)|python -m verl_async_rm (?:bench|demo)|scripts/\w+\.sh|pytest ",
+                 block):
+        return True
+    for code, link in _PATH.findall(block):
+        target = code or link
+        if link:
+            if link.startswith("http"):
+                continue
+            target = str((page.parent / link).resolve().relative_to(REPO_ROOT))
+            if target in ("docs/benchmarks.md", "docs/gpu-results.md") and (REPO_ROOT / target) != page:
+                return True
+        if target and (list(REPO_ROOT.glob(target.split("::")[0])) or (REPO_ROOT / target).exists()):
+            return True
+    return any(_resolves(commit) for commit in _COMMIT.findall(block))
+
+
+def test_every_figure_called_measured_cites_its_source():
+    pages = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
+    claims, uncited = 0, []
+    for page in pages:
+        for block in _blocks(page.read_text(encoding="utf-8")):
+            if _MEASURED.search(block):
+                claims += 1
+                if not _cites_a_source(block, page):
+                    uncited.append(f"{page.relative_to(REPO_ROOT)}: {block[:120]}")
+    assert claims > 5, "no measured figures found: has the docs' wording changed? Update _MEASURED"
+    assert uncited == [], "figures called measured without a source in the repository"
+
+
+def test_the_source_check_tells_a_cited_figure_from_an_uncited_one():
+    page = REPO_ROOT / "docs" / "engines.md"
+    assert _cites_a_source("measured with `verl-async-rm bench rm`", page)
+    assert _cites_a_source("measured ([GPU results](gpu-results.md))", page)
+    assert _cites_a_source("measured in `tests/gpu/test_colocation_gpu.py`", page)
+    assert not _cites_a_source("measured on a machine somewhere", page)
+    assert not _cites_a_source("measured at commit `0000000`", page)
+    assert not _MEASURED.search("GPU figures: not measured") and _MEASURED.search("Measured on one H200")
+
+
+def test_status_facts_are_stated_once():
+    """The plugin's version and how often the GPU check ran live on one page each (docs/versions.md,
+    docs/gpu-results.md); the others link there."""
+    from verl_async_rm import __version__
+
+    runs = re.compile(r"\b(?:ran|run) (?:once|twice|\w+ times)\b|\b(?:three|four|five|six|\d+) (?:GPU )?runs\b")
+    stray = []
+    for page in [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]:
+        name = page.relative_to(REPO_ROOT).as_posix()
+        text = _prose(page.read_text(encoding="utf-8"))
+        if __version__ in text and name != "docs/versions.md":
+            stray.append(f"{name}: the version {__version__}")
+        if name not in ("docs/gpu-results.md", "docs/versions.md"):
+            stray += [f"{name}: {line.strip()[:100]}" for line in text.splitlines()
+                      if re.search(r"\b(GPU|H200|gpu_check)", line) and runs.search(line)]
+    assert stray == []

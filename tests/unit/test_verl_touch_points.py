@@ -141,6 +141,21 @@ def test_neos_config_is_named_key_by_key(monkeypatch):
     assert "testing/trainer_config.py" in queue.message
 
 
+def test_neos_data_plane_is_accepted_and_an_unknown_one_named(monkeypatch):
+    """verl 0.9.1 has no ``trainer.data_plane``; ``neo`` adds it (``classic`` default, ``neoproto`` the default after
+    PR #7557): both keep the whole-column writes of the v0 manager. A value the plugin does not know is named."""
+    from omegaconf import OmegaConf
+
+    assert OmegaConf.select(touch_points._reference_config(), "trainer.data_plane", default=None) is None
+    for plane, status in (("classic", "ok"), ("neoproto", "ok"), ("arrow", "changed")):
+        config = OmegaConf.create(OmegaConf.to_container(touch_points._reference_config()))
+        config.trainer.data_plane = plane
+        monkeypatch.setattr(touch_points, "_reference_config", lambda config=config: config)
+        result = check(POINTS["config-data-plane"])
+        assert result.status == status, result.message
+    assert "trainer.data_plane: 'arrow'" in result.detail and "integration/drops.py" in result.message
+
+
 # --- the doctor ---------------------------------------------------------------------------------------------------
 
 

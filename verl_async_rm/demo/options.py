@@ -41,7 +41,8 @@ class DemoConfig:
     rm_layers: int = field(default=4, metadata={"help": "Layers of the demo RM."})
     cache_dir: str | None = field(
         default=None,
-        metadata={"help": "Where the tiny models and data are built (default: $VERL_ASYNC_RM_CACHE or ~/.cache)."},
+        metadata={"help": "Where the tiny models and data are built (default: $VERL_ASYNC_RM_CACHE, else "
+                         "~/.cache/verl_async_rm; scripts/demo.sh sets it to the checkout's .cache/)."},
     )
     out_dir: str | None = field(
         default=None, metadata={"help": "Output folder (default: a fresh ./async_rm_demo/<timestamp>)."}

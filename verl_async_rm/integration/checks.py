@@ -18,7 +18,7 @@ from verl_async_rm.scoring.checkpoint import check_rm_checkpoint
 logger = logging.getLogger(__name__)
 
 __all__ = ["check_verl_config", "verl_v1", "probe_endpoints", "check_v1_trainer", "legacy_keys_set", "LEGACY_KEYS",
-           "ENTRY_MODULE", "V1_TRAINER_MODES"]
+           "ENTRY_MODULE", "V1_TRAINER_MODES", "colocate_count"]
 
 ENTRY_MODULE = "verl_async_rm.main_ppo"
 #: Legacy top-level keys that verl 0.9.1's ``main_ppo`` ignores (all null in verl's defaults), with the keys
@@ -78,8 +78,11 @@ def check_verl_config(config: Any) -> AsyncRMConfig:
                 raise err.renamed(f"{entry.key}.model_path" if err.key == "model_path" else
                                   f"{CONFIG_GROUP}.{err.key}") from None
         elif not rm.remote:  # multi-node runs may keep the RM only on the reward nodes: each replica checks it
-            logger.info("verl_async_rm: RM %s's path %s is not on this machine; its replicas will check it",
-                        entry.name, rm.model_path)
+            logger.warning(
+                "verl_async_rm: RM %s's path %s is not a directory on this machine, so its checkpoint is not checked "
+                "before the run; each replica checks it as it loads, on its own node (a path missing there fails the "
+                "start). Fix, if the path is wrong: set %s to a local directory present on every node of its pool",
+                entry.name, rm.model_path, f"{entry.key}.model_path")
         if rm.token_level and estimator in SUM_ONLY_ESTIMATORS:  # legitimate, but more steps earn more
             logger.warning(
                 "verl_async_rm: RM %s has process_reduction=none with algorithm.adv_estimator=%s, which reads only "
@@ -101,11 +104,10 @@ def check_verl_config(config: Any) -> AsyncRMConfig:
     return settings
 
 
-def _check_policy_pool(config: Any, settings: AsyncRMConfig) -> None:
+def _check_policy_pool(config: Any, settings: AsyncRMConfig, pool: Any = None) -> None:
     """``reward.reward_model.enable_resource_pool=False``: the RMs' replicas go in the bundles of verl's actor/rollout
-    pool, beside the actor's worker (verl's ``ResourcePoolManager.max_colocate_count`` processes fit in a bundle)."""
-    from verl.single_controller.ray.base import ResourcePoolManager
-
+    pool, beside the actor's worker (:func:`colocate_count` processes fit in a bundle; ``pool``: verl's pool or
+    ``ResourcePoolManager`` where one exists)."""
     sized = (_get(config, "reward.reward_model.n_gpus_per_node"), _get(config, "reward.reward_model.nnodes"))
     trainer = (_get(config, "trainer.n_gpus_per_node"), _get(config, "trainer.nnodes"))
     if sized[1] and sized != trainer:  # verl's default nnodes=0; verl copies the trainer's there at start
@@ -123,16 +125,26 @@ def _check_policy_pool(config: Any, settings: AsyncRMConfig) -> None:
             "phase for the RM to share the trainer's GPUs with (verl refuses its own colocated RM there too). Fix: "
             "use trainer.v1.trainer_mode=sync or colocate_async, or give the RM its own pool "
             "(reward.reward_model.enable_resource_pool=True)")
-    # verl 0.9.1's trainers build their pools with ResourcePoolManager's default; the replicas read what the pool got
-    room = ResourcePoolManager.max_colocate_count - 1  # the actor's worker takes one place in each bundle
+    count = colocate_count(pool)
+    room = count - 1  # the actor's worker takes one place in each bundle
     local = [e for e in settings.models if not e.rm.remote]
     if len(local) > room:
         raise ValueError(
             f"reward.reward_model.enable_resource_pool=False with {len(local)} RMs "
-            f"({', '.join(e.name for e in local)}): a bundle of verl's policy pool holds "
-            f"{ResourcePoolManager.max_colocate_count} processes (verl's ResourcePoolManager.max_colocate_count), one "
-            f"of them the actor's, so at most {room} RMs fit beside it. Fix: score with at most {room} RMs, or give "
-            "the RMs pools of their own (reward.reward_model.enable_resource_pool=True)")
+            f"({', '.join(e.name for e in local)}): a bundle of verl's policy pool holds {count} processes (its "
+            f"max_colocate_count), one of them the actor's, so at most {room} RMs fit beside it. Fix: score with at "
+            f"most {room} RMs, or give the RMs pools of their own (reward.reward_model.enable_resource_pool=True)")
+
+
+def colocate_count(pool: Any = None) -> int:
+    """How many processes a bundle of verl's policy pool holds: the pool's own ``max_colocate_count`` where verl keeps
+    one per pool (a ``RayResourcePool``; a ``ResourcePoolManager`` built with its own, as verl pull request 7307 does),
+    else ``ResourcePoolManager``'s class default (verl 0.9.1: 3, what its trainers build ``global_pool`` with). Before
+    Ray starts there is no pool: the class default; the replicas read the count verl really gave the pool."""
+    from verl.single_controller.ray.base import ResourcePoolManager
+
+    own = getattr(pool, "max_colocate_count", None) if pool is not None else None
+    return own if isinstance(own, int) and not isinstance(own, bool) else ResourcePoolManager.max_colocate_count
 
 
 def verl_v1() -> Any:
@@ -239,8 +251,8 @@ def _refuse_hub_ids(config: Any, entry: Any) -> None:
                    f"add +{CONFIG_GROUP}.policy_tokenizer_path=/shared/{name} (verl may keep the Hub id)")
             raise ValueError(
                 f"{key}={path!r} is not a directory here and reads as a Hugging Face Hub id, but the RM replicas load "
-                f"{what} from a local directory on every node of the reward pool. Fix: download it (huggingface-cli "
-                f"download {path} --local-dir /shared/{name}) and {fix}")
+                f"{what} from a local directory on every node of the reward pool. Fix: download it (hf download {path} "
+                f"--local-dir /shared/{name}) and {fix}")
 
 
 #: verl's advantage estimators that read only the sum of a trajectory's token rewards (``token_level_rewards.sum(-1)``

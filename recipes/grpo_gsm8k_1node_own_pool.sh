@@ -1,27 +1,22 @@
 #!/usr/bin/env bash
-# GRPO on GSM8K with the RM on the policy's GPUs: one 8-GPU node, the policy and an RM replica on every GPU, the RM
-# asleep while the policy trains (verl-async-rm).
+# GRPO on GSM8K with a reward model on its own GPUs: one 8-GPU node, policy on 6 GPUs, RM on 2 (verl-async-rm).
+#
+# The layout
+#   A pool of its own: for an RM that cannot sit beside the policy (it does not fit beside the rollout and the actor,
+#   runs on vLLM, or the trainer is separate_async). Otherwise recipes/grpo_gsm8k_1node.sh (the RM on the policy's 8
+#   GPUs) is modelled faster on one node (docs/benchmarks.md, bench layout). The policy has 6 GPUs, so verl's batch
+#   sizes must split over 6: train_batch_size x n = 240 x 5 and ppo_mini_batch_size x n = 60 x 5 (verl's usual
+#   1024 x 5 fails verl's validate_config with an AssertionError; `verl-async-rm doctor <overrides>` says so).
 #
 # What it trains
 #   Policy Qwen/Qwen2.5-3B-Instruct, GRPO (5 samples per prompt), reward = the score of the sequence-classification RM
 #   Skywork/Skywork-Reward-Llama-3.1-8B-v0.2 (LlamaForSequenceClassification, one output), scored per trajectory the
-#   moment its agent loop ends, re-rendered with the RM's own (Llama 3) chat template.
-#
-# The layout
-#   reward.reward_model.enable_resource_pool=False: no GPU of its own for the RM. One RM replica (a full bf16 copy of
-#   the 8B RM, about 15 GB) sits beside the actor and the rollout on each of the 8 GPUs; it scores trajectories during
-#   the rollout, and sleeps (weights to host memory, device memory freed) through the actor's update. The rollout's
-#   gpu_memory_utilization is lowered to 0.5 to leave the awake RM its room; each replica checks before it loads that
-#   the RM fits beside the rollout engine and the actor, and names the values that fit if not. Trainers: v1 sync and
-#   colocate_async (not v0). See docs/guide/placement.md; `verl-async-rm bench layout` compares this layout with the
-#   RM on 2 GPUs of its own (recipes/grpo_gsm8k_1node.sh) for your figures.
+#   moment its agent loop ends. The RM has its own chat template (Llama 3), so responses are re-rendered for it.
 #
 # Prerequisites
-#   GPUs     1 node x 8 GPUs with 80 GB each (A100/H100), all 8 for the policy (actor + vLLM rollout + reference) and
-#            8 RM replicas beside it, one per GPU. Host memory: 15 GB of pinned memory per replica while it sleeps.
-#   Install  pip install "verl[vllm]==0.9.1", then this package from a checkout of its repository (it is
-#            not on PyPI): pip install /path/to/checkout, or pip install "git+<this repository's URL>". In
-#            verl's 0.9.1 docker image the second command alone.
+#   GPUs     1 node x 8 GPUs with 80 GB each (A100/H100). 6 for the policy (actor + vLLM rollout + reference), 2 for
+#            two RM replicas (one full bf16 copy of the 8B RM per GPU).
+#   Install  pip install "verl[vllm]==0.9.1" /path/to/checkout (this package, not on PyPI).
 #   Models   local directories (the RM replicas load the RM and the policy's tokenizer from disk, not from the Hub):
 #              hf download Qwen/Qwen2.5-3B-Instruct --local-dir $HOME/models/Qwen2.5-3B-Instruct
 #              hf download Skywork/Skywork-Reward-Llama-3.1-8B-v0.2 \
@@ -32,12 +27,8 @@
 #              python3 examples/data_preprocess/gsm8k.py --local_save_dir $HOME/data/gsm8k
 #
 # Launch
-#   bash recipes/grpo_gsm8k_policy_gpus.sh [more Hydra overrides, e.g. trainer.total_epochs=1]
+#   bash recipes/grpo_gsm8k_1node_own_pool.sh [more Hydra overrides, e.g. trainer.total_epochs=1]
 #   Paths come from POLICY_PATH, RM_PATH and DATA_DIR (defaults below).
-#
-# Checked in CI: tests/unit/test_recipes.py runs this script with VERL_ASYNC_RM_RECIPE_DRY_RUN=1 (it prints the
-# command instead of running it), composes exactly those overrides against the installed verl's config and validates
-# them with verl's and the plugin's checks.
 set -euo pipefail
 
 POLICY_PATH=${POLICY_PATH:-$HOME/models/Qwen2.5-3B-Instruct}
@@ -50,7 +41,7 @@ overrides=(
     algorithm.use_kl_in_reward=False
     data.train_files="$DATA_DIR/train.parquet"
     data.val_files="$DATA_DIR/test.parquet"
-    data.train_batch_size=256
+    data.train_batch_size=240
     data.max_prompt_length=512
     data.max_response_length=1024
     data.filter_overlong_prompts=True
@@ -60,8 +51,8 @@ overrides=(
     actor_rollout_ref.model.use_remove_padding=True
     actor_rollout_ref.model.enable_gradient_checkpointing=True
     actor_rollout_ref.actor.optim.lr=1e-6
-    actor_rollout_ref.actor.ppo_mini_batch_size=64
-    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8
+    actor_rollout_ref.actor.ppo_mini_batch_size=60
+    actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=10
     actor_rollout_ref.actor.use_kl_loss=True
     actor_rollout_ref.actor.kl_loss_coef=0.001
     actor_rollout_ref.actor.kl_loss_type=low_var_kl
@@ -69,21 +60,23 @@ overrides=(
     actor_rollout_ref.rollout.name=vllm
     actor_rollout_ref.rollout.n=5
     actor_rollout_ref.rollout.tensor_model_parallel_size=1
-    actor_rollout_ref.rollout.gpu_memory_utilization=0.5
+    actor_rollout_ref.rollout.gpu_memory_utilization=0.6
     actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=20
     actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=20
     actor_rollout_ref.ref.fsdp_config.param_offload=True
     trainer.logger='["console","wandb"]'
     trainer.project_name=verl_async_rm_gsm8k
-    trainer.experiment_name=qwen2.5-3b_skywork-rm-8b_policy-gpus
-    trainer.n_gpus_per_node=8
+    trainer.experiment_name=qwen2.5-3b_skywork-rm-8b_1node-own-pool
+    trainer.n_gpus_per_node=6
     trainer.nnodes=1
     trainer.save_freq=-1
     trainer.test_freq=5
     trainer.total_epochs=15
-    # --- verl-async-rm: an RM replica on each of the policy's GPUs, asleep during the update ---
+    # --- verl-async-rm: the RM on its own pool of 2 GPUs, scored as trajectories finish ---
     +actor_rollout_ref.rollout.agent.agent_loop_manager_class=verl_async_rm.AsyncRMAgentLoopManager
-    reward.reward_model.enable_resource_pool=False
+    reward.reward_model.enable_resource_pool=True
+    reward.reward_model.n_gpus_per_node=2
+    reward.reward_model.nnodes=1
     reward.reward_model.model_path="$RM_PATH"
     reward.reward_manager.name=async_rm
     +async_rm.rm_weight=1.0
