@@ -27,9 +27,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 #: ``bench <name> [...]``: the module of ``verl_async_rm.bench`` that runs it, with a parser of its own: the batcher
 #: micro-benchmark, the RM scorer's forwards on this device, a judge's two readouts, a group judge against a
 #: per-response one, where to put the RM (a model), a remote judge (the plugin vs verl's rate_limited manager, with
-#: faults). ``bench [...]``: the overlap benchmark (``report``).
+#: faults), a pairwise judge's plans and aggregates against the others (a simulated judge). ``bench [...]``: the
+#: overlap benchmark (``report``).
 _BENCHES = {"batcher": "batcher", "rm": "rm", "judge": "judge", "group-judge": "group_judge", "layout": "layout",
-            "remote": "remote"}
+            "remote": "remote", "pairwise": "pairwise"}
 
 
 #: ``bench --help``: what each benchmark answers.
@@ -86,9 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     # prefix_chars="+": every option after `bench` goes, unparsed, to the chosen benchmark's own parser.
     bench = sub.add_parser("bench", add_help=False, prefix_chars="+",
                            help="the overlap benchmark (`bench --help`), `bench batcher`, `bench rm`, `bench judge`, "
-                                "`bench group-judge`, `bench layout` or `bench remote` (`bench rm --help`...)")
+                                "`bench group-judge`, `bench layout`, `bench remote` or `bench pairwise` "
+                                "(`bench rm --help`...)")
     bench.add_argument("rest", nargs=argparse.REMAINDER,
-                       help="[batcher|rm|judge|group-judge|layout|remote] and the benchmark's options")
+                       help="[batcher|rm|judge|group-judge|layout|remote|pairwise] and the benchmark's options")
     bench.set_defaults(func=_cmd_bench)
 
     doctor = sub.add_parser(
