@@ -13,9 +13,9 @@
 #   default_compute_score for data_source "openai/gsm8k": 1.0 when the number after "####" equals the ground truth.
 #   Group judge (the pool's RM, reward.reward_model.*): Qwen/Qwen2.5-7B-Instruct (Qwen2ForCausalLM) with
 #   reward_kind=group_judge. Each trajectory's request waits until the 5 responses of its prompt have finished, then
-#   ONE judge call reads the question, the dataset's ground truth and the 5 responses, each under a label [1]..[5]
-#   drawn per group (the position shuffle: no response is always first), and replies with a JSON object of a 0-10
-#   grade per label. The reply is constrained to that schema by vLLM's structured output in the replica (greedy, at
+#   ONE judge call reads the question, the dataset's ground truth and the 5 responses, each in a block
+#   <response label="n"> with labels drawn per group (the position shuffle: no response is always first), and
+#   replies with a JSON object of a 0-10 grade per label. The reply is constrained to that schema by vLLM's structured output in the replica (greedy, at
 #   most judge_max_tokens=64); each response's score is its label's grade / judge_scale=10. A reply that does not read
 #   is asked again once (judge_retries=1: the reply and why it did not read added to the judge's conversation), then
 #   every trajectory of the group fails (never a default score). A group that stays short (a sibling's agent loop

@@ -12,7 +12,7 @@
 #   Group judge (the main RM, +async_rm.endpoint, reward_kind=group_judge): Qwen/Qwen2.5-72B-Instruct served on a
 #   second node by vLLM (the command under Models). Each trajectory's request waits until the 5 responses of its
 #   prompt have finished; then ONE chat completion per group reads the question, the dataset's ground truth and the
-#   5 responses, each under a label [1]..[5] drawn per group (the position shuffle: no response is always first),
+#   5 responses, each in a block <response label="n"> with labels drawn per group (no response is always first),
 #   greedy (temperature 0), at most judge_max_tokens=64, with response_format asking for the JSON schema of a 0-10
 #   grade per label (OpenAI's structured outputs, which the server enforces: --structured-outputs-config). Each
 #   response's score is its label's grade / judge_scale=10. A reply that does not read is asked again twice

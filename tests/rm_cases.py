@@ -81,12 +81,13 @@ async def wait_stats(service, predicate, what: str, timeout_s: float = 180.0) ->
 
 
 def remote_scores(config, requests, deadline_s: float = 120.0) -> tuple[list, dict]:
-    """Each of ``requests`` scored by a ``RemoteRMService`` of ``config`` in this process (its start-up check first),
-    each with ``deadline_s``: the results and the step's figures."""
-    from verl_async_rm.service.remote_service import RemoteRMService
+    """Each of ``requests`` scored by an ``RMService`` of ``config`` in this process (the actor's class, no Ray; its
+    replicas the endpoint's slots), each with ``deadline_s``: the results and the step's figures."""
+    from verl_async_rm.service.batching import BatchPolicy
+    from verl_async_rm.service.service import RMService
 
     async def main():
-        service = RemoteRMService(config, name="remote")
+        service = RMService(config, BatchPolicy(), name="remote")
         await service.start()
         try:
             return (await asyncio.gather(*(service.score(r, deadline_s) for r in requests)),

@@ -95,10 +95,10 @@ def option_groups() -> dict[str, tuple[type, ...]]:
         f"{CONFIG_GROUP}.{MODELS_KEY}.<name>.": (BatchPolicy, RMConfig)}
 
 
-def build(kind: type, values: Mapping[str, Any], keys: Mapping[str, str]) -> Any:
-    """``kind(**values)``; a ``ConfigValueError`` is renamed once, to ``keys[field]`` (the key the user wrote)."""
+def build(cls: type, values: Mapping[str, Any], keys: Mapping[str, str]) -> Any:
+    """``cls(**values)``; a ``ConfigValueError`` is renamed once, to ``keys[field]`` (the key the user wrote)."""
     try:
-        return kind(**values)
+        return cls(**values)
     except ConfigValueError as err:
         raise err.renamed(keys.get(err.key, err.key)) from None
 
@@ -132,7 +132,7 @@ class AsyncRMConfig:
         group = dict(group)
         models = group.pop(MODELS_KEY, None)
         sections: dict[type, dict[str, Any]] = {BatchPolicy: {}, RMConfig: {}, RewardMix: {}, IntegrationConfig: {}}
-        owner = {name: kind for kind in sections for name in user_fields(kind)}
+        owner = {name: cls for cls in sections for name in user_fields(cls)}
         for key, value in group.items():
             if key in _VERL_OWNED_RM_FIELDS:
                 raise ValueError(f"{CONFIG_GROUP}.{key}={value!r} is not read: {_VERL_OWNED_RM_FIELDS[key]}")
@@ -287,10 +287,10 @@ def _under(prefix: str, names: Any) -> dict[str, str]:
     return {name: f"{prefix}.{name}" for name in names}
 
 
-def user_fields(kind: type) -> set[str]:
-    """The fields of option dataclass ``kind`` a user may set: all but those marked ``internal`` (the plugin sets
+def user_fields(cls: type) -> set[str]:
+    """The fields of option dataclass ``cls`` a user may set: all but those marked ``internal`` (the plugin sets
     those itself, from verl's keys)."""
-    return {f.name for f in dataclasses.fields(kind) if not f.metadata.get("internal")}
+    return {f.name for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
 
 
 def _check_key(prefix: str, key: str, value: Any, known: set[str]) -> None:

@@ -117,7 +117,7 @@ _CPU_TORCH = {"get_rng_state": "get_rng_state", "set_rng_state": "set_rng_state"
 
 class _CPUDevice:
     """``torch.cpu`` plus the CUDA-style calls verl makes on ``get_torch_device()`` (``TrainingWorker`` and
-    ``aggressive_empty_cache`` ask for memory figures, cache flushes and the RNG): no-ops, zero, the host's memory,
+    ``aggressive_empty_cache`` ask for memory sizes, cache flushes and the RNG): no-ops, zero, the host's memory,
     or torch's CPU generator."""
 
     def __getattr__(self, name: str) -> Any:

@@ -4,6 +4,7 @@ field's name; :func:`select` reads one key of verl's config."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
@@ -14,16 +15,18 @@ from verl_async_rm.errors import ConfigTypeError, ConfigValueError
 __all__ = ["option", "check_options", "select", "Rule"]
 
 _NAMES = {int: "an integer", float: "a finite number", str: "a non-empty string", bool: "true or false",
-          tuple: "a list of non-empty strings", dict: "a mapping from names to finite numbers"}
+          tuple: "a list of non-empty strings", dict: "a mapping from names to finite numbers",
+          object: "a mapping from names to JSON values"}
 
 
 @dataclass(frozen=True)
 class Rule:
-    """What a field accepts: ``kind`` (a float field takes ints; strings must not be empty; ``tuple``: non-empty
-    strings; ``dict``: names to numbers, stored as ``(name, float)`` pairs so the dataclass stays hashable), None when
+    """What a field accepts: ``value_type`` (a float field takes ints; strings must not be empty; ``tuple``: non-empty
+    strings; ``dict``: names to numbers, stored as ``(name, float)`` pairs so the dataclass stays hashable; ``object``:
+    names to JSON values, stored as the JSON text of the mapping, keys sorted), None when
     ``optional``, ``choices``, bounds; ``why``/``fix`` replace the generated words (``{key}``: the key reported)."""
 
-    kind: type
+    value_type: type
     optional: bool = False
     choices: tuple[Any, ...] | None = None
     least: float | None = None
@@ -36,18 +39,20 @@ class Rule:
         """``value`` checked (a float field's value as a float); raises ``ConfigValueError`` under ``key``."""
         if value is None and self.optional:
             return None
-        kind = self.kind
-        if kind in (tuple, dict):
+        cls = self.value_type
+        if cls in (tuple, dict):
             return self._collection(key, value)
-        if kind is float:
+        if cls is object:
+            return self._json(key, value)
+        if cls is float:
             ok = isinstance(value, int | float) and not isinstance(value, bool)
         else:
-            ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
-        if not ok or (kind is str and not value):
+            ok = isinstance(value, cls) and (cls is bool or not isinstance(value, bool))
+        if not ok or (cls is str and not value):
             raise ConfigTypeError(key, value, self.why or f"must be {self._expected()}", self._fix())
-        if kind is float:
+        if cls is float:
             value = float(value)
-        bad = (kind is float and not math.isfinite(value)) or (self.choices is not None and value not in self.choices)
+        bad = (cls is float and not math.isfinite(value)) or (self.choices is not None and value not in self.choices)
         bad = bad or (self.least is not None and value < self.least) or (self.most is not None and value > self.most)
         if bad or (self.above is not None and not value > self.above):
             why = "unknown value" if self.choices is not None else f"{{key}} must be {self._bounds()}, got {value!r}"
@@ -59,7 +64,7 @@ class Rule:
         ``((name, float), ...)``; an OmegaConf ``ListConfig``/``DictConfig`` is read as a list/mapping."""
         items = list(value.items()) if isinstance(value, Mapping) else value
         ok = isinstance(items, Sequence) and not isinstance(items, str | bytes) and len(items) > 0
-        if ok and self.kind is tuple:
+        if ok and self.value_type is tuple:
             ok = all(isinstance(v, str) and v for v in items)
             converted = tuple(items) if ok else ()
         elif ok:
@@ -72,25 +77,39 @@ class Rule:
             raise ConfigTypeError(key, value, self.why or f"must be {self._expected()}", self._fix())
         return converted
 
+    def _json(self, key: str, value: Any) -> str:
+        """A mapping (or its JSON text) of names to JSON values, as its JSON text."""
+        from omegaconf import DictConfig, OmegaConf
+
+        try:
+            if isinstance(value, DictConfig):
+                value = OmegaConf.to_container(value, resolve=True)
+            mapping = json.loads(value) if isinstance(value, str) else value
+            if isinstance(mapping, Mapping) and mapping and all(isinstance(k, str) and k for k in mapping):
+                return json.dumps(dict(mapping), sort_keys=True, allow_nan=False)
+        except (TypeError, ValueError):
+            pass
+        raise ConfigTypeError(key, value, self.why or f"must be {self._expected()}", self._fix())
+
     def _expected(self) -> str:
         bounds = self._bounds()
-        return _NAMES[self.kind] + (f" {bounds}" if bounds else "") + (" or None" if self.optional else "")
+        return _NAMES[self.value_type] + (f" {bounds}" if bounds else "") + (" or None" if self.optional else "")
 
     def _bounds(self) -> str:
         if self.least is not None and self.most is not None:
             return f"in [{self.least:g}, {self.most:g}]"
         parts = [f">= {self.least:g}" if self.least is not None else "", f"> {self.above:g}" if self.above is not None
                  else "", f"<= {self.most:g}" if self.most is not None else ""]
-        return " and ".join(p for p in parts if p) or ("finite" if self.kind is float else "")
+        return " and ".join(p for p in parts if p) or ("finite" if self.value_type is float else "")
 
     def _fix(self) -> str:
         return self.fix or (f"use one of {self.choices}" if self.choices is not None else
                             f"set {{key}} to {self._expected()}")
 
 
-def option(default: Any, help: str, kind: type | None = None, **rule: Any) -> Any:  # noqa: A002 - the metadata key
-    """A dataclass field with ``help`` metadata and a :class:`Rule` (``kind`` defaults to the default's type)."""
-    return field(default=default, metadata={"help": help, "rule": Rule(kind or type(default), **rule)})
+def option(default: Any, help: str, value_type: type | None = None, **rule: Any) -> Any:  # noqa: A002 - the metadata key
+    """A dataclass field with ``help`` metadata and a :class:`Rule` (``value_type`` defaults to the default's type)."""
+    return field(default=default, metadata={"help": help, "rule": Rule(value_type or type(default), **rule)})
 
 
 def check_options(obj: Any, prefix: str = "") -> None:

@@ -123,10 +123,10 @@ class Verdict:
 
 #: One RM's score of one trajectory: a finite float, a token-level process RM's step rewards, or a judge's verdict.
 Score = float | StepRewards | Verdict
-#: One RM's answer for one trajectory, from the kind to the agent-loop worker: its score, or the error that kept it
-#: from being scored (returned as a value, never raised, so that each trajectory fails alone). A group judge's replica
-#: answers a :class:`GroupRequest` with a :class:`GroupVerdict` (or the error), which the service splits per member.
-ScoreResult = Score | AsyncRMError
+#: What a kind makes of one item, from the replica to the agent-loop worker: a trajectory's score, a group judge's
+#: :class:`GroupVerdict` for a :class:`GroupRequest` (which the service splits per member), or the error that kept it
+#: from being scored (a value, never raised, so that each item fails alone).
+ScoreResult = Score | GroupVerdict | AsyncRMError
 
 
 def score_value(score: Score) -> float:

@@ -274,7 +274,7 @@ def test_gpu_worker_group_scores_in_bf16(big_rm, scorer):
     ray = pytest.importorskip("ray")
     from conftest import ray_runtime_env
 
-    from verl_async_rm.service.service import call_replica
+    from verl_async_rm.service.actors import call_replica
 
     from verl_async_rm.service.placement import create_rm_worker_group, shutdown_rm_worker_group
 

@@ -83,10 +83,11 @@ def test_a_generate_judge_at_the_endpoint_writes_what_transformers_greedy_writes
     from transformers import AutoModelForCausalLM
 
     from verl_async_rm.errors import JudgeVerdictError
+    from verl_async_rm.scoring.engine import Generated
     from verl_async_rm.scoring.judge import JudgeGenerateKind
     from verl_async_rm.scoring.rm_config import kind_class
 
-    config = judge_config(tiny_models, tiny_judges, None, judge_readout="generate", judge_max_tokens=6,
+    config = judge_config(tiny_models, tiny_judges, None, judge_readout="generate", judge_max_tokens=11,
                           judge_pattern="^([0-4])")
     requests = trajectories(policy_tok)
     from transformers import AutoConfig, AutoTokenizer
@@ -100,10 +101,13 @@ def test_a_generate_judge_at_the_endpoint_writes_what_transformers_greedy_writes
     for request in requests:
         ids = kind.build(request).ids
         with torch.no_grad():
-            out = model.generate(torch.tensor([ids]), max_new_tokens=6, do_sample=False)
-        expected.append(kind.read(request, _Generated(kind.rm_tokenizer.decode(out[0, len(ids):])), None))
+            out = model.generate(torch.tensor([ids]), max_new_tokens=11, do_sample=False)
+        written = out[0, len(ids):].tolist()
+        ended = kind.rm_tokenizer.eos_token_id in written
+        text = kind.rm_tokenizer.decode(written, skip_special_tokens=True)
+        expected.append(kind.read(request, Generated(text, len(written), "stop" if ended else "length"), None))
     remote, figures = remote_scores(judge_config(tiny_models, tiny_judges, judge_server.url,
-                                                 judge_readout="generate", judge_max_tokens=6,
+                                                 judge_readout="generate", judge_max_tokens=11,
                                                  judge_pattern="^([0-4])"), requests)
     assert {isinstance(v, Verdict) for v in expected} == {True, False}  # both kinds are in the batch
     for request, got, want in zip(requests, remote, expected, strict=True):
@@ -117,11 +121,6 @@ def test_a_generate_judge_at_the_endpoint_writes_what_transformers_greedy_writes
     failed = sum(not isinstance(v, Verdict) for v in expected)
     assert (figures["judge_parse_failures"], figures["errors"], figures["scored"]) == \
         (failed, failed, len(requests) - failed)
-
-
-class _Generated:
-    def __init__(self, text: str) -> None:
-        self.text = text
 
 
 def test_with_a_fifth_of_the_requests_faulted_nothing_is_lost_or_defaulted(judge_server, tiny_models, tiny_judges,

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.integration
 TP = 2
 
 
-@pytest.mark.parametrize(("engine", "held"), [("vllm", TP), ("hf", 1)])
+@pytest.mark.parametrize(("engine", "held"), [("vllm", TP), ("transformers", 1)])
 def test_a_vllm_replica_holds_its_whole_bundle_of_gpus(vllm_ray, tiny_models, engine, held):
     from verl_async_rm.service.placement import RMResourcePool, replica_group
 

@@ -15,7 +15,7 @@ from ray.cluster_utils import Cluster
 from verl_async_rm.errors import ResourcePoolError
 from verl_async_rm.request import RMRequest
 from verl_async_rm.scoring.rm_config import RMConfig
-from verl_async_rm.service.service import call_replica
+from verl_async_rm.service.actors import call_replica
 from verl_async_rm.service.placement import create_rm_worker_group, RMResourcePool, shutdown_rm_worker_group
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,7 @@ from rm_cases import ANSWERS, direct_score, hf_model, make_batch, make_request
 from verl_async_rm.errors import NonFiniteScoreError, ResourcePoolError, RewardModelError
 from verl_async_rm.request import RMRequest
 from verl_async_rm.scoring.rm_config import RMConfig
-from verl_async_rm.service.service import call_replica
+from verl_async_rm.service.actors import call_replica
 from verl_async_rm.service.placement import create_rm_worker_group, RMResourcePool, shutdown_rm_worker_group
 from verl_async_rm.service.placement import reserve_placement_groups
 

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.integration
 
 ATOL = 1e-4
 HANG_S = 300.0
-MAX_TOKENS = 4
+MAX_TOKENS = 11  # the digit judge's longest reply: ten digits and its end
 JUDGE_W, GRADE_W = 0.5, -0.25
 TP = 2
 ANSWERS = ["the farmer has 7 apples", "it costs 12 dollars", "five plus two is seven", "no", "half of ten is five",
@@ -69,11 +69,13 @@ MAIN = ["+async_rm.engine=vllm", f"reward.reward_model.n_gpus_per_node={TP}", f"
 #: its ``model_path`` is set by the fixture).
 JUDGE = ["+async_rm.models.judge.reward_kind=judge",
          f"+async_rm.models.judge.weight={JUDGE_W}", "+async_rm.models.judge.n_gpus_per_node=1",
-         "+async_rm.models.judge.engine=hf", "+async_rm.models.judge.gpus_per_replica=1",
+         "+async_rm.models.judge.engine=transformers", "+async_rm.models.judge.gpus_per_replica=1",
          f"+async_rm.models.judge.judge_tokens=[\"{TOKENS[0]}\",\"{TOKENS[1]}\"]"]
 #: The ``generate`` judge: the tiny ``digit`` judge on a one-rank vLLM engine (its ``model_path`` set by the fixture).
+#: Its prompt ends after the response (a response the rollout ends in the digit 9 would leave it nothing to write).
+GRADE_PROMPT = DIGIT_PROMPT + " ->"
 GRADE = ["+async_rm.models.grade.reward_kind=judge",
-         "+async_rm.models.grade.judge_readout=generate", f"+async_rm.models.grade.judge_prompt='{DIGIT_PROMPT}'",
+         "+async_rm.models.grade.judge_readout=generate", f"+async_rm.models.grade.judge_prompt='{GRADE_PROMPT}'",
          "+async_rm.models.grade.judge_pattern='^([0-9])'", f"+async_rm.models.grade.judge_max_tokens={MAX_TOKENS}",
          f"+async_rm.models.grade.weight={GRADE_W}", "+async_rm.models.grade.n_gpus_per_node=1",
          "+async_rm.models.grade.gpus_per_replica=1"]
@@ -107,7 +109,7 @@ def test_one_v1_step_with_both_judge_readouts_next_to_a_tensor_parallel_outcome_
     assert info["engine"] == "vllm" and info["tensor_parallel_size"] == TP and info["gpus_per_replica"] == TP
     assert "load-time check inputs as transformers within" in info["engine_reason"]
     assert len(ranks_of(info)) == TP  # the ranks are the replica's own processes
-    assert [info["engine"] for info in described["judge"]] == ["hf"]
+    assert [info["engine"] for info in described["judge"]] == ["transformers"]
     asked = dict(zip(prompts["uid"], QUESTIONS, strict=True))
     main_rm = hf_model(tiny_models.rm)
     lm = AutoModelForCausalLM.from_pretrained(tiny_judges.lm, dtype=torch.float32).eval()
@@ -122,7 +124,7 @@ def test_one_v1_step_with_both_judge_readouts_next_to_a_tensor_parallel_outcome_
         main = direct_score(main_rm, torch.cat([batch.data["prompts"][i], response]).tolist())
         logits = logits_reference(lm, lm_tok, judge_ids(lm_tok, DEFAULT_PROMPTS["logits"], question, text, "42"))
         verdict_text, verdict = generate_reference(
-            digit, digit_tok, judge_ids(digit_tok, DIGIT_PROMPT, question, text), MAX_TOKENS, "^([0-9])")
+            digit, digit_tok, judge_ids(digit_tok, GRADE_PROMPT, question, text), MAX_TOKENS, "^([0-9])")
         rule = (len(policy_tok.decode(response, skip_special_tokens=True)) % 7) / 7.0
         assert info["rm_score_main"] == pytest.approx(main, abs=ATOL)
         assert info["rm_score_judge"] == pytest.approx(logits, abs=ATOL)

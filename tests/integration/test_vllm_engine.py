@@ -134,12 +134,12 @@ def test_the_load_time_check_refuses_a_model_vllm_scores_differently_and_says_wh
                                                                                     tiny_models, mean_pooled_rm):
     with pytest.raises(RewardModelError, match=r"engine='vllm'.*scores the load-time check inputs differently") as err:
         start(config(mean_pooled_rm, tiny_models.policy, replicas=1, engine="vllm"))
-    assert re.search(r"engine='vllm'.*differently from transformers.*Fix: use engine='hf'", str(err.value)), \
+    assert re.search(r"engine='vllm'.*differently from transformers.*Fix: use engine='transformers'", str(err.value)), \
         str(err.value)
 
 
 def test_vllm_refuses_an_rm_it_cannot_run_and_says_why(ray_local, vllm_required, tiny_models, head_dim_16_rm):
-    with pytest.raises(RewardModelError, match=r"engine='vllm'.*vLLM could not run the RM.*Fix: use engine='hf'"):
+    with pytest.raises(RewardModelError, match=r"engine='vllm'.*vLLM could not run the RM.*Fix: use engine='transformers'"):
         start(config(head_dim_16_rm, tiny_models.policy, replicas=1, engine="vllm"))
 
 
@@ -149,13 +149,13 @@ def test_settings_vllm_does_not_serve_are_refused_before_any_load(tiny_models):
     from verl_async_rm.scoring.vllm_engine import unsupported as vllm_unsupported
 
     with pytest.raises(ValueError, match=r"engine='vllm': the plugin scores process RMs on transformers only.*"
-                                         r"Fix: use engine='hf'"):
+                                         r"Fix: use engine='transformers'"):
         config(tiny_models.rm, tiny_models.policy, engine="vllm", reward_kind="process", step_separator="<s>")
-    sharded = config(tiny_models.rm, tiny_models.policy, engine="hf", gpus_per_replica=2)
+    sharded = config(tiny_models.rm, tiny_models.policy, engine="transformers", gpus_per_replica=2)
     assert vllm_unsupported(sharded) is None
-    process = config(tiny_models.rm, tiny_models.policy, engine="hf", reward_kind="process", step_separator="<s>")
+    process = config(tiny_models.rm, tiny_models.policy, engine="transformers", reward_kind="process", step_separator="<s>")
     assert "process RMs" in vllm_unsupported(process)
-    assert vllm_unsupported(config(tiny_models.rm, tiny_models.policy, engine="hf")) is None
+    assert vllm_unsupported(config(tiny_models.rm, tiny_models.policy, engine="transformers")) is None
 
 
 @ray.remote(num_cpus=0, max_calls=1)  # a process of its own, which exits after: vLLM's in-process state goes with it

@@ -358,7 +358,7 @@ def test_expect_adds_up_across_overlapping_dispatches():
 
 
 def test_the_flush_rule_says_now_and_why_or_until_when():
-    """``RequestQueue.next_flush`` is the one place the flush rule is written: the loop both flushes and sleeps by it."""
+    """``RequestQueue.departure`` is the one place the flush rule is written: the loop both flushes and sleeps by it."""
     from verl_async_rm.service.batching import RequestQueue
 
     room = RequestQueue(BatchPolicy(max_batch_size=3, max_batch_tokens=100, max_wait_ms=10))
@@ -367,19 +367,19 @@ def test_the_flush_rule_says_now_and_why_or_until_when():
         def put(seq, t, tokens):
             room.put(Request(seq, seq, tokens, t, loop.create_future(), None))
 
-        assert room.next_flush(0.0) == (None, None)  # nothing to wait for
+        assert room.departure(0.0) == (None, None)  # nothing to wait for
         put(1, 1.0, 10)
-        assert room.next_flush(1.0) == (None, pytest.approx(1.010))  # not before the oldest has waited max_wait
+        assert room.departure(1.0) == (None, pytest.approx(1.010))  # not before the oldest has waited max_wait
         put(2, 1.005, 10)
-        assert room.next_flush(1.005) == (None, pytest.approx(1.010))  # the OLDEST request sets the time
-        assert room.next_flush(1.010) == ("age", None)
+        assert room.departure(1.005) == (None, pytest.approx(1.010))  # the OLDEST request sets the time
+        assert room.departure(1.010) == ("age", None)
         room.flush_seq = 2
-        assert room.next_flush(1.006) == ("flush", None)
+        assert room.departure(1.006) == ("flush", None)
         room.flush_seq = 0
         put(3, 1.007, 90)
-        assert room.next_flush(1.007) == ("size", None)
+        assert room.departure(1.007) == ("size", None)
         room.clear()
         put(4, 1.008, 100)
-        assert room.next_flush(1.008) == ("tokens", None)
+        assert room.departure(1.008) == ("tokens", None)
     finally:
         loop.close()

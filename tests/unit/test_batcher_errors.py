@@ -67,8 +67,8 @@ def test_malformed_answer_fails_the_batch_with_a_clear_error(answer):
         class Bad(GatedBatchFn):
             broken = True
 
-            async def __call__(self, items, replica):
-                out = await super().__call__(items, replica)
+            async def __call__(self, items, replica, deadline):
+                out = await super().__call__(items, replica, deadline)
                 if self.broken:
                     self.broken = False
                     return answer(items)
@@ -88,7 +88,7 @@ def test_malformed_answer_fails_the_batch_with_a_clear_error(answer):
 
 def test_a_blocking_batch_fn_is_reported():
     async def main():
-        def sync_fn(items, replica):
+        def sync_fn(items, replica, deadline):
             return items
 
         batcher = Batcher(sync_fn)
@@ -122,7 +122,7 @@ def test_batch_timeout_frees_the_replica_and_fails_the_batch():
     async def main():
         hang = asyncio.Event()
 
-        async def batch_fn(items, replica):
+        async def batch_fn(items, replica, deadline):
             if "hang" in items:
                 await hang.wait()  # never set
             return items
@@ -144,7 +144,7 @@ def test_a_crash_of_the_loop_fails_pending_requests_with_the_cause_and_the_loop_
     async def main():
         fn = GatedBatchFn(open=True)
         batcher = Batcher(fn, BatchPolicy(max_batch_size=4, max_wait_ms=10))
-        real = batcher._queue.next_flush
+        real = batcher._queue.departure
         bug = KeyError("bug in the loop")
         crashes = []
 
@@ -154,7 +154,7 @@ def test_a_crash_of_the_loop_fails_pending_requests_with_the_cause_and_the_loop_
                 raise bug
             return real(now)
 
-        batcher._queue.next_flush = flaky
+        batcher._queue.departure = flaky
         results = await outcomes(spawn(batcher, ["a", "b"]))
         assert all(isinstance(r, BatcherCrashedError) and r.__cause__ is bug for r in results)
         assert await asyncio.gather(*spawn(batcher, ["c", "d"])) == ["c", "d"]
@@ -253,7 +253,7 @@ def test_aclose_cancels_batches_that_outlive_the_grace_period():
 
 def test_aclose_does_not_hang_on_a_batch_fn_that_ignores_cancellation():
     async def main():
-        async def stubborn(items, replica):
+        async def stubborn(items, replica, deadline):
             while True:
                 try:
                     await asyncio.sleep(1000)
@@ -272,7 +272,7 @@ def test_aclose_does_not_hang_on_a_batch_fn_that_ignores_cancellation():
 @pytest.mark.parametrize("batch_timeout_s", [None, 5.0])
 def test_a_batch_fn_that_raises_cancelled_error_by_itself_fails_its_batch_not_the_batcher(batch_timeout_s):
     async def main():
-        async def cancels_itself(items, replica):
+        async def cancels_itself(items, replica, deadline):
             if "x" in items:
                 raise asyncio.CancelledError()
             return items
@@ -291,7 +291,7 @@ def test_aclose_also_stops_a_call_running_under_batch_timeout():
     async def main():
         stopped = asyncio.Event()
 
-        async def long_call(items, replica):
+        async def long_call(items, replica, deadline):
             try:
                 await asyncio.sleep(100)
             finally:
@@ -328,7 +328,7 @@ def test_async_with_closes_the_batcher():
 def test_a_failed_replica_or_timeout_fails_the_batch_in_one_call(error):
     calls = []
 
-    async def batch_fn(items, replica):
+    async def batch_fn(items, replica, deadline):
         calls.append(len(items))
         raise error
 
@@ -346,7 +346,7 @@ def test_a_failed_replica_or_timeout_fails_the_batch_in_one_call(error):
 
 def test_a_timed_out_call_that_ignores_cancellation_keeps_its_replica_late_and_aclose_still_returns():
     async def main():
-        async def stubborn_on_r0(items, replica):
+        async def stubborn_on_r0(items, replica, deadline):
             while replica == "r0":
                 try:
                     await asyncio.sleep(1000)

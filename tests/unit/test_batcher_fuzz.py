@@ -59,7 +59,7 @@ class Scenario:
     p_poison: float
     p_wrong_length: float
     p_flush: float
-    crash_at: int | None  # make the loop raise on this call of the flush rule (RequestQueue.next_flush)
+    crash_at: int | None  # make the loop raise on this call of the flush rule (RequestQueue.departure)
     close_at_s: float | None  # aclose at this virtual time (else: wait for everything, then close)
     p_kill: float = 0.0  # a call's replica dies under it
     p_replace_fail: float = 0.0  # a replacement of a dead replica fails
@@ -119,7 +119,7 @@ class FuzzBatchFn:
     seen: set = field(default_factory=set)
     overlaps: int = 0
 
-    async def __call__(self, items: list[int], replica: object) -> list[object]:
+    async def __call__(self, items: list[int], replica: object, deadline) -> list[object]:
         self.calls.append((list(items), replica))
         self.seen.update(items)
         if replica in self.busy:
@@ -177,7 +177,7 @@ def run_scenario(sc: Scenario) -> dict:
         batcher = Batcher(fn, policy, replicas=[f"replica{k}" for k in range(sc.replicas)],
                                           replace_replica=fn.replace)
         if sc.crash_at is not None:
-            real, count = batcher._queue.next_flush, [0]
+            real, count = batcher._queue.departure, [0]
 
             def flaky(now: float):
                 count[0] += 1
@@ -185,7 +185,7 @@ def run_scenario(sc: Scenario) -> dict:
                     raise RuntimeError("injected crash")
                 return real(now)
 
-            batcher._queue.next_flush = flaky
+            batcher._queue.departure = flaky
 
         async def call(req: Req) -> None:
             try:

@@ -23,7 +23,7 @@ class Slow:
         self.delay_s = delay_s
         self.calls: list[tuple[float, list, object]] = []
 
-    async def __call__(self, items, replica):
+    async def __call__(self, items, replica, deadline):
         self.calls.append((asyncio.get_running_loop().time(), list(items), replica))
         await asyncio.sleep(self.delay_s)
         return [f"{item}@{replica}" for item in items]

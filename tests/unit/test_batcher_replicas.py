@@ -29,7 +29,7 @@ class Replicas:
         self.stuck: dict = {}  # replica -> asyncio.Event that ends its hang
         self.calls: list[tuple[list, object]] = []
 
-    async def __call__(self, items, replica):
+    async def __call__(self, items, replica, deadline):
         self.calls.append((list(items), replica))
         await asyncio.sleep(self.delay_s)
         if replica in self.stuck:

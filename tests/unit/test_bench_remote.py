@@ -34,3 +34,18 @@ def test_quick_bench_scores_both_sides_at_both_fault_rates(tiny_models, tmp_path
     for run in runs.values():  # a score of 0.0 standing in for a fault is no real score
         assert run["real_scores_per_s"] == pytest.approx(run["equal_to_reference"] / run["wall_s"])
     assert "| plugin | 20% | " in capsys.readouterr().out
+
+
+def test_quick_outcome_bench_scores_batched_and_one_per_trajectory_alike(tiny_models, tmp_path, monkeypatch):
+    """``--kind outcome``: the RM service's batched ``/classify`` against one request per trajectory, on the scripted
+    server: every trajectory gets its score both ways, at both fault rates, and batching sends fewer requests."""
+    monkeypatch.setenv("VERL_ASYNC_RM_CACHE", str(tiny_models.root.parent))
+    assert cli_main(["bench", "remote", "--quick", "--kind", "outcome", "--out", str(tmp_path)]) == 0
+    report = json.loads((tmp_path / "remote.json").read_text())
+    n = report["params"]["trajectories"]
+    runs = {(r["side"], r["fault_rate"]): r for r in report["runs"]}
+    assert set(runs) == {(side, rate) for side in ("batched", "one per trajectory") for rate in (0.0, 0.2)}
+    for run in runs.values():
+        assert (run["lost"], run["defaulted"], run["equal_to_reference"]) == (0, 0, n)
+    assert runs["one per trajectory", 0.0]["endpoint_requests"] == n
+    assert runs["batched", 0.0]["endpoint_requests"] < n // 4

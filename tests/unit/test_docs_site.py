@@ -193,16 +193,13 @@ def _logged_metrics() -> set[str]:
     from verl_async_rm.service import metrics
     from verl_async_rm.service.service import SleepStats
 
-    scorer_stats = getattr(metrics, "ScorerStats", None)
-    if scorer_stats is None:  # imported by metrics.py for type checking only
-        from verl_async_rm.scoring.scorer import ScorerStats as scorer_stats
+    from verl_async_rm.remote.slots import REMOTE_METRICS
+    from verl_async_rm.scoring.batch import ScorerStats
+
     group = metrics.GroupStats(requests=1, last_submit=1.0, last_result=2.0)  # a group judge's gate, one group
     group.wait_s.add(1.0)
-    names = set(metrics.service_step_metrics(_filled(metrics.StepStats), [_filled(scorer_stats)], group))
-    names |= set(SleepStats().pop())
-    from verl_async_rm.service.remote_service import REMOTE_FIGURES, RemoteRMService
-
-    names |= set(REMOTE_FIGURES) | set(RemoteRMService._new_step()) - {"last_submit", "last_result"}
+    names = set(metrics.service_step_metrics(_filled(metrics.StepStats), [_filled(ScorerStats)], group))
+    names |= set(SleepStats().pop()) | set(REMOTE_METRICS)
     manager = "".join((REPO_ROOT / "verl_async_rm" / "integration" / name).read_text()
                       for name in ("manager_base.py", "agent_loop_manager.py", "v1.py"))
     added = set(re.findall(r'prefix \+ "(\w+)"', manager)) | set(re.findall(r'"async_rm/(\w+)"', manager))

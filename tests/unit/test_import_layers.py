@@ -1,6 +1,7 @@
 """The package's import graph, read from its source (every ``import`` statement, those inside functions included):
-no cycle, and no module importing one of a higher layer. The layers follow the data flow: the request and its errors
-at the bottom, then the RM in one process (``scoring``), the RM service (``service``), the run's settings and the
+no cycle between modules or between folders, and no module importing one of a higher layer. The layers follow the
+data flow: the request and its errors at the bottom, then the RM in one process (``scoring``), an RM at an endpoint
+(``remote``, whose engine the kinds of ``scoring`` read), the RM service (``service``), the run's settings and the
 reward mix, verl's side (``integration``), and the entry points and tools on top."""
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ PACKAGE = Path(__file__).resolve().parents[2] / "verl_async_rm"
 #: Each module's layer, by the longest matching name prefix; a module may import only its own layer or lower ones.
 LAYERS = {
     "verl_async_rm.errors": 0, "verl_async_rm.options": 0, "verl_async_rm.request": 0, "verl_async_rm.vllm_cpu": 0,
-    "verl_async_rm.cpu_platform": 0, "verl_async_rm.percentiles": 0,
-    "verl_async_rm.scoring": 1, "verl_async_rm.remote": 1,
-    "verl_async_rm.service": 2,
-    "verl_async_rm.reward_mix": 3, "verl_async_rm.config": 3,
-    "verl_async_rm.integration": 4, "verl_async_rm.main_ppo": 4,
-    "verl_async_rm": 5,  # the package itself, plugin, cli, demo, bench, testing: entry points and tools
+    "verl_async_rm.cpu_platform": 0, "verl_async_rm.percentiles": 0, "verl_async_rm.step_counter": 0,
+    "verl_async_rm.endpoint_urls": 0,
+    "verl_async_rm.scoring": 1,
+    "verl_async_rm.remote": 2,
+    "verl_async_rm.service": 3,
+    "verl_async_rm.reward_mix": 4, "verl_async_rm.config": 4,
+    "verl_async_rm.integration": 5, "verl_async_rm.main_ppo": 5,
+    "verl_async_rm": 6,  # the package itself, plugin, cli, demo, bench, testing: entry points and tools
 }
 
 
@@ -69,14 +72,32 @@ def test_no_module_imports_a_higher_layer():
     assert not upward, "\n".join(upward)
 
 
+def folder(module: str) -> str:
+    """The folder of a module (``verl_async_rm.scoring.judge`` -> ``verl_async_rm.scoring``); a top-level module is
+    its own."""
+    parts = module.split(".")
+    return ".".join(parts[:2])
+
+
+def test_there_is_no_import_cycle_between_folders():
+    graph: dict[str, set[str]] = {}
+    for a, targets in import_graph().items():
+        graph.setdefault(folder(a), set()).update(folder(b) for b in targets if folder(b) != folder(a))
+    assert not find_cycles(graph), "\n".join(" -> ".join(c) for c in find_cycles(graph))
+
+
 def test_there_is_no_import_cycle():
-    graph = import_graph()
+    cycles = find_cycles(import_graph())
+    assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
+
+
+def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     state: dict[str, int] = {}  # 1: on the current path, 2: done
     cycles: list[list[str]] = []
 
     def visit(module: str, path: list[str]) -> None:
         state[module] = 1
-        for target in sorted(graph[module]):
+        for target in sorted(graph.get(module, ())):
             if state.get(target) == 1:
                 cycles.append([*path[path.index(target):], target])
             elif target not in state:
@@ -86,4 +107,4 @@ def test_there_is_no_import_cycle():
     for module in sorted(graph):
         if module not in state:
             visit(module, [module])
-    assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
+    return cycles

@@ -20,7 +20,8 @@ import pytest
 
 from verl_async_rm.errors import (EndpointClosedError, EndpointError, RequestTimeoutError, RewardModelError,
                                   TokenLimitError)
-from verl_async_rm.remote.endpoints import EndpointClient, Reply, check_endpoints, parse_retry_after
+from verl_async_rm.endpoint_urls import check_endpoints
+from verl_async_rm.remote.endpoints import EndpointClient, Reply, parse_retry_after
 from verl_async_rm.remote.limits import RateLimits
 from verl_async_rm.testing.fault_proxy import (FAULTS, Completion, Fault, FaultProxy, FaultSchedule, Raw,
                                                ScriptedUpstream)

@@ -17,7 +17,7 @@ from rm_cases import direct_score, hf_model
 from verl_async_rm.errors import RewardModelError
 from verl_async_rm.scoring import packing
 from verl_async_rm.scoring.rm_config import RMConfig
-from verl_async_rm.scoring.hf_engine import HFEngine
+from verl_async_rm.scoring.transformers_engine import TransformersEngine
 from verl_async_rm.scoring.inputs import plan_micro_batches, plan_packed_micro_batches
 from verl_async_rm.scoring.packing import pack_rows
 from verl_async_rm.request import RMRequest
@@ -40,9 +40,9 @@ def model_path(request, tiny_models):
     return getattr(tiny_models, request.param)
 
 
-def engine(path, packing_mode: str, **kwargs) -> HFEngine:
+def engine(path, packing_mode: str, **kwargs) -> TransformersEngine:
     model = hf_model(path)
-    return HFEngine(model, model.score, device=CPU, pad_id=0, packing=packing_mode, **kwargs)
+    return TransformersEngine(model, model.score, device=CPU, pad_id=0, packing=packing_mode, **kwargs)
 
 
 @pytest.fixture
@@ -173,8 +173,8 @@ def tiny_encoder():
 
 
 def test_auto_falls_back_to_padded_when_packed_scores_would_be_wrong(tiny_encoder, caplog):
-    with caplog.at_level(logging.WARNING, logger="verl_async_rm.scoring.hf_engine"):
-        forward = HFEngine(tiny_encoder, tiny_encoder.classifier, device=CPU, pad_id=0, packing="auto")
+    with caplog.at_level(logging.WARNING, logger="verl_async_rm.scoring.transformers_engine"):
+        forward = TransformersEngine(tiny_encoder, tiny_encoder.classifier, device=CPU, pad_id=0, packing="auto")
     assert forward.kernel == "padded" and "packing=auto, but" in forward.packing_reason
     assert any("using padded forwards" in r.getMessage() for r in caplog.records)
     assert tiny_encoder.config._attn_implementation != packing.VARLEN_ATTENTION  # restored
@@ -186,10 +186,10 @@ def test_auto_falls_back_to_padded_when_packed_scores_would_be_wrong(tiny_encode
 
 def test_packing_true_on_a_model_that_cannot_pack_is_a_config_error(tiny_encoder, tiny_models):
     with pytest.raises(ValueError, match=r"packing='true': .*Fix: use packing='auto' or 'false'"):
-        HFEngine(tiny_encoder, tiny_encoder.classifier, device=CPU, pad_id=0, packing="true")
+        TransformersEngine(tiny_encoder, tiny_encoder.classifier, device=CPU, pad_id=0, packing="true")
     model = hf_model(tiny_models.rm)
     with pytest.raises(ValueError, match=r"packing='true': .*pooled logits.*Fix"):
-        HFEngine(model, None, device=CPU, pad_id=0, packing="true")
+        TransformersEngine(model, None, device=CPU, pad_id=0, packing="true")
 
 
 @pytest.mark.parametrize(("value", "stored"), [(True, "true"), (False, "false"), ("auto", "auto")])

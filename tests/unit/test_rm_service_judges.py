@@ -15,7 +15,7 @@ import pytest
 from verl_async_rm.errors import JudgeVerdictError, RequestTimeoutError
 from verl_async_rm.request import GroupRequest, GroupVerdict, RMRequest, Verdict
 from verl_async_rm.scoring.rm_config import RMConfig
-from verl_async_rm.scoring.scorer import ScorerStats
+from verl_async_rm.scoring.batch import ScorerStats
 from verl_async_rm.service.batcher import Batcher
 from verl_async_rm.service.batching import BatchPolicy
 from verl_async_rm.service.service import RMService
@@ -29,23 +29,31 @@ class ScriptedReplica:
 
     def __init__(self) -> None:
         self.batches: list[list] = []
-        self.step = ScorerStats.zero("generate")
+        self.group_reasks = False  #: a group's first reply does not read
+        self.step = self._zero()
         self.pop_step_stats = SimpleNamespace(remote=self._pop)
 
+    @staticmethod
+    def _zero() -> ScorerStats:
+        return ScorerStats(judge_tokens=0, judge_parse_failures=0, judge_cut_replies=0)
+
     async def _pop(self) -> ScorerStats:
-        step, self.step = self.step, ScorerStats.zero("generate")
+        step, self.step = self.step, self._zero()
         return step
 
-    async def score(self, items, replica):
+    async def score(self, items, replica, deadline):
         self.batches.append(list(items))
         out = []
         for item in items:
             self.step.requests += 1
             self.step.tokens += 100
             self.step.judge_tokens += 10
-            if isinstance(item, GroupRequest):
+            if isinstance(item, GroupRequest) and (item.reask is not None or not self.group_reasks):
                 out.append(GroupVerdict(tuple(float(m.uid[-1]) for m in item.members),
                                         tuple(range(1, len(item.members) + 1)), '{"1": 0}'))
+            elif isinstance(item, GroupRequest):
+                self.step.judge_parse_failures += 1
+                out.append(JudgeVerdictError("label 2 is missing", reply='{"1": 3}', reason="label 2 is missing"))
             elif item.reask is None:
                 self.step.judge_parse_failures += 1
                 out.append(JudgeVerdictError("no match", reply="I like it", reason="no match of judge_pattern"))
@@ -128,3 +136,36 @@ async def test_a_deadline_that_passes_in_the_service_before_the_batcher_is_a_tim
     await service._batcher.aclose()
     assert isinstance(result, RequestTimeoutError) and "missed its deadline" in str(result), repr(result)
     assert (figures["requests"], figures["scored"], figures["errors"]) == (1, 0, 1)
+
+
+@pytest.mark.asyncio
+async def test_a_group_whose_reply_does_not_read_is_asked_again_by_the_same_rule_as_a_trajectory(tiny_models,
+                                                                                                 tiny_judges):
+    service, replica = service_of(tiny_models, tiny_judges, reward_kind="group_judge", judge_retries=2)
+    replica.group_reasks = True
+    results = await asyncio.gather(*(service.score(trajectory("g", j, 2), 30.0) for j in range(2)))
+    figures = await service.end_step()
+    await service._batcher.aclose()
+    sent = [item for batch in replica.batches for item in batch]
+    assert [item.reask for item in sent] == [None, ('{"1": 3}', "label 2 is missing")]
+    assert sent[0].members == sent[1].members and [r.score for r in results] == [0.0, 1.0]
+    assert (figures["judge_calls"], figures["judge_reasks"], figures["scored"], figures["errors"]) == (2, 1, 2, 0)
+
+
+@pytest.mark.asyncio
+async def test_no_re_ask_is_made_once_the_deadline_has_passed(tiny_models, tiny_judges):
+    """The one deadline rule of every judge's re-asks: a reply that does not read is asked again only while the
+    request's deadline has not passed; past it, that reply's error is the result."""
+    service, replica = service_of(tiny_models, tiny_judges, reward_kind="judge", judge_readout="generate",
+                                  judge_retries=3)
+    loop = asyncio.get_running_loop()
+    real = loop.time
+    late = iter([0.0, 0.0])  # the deadline and the batcher's time left are read on time; then a minute has passed
+    loop.time = lambda: real() + next(late, 60.0)
+    try:
+        result = await service.score(trajectory("g", 0), 30.0)
+    finally:
+        del loop.time
+    await service._batcher.aclose()
+    assert isinstance(result, JudgeVerdictError) and result.reply == "I like it"
+    assert [item.reask for batch in replica.batches for item in batch] == [None]

@@ -14,7 +14,7 @@ from rm_cases import direct_score, hf_model
 
 from verl_async_rm.errors import RewardModelError
 from verl_async_rm.scoring.rm_config import RMConfig
-from verl_async_rm.scoring.hf_engine import HFEngine
+from verl_async_rm.scoring.transformers_engine import TransformersEngine
 from verl_async_rm.scoring.scorer import RewardModelScorer
 from verl_async_rm.scoring.sharing import common_prefix, plan_shared_micro_batches, shared_layout
 
@@ -41,10 +41,10 @@ def model_path(request, tiny_models):
     return getattr(tiny_models, request.param)
 
 
-def engine(path, **kwargs) -> HFEngine:
+def engine(path, **kwargs) -> TransformersEngine:
     model = hf_model(path)
     kwargs.setdefault("share_prompts", "true")  # 'auto' shares on CUDA only
-    return HFEngine(model, model.score, device=CPU, pad_id=0, packing="true", **kwargs)
+    return TransformersEngine(model, model.score, device=CPU, pad_id=0, packing="true", **kwargs)
 
 
 # --- pure parts -----------------------------------------------------------------------------------------------------
@@ -149,7 +149,7 @@ def test_sharing_is_off_when_disabled_without_the_varlen_kernel_and_by_default_o
     assert engine(tiny_models.rm, share_prompts="false").share_prompts is False
     assert engine(tiny_models.rm, share_prompts="auto").share_prompts is False  # CPU: measured slower
     model = hf_model(tiny_models.rm)
-    padded = HFEngine(model, model.score, device=CPU, pad_id=0, packing="false", share_prompts="true")
+    padded = TransformersEngine(model, model.score, device=CPU, pad_id=0, packing="false", share_prompts="true")
     assert padded.share_prompts is False
 
 

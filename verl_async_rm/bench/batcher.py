@@ -34,12 +34,12 @@ from verl_async_rm.service.batching import BatchPolicy
 __all__ = ["main"]
 
 
-async def _noop(items: list[Any], replica: Any) -> list[Any]:
+async def _noop(items: list[Any], replica: Any, deadline: float) -> list[Any]:
     return items
 
 
 def _sleeper(exec_s: float):
-    async def batch_fn(items: list[Any], replica: Any) -> list[Any]:
+    async def batch_fn(items: list[Any], replica: Any, deadline: float) -> list[Any]:
         await asyncio.sleep(exec_s)
         return items
 
@@ -138,7 +138,7 @@ async def bench_lone(exec_s: float, max_wait_ms: float, reps: int, gap_s: float)
     """
     spans: list[tuple[float, float]] = []
 
-    async def timed(items: list[Any], replica: Any) -> list[Any]:
+    async def timed(items: list[Any], replica: Any, deadline: float) -> list[Any]:
         t0 = time.perf_counter()
         await asyncio.sleep(exec_s)
         spans.append((t0, time.perf_counter()))
@@ -187,7 +187,7 @@ async def bench_flush_tail(cap: int, replicas: int, reps: int) -> dict[str, Any]
     """
     gate = asyncio.Event()
 
-    async def holdable(items: list[Any], replica: Any) -> list[Any]:
+    async def holdable(items: list[Any], replica: Any, deadline: float) -> list[Any]:
         if items[0] == "hold":
             await gate.wait()
         return items
@@ -229,7 +229,7 @@ async def bench_deadline_and_cancel(deadline_s: float, reps: int) -> dict[str, A
     gate = asyncio.Event()
     seen: set[Any] = set()
 
-    async def gated(items: list[Any], replica: Any) -> list[Any]:
+    async def gated(items: list[Any], replica: Any, deadline: float) -> list[Any]:
         seen.update(items)
         await gate.wait()
         return items

@@ -86,7 +86,7 @@ async def _run_mode(scorer: Any, steps: list[list[tuple[float, Any]]], group: bo
     from verl_async_rm.service.batching import BatchPolicy
     from verl_async_rm.service.group_gate import GroupGate
 
-    async def replica(items: list[Any], _replica: Any) -> list[Any]:
+    async def replica(items: list[Any], _replica: Any, deadline: float) -> list[Any]:
         return await asyncio.to_thread(scorer.score, items)
 
     batcher = Batcher(replica, BatchPolicy(max_batch_size=32, max_wait_ms=20), name="bench")

@@ -26,6 +26,7 @@ import asyncio
 import dataclasses
 import gc
 import logging
+import math
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -72,7 +73,7 @@ async def _run_sync(workload: Workload, rm: SimulatedRM, clock: Clock, replicas:
     async def serve(replica: int) -> None:
         while queue:
             batch = [items[i] for i in queue.popleft()]
-            result = await rm(batch, replica)
+            result = await rm(batch, replica, math.inf)
             done = clock.now()
             for item, value in zip(batch, result, strict=True):
                 if value != item.index:

@@ -1,8 +1,10 @@
-"""``verl-async-rm bench remote``: a judge served at an OpenAI-compatible endpoint, the same trajectories scored two
+"""``verl-async-rm bench remote``: an RM served at an OpenAI-compatible endpoint, the same trajectories scored two
 ways on the same server with the same limits, at each injected fault rate (a benchmark, not a test).
 
-- ``plugin``: :class:`~verl_async_rm.service.remote_service.RemoteRMService` in this process (the code the RM-service
-  actor runs): one ``score`` call per trajectory, all at once, as the agent-loop workers send them; the endpoint
+``--kind judge`` (default), a judge read at its first token:
+
+- ``plugin``: :class:`~verl_async_rm.service.service.RMService` in this process (the code the RM-service actor
+  runs), its replicas the endpoint's slots: one ``score`` call per trajectory, all at once, as the agent-loop workers send them; the endpoint
   client retries 429s, 5xx, dropped connections and bad bodies within each trajectory's deadline (``--timeout-s``).
 - ``verl``: verl's ``RateLimitedRewardManager`` (``rate_limited``), built by verl's ``load_reward_manager`` from a
   config with ``reward.max_concurrent``, ``reward.max_rpm``, ``reward.max_tpm`` and ``reward.timeout`` (one reward-loop
@@ -19,6 +21,11 @@ front of the server in every pass; at each fault rate both sides get the same se
 i, in arrival order, gets the same fault; request 0, the plugin's model list, none): 429 and 503 with ``Retry-After:
 0.2``, 500, dropped connections, cut and non-JSON bodies. The reference is the plugin's scores with no fault, taken
 first (it also warms the server up); then, per fault rate, the plugin's pass and verl's.
+
+``--kind outcome``, the tiny sequence-classification RM at vLLM's ``/classify`` (``--server vllm``; ``scripted``: a
+scripted server scoring each input by its length), through the plugin's RM service both ways, with the served
+checkpoint as ``model_path``: ``batched`` (the default batching: one request carries a batch's token ids) and
+``one per trajectory`` (``max_batch_size=1``: one request per trajectory, the path before the one RM service).
 
 Prints a table; ``--out`` gets ``remote.json`` (and the vLLM server's log)."""
 
@@ -74,7 +81,7 @@ async def judge_score(data_source: str, solution_str: str, ground_truth: Any, ex
     model, the prompt (``{question}`` from ``extra_info``, ``{answer}``) and the judge tokens. An HTTP error or a body
     that is not JSON raises: verl's manager then scores 0.0 and marks ``error``."""
     messages = [{"role": "user", "content": prompt.format(question=extra_info["question"], answer=solution_str)}]
-    request = {"model": model, "messages": messages, "max_tokens": 1, "temperature": 0, "logprobs": True,
+    request = {"model": model, "messages": messages, "max_completion_tokens": 1, "temperature": 0.0, "logprobs": True,
                "top_logprobs": 20}
     response = await _client().post(f"{base_url}/chat/completions", json=request)
     response.raise_for_status()
@@ -111,6 +118,9 @@ async def close_judge_client() -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="verl-async-rm bench remote", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kind", choices=("judge", "outcome"), default="judge",
+                        help="judge (default): the plugin against verl's rate_limited manager; outcome: an outcome "
+                             "RM's /classify, batched against one request per trajectory")
     parser.add_argument("--server", choices=("vllm", "scripted"), default=None,
                         help="vllm (default): the tiny digit judge on vLLM's CPU server; scripted: a scripted server "
                              f"answering after {SCRIPTED_LATENCY_S * 1e3:g} ms")
@@ -163,26 +173,29 @@ def _scripted_answer(payload: dict) -> Any:
 
 
 @contextlib.contextmanager
-def _judge_server(kind: str, out_dir: Path | None) -> Iterator[tuple[str, dict[str, Any]]]:
-    """The judge's server for the whole run: (base URL, facts for the report)."""
-    if kind == "scripted":
+def _server(args: argparse.Namespace, out_dir: Path | None) -> Iterator[tuple[str, dict[str, Any]]]:
+    """The RM's server for the whole run: (base URL, facts for the report)."""
+    judge = args.kind == "judge"
+    if args.server == "scripted":
         from verl_async_rm.testing.fault_proxy import ScriptedUpstream
 
-        with ScriptedUpstream(_scripted_answer, models=("judge",), latency_s=SCRIPTED_LATENCY_S,
+        answers = {"chat": _scripted_answer} if judge else {"classify": lambda item: [len(item) / 10.0]}
+        with ScriptedUpstream(**answers, models=("judge" if judge else "rm",), latency_s=SCRIPTED_LATENCY_S,
                               timeout_s=3600.0, max_requests=10**7) as server:
             yield server.url, {"server": "scripted", "latency_s": SCRIPTED_LATENCY_S}
         return
     import tempfile
 
     from verl_async_rm.testing.judges import build_tiny_judges
+    from verl_async_rm.testing.models import build_tiny_models
     from verl_async_rm.testing.vllm_server import start_vllm_server
 
-    digit = build_tiny_judges().digit
+    path, name = (build_tiny_judges().digit, "judge") if judge else (build_tiny_models().rm, "rm")
     with tempfile.TemporaryDirectory(prefix="bench_remote_") as tmp:
         t0 = time.perf_counter()
-        with start_vllm_server(digit, name="judge", log_dir=out_dir or tmp) as server:
-            yield server.url, {"server": "vllm", "vllm": metadata.version("vllm"), "model": "tiny digit judge",
-                               "model_path": str(digit), "start_s": round(time.perf_counter() - t0, 1),
+        with start_vllm_server(path, name=name, log_dir=out_dir or tmp) as server:
+            yield server.url, {"server": "vllm", "vllm": metadata.version("vllm"), "model": f"tiny {name}",
+                               "model_path": str(path), "start_s": round(time.perf_counter() - t0, 1),
                                "flags": "--dtype float32 --enforce-eager --max-model-len 1024 --max-num-seqs 8"}
 
 
@@ -246,15 +259,20 @@ def _verl_config(args: argparse.Namespace, url: str) -> Any:
         "max_concurrent": args.max_concurrency, "max_rpm": args.max_rpm, "max_tpm": None, "timeout": args.timeout_s}})
 
 
-async def _plugin_pass(args: argparse.Namespace, policy: Path, url: str, trajectories: list) -> dict[str, Any]:
+async def _plugin_pass(args: argparse.Namespace, policy: Path, url: str, trajectories: list,
+                       batch_size: int | None = None) -> dict[str, Any]:
     from verl_async_rm.scoring.rm_config import RMConfig
-    from verl_async_rm.service.remote_service import RemoteRMService
+    from verl_async_rm.service.batching import BatchPolicy
+    from verl_async_rm.service.service import RMService
     from verl_async_rm.testing.judges import LOGITS_TOKENS
+    from verl_async_rm.testing.models import build_tiny_models
 
-    config = RMConfig(endpoint=url, policy_tokenizer_path=str(policy), use_gpu=False, reward_kind="judge",
-                      judge_prompt=JUDGE_PROMPT, judge_tokens=LOGITS_TOKENS, max_concurrency=args.max_concurrency,
-                      max_rpm=args.max_rpm)
-    service = RemoteRMService(config, name="bench_remote")
+    kind = ({"reward_kind": "judge", "judge_prompt": JUDGE_PROMPT, "judge_tokens": LOGITS_TOKENS}
+            if args.kind == "judge" else {"model_path": str(build_tiny_models().rm)})
+    config = RMConfig(endpoint=url, policy_tokenizer_path=str(policy), use_gpu=False, **kind,
+                      max_concurrency=args.max_concurrency, max_rpm=args.max_rpm)
+    policy_ = BatchPolicy() if batch_size is None else BatchPolicy(max_batch_size=batch_size)
+    service = RMService(config, policy_, name="bench_remote")
     await service.start()
     cooldowns: set[float] = set()
     watcher = asyncio.ensure_future(_watch_cooldowns(service, cooldowns))
@@ -319,9 +337,10 @@ async def _pass(side: str, rate: float, args: argparse.Namespace, server_url: st
     from verl_async_rm.testing.fault_proxy import FaultProxy, FaultSchedule
 
     schedule = FaultSchedule(plan={0: None}, rate=rate, kinds=FAULT_KINDS, seed=args.seed, retry_after=RETRY_AFTER)
+    route = "/chat/completions" if args.kind == "judge" else "/classify"
     with FaultProxy(server_url, schedule, timeout_s=3600.0, max_requests=10**7) as proxy:
         result = await run(proxy.url)
-        chats = [s for s in proxy.seen if s.path.endswith("/chat/completions")]
+        chats = [s for s in proxy.seen if s.path.endswith(route)]
     logger.info("bench remote: %s at %g faults: %.2f s", side, rate, result["wall_s"])
     return {"side": side, "fault_rate": rate, **result, "endpoint_requests": len(chats),
             "faults_injected": sum(s.fault is not None for s in chats),
@@ -336,7 +355,7 @@ def _summary(run: dict[str, Any], reference: list[float | None], n: int) -> dict
     return {**run, "trajectories": n, "real_scores_per_s": equal / run["wall_s"],
             "lost": sum(s is None for s in scores), "defaulted": sum(defaulted), "equal_to_reference": equal,
             "max_abs_diff_scored": max((abs(s - ref) for s, ref in kept), default=None),
-            "retries": run["endpoint_requests"] - n}
+            "retries": run.get("plugin", {}).get("endpoint_retries", run["endpoint_requests"] - n)}
 
 
 async def _passes(args: argparse.Namespace, rates: list[float], url: str) -> dict[str, Any]:
@@ -356,18 +375,22 @@ async def _passes(args: argparse.Namespace, rates: list[float], url: str) -> dic
     def verl(proxy_url: str) -> Any:
         return _verl_pass(args, tokenizer, proxy_url, rows)
 
-    first = await _pass("plugin", 0.0, args, url, plugin)
+    def single(proxy_url: str) -> Any:
+        return _plugin_pass(args, policy, proxy_url, trajectories, batch_size=1)
+
+    pair = [("plugin", plugin), ("verl", verl)] if args.kind == "judge" else \
+        [("batched", plugin), ("one per trajectory", single)]
+    first = await _pass(pair[0][0], 0.0, args, url, pair[0][1])
     reference = first["scores"]
     runs = []
     for rate in rates:
         for repeat in range(args.repeats):  # the sides take turns going first: a drift in load hits both alike
-            sides = [("plugin", plugin), ("verl", verl)][::1 if repeat % 2 == 0 else -1]
-            for side, fn in sides:
+            for side, fn in pair[::1 if repeat % 2 == 0 else -1]:
                 runs.append({"repeat": repeat, **_summary(await _pass(side, rate, args, url, fn), reference, n)})
     for run in runs:  # both sides sent the same requests (each side's distinct bodies, compared as a set)
         other = next(r for r in runs if r["fault_rate"] == run["fault_rate"] and r["repeat"] == run["repeat"]
                      and r["side"] != run["side"])
-        run["asked_as_other_side"] = run["asked"] == other["asked"]
+        run["asked_as_other_side"] = run["asked"] == other["asked"] if args.kind == "judge" else None
     for run in runs:
         run.pop("asked")
     return {"reference": {"wall_s": first["wall_s"], "scored": sum(s is not None for s in reference),
@@ -384,7 +407,7 @@ def _load() -> float | None:
 
 def format_table(report: dict[str, Any]) -> str:
     p, ref, env = report["params"], report["reference"], report["environment"]
-    lines = [f"bench remote: {p['trajectories']} trajectories, server {report['server']['server']}, "
+    lines = [f"bench remote ({p['kind']}): {p['trajectories']} trajectories, server {report['server']['server']}, "
              f"max concurrency {p['max_concurrency']}, max rpm {p['max_rpm']}, timeout {p['timeout_s']:g} s; "
              f"reference: {ref['scored']} scored ({ref['distinct_scores']} distinct scores); {env['cpus']} CPUs, "
              f"1-minute load average {report['load_avg_1min_before']} before, {env['load_avg_1min']} after",
@@ -396,13 +419,14 @@ def format_table(report: dict[str, Any]) -> str:
                      f"{r['real_scores_per_s']:,.1f} | {r['lost']} | {r['defaulted']} | {r['equal_to_reference']} | "
                      f"{r['retries']} | {r['faults_injected']} | {cooldowns} |")
     if p["repeats"] > 1:
+        sides = list(dict.fromkeys(r["side"] for r in report["runs"]))
         for rate in sorted({r["fault_rate"] for r in report["runs"]}):
-            runs = {side: [r for r in report["runs"] if r["side"] == side and r["fault_rate"] == rate]
-                    for side in ("plugin", "verl")}
+            runs = {side: [r for r in report["runs"] if r["side"] == side and r["fault_rate"] == rate] for side in sides}
             wall, real = ({side: statistics.median(r[key] for r in runs[side]) for side in runs}
                           for key in ("wall_s", "real_scores_per_s"))
-            lines.append(f"median at {rate:.0%} faults over {p['repeats']} passes: wall s plugin {wall['plugin']:.2f}, "
-                         f"verl {wall['verl']:.2f}; real scores/s plugin {real['plugin']:.1f}, verl {real['verl']:.1f}")
+            lines.append(f"median at {rate:.0%} faults over {p['repeats']} passes: wall s "
+                         + ", ".join(f"{side} {wall[side]:.2f}" for side in sides) + "; real scores/s "
+                         + ", ".join(f"{side} {real[side]:.1f}" for side in sides))
     return "\n".join(lines)
 
 
@@ -417,7 +441,7 @@ def main(argv: list[str] | None = None) -> tuple[int, str]:
     if out_dir is not None:
         out_dir.mkdir(parents=True, exist_ok=True)
     load_before = _load()
-    with _judge_server(args.server, out_dir) as (url, server):
+    with _server(args, out_dir) as (url, server):
         results = asyncio.run(_passes(args, rates, url))
     report = {"benchmark": "remote", "environment": environment_snapshot(), "load_avg_1min_before": load_before,
               "server": server,

@@ -4,7 +4,7 @@ bound measured in the same run.
 A random-weight RM is built on the device from a public config shape (``--shape``) or a ``config.json``
 (``--config``); nothing is downloaded. A seeded RL-like workload (prompts 64-512 tokens, responses log-normal with
 median ~400 up to 4096; ``tiny`` divides lengths by 16 so that a CPU run takes seconds) goes through
-:meth:`verl_async_rm.scoring.hf_engine.HFEngine.score_all`, the code each RM replica runs once the inputs are tokenized,
+:meth:`verl_async_rm.scoring.transformers_engine.TransformersEngine.score_all`, the code each RM replica runs once the inputs are tokenized,
 for every ``--packing`` mode:
 
 - ``fresh``: the first pass over this workload's lengths (an RL step brings never-seen lengths every time); a warm-up
@@ -34,7 +34,7 @@ from typing import Any
 __all__ = ["run_rm_bench", "format_table", "main"]
 
 MODES = ("auto", "true", "false")
-ENGINES = ("hf", "vllm")
+ENGINES = ("transformers", "vllm")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -57,10 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sharding", default="none", choices=("none", "tensor_parallel", "fsdp2"),
                         help="run the model through a sharded replica's load path on one rank (a group of one), to "
                              "compare its cost with the unsharded model's (default: none)")
-    parser.add_argument("--engine", default="hf",
-                        help="comma-separated engines, of hf (the --packing modes) and vllm (a vLLM pooling engine, as "
+    parser.add_argument("--engine", default="transformers",
+                        help="comma-separated engines, of transformers (the --packing modes) and vllm (a vLLM pooling engine, as "
                              "engine='vllm' replicas run it; with --rollout-n > 1 also 'vllm+shared': its prefix "
-                             "cache on) (default: hf)")
+                             "cache on) (default: transformers)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="directory for bench_rm.json")
     return parser
@@ -126,12 +126,12 @@ def run_mode(model: Any, device: Any, mode: str, workload: tuple[list[list[int]]
              warmup: tuple[list[list[int]], list[str]], budget: int) -> tuple[dict[str, Any], list[float]]:
     """One mode (``auto``, ``true``, ``false``, or one of them + ``'+shared'``): a warm-up pass, then the fresh and
     the repeat pass over ``workload`` (inputs and their groups)."""
-    from verl_async_rm.scoring.hf_engine import HFEngine
+    from verl_async_rm.scoring.transformers_engine import TransformersEngine
 
     packing, _, shared = mode.partition("+")
     heads = (getattr(model, name, None) for name in ("score", "v_head", "classifier"))
     head = next((module for module in heads if module is not None), None)
-    forward = HFEngine(model, head, device=device, pad_id=0, packing=packing,
+    forward = TransformersEngine(model, head, device=device, pad_id=0, packing=packing,
                         share_prompts="true" if shared else "false")
     inputs, groups = workload
     try:
@@ -273,8 +273,8 @@ def run_rm_bench(args: argparse.Namespace) -> dict[str, Any]:
         raise ValueError(f"--rollout-n {args.rollout_n!r}: must be positive. Fix: e.g. --rollout-n 8")
     engines = [e.strip() for e in args.engine.split(",") if e.strip()]
     if not engines or any(e not in ENGINES for e in engines):
-        raise ValueError(f"--engine {args.engine!r}: engines are {ENGINES}. Fix: e.g. --engine hf,vllm")
-    if "hf" not in engines:
+        raise ValueError(f"--engine {args.engine!r}: engines are {ENGINES}. Fix: e.g. --engine transformers,vllm")
+    if "transformers" not in engines:
         modes = []
     if args.rollout_n > 1:
         modes = [m for mode in modes for m in ((mode, f"{mode}+shared") if mode != "false" else (mode,))]

@@ -1,7 +1,7 @@
 """The simulated RM replicas of the overlap benchmark, the clock they run on, and the figures read from their records.
 
-:class:`SimulatedRM` is an ``async batch_fn(items, replica)``: it sleeps ``RMCostModel.batch_s`` (scaled to the clock)
-and returns each item's index, so a caller that gets another trajectory's answer is caught. It refuses to run two
+:class:`SimulatedRM` is an ``async batch_fn(items, replica, deadline)``: it sleeps ``RMCostModel.batch_s`` (scaled to
+the clock) and returns each item's index, so a caller that gets another trajectory's answer is caught. It refuses to run two
 batches at once on one replica (a replica is one GPU), records every batch, and stamps each item's batch start.
 
 All times are "workload seconds": :class:`Clock` divides the event loop's time since the start by ``scale`` (real
@@ -68,14 +68,14 @@ class BatchRecord:
 
 @dataclass
 class SimulatedRM:
-    """``async (items, replica) -> [item.index, ...]`` sleeping ``cost.batch_s`` workload seconds per call."""
+    """``async (items, replica, deadline) -> [item.index, ...]`` sleeping ``cost.batch_s`` workload seconds per call."""
 
     cost: RMCostModel
     clock: Clock
     batches: list[BatchRecord] = field(default_factory=list)
     _busy: set = field(default_factory=set)
 
-    async def __call__(self, items: list[Item], replica: Any) -> list[int]:
+    async def __call__(self, items: list[Item], replica: Any, deadline: float) -> list[int]:
         if replica in self._busy:
             raise RuntimeError(f"simulated RM replica {replica!r} got a second batch while one is running")
         self._busy.add(replica)

@@ -54,7 +54,7 @@ class AsyncRMAgentLoopManagerV0(AsyncRMManagerBase, AgentLoopManager):
             except Exception:  # noqa: BLE001 - the generation error is the one to report
                 logger.exception("verl_async_rm: could not close the failed step")
             raise
-        await self.async_rm_sleep()  # before the close: the step's figures hold its wake and its sleep
+        await self.async_rm_sleep()  # before the close: the step's metrics hold its wake and its sleep
         metrics = await self.async_rm_close("train", prompts.meta_info.get("global_steps"))
         output = self._exclude_dropped(output, prompts)
         output.meta_info["timing"] = {**output.meta_info.get("timing", {}), **metrics}

@@ -15,6 +15,7 @@ import contextvars
 import logging
 import time
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import ray
@@ -45,7 +46,7 @@ __all__ = ["AsyncRMWorkerMixin", "AsyncRMAgentLoopWorker"]
 class AsyncRMWorkerMixin:
     """The per-trajectory reward hook; mixed into verl's v0 and v1 agent-loop workers."""
 
-    _async_rm_services: dict[str, Any] = {}
+    _async_rm_services: Mapping[str, Any] = MappingProxyType({})  #: set by async_rm_attach
     _async_rm_mix: RewardMix | None = None
     _async_rm_combine: Any = None
     _async_rm_timeout_s: float = 0.0

@@ -5,6 +5,7 @@ key and fix."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -43,6 +44,24 @@ def legacy_keys_set(config: Any) -> dict[str, Any]:
     return {key: value for key in LEGACY_KEYS if (value := _get(config, key)) is not None}
 
 
+def _once_per_config(check: Any) -> Any:
+    """``check`` run once for a config's content in this process: verl's ``validate_config`` and the agent-loop manager
+    both ask in one process on verl's v0 trainer (the last config that passed is kept)."""
+    passed: dict[str, Any] = {}
+
+    @functools.wraps(check)
+    def checked(config: Any) -> AsyncRMConfig:
+        from omegaconf import DictConfig, OmegaConf
+
+        key = OmegaConf.to_yaml(config) if isinstance(config, DictConfig) else repr(config)
+        if passed.get("key") != key:
+            passed.update(settings=check(config), key=key)
+        return passed["settings"]
+
+    return checked
+
+
+@_once_per_config
 def check_verl_config(config: Any) -> AsyncRMConfig:
     """Raise ``ValueError`` if verl's config cannot work with the plugin (see module doc); else the parsed settings."""
     legacy = legacy_keys_set(config)
@@ -214,21 +233,26 @@ def check_v1_trainer(config: Any, on_error: str) -> str:
     return mode
 
 
+#: The remote RMs this process has probed (their settings): one probe each, however often the config is checked.
+_PROBED: set[Any] = set()
+
+
 def probe_endpoints(settings: AsyncRMConfig) -> None:
     """Each remote RM's endpoints asked for their models and one request of the kind's API (``ValueError`` naming the
-    RM, the URL and the fix), run by the entry points before anything starts (in a thread of its own: verl may call
-    them where an event loop runs); a remote RM's service asks again when it starts."""
+    RM, the URL and the fix), once per process, run where verl checks its config before anything starts (in a thread
+    of its own: verl may call it where an event loop runs); a remote RM's service then only looks up its model."""
     import asyncio
     from concurrent.futures import ThreadPoolExecutor
 
-    from verl_async_rm.service.remote_service import probe
+    from verl_async_rm.remote.slots import probe
 
-    for entry in (e for e in settings.models if e.rm.remote):
+    for entry in (e for e in settings.models if e.rm.remote and e.rm not in _PROBED):
         with ThreadPoolExecutor(1) as pool:
             try:
                 pool.submit(asyncio.run, probe(entry.rm)).result()
             except ValueError as err:
                 raise ValueError(f"RM {entry.name!r} ({entry.key}.endpoint): {err}") from err.__cause__
+        _PROBED.add(entry.rm)
 
 
 #: A Hugging Face Hub id (``owner/name``): verl downloads one for the policy, the RM replicas load local directories.

@@ -31,7 +31,6 @@ CONTROL_TIMEOUT_S = 60.0
 class AsyncRMManagerBase:
     """What the v0 and v1 managers share (module doc)."""
 
-    rm_services: dict[str, Any] = {}
 
     def _async_rm_build(self, config: Any) -> None:
         self.async_rm_config = check_verl_config(config)
@@ -44,8 +43,7 @@ class AsyncRMManagerBase:
                                for e in self.async_rm_config.models}
         self._entries = {e.name: e for e in self.async_rm_config.models}
         self.last_val_metrics: dict[str, float] = {}
-        self._on_policy_pool = any(e.rm.placement == "policy_pool" and not e.rm.remote
-                                   for e in self.async_rm_config.models)
+        self._on_policy_pool = any(e.rm.sleeps for e in self.async_rm_config.models)
         integration = self.async_rm_config.integration
         self._rm_launched = launch_rm_services(self.async_rm_config.models, self._service_names,
                                                replace_replicas=integration.replace_replicas,
@@ -116,18 +114,18 @@ class AsyncRMManagerBase:
     @auto_await
     async def async_rm_close(self, phase: str, global_steps: int | None = None) -> dict[str, float]:
         """End a training step (``phase='train'``) or a validation pass (``'val'``): its metrics, from the workers'
-        records and the services' figures since the previous close, or its failure (``on_error``:
+        records and the services' metrics since the previous close, or its failure (``on_error``:
         :func:`~verl_async_rm.integration.drops.check_failures`)."""
         records = await asyncio.wait_for(
             asyncio.gather(*(w.async_rm_pop_record.remote(phase) for w in self.agent_loop_workers)),
             CONTROL_TIMEOUT_S)
         record = functools.reduce(PhaseRecord.merge, records, PhaseRecord())
         prefix = PREFIX if phase == "train" else VAL_PREFIX
-        figures = await self._async_rm_control("end_step")
-        # the main RM's figures as async_rm/*, with the workers' trajectory counts (the services' include every phase)
-        metrics = step_metrics(figures[MAIN], record, prefix=prefix)
-        if len(figures) > 1:  # and each RM's as async_rm/<name>/*
-            for name, step in figures.items():
+        steps = await self._async_rm_control("end_step")
+        # the main RM's metrics as async_rm/*, with the workers' trajectory counts (the services' include every phase)
+        metrics = step_metrics(steps[MAIN], record, prefix=prefix)
+        if len(steps) > 1:  # and each RM's as async_rm/<name>/*
+            for name, step in steps.items():
                 metrics.update(step_metrics(step, prefix=f"{prefix}{name}/"))
         metrics[prefix + "service_restarts_total"] = float(self.service_restarts)
         integration = self.async_rm_config.integration

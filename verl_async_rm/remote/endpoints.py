@@ -46,23 +46,23 @@ import logging
 import math
 import os
 import random
-import re
 import ssl
 import time
 import zlib
-from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 
-from verl_async_rm.errors import (ConfigTypeError, ConfigValueError, EndpointClosedError, EndpointError,
+from verl_async_rm.errors import (EndpointClosedError, EndpointError,
                                   RequestTimeoutError)
+from verl_async_rm.endpoint_urls import check_endpoints
+from verl_async_rm.step_counter import StepCounter
 from verl_async_rm.remote.limits import USAGE_CAP, Limiter, Permit, RateLimits
 from verl_async_rm.percentiles import Samples
 
-__all__ = ["EndpointClient", "Reply", "Usage", "check_endpoints", "parse_retry_after", "MAX_FAILURES", "COOLDOWN_S",
+__all__ = ["EndpointClient", "Reply", "Usage", "parse_retry_after", "MAX_FAILURES", "COOLDOWN_S",
            "BACKOFF_CAP_S", "ATTEMPT_TIMEOUT_S", "MAX_RETRY_AFTER_S", "MAX_BODY_BYTES"]
 
 logger = logging.getLogger(__name__)
@@ -95,72 +95,8 @@ _RESULT_KEYS = ("choices", "data", "results")
 #: at most to the cap (httpx would inflate each network read whole: 64 KiB of gzip to up to 64 MiB).
 _CODINGS = {"gzip": zlib.MAX_WBITS | 16, "x-gzip": zlib.MAX_WBITS | 16, "deflate": zlib.MAX_WBITS | 32}
 _RETRY_STATUS = frozenset({408, 429})
-#: Routes of the API the client appends to a base URL: a configured URL ending with one is a route, not a base URL.
-_API_ROUTES = ("/chat/completions", "/completions", "/classify", "/models", "/embeddings", "/score", "/rerank",
-               "/pooling")
-#: The names of this machine for a server on it.
-_LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 _STEP_KEYS = ("requests", "completed", "failed", "timed_out", "cancelled", "attempts", "retries", "status_429",
               "endpoint_errors", "client_errors", "cooldowns", "tokens_in", "tokens_out")
-
-
-def check_endpoints(urls: str | Sequence[str], key: str = "urls") -> tuple[str, ...]:
-    """The base URLs (one, or a non-empty list), checked and without a trailing slash; raises ``ConfigValueError``
-    (a ``ValueError``) under ``key`` naming the bad value and the fix: a URL without http(s) or a host, with
-    credentials, a query or a fragment, one that ends with an API route (``/chat/completions``...), one listed twice
-    (``localhost``, ``127.0.0.1`` and ``::1`` on one port are one server)."""
-    items = [urls] if isinstance(urls, str) else urls
-    if isinstance(items, bytes | Mapping) or not isinstance(items, Sequence) or len(items) == 0:
-        raise ConfigValueError(key, urls, "needs at least one base URL",
-                               "give a list of base URLs such as ['http://127.0.0.1:8000/v1']")
-    out: list[str] = []
-    seen: dict[tuple, str] = {}
-    for url in items:
-        if not isinstance(url, str) or not url.strip():
-            raise ConfigTypeError(key, url, "each entry must be a non-empty string", "write each base URL as text")
-        try:
-            parsed = httpx.URL(url.strip())
-        except httpx.InvalidURL as err:
-            raise ConfigValueError(key, url, f"is not a URL ({err})", "write it as http(s)://host:port/v1") from None
-        if parsed.userinfo:
-            shown = str(parsed.copy_with(username=None, password=None)).replace("://", "://***@", 1)
-            raise ConfigValueError(key, shown, "holds credentials, which would travel and be logged with the URL",
-                                   "drop them from the URL; put the key in an environment variable named by "
-                                   "api_key_env")
-        if parsed.scheme not in ("http", "https") or not parsed.host:
-            raise ConfigValueError(key, url, "needs a scheme (http:// or https://) and a host",
-                                   f"write it as {_with_scheme(url.strip())} (or https://)")
-        if parsed.query or parsed.fragment:
-            raise ConfigValueError(key, url, "must not have a query or a fragment", "give the base URL only")
-        path = parsed.path.rstrip("/")
-        route = next((r for r in _API_ROUTES if path.endswith(r)), None)
-        if route is not None:
-            base = str(parsed.copy_with(path=path[: -len(route)] or "/v1")).rstrip("/")
-            raise ConfigValueError(key, url, f"ends with the API route {route}, which the client adds itself",
-                                   f"give the base URL, {base}")
-        norm = str(parsed.copy_with(path=path))
-        # one server under several names (localhost, 127.0.0.1, ::1) is one endpoint: listed twice, it would be
-        # counted as two for routing and cool-downs
-        same = (parsed.scheme, "localhost" if parsed.host in _LOOPBACK_NAMES else parsed.host,
-                parsed.port or (443 if parsed.scheme == "https" else 80), path)
-        if same in seen:
-            raise ConfigValueError(key, url, f"is listed twice (as {seen[same]} before)", "list each endpoint once")
-        seen[same] = norm
-        out.append(norm)
-    return tuple(out)
-
-
-def _with_scheme(url: str) -> str:
-    """``url`` with ``http://`` for its scheme: the host and the rest kept when it has a host (``localhost:8000/v1``,
-    ``ftp://h/v1``), else the shape of a base URL (``file:///x``)."""
-    rest = url.split("://", 1)[-1] if "://" in url else re.sub(r"^https?:?/+", "", url, flags=re.IGNORECASE)
-    try:
-        fixed = httpx.URL("http://" + rest)
-    except httpx.InvalidURL:
-        fixed = None
-    if not rest or rest.startswith("/") or fixed is None or fixed.userinfo or not fixed.host:
-        return "http://<host>:<port>/v1"
-    return str(fixed) if fixed.path not in ("", "/") else str(fixed.copy_with(path="/v1"))
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
@@ -291,8 +227,7 @@ class EndpointClient:
         self._tasks: set[asyncio.Task] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._closed = False
-        self._counts: Counter[str] = Counter(dict.fromkeys(_STEP_KEYS, 0))
-        self._base = dict(self._counts)
+        self._counts = StepCounter(_STEP_KEYS)
         self._latency = Samples()
 
     def __repr__(self) -> str:
@@ -325,13 +260,13 @@ class EndpointClient:
 
     async def models(self, timeout_s: float = 10.0) -> dict[str, list[str]]:
         """``GET /models`` on every endpoint at once, each through the retry path of :meth:`post` (its endpoint
-        only; the rate limits apply) until ``timeout_s``: the model ids each lists. Not counted in the step figures
+        only; the rate limits apply) until ``timeout_s``: the model ids each lists. Not counted in the step stats
         (a start-up check). Raises :class:`EndpointError` naming every endpoint that failed and why (the last
         failure of one that ran out of time, a 4xx at once)."""
         if isinstance(timeout_s, bool) or not isinstance(timeout_s, int | float) or not 0 < timeout_s < math.inf:
             raise ValueError(f"timeout_s={timeout_s!r}: give a finite number of seconds > 0")
         deadline = self._bind().time() + timeout_s
-        tally: Counter[str] = Counter()
+        tally = StepCounter(_STEP_KEYS)  # a start-up check's own, not the step's
 
         async def one(ep: _Endpoint) -> list[str]:
             try:
@@ -387,9 +322,9 @@ class EndpointClient:
     def stats(self) -> dict[str, Any]:
         """Counters since the start (requests and their outcomes, attempts, retries, 429s, endpoint errors, 4xx,
         cool-downs, tokens in/out from the usage reported), latency (ms), requests in flight, endpoints out now, each
-        endpoint's state, and the limiter's figures."""
+        endpoint's state, and the limiter's stats."""
         now = self._now()
-        return {**self._counts, "in_flight": len(self._tasks),
+        return {**self._counts.totals(), "in_flight": len(self._tasks),
                 "latency_ms": dataclasses.asdict(self._latency.summary()),
                 "endpoints_out": sum(ep.out_until > now for ep in self._endpoints),
                 "endpoints": {ep.url: {"outstanding": ep.outstanding, "attempts": ep.attempts, "errors": ep.errors,
@@ -402,9 +337,8 @@ class EndpointClient:
     def pop_step_stats(self) -> dict[str, Any]:
         """The counters of :meth:`stats` since the previous call (or the start), the step's latency p50/p99 (ms, None
         without requests) and the endpoints out now; starts a new step."""
-        counts, base, self._base = dict(self._counts), self._base, dict(self._counts)
         latency = self._latency.pop_step()
-        return {**{k: counts[k] - base[k] for k in _STEP_KEYS}, "latency_ms_p50": latency.p50,
+        return {**self._counts.pop(), "latency_ms_p50": latency.p50,
                 "latency_ms_p99": latency.p99, "endpoints_out": sum(ep.out_until > self._now() for ep in
                                                                     self._endpoints)}
 
@@ -441,18 +375,18 @@ class EndpointClient:
         return self._loop.time() if self._loop is not None else -math.inf
 
     async def _request(self, method: str, path: str, content: bytes | None, reserve: int, deadline: float, *,
-                       at_root: bool = False, pin: _Endpoint | None = None, tally: Counter[str]) -> Reply:
+                       at_root: bool = False, pin: _Endpoint | None = None, tally: StepCounter) -> Reply:
         """One request through the retry path, in a task that :meth:`aclose` cancels; on ``pin`` alone when given.
-        Its outcome is counted in ``tally`` (the step figures, or a start-up check's own)."""
+        Its outcome is counted in ``tally`` (the step stats, or a start-up check's own)."""
         if self._closed:
             raise EndpointClosedError("the endpoint client is closed; it takes no new requests")
         loop = self._bind()
         t0 = loop.time()
-        tally["requests"] += 1
+        tally.add("requests", 1)
         try:
             self.limiter.check_tokens(reserve)
         except Exception:
-            tally["failed"] += 1
+            tally.add("failed", 1)
             raise
         task = loop.create_task(self._send(method, path, at_root, content, reserve, deadline, t0, pin, tally))
         self._tasks.add(task)
@@ -462,7 +396,7 @@ class EndpointClient:
                 await asyncio.wait({task})  # unlike `await task`, tells our caller's cancellation from aclose()'s
             except asyncio.CancelledError:
                 task.cancel()
-                tally["cancelled"] += 1
+                tally.add("cancelled", 1)
                 raise
             if task.cancelled():
                 raise EndpointClosedError("the endpoint client was closed while the request was in flight")
@@ -470,16 +404,16 @@ class EndpointClient:
         except asyncio.CancelledError:
             raise
         except RequestTimeoutError:
-            tally["timed_out"] += 1
+            tally.add("timed_out", 1)
             raise
         except BaseException:
-            tally["failed"] += 1
+            tally.add("failed", 1)
             raise
-        tally["completed"] += 1
+        tally.add("completed", 1)
         return reply
 
     async def _send(self, method: str, path: str, at_root: bool, content: bytes | None, reserve: int,
-                    deadline: float, t0: float, pin: _Endpoint | None, tally: Counter[str]) -> Reply:
+                    deadline: float, t0: float, pin: _Endpoint | None, tally: StepCounter) -> Reply:
         loop = self._loop
         assert loop is not None
         attempts, waits, tried = 0, [], []
@@ -524,16 +458,16 @@ class EndpointClient:
             logger.debug("request to %s: attempt %d failed (%s); retrying", path, attempts, result.error)
 
     async def _attempt(self, ep: _Endpoint, method: str, path: str, at_root: bool, content: bytes | None,
-                       deadline: float, permit: Permit, attempt: int, tally: Counter[str]) -> Reply | _Failure:
+                       deadline: float, permit: Permit, attempt: int, tally: StepCounter) -> Reply | _Failure:
         """One HTTP attempt on ``ep``, ended by the deadline at the latest: the reply, or why it failed; releases
         ``permit`` with the usage the server reported."""
         loop = self._loop
         assert loop is not None
         ep.outstanding += 1
         ep.attempts += 1
-        tally["attempts"] += 1
+        tally.add("attempts", 1)
         if attempt > 1:
-            tally["retries"] += 1
+            tally.add("retries", 1)
         used: int | None = None  # tokens the server processed; None: not known, the reservation stands
         try:
             url = self._url(ep, path, at_root)
@@ -588,7 +522,7 @@ class EndpointClient:
             return resp.status_code, resp.headers, raw, whole
 
     def _answer(self, ep: _Endpoint, status: int, headers: httpx.Headers, raw: bytes, whole: bool,
-                tally: Counter[str]) -> Reply | _Failure:
+                tally: StepCounter) -> Reply | _Failure:
         """What an answer means: a reply (a 2xx whose body is a JSON object with no error in it), or a failure."""
         if 200 <= status < 300:
             if not whole:
@@ -607,19 +541,19 @@ class EndpointClient:
             usage = _usage(body)
             ep.failures = 0
             if usage is not None:
-                tally["tokens_in"] += usage.prompt_tokens
-                tally["tokens_out"] += usage.completion_tokens
+                tally.add("tokens_in", usage.prompt_tokens)
+                tally.add("tokens_out", usage.completion_tokens)
             return Reply(body, ep.url, 0, 0.0, usage)
         ep.failures = 0 if status < 500 else ep.failures
         error = EndpointError(f"{ep.url}: HTTP {status}: {self._message(raw, _json(raw))}", endpoint=ep.url,
                               status=status)
         retry_after = self._retry_after(headers)
         if status == 429:
-            tally["status_429"] += 1
+            tally.add("status_429", 1)
             return _Failure(error, retry=True, counts=False, retry_after=retry_after)
         if status >= 500:
             return _Failure(error, retry=True, counts=True, retry_after=retry_after)
-        tally["client_errors"] += 1
+        tally.add("client_errors", 1)
         if 300 <= status < 400:
             location = self.scrub(headers.get("location", ""))[:500]
             error = EndpointError(f"{ep.url}: answered {status} redirecting to {location!r}; "
@@ -657,17 +591,17 @@ class EndpointClient:
             ep.out_until, ep.out_reason = until, reason
         return True
 
-    def _count_failure(self, ep: _Endpoint, tally: Counter[str]) -> None:
+    def _count_failure(self, ep: _Endpoint, tally: StepCounter) -> None:
         """A connection error, 5xx or bad body: counted, and the endpoint taken out after ``max_failures``."""
         ep.failures += 1
         ep.errors += 1
-        tally["endpoint_errors"] += 1
+        tally.add("endpoint_errors", 1)
         now = self._now()
         # The failures of requests in flight while it is out neither extend nor renew its cool-down (back in, its next
         # failure takes it out again); the last endpoint in service stays in: backoff alone paces the retries then.
         if ep.failures >= self.max_failures and ep.out_until <= now and self._take_out(ep, now + self.cooldown_s,
                                                                                        "cool-down"):
-            tally["cooldowns"] += 1
+            tally.add("cooldowns", 1)
             logger.warning("endpoint %s failed %d times in a row; out for %g s (%d of %d endpoints out)", ep.url,
                            ep.failures, self.cooldown_s, sum(e.out_until > now for e in self._endpoints),
                            len(self._endpoints))
@@ -788,7 +722,7 @@ def _json(raw: bytes) -> Any:
 
 def _usage(body: dict) -> Usage | None:
     """The ``usage`` the body reports; None without one, or when a count in it is not an integer >= 0 (a float, a
-    bool, a negative number: a server that gets one figure wrong may get the other wrong too)."""
+    bool, a negative number: a server that gets one count wrong may get the other wrong too)."""
     usage = body.get("usage")
     if not isinstance(usage, dict):
         return None

@@ -16,7 +16,7 @@ Bucket capacities, the burst allowed after an idle spell (both buckets start ful
 A request reserves what it really sends plus its max output tokens before it is sent; :meth:`Permit.release`
 reconciles the reservation with the usage the server reports (the bucket may go below zero: later requests wait
 longer). A usage counts at most :data:`USAGE_CAP` times the reservation, and one that is not a count (a float, a bool,
-a negative number) is ignored: one bogus figure must not stall the job. Waiters are served first come, first served,
+a negative number) is ignored: one bogus count must not stall the job. Waiters are served first come, first served,
 each until its deadline at most."""
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ logger = logging.getLogger(__name__)
 #: A timer may fire up to one clock tick early: a bucket this close to ready counts as ready.
 _CLOCK_RESOLUTION = time.get_clock_info("monotonic").resolution
 #: A reported usage counts at most this many times the request's reservation (its estimate): a real count is near the
-#: estimate, while one bogus figure (10^9 prompt tokens) would hold the tokens/min bucket below zero for days.
+#: estimate, while one bogus count (10^9 prompt tokens) would hold the tokens/min bucket below zero for days.
 USAGE_CAP = 4
 
 

@@ -1,4 +1,4 @@
-"""What the two engines (:mod:`.hf_engine`, :mod:`.vllm_engine`) share: the isolation of a failing row and the
+"""What the two engines (:mod:`.transformers_engine`, :mod:`.vllm_engine`) share: the isolation of a failing row and the
 load-time check's tolerance, each written once. An engine turns token ids into raw values; the kind makes scores."""
 
 from __future__ import annotations
@@ -6,17 +6,28 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from verl_async_rm.errors import RewardModelError
 
-__all__ = ["Engine", "Row", "differs", "check_rows"]
+__all__ = ["Engine", "Row", "Generated", "differs", "check_rows"]
 
 logger = logging.getLogger(__name__)
 
 #: One input: its token ids, its group (GRPO siblings share one; None: none) and what is read from it: the positions
 #: (process RMs), or the JSON schema its text must follow (a vLLM generate engine: a group judge's reply).
 Row = tuple[list[int], Hashable | None, Any]
+
+
+@dataclass(frozen=True)
+class Generated:
+    """What an engine that writes gave for one row: the text, the tokens it took, and why it stopped (``"length"``:
+    cut at its token limit; ``"stop"``: it ended; None: not said)."""
+
+    text: str
+    tokens: int
+    finish_reason: str | None = None
 
 
 def differs(got: Sequence[float], reference: Sequence[float], half: bool, what: str) -> str | None:

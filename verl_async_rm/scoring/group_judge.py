@@ -26,12 +26,11 @@ A reply that is not such an object (a label missing, repeated or unknown, a valu
 whole group (:class:`JudgeVerdictError` with the reply), never a score standing in; a group longer than the judge's
 context fails whole too (:class:`RewardInputError`), never cut.
 
-Locally the kind runs on the replica's vLLM engine (:class:`GroupJudgeKind`); at an endpoint the chat-completions
-request is built from the same functions (:mod:`verl_async_rm.remote.kinds`)."""
+The kind (:class:`GroupJudgeKind`) runs on a replica's vLLM engine or at an endpoint (chat completions, the reply's
+schema as ``response_format``); a reply cut at ``judge_max_tokens`` is never read."""
 
 from __future__ import annotations
 
-import functools
 import hashlib
 import json
 import logging
@@ -42,10 +41,11 @@ from typing import Any
 
 from verl_async_rm.errors import ConfigValueError, JudgeVerdictError, RewardInputError
 from verl_async_rm.request import GroupRequest, GroupVerdict, ScoreResult
-from verl_async_rm.scoring.judge import (VERDICT_CHARS, chat_ids, compile_prompt, judge_messages, prompt_values,
-                                         response_text)
-from verl_async_rm.scoring.markup import escape_tags, hide_markup
-from verl_async_rm.scoring.outcome import OutcomeKind, RMInput
+from verl_async_rm.scoring.engine import Generated
+from verl_async_rm.scoring.judge import (VERDICT_CHARS, chat_ids, check_whole, compile_prompt, judge_messages,
+                                         prompt_values, response_text)
+from verl_async_rm.scoring.markup import escape_tags
+from verl_async_rm.scoring.outcome import Kind, RMInput
 
 logger = logging.getLogger(__name__)
 
@@ -183,9 +183,9 @@ def group_verdict(group: GroupRequest, labels: Sequence[int], text: str, scale: 
     return GroupVerdict(tuple(values[label] / scale for label in labels), tuple(labels), text)
 
 
-class GroupJudgeKind(OutcomeKind):
-    """A group judge on the replica's vLLM engine: one input per :class:`GroupRequest`, greedy text constrained to
-    :func:`reply_schema`, read by :func:`group_verdict`."""
+class GroupJudgeKind(Kind[GroupRequest]):
+    """A group judge: one input per :class:`GroupRequest`, text constrained to :func:`reply_schema`, read by
+    :func:`group_verdict`."""
 
     name = "group_judge"
     renders = True
@@ -209,10 +209,10 @@ class GroupJudgeKind(OutcomeKind):
             object.__setattr__(config, "judge_prompt", DEFAULT_GROUP_PROMPT)
         compile_prompt(config.judge_prompt, GROUP_VARIABLES)
 
-    def __init__(self, config: Any, rm_tokenizer: Any, text_config: Any, vocab_size: int) -> None:
+    def __init__(self, config: Any, rm_tokenizer: Any, text_config: Any, vocab_size: int | None) -> None:
         super().__init__(config, rm_tokenizer, text_config, vocab_size)
-        self.suffix_ids = []
-        self.head_name = "vLLM generate -> JSON object by label"
+        self._require_chat_template()
+        self.head_name = "generate -> JSON object by label"
         self.template = compile_prompt(config.judge_prompt, GROUP_VARIABLES)
         if self.max_length is not None and self.max_length <= config.judge_max_tokens:
             raise ConfigValueError(
@@ -225,15 +225,16 @@ class GroupJudgeKind(OutcomeKind):
 
     def messages(self, group: GroupRequest) -> tuple[list[dict[str, str]], tuple[int, ...]]:
         """The judge's conversation for ``group`` (a re-ask's turns after the first) and each member's label; its
-        content hidden for the judge's tokenizer (:func:`~.markup.hide_markup`)."""
-        hide = functools.partial(hide_markup, tokenizer=self.rm_tokenizer)
+        its values escaped (:attr:`~.outcome.Kind.escape`)."""
         text, labels = group_text(group, template=self.template, policy_tokenizer=self.policy_tokenizer,
                                   response_stop_ids=self.response_stop_ids, id_limit=self.policy_id_limit,
-                                  seed=self.config.judge_seed, escape=hide)
-        return judge_messages(text, group.reask, reply_form(len(labels)), escape=hide), labels
+                                  seed=self.config.judge_seed, escape=self.escape)
+        return judge_messages(text, group.reask, reply_form(len(labels)), escape=self.escape), labels
 
-    def build(self, group: GroupRequest) -> RMInput:  # type: ignore[override]
+    def build(self, group: GroupRequest) -> RMInput:
         messages, labels = self.messages(group)
+        if self.rm_tokenizer is None:  # at an endpoint, no checkpoint here: the server renders them, counts the rest
+            return RMInput(None, schema=reply_schema(len(labels)), messages=messages)
         ids = chat_ids(messages, self.rm_tokenizer)
         if self.room is not None and len(ids) > self.room:
             error = long_group_error(group, len(ids), self.max_length, self.config.judge_max_tokens)
@@ -241,10 +242,14 @@ class GroupJudgeKind(OutcomeKind):
                 self._warned_long = True
                 logger.error("%s", error)
             raise error
-        return RMInput(ids, schema=reply_schema(len(labels)))
+        return RMInput(ids, schema=reply_schema(len(labels)), messages=messages)
 
-    def read(self, group: GroupRequest, value: Any, built: RMInput) -> ScoreResult:  # type: ignore[override]
-        where = f"group judge {self.config.model_path}: {group.uid}: "
+    def read(self, group: GroupRequest, value: Generated, built: RMInput) -> ScoreResult:
+        where = f"group judge {self.config.model_path or self.config.endpoint}: {group.uid}: "
+        try:
+            check_whole(value, self.config.judge_max_tokens, where)
+        except JudgeVerdictError as err:
+            return err
         labels = member_labels(group, self.config.judge_seed)
         return group_verdict(group, labels, value.text, self.config.judge_scale, where)
 

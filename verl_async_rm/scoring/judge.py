@@ -21,14 +21,15 @@ from typing import Any
 
 from verl_async_rm.errors import ConfigValueError, JudgeVerdictError, RewardInputError
 from verl_async_rm.request import RMRequest, ScoreResult, Verdict
-from verl_async_rm.scoring.engine import check_rows, differs
+from verl_async_rm.scoring.engine import Generated, check_rows, differs
 from verl_async_rm.scoring.inputs import check_token_ids, dedup_bos, strip_trailing
-from verl_async_rm.scoring.markup import escape_tags, hide_markup, map_strings, markup_ids
+from verl_async_rm.scoring.markup import escape_tags, map_strings, markup_ids
 from verl_async_rm.scoring.outcome import OutcomeKind, RMInput
 
 __all__ = ["JudgeLogitsKind", "JudgeGenerateKind", "Verdict", "compile_prompt", "compile_pattern", "judge_text",
            "response_text", "as_content", "prompt_values", "judge_messages", "verdict_form", "judge_input_ids",
-           "chat_ids", "last_user_text", "parse_verdict", "judge_token_ids", "final_norm", "VERDICT_CHARS"]
+           "chat_ids", "last_user_text", "parse_verdict", "judge_token_ids", "final_norm", "VERDICT_CHARS",
+           "check_whole"]
 
 # each part between tags of its own: a response cannot write the reference's section or another part's
 # (as_content escapes those tags in it), and the instruction comes last, where the judge reads it before it answers
@@ -239,13 +240,13 @@ class JudgeLogitsKind(OutcomeKind):
         if cls.readout == "generate":
             compile_pattern(config.judge_pattern)
 
-    def __init__(self, config: Any, rm_tokenizer: Any, text_config: Any, vocab_size: int) -> None:
+    def __init__(self, config: Any, rm_tokenizer: Any, text_config: Any, vocab_size: int | None) -> None:
         super().__init__(config, rm_tokenizer, text_config, vocab_size)
         self.suffix_ids = []
         self.template = compile_prompt(config.judge_prompt)
         self.room = self.max_length  # the input's tokens at most
 
-    def hf_readout(self, model: Any) -> dict[str, Any]:
+    def transformers_readout(self, model: Any) -> dict[str, Any]:
         import inspect
 
         from verl_async_rm.scoring.readout import JudgeLogits
@@ -258,11 +259,10 @@ class JudgeLogitsKind(OutcomeKind):
 
     def messages(self, request: RMRequest) -> list[dict[str, str]]:
         """The judge's conversation for ``request`` (:func:`judge_messages`; a re-ask is a generate judge's), its
-        content hidden for the judge's tokenizer (:func:`~.markup.hide_markup`)."""
-        hide = functools.partial(hide_markup, tokenizer=self.rm_tokenizer)
+        its values escaped (:attr:`~.outcome.Kind.escape`)."""
         text = judge_text(request, template=self.template, policy_tokenizer=self.policy_tokenizer,
-                          response_stop_ids=self.response_stop_ids, id_limit=self.policy_id_limit, escape=hide)
-        return judge_messages(text, request.reask, self.form, escape=hide)
+                          response_stop_ids=self.response_stop_ids, id_limit=self.policy_id_limit, escape=self.escape)
+        return judge_messages(text, request.reask, self.form, escape=self.escape)
 
     @property
     def form(self) -> str:
@@ -270,8 +270,11 @@ class JudgeLogitsKind(OutcomeKind):
         return ""
 
     def build(self, request: RMRequest) -> RMInput:
-        return RMInput(judge_input_ids(self.messages(request), f"trajectory {request.uid}",
-                                       tokenizer=self.rm_tokenizer, max_length=self.room))
+        messages = self.messages(request)
+        if self.rm_tokenizer is None:  # at an endpoint, no checkpoint here: the server renders them
+            return RMInput(None, messages=messages)
+        return RMInput(judge_input_ids(messages, f"trajectory {request.uid}", tokenizer=self.rm_tokenizer,
+                                       max_length=self.room), messages=messages)
 
     def verify(self, engine: Any) -> None:
         """The readout (final norm, judge tokens' LM-head rows) must give what the model's own next-token logits
@@ -305,9 +308,9 @@ class JudgeGenerateKind(JudgeLogitsKind):
     readout = "generate"
     needs_vllm = True
 
-    def __init__(self, config: Any, rm_tokenizer: Any, text_config: Any, vocab_size: int) -> None:
+    def __init__(self, config: Any, rm_tokenizer: Any, text_config: Any, vocab_size: int | None) -> None:
         super().__init__(config, rm_tokenizer, text_config, vocab_size)
-        self.head_name = "vLLM generate -> judge_pattern"
+        self.head_name = "generate -> judge_pattern"
         self.pattern = compile_pattern(config.judge_pattern)
         self.labels = dict(config.judge_labels or ())
         if self.max_length is not None and self.max_length <= config.judge_max_tokens:
@@ -322,12 +325,25 @@ class JudgeGenerateKind(JudgeLogitsKind):
     def form(self) -> str:
         return verdict_form(self.pattern, self.labels)
 
-    def read(self, request: RMRequest, value: Any, built: RMInput) -> ScoreResult:
-        where = f"judge {self.config.model_path}: trajectory {request.uid}: "
+    def read(self, request: RMRequest, value: Generated, built: RMInput) -> ScoreResult:
+        where = f"judge {self.config.model_path or self.config.endpoint}: trajectory {request.uid}: "
         try:
+            check_whole(value, self.config.judge_max_tokens, where)
             return Verdict(parse_verdict(value.text, self.pattern, self.labels, where), value.text[-VERDICT_CHARS:])
         except JudgeVerdictError as err:
             return err
+
+
+def check_whole(reply: Generated, max_tokens: int, where: str) -> None:
+    """``JudgeVerdictError`` (its ``reply`` and ``reason`` set, so the judge may be asked again) when ``reply`` stopped
+    at its token limit: a cut reply is never read (it may end in the middle of its verdict, or hold only an example
+    the judge echoed)."""
+    if reply.finish_reason == "length":
+        reason = (f"it was cut at the limit of judge_max_tokens={max_tokens} tokens before it ended; answer "
+                  "shorter")
+        raise JudgeVerdictError(f"{where}the judge's reply was cut at judge_max_tokens={max_tokens} (raise "
+                                f"judge_max_tokens, or ask for a shorter reply in judge_prompt); its end: "
+                                f"{reply.text[-200:]!r}", reply=reply.text, reason=reason)
 
 
 def judge_token_ids(tokenizer: Any, strings: Sequence[str], vocab_size: int, path: str) -> list[int]:

@@ -52,7 +52,7 @@ class ProcessKind(OutcomeKind):
                 "step token (one special token of its vocabulary, e.g. '<extra_0>' for Qwen2.5-Math-PRM)")
         self.separator_id = int(ids[0])
 
-    def hf_readout(self, model: Any) -> dict[str, Any]:
+    def transformers_readout(self, model: Any) -> dict[str, Any]:
         self.head_name, head = find_head(model, self.config.score_head)
         labels, index = int(model.config.num_labels), self.config.process_label_index
         if not 0 <= index < labels:

@@ -12,7 +12,7 @@ import torch
 
 from verl_async_rm.errors import ConfigValueError, RewardModelError
 
-__all__ = ["last_token_logits", "reduce_outputs", "read_index", "per_token_logits", "field_scores",
+__all__ = ["last_token_logits", "reduce_outputs", "reduce_row", "read_index", "per_token_logits", "field_scores",
            "check_output_field", "JudgeLogits"]
 
 
@@ -24,11 +24,22 @@ def last_token_logits(per_token: torch.Tensor, attention_mask: torch.Tensor) -> 
 
 
 def reduce_outputs(logits: torch.Tensor, reduction: str, index: int) -> torch.Tensor:
-    """One score per row from ``(B, L)`` head outputs: ``logits[:, index]`` or a reduction over ``L`` (float32)."""
-    logits = logits.float()
+    """One score per row from ``(B, L)`` head outputs: ``logits[:, index]`` or a reduction over ``L`` (float32, or
+    float64 for float64 outputs: the lists of an engine that returns them)."""
+    logits = logits if logits.dtype == torch.float64 else logits.float()
     if reduction == "index":
         return logits[:, index]
     return {"mean": torch.mean, "sum": torch.sum, "max": torch.amax, "min": torch.amin}[reduction](logits, dim=-1)
+
+
+def reduce_row(values: Sequence[float], reduction: str, index: int) -> float:
+    """One row's score from its head outputs, by :func:`reduce_outputs` (engines that return lists: vLLM, an
+    endpoint). ``ValueError`` when there is no output, or none at ``index``."""
+    if not values:
+        raise ValueError("the RM returned no output for the row")
+    if reduction == "index" and not -len(values) <= index < len(values):
+        raise ValueError(f"the RM returned {len(values)} output(s), no score_index={index}")
+    return float(reduce_outputs(torch.tensor([list(values)], dtype=torch.float64), reduction, index)[0])
 
 
 def read_index(reads: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:

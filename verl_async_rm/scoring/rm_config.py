@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 
+from verl_async_rm.endpoint_urls import check_endpoints
 from verl_async_rm.errors import ConfigValueError
 from verl_async_rm.options import check_options, option
 from verl_async_rm.scoring import vllm_engine
@@ -25,12 +26,12 @@ KINDS: dict[tuple[str, str | None], type[OutcomeKind]] = {
     ("judge", "generate"): JudgeGenerateKind, ("group_judge", None): GroupJudgeKind}
 #: The kinds that ask a causal LM (the judge_* keys).
 JUDGE_KINDS = ("judge", "group_judge")
-_JUDGE_KEYS = ("judge_prompt", "judge_tokens", "judge_pattern", "judge_labels", "judge_readout")
+_JUDGE_KEYS = ("judge_prompt", "judge_tokens", "judge_pattern", "judge_labels", "judge_readout", "judge_request_extra")
 #: Keys only a group judge reads.
 _GROUP_KEYS = ("judge_scale", "judge_seed", "group_wait_s")
 #: Keys that only some kinds read: an extra RM of another kind than the main one does not take them from the top.
 KIND_KEYS = ("score_index", "score_reduction", "score_head", "score_output_field", *_JUDGE_KEYS, "judge_max_tokens",
-             "judge_retries", *_GROUP_KEYS, "step_delimiter", "step_separator", "process_label_index",
+             "judge_retries", "judge_temperature", *_GROUP_KEYS, "step_delimiter", "step_separator", "process_label_index",
              "process_reduction")
 _POOL_FIX = "set {key} to a positive integer (one RM replica on one GPU: n_gpus_per_node=1, nnodes=1)"
 _SECONDS = {"above": 0, "why": "must be a positive number of seconds", "fix": "set {key}=300"}
@@ -82,7 +83,7 @@ class RMConfig:
         choices=("outcome", "process", "judge", "group_judge"), why="unknown kind")
     judge_prompt: str | None = option(
         None, "Judges: Jinja with prompt, response, messages, ground_truth, the user turn of the judge's chat "
-        "template (group judges: responses, the group's responses each under a label [1], [2], ..., instead of "
+        "template (group judges: responses, the group's responses each in a block <response label='n'>, instead of "
         "response). None: a yes/no question (logits), a 0-10 grade ending 'Verdict: <n>' (generate), a 0-10 grade "
         "per label as a JSON object (group_judge).",
         str, optional=True, fix="write it in Jinja, e.g. 'Question: {{ prompt }} Answer: {{ response }} Correct?'")
@@ -131,10 +132,11 @@ class RMConfig:
         "each step's score on the response token where it ends, their sum the trajectory's score.",
         choices=("min", "mean", "last", "product", "none"), why="unknown reduction")
     engine: str = option(
-        "hf", "What runs the forwards: 'hf' (transformers) or 'vllm' (a vLLM pooling engine in each replica, outcome "
+        "transformers", "What runs the forwards: 'transformers' or 'vllm' (a vLLM pooling engine in each replica, outcome "
         "RMs, tensor parallel over gpus_per_replica GPUs, checked against transformers at load). Judges that write "
         "run on vLLM.",
-        choices=("hf", "vllm"), why="unknown engine", fix="use 'hf', or 'vllm' (checked against transformers at load)")
+        choices=("transformers", "vllm"), why="unknown engine",
+        fix="use 'transformers', or 'vllm' (checked against transformers at load)")
     micro_batch_max_tokens: int = option(
         16384, "Token budget of one forward: rows x longest row padded, real tokens packed (a shared prompt once).",
         least=1, why="must be a positive integer",
@@ -186,10 +188,24 @@ class RMConfig:
         None, "A remote RM: most tokens per minute over the whole job (each request's prompt and max output "
         "tokens reserved, reconciled with the usage the server reports). None: no limit.", float, optional=True,
         above=0, fix="set the provider's tokens/min limit, e.g. 200000")
+    attempt_timeout_s: float = option(
+        300.0, "A remote RM: longest one HTTP attempt may take; past it the endpoint counts a failure and the request "
+        "is retried (on another endpoint where there is one) within request_timeout_s.", **_SECONDS)
+    max_retry_after_s: float = option(
+        60.0, "A remote RM: the longest Retry-After honoured (a longer one is read as this).", least=0,
+        fix="set e.g. {key}=60")
     judge_retries: int = option(
-        0, "Judges that write (judge_readout='generate', group_judge): times a reply that does not read is asked for "
-        "again (greedy, with the reply and why it did not read added to the judge's conversation) before the "
-        "trajectory, or the group, fails.", least=0, fix="use 0 (fail at once) or a small count such as 2")
+        0, "Judges that write (judge_readout='generate', group_judge): times a reply that does not read, or was cut "
+        "at judge_max_tokens, is asked for again (its conversation with that reply and why it did not read added) "
+        "before the trajectory, or the group, fails.", least=0, fix="use 0 (fail at once) or a small count such as 2")
+    judge_temperature: float | None = option(
+        0.0, "Judges that write: the sampling temperature (0: greedy, the same answer to the same conversation). "
+        "None: none sent (the engine's or server's default; hosted reasoning models refuse a temperature).", float,
+        optional=True, least=0, fix="use 0 (greedy), or None to send none")
+    judge_request_extra: str | None = option(
+        None, "A remote judge: a mapping merged into each chat-completions request's body, for what a provider "
+        "needs (e.g. {reasoning_effort: low}); the verdict is read from the reply's content, never its reasoning.",
+        object, optional=True, fix="e.g. '+async_rm.judge_request_extra={reasoning_effort: low}'")
     kind_given: bool = field(default=False, metadata={"internal": True, "help": (
         "Whether the user set reward_kind (a process RM's checkpoint is read as an outcome RM only if they did).")})
     placement: str = field(default="own_pool", metadata={"internal": True, "help": (
@@ -228,6 +244,9 @@ class RMConfig:
             raise ConfigValueError(key, getattr(self, key), f"it is read only by judge RMs, and reward_kind is "
                                    f"{self.reward_kind!r}", "set reward_kind='judge', or remove the key")
         defaults = {f.name: f.default for f in fields(self)}
+        if self.reward_kind not in JUDGE_KINDS and self.judge_temperature != defaults["judge_temperature"]:
+            raise ConfigValueError("judge_temperature", self.judge_temperature, "it is read only by judges that write, "
+                                   f"and reward_kind is {self.reward_kind!r}", "remove it")
         if self.reward_kind != "group_judge" and (key := next((k for k in _GROUP_KEYS
                                                                if getattr(self, k) != defaults[k]), None)) is not None:
             raise ConfigValueError(key, getattr(self, key), f"it is read only by group judges, and reward_kind is "
@@ -238,7 +257,8 @@ class RMConfig:
         if self.endpoint is not None:
             _check_remote(self)
         else:
-            if (key := next((k for k in REMOTE_ONLY_KEYS if getattr(self, k) is not None), None)) is not None:
+            if (key := next((k for k in (*REMOTE_ONLY_KEYS, *_REMOTE_DEFAULTED) if getattr(self, k) is not None
+                             and getattr(self, k) != defaults[k]), None)) is not None:
                 raise ConfigValueError(key, getattr(self, key), "it only means something for an RM served at an "
                                        "endpoint, and this RM is loaded from model_path", "remove it, or set "
                                        "endpoint to the URL of the server that serves this RM")
@@ -267,6 +287,16 @@ class RMConfig:
     def remote(self) -> bool:
         """True when a server elsewhere scores (``endpoint``): no replica, no pool."""
         return self.endpoint is not None
+
+    @property
+    def own_pool(self) -> bool:
+        """True when the plugin places the replicas on a reward pool of their own."""
+        return self.endpoint is None and self.placement == "own_pool"
+
+    @property
+    def sleeps(self) -> bool:
+        """True when the replicas share the policy's GPUs and sleep while it trains."""
+        return self.endpoint is None and self.placement == "policy_pool"
 
     @property
     def token_level(self) -> bool:
@@ -301,15 +331,15 @@ def kind_class(config: RMConfig) -> type[OutcomeKind]:
 
 #: Settings that only mean something for an RM the plugin loads, with their defaults: refused with ``endpoint``.
 #: Keys of an RM served at an endpoint, refused for one the plugin loads (and the reverse below).
-REMOTE_ONLY_KEYS = ("endpoint_model", "api_key_env", "max_concurrency", "max_rpm", "max_tpm")
-LOADED_ONLY_KEYS = ("engine", "dtype", "attn_implementation", "trust_remote_code", "micro_batch_max_tokens", "packing",
-                "share_prompts", "gpus_per_replica", "score_head", "score_output_field")
+REMOTE_ONLY_KEYS = ("endpoint_model", "api_key_env", "max_concurrency", "max_rpm", "max_tpm", "judge_request_extra")
+#: Keys of a remote RM that have a default: refused for a loaded RM when they differ from it.
+_REMOTE_DEFAULTED = ("attempt_timeout_s", "max_retry_after_s")
+LOADED_ONLY_KEYS = ("engine", "dtype", "attn_implementation", "micro_batch_max_tokens", "packing", "share_prompts",
+                    "gpus_per_replica", "score_head", "score_output_field")
 
 
 def _check_remote(config: RMConfig) -> None:
     """``endpoint``: the URLs checked, settings of a loaded RM refused, the limits able to send one request."""
-    from verl_async_rm.remote.endpoints import check_endpoints
-
     object.__setattr__(config, "endpoint", check_endpoints(config.endpoint, "endpoint"))
     defaults = {f.name: f.default for f in fields(config)}
     for key in LOADED_ONLY_KEYS:
@@ -317,6 +347,13 @@ def _check_remote(config: RMConfig) -> None:
             raise ConfigValueError(key, getattr(config, key), "it only means something for an RM the plugin loads "
                                    "itself, and this RM is served at endpoint", "remove it (the server's own settings "
                                    "decide), or remove endpoint to load the RM from model_path")
+    if config.trust_remote_code and not config.model_path:
+        raise ConfigValueError("trust_remote_code", True, "it runs the code of the checkpoint at model_path, and this "
+                               "RM served at endpoint has none here", "remove it, or set model_path to the checkpoint "
+                               "the server serves")
+    if config.retemplate == "never" and not config.model_path:
+        raise ConfigValueError("retemplate", "never", "without the served checkpoint here (model_path) the server "
+                               "renders the conversation itself", "remove it, or set model_path")
     if config.reward_kind == "process":
         raise ConfigValueError("reward_kind", "process", "a process RM is read at each step's separator token, which "
                                "no OpenAI-compatible API returns", "load it with the plugin's replicas (remove "

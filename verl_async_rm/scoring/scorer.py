@@ -3,7 +3,6 @@ benchmarks."""
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import logging
 import os
@@ -13,16 +12,17 @@ from typing import Any
 
 import torch
 
-from verl_async_rm.errors import JudgeVerdictError, RewardInputError, RewardModelError
+from verl_async_rm.errors import RewardModelError
 from verl_async_rm.request import RMRequest, ScoreResult
+from verl_async_rm.scoring.batch import KindBatch, ScorerStats, stat_names
 from verl_async_rm.scoring.checkpoint import check_rm_checkpoint, load_reward_model, load_tokenizer
 from verl_async_rm.scoring.engine import check_rows, differs
-from verl_async_rm.scoring.hf_engine import HFEngine
+from verl_async_rm.scoring.transformers_engine import TransformersEngine
 from verl_async_rm.scoring.offload import Move, WeightOffload
-from verl_async_rm.scoring.outcome import RMInput
 from verl_async_rm.scoring.rm_config import JUDGE_KINDS, RMConfig, kind_class
 from verl_async_rm.scoring.sharding import (WEIGHTS_SHARE, FailureAgreement, ShardGroup, check_same_forward, join_group,
                                             load_sharded, rm_weights_bytes)
+from verl_async_rm.step_counter import StepCounter
 
 logger = logging.getLogger(__name__)
 
@@ -30,31 +30,6 @@ __all__ = ["RewardModelScorer", "ScorerStats", "resolve_dtype"]
 
 #: Lengths of the rows of the vLLM engine's load-time check.
 _CHECK_LENGTHS = (9, 4, 6)
-
-
-@dataclasses.dataclass
-class ScorerStats:
-    """A scorer's counters (:meth:`RewardModelScorer.stats`, per step :meth:`RewardModelScorer.pop_step_stats`)."""
-
-    requests: int = 0
-    failed: int = 0  #: requests that got an error (bad input, NaN/inf score, a forward that failed for them)
-    truncated: int = 0  #: inputs cut to max_length
-    tokens: int = 0  #: RM input tokens built
-    busy_s: float = 0.0  #: seconds inside score()
-    steps_dropped: int | None = None  #: process RMs only: leading steps left unscored (input beyond max_length)
-    judge_tokens: int | None = None  #: judges that write their verdict only: tokens the judge wrote
-    judge_parse_failures: int | None = None  #: judges that write their verdict only: verdicts that did not parse
-
-    @classmethod
-    def zero(cls, kind: str) -> ScorerStats:
-        generate = 0 if kind == "generate" else None
-        return cls(steps_dropped=0 if kind == "process" else None, judge_tokens=generate, judge_parse_failures=generate)
-
-    def add(self, other: ScorerStats) -> None:
-        for f in dataclasses.fields(self):
-            mine, theirs = getattr(self, f.name), getattr(other, f.name)
-            if mine is not None and theirs is not None:
-                setattr(self, f.name, mine + theirs)
 
 
 def resolve_dtype(name: str, on_gpu: bool) -> torch.dtype:
@@ -81,8 +56,8 @@ class RewardModelScorer:
         kind = kind_class(config)
         self.model, self.sharding, agreement = None, {"sharding": "none"}, None
         #: a vLLM pooling RM too large for one device has no transformers reference (see :meth:`_start_vllm`)
-        self.hf_reference = config.engine == "vllm" and not kind.needs_vllm and fits_one_device(config, self.device)
-        if kind.needs_vllm or (config.engine == "vllm" and not self.hf_reference):  # no transformers model at all
+        self.transformers_reference = config.engine == "vllm" and not kind.needs_vllm and fits_one_device(config, self.device)
+        if kind.needs_vllm or (config.engine == "vllm" and not self.transformers_reference):  # no transformers model at all
             from transformers import AutoConfig
 
             model_config = AutoConfig.from_pretrained(config.model_path, trust_remote_code=config.trust_remote_code)
@@ -97,13 +72,13 @@ class RewardModelScorer:
         self.pad_id = next((i for i in (self.rm_tokenizer.pad_token_id, self.rm_tokenizer.eos_token_id)
                             if i is not None), 0)
         self.engine: Any = None
-        self.engine_reason = "engine='hf'"
+        self.engine_reason = "engine='transformers'"
         if self.model is not None:
-            readout = self.kind.hf_readout(self.model)
+            readout = self.kind.transformers_readout(self.model)
             text_config = _text_config(self.model.config)
             if readout["head"] is not None and getattr(text_config, "pad_token_id", None) is None:
                 text_config.pad_token_id = self.pad_id  # HF refuses batches > 1 without one; scores are read by mask
-            self.engine = HFEngine(self.model, device=self.device, pad_id=self.pad_id, packing=config.packing,
+            self.engine = TransformersEngine(self.model, device=self.device, pad_id=self.pad_id, packing=config.packing,
                                    score_reduction=config.score_reduction, score_index=config.score_index,
                                    share_prompts=config.share_prompts, on_failure=agreement, **readout)
             if shard is not None:
@@ -111,7 +86,7 @@ class RewardModelScorer:
             self.kind.verify(self.engine)
         if config.engine == "vllm" or kind.needs_vllm:
             self._start_vllm()
-        self._stats, self._step = ScorerStats.zero(self._kind_key()), ScorerStats.zero(self._kind_key())
+        self._counts = StepCounter(stat_names(config))
         self._warned_truncation = False
         self._offloader: WeightOffload | None = None  # made at the first sleep (placement='policy_pool')
         logger.info("RM %s (%s) loaded on %s (%s, head=%s, max_length=%s, retemplate=%s, forwards %s%s)",
@@ -149,12 +124,12 @@ class RewardModelScorer:
         rows = check_rows(self.kind.vocab_size, _CHECK_LENGTHS)
         reference = None
         pooling = self.config.engine == "vllm" and not self.kind.needs_vllm
-        key, value, fix = (("engine", "vllm", "use engine='hf'") if pooling else
+        key, value, fix = (("engine", "vllm", "use engine='transformers'") if pooling else
                            ("reward_kind", "group_judge", "serve the judge at an endpoint (endpoint)")
                            if self.config.reward_kind == "group_judge" else
                            ("judge_readout", "generate", "use judge_readout='logits'"))
         where = f"{key}={value!r} for the RM at {self.config.model_path}"
-        if not self.hf_reference and pooling:
+        if not self.transformers_reference and pooling:
             self.kind.head_name = "vLLM pooling (the model's classification head)"
         if self.engine is not None:
             if self.kind.head_name != "score":
@@ -193,7 +168,7 @@ class RewardModelScorer:
             self.engine_reason = f"{key}={value!r} (vLLM {vllm_version()})"
         else:
             diff = max(abs(a - b) for a, b in zip(got, reference, strict=True))
-            checked = (f"as transformers within {diff:.2g}" if self.hf_reference else f"finite and alike batched and "
+            checked = (f"as transformers within {diff:.2g}" if self.transformers_reference else f"finite and alike batched and "
                        f"alone (within {diff:.2g}); no transformers reference: the weights exceed one device")
             self.engine_reason = f"vLLM {vllm_version()} scores the {len(rows)} load-time check inputs {checked}"
         logger.info("RM %s: engine vllm (%s; started in %.1f s)", self.config.model_path, self.engine_reason,
@@ -208,43 +183,18 @@ class RewardModelScorer:
         """One entry per request: its :data:`~verl_async_rm.request.Score`, or the error that kept that request from
         being scored; a bad request fails only its own entry, the call itself does not raise."""
         start = time.perf_counter()
-        results: list[ScoreResult | None] = [None] * len(requests)
-        built: list[RMInput] = []
-        owners: list[int] = []
-        for i, request in enumerate(requests):
-            try:
-                built.append(self.kind.build(request))
-                owners.append(i)
-            except RewardInputError as err:
-                results[i] = err
-            except Exception as err:  # a tokenizer or template failure belongs to this item only
-                results[i] = RewardInputError(f"trajectory {request.uid}: cannot build RM input: {err!r}")
-                results[i].__cause__ = err
-        reads = [b.reads for b in built] if built and built[0].reads is not None else None
-        schemas = {"schemas": [b.schema for b in built]} if any(b.schema is not None for b in built) else {}
-        raws = self.engine.score_all([b.ids for b in built], self.config.micro_batch_max_tokens,
-                                     [requests[i].group for i in owners], reads, **schemas)
-        step = ScorerStats.zero(self._kind_key())
-        for i, b, raw in zip(owners, built, raws, strict=True):
-            results[i] = raw if isinstance(raw, Exception) else self.kind.read(requests[i], raw, b)
-            if step.judge_tokens is not None and not isinstance(raw, Exception):
-                step.judge_tokens += raw.tokens
-        step.requests, step.failed = len(requests), sum(isinstance(r, Exception) for r in results)
-        step.truncated, step.tokens = sum(b.truncated for b in built), sum(len(b.ids) for b in built)
-        step.busy_s = time.perf_counter() - start
-        if step.steps_dropped is not None:
-            step.steps_dropped = sum(b.dropped for b in built)
-            if step.steps_dropped:
-                logger.warning("process RM: %d leading step(s) left unscored: their input exceeded max_length=%s "
-                               "even without the prompt", step.steps_dropped, self.kind.max_length)
-        if step.judge_parse_failures is not None:
-            step.judge_parse_failures = sum(isinstance(r, JudgeVerdictError) for r in results)
-        if step.truncated and not self._warned_truncation:
+        batch = KindBatch(self.kind, requests)
+        reads = [b.reads for b in batch.inputs] if batch.inputs and batch.inputs[0].reads is not None else None
+        schemas = {"schemas": [b.schema for b in batch.inputs]} if any(b.schema is not None for b in batch.inputs) \
+            else {}
+        raws = self.engine.score_all([b.ids for b in batch.inputs], self.config.micro_batch_max_tokens, batch.groups,
+                                     reads, **schemas)
+        results, counts = batch.read(raws)
+        self._counts.add_all({**counts, "busy_s": time.perf_counter() - start})
+        if counts["truncated"] and not self._warned_truncation:
             self._warned_truncation = True
             logger.warning("RM inputs longer than max_length=%s are being truncated (prompt start cut, response end "
                            "kept); see stats().truncated", self.kind.max_length)
-        self._stats.add(step)
-        self._step.add(step)
         return results
 
     def forward_ids(self, batch: Sequence[Sequence[int]]) -> torch.Tensor:
@@ -256,7 +206,7 @@ class RewardModelScorer:
         return {
             "device": str(self.device), "dtype": str(self.dtype), "retemplate": self.kind.retemplate,
             "max_length": self.kind.max_length, "num_labels": self.num_labels,
-            "engine": "hf" if isinstance(self.engine, HFEngine) else "vllm", "engine_reason": self.engine_reason,
+            "engine": "transformers" if isinstance(self.engine, TransformersEngine) else "vllm", "engine_reason": self.engine_reason,
             **({"judge_readout": self.config.judge_readout} if self.config.reward_kind in JUDGE_KINDS else {}),
             **self.sharding, **self.engine.describe()}
 
@@ -282,19 +232,16 @@ class RewardModelScorer:
         return self._offloader
 
     def stats(self) -> ScorerStats:
-        """Counters since load (a copy)."""
-        return dataclasses.replace(self._stats)
+        """Counters since load."""
+        return ScorerStats(**self._counts.totals())
 
     def pop_step_stats(self) -> ScorerStats:
         """Counters since the last call (one training step); truncations are logged here, once; then reset."""
-        step, self._step = self._step, ScorerStats.zero(self._kind_key())
+        step = ScorerStats(**self._counts.pop())
         if step.truncated:
             logger.warning("RM step: %d of %d inputs truncated to max_length=%s (prompt start cut, response end "
                            "kept); %d failed", step.truncated, step.requests, self.kind.max_length, step.failed)
         return step
-
-    def _kind_key(self) -> str:
-        return "generate" if self.config.writes else self.config.reward_kind
 
 
 def fits_one_device(config: RMConfig, device: torch.device) -> bool:

@@ -105,7 +105,7 @@ class FailureAgreement:
 
 
 def check_same_forward(describe: dict[str, Any]) -> None:
-    """Refuse ranks that chose different forward paths at load (``describe``: this rank's ``HFEngine.describe()``):
+    """Refuse ranks that chose different forward paths at load (``describe``: this rank's ``TransformersEngine.describe()``):
     they would issue different collectives. Every rank calls it; every rank raises alike."""
     views: list[Any] = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(views, {k: v for k, v in describe.items() if not k.endswith("_reason")})
@@ -207,7 +207,7 @@ def check_replica_memory(config: Any, device_bytes: int) -> None:
         return
     fits = [d for d in range(need, per_node + 1) if per_node % d == 0]
     fix = (f"set {{key}}={fits[0]}" if fits else
-           f"the RM needs {need} GPUs of this kind per replica, all on one node, and the pool's nodes have "
+           f"the RM needs {need} GPUs of this type per replica, all on one node, and the pool's nodes have "
            f"n_gpus_per_node={per_node}: give the pool nodes of at least {need} GPUs (n_gpus_per_node a multiple of "
            f"{need}), or GPUs with more memory")
     raise ConfigValueError(

@@ -11,15 +11,15 @@ import logging
 import os
 import time
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from verl_async_rm.errors import ConfigValueError, EngineDeadError, RewardModelError
-from verl_async_rm.scoring.engine import Engine, Row
+from verl_async_rm.scoring.engine import Engine, Generated, Row
+from verl_async_rm.scoring.readout import reduce_row
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["VLLMEngine", "Generated", "check", "unsupported", "vllm_version", "cpu_binding"]
+__all__ = ["VLLMEngine", "check", "unsupported", "vllm_version", "cpu_binding"]
 
 #: GPU memory share of a vLLM replica's engine (the replica's GPUs are its own).
 GPU_MEMORY_UTILIZATION = 0.85
@@ -82,7 +82,7 @@ def check(config: Any) -> None:
     elif generate:
         key, fix = "judge_readout", "use judge_readout='logits' (+async_rm.judge_readout=logits)"
     else:
-        key, fix = "engine", "use engine='hf' (+async_rm.engine=hf)"
+        key, fix = "engine", "use engine='transformers' (+async_rm.engine=transformers)"
     reason = unsupported(config)
     if reason is None and generate:
         import importlib.util
@@ -94,14 +94,6 @@ def check(config: Any) -> None:
         if config.placement == "policy_pool":
             fix += ", or give the RM its own pool (reward.reward_model.enable_resource_pool=True)"
         raise ConfigValueError(key, getattr(config, key), reason, fix)
-
-
-@dataclass(frozen=True)
-class Generated:
-    """What a ``generate`` engine wrote for one row: the text and how many tokens it took."""
-
-    text: str
-    tokens: int
 
 
 class VLLMEngine(Engine):
@@ -200,14 +192,14 @@ class VLLMEngine(Engine):
             if self.generate:
                 params = [self._sampling(schema) for _, _, schema in rows]
                 outputs = self.llm.generate(prompts, params, use_tqdm=False)
-                return [Generated(o.outputs[0].text, len(o.outputs[0].token_ids)) for o in outputs]
+                return [Generated(o.outputs[0].text, len(o.outputs[0].token_ids), o.outputs[0].finish_reason)
+                        for o in outputs]
             outputs = self.llm.classify(prompts, pooling_params=self._params, use_tqdm=False)
         except Exception as err:
             if _engine_dead(err):
                 raise EngineDeadError(f"the vLLM engine of this replica died: {err!r}") from err
             raise
-        return [_reduce(list(o.outputs.probs), self.config.score_reduction, self.config.score_index)
-                for o in outputs]
+        return [reduce_row(o.outputs.probs, self.config.score_reduction, self.config.score_index) for o in outputs]
 
     def _failed(self, rows: list[Row], err: Exception) -> list[Any] | None:
         if isinstance(err, EngineDeadError):
@@ -219,13 +211,6 @@ class VLLMEngine(Engine):
                 raise EngineDeadError(f"the vLLM engine of this replica fails on a known-good input too "
                                       f"({probe!r}), after {err!r}") from probe
         return None
-
-
-def _reduce(values: list[float], reduction: str, index: int) -> float:
-    """One score from a row's head outputs, as transformers' :func:`~.readout.reduce_outputs` does."""
-    if reduction == "index":
-        return float(values[index])
-    return float({"mean": lambda v: sum(v) / len(v), "sum": sum, "max": max, "min": min}[reduction](values))
 
 
 def _engine_dead(err: BaseException) -> bool:

@@ -2,9 +2,9 @@
 
 A batch leaves only for a free replica (work-conserving), when ``max_batch_size`` requests or ``max_batch_tokens``
 tokens wait, the OLDEST has waited ``max_wait_ms``, or a flush covers it (:mod:`.batching`); batches group similar
-lengths. Every request resolves exactly once. ``batch_fn(items, replica)`` returns one result or ``Exception`` per
-item; what it raises fails the batch, except :class:`ReplicaLostError`: the batch goes back to the queue, the replica
-is replaced."""
+lengths. Every request resolves exactly once. ``batch_fn(items, replica, deadline)`` returns one result per item
+(an item's error is a value like any result, resolved as it is); what it raises fails the batch, except
+:class:`ReplicaLostError`: the batch goes back to the queue, the replica is replaced."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import operator
 from collections import Counter, deque
 from collections.abc import Awaitable, Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 from verl_async_rm.errors import (BatcherClosedError, BatcherCrashedError, BatchResultError, NoReplicasError,
                                   ReplicaLostError, RequestTimeoutError)
@@ -28,21 +28,26 @@ logger = logging.getLogger(__name__)
 
 REPLICA_STATES = ("free", "busy", "timed_out", "replacing", "lost")
 
-#: ``async batch_fn(items, replica) -> list``: one result or ``Exception`` instance per item, in order.
-BatchFn = Callable[[list[Any], Any], Awaitable[list[Any]]]
+ItemT = TypeVar("ItemT")
+ResultT = TypeVar("ResultT")
+#: ``async batch_fn(items, replica, deadline) -> list``: one result per item, in order (an error for one item is a
+#: value too). ``deadline``: the loop time by which every item of the batch has timed out (``math.inf``: one has no
+#: deadline); work past it is wasted.
+BatchFn = Callable[[list[ItemT], Any, float], Awaitable[Sequence[ResultT]]]
 #: ``async replace(old_replica, index) -> new replica``; raises if it cannot.
 ReplaceFn = Callable[[Any, int], Awaitable[Any]]
 
 
-class Batcher:
+class Batcher(Generic[ItemT, ResultT]):
     """Batches single requests onto ``replicas`` (an int N: ``0..N-1``, or objects such as actor handles; see the
     module doc). ``replace_replica`` replaces a lost replica, else it is retired; with none left requests fail with
     :class:`NoReplicasError`. Binds to the event loop of its first ``submit``."""
 
-    def __init__(self, batch_fn: BatchFn, policy: BatchPolicy | None = None, *, replicas: int | Sequence[Any] = 1,
+    def __init__(self, batch_fn: BatchFn[ItemT, ResultT], policy: BatchPolicy | None = None, *, replicas: int | Sequence[Any] = 1,
                  name: str = "batcher", replace_replica: ReplaceFn | None = None) -> None:
         if not callable(batch_fn):
-            raise TypeError(f"batch_fn must be an async callable `(items, replica) -> list`, got {batch_fn!r}")
+            raise TypeError(f"batch_fn must be an async callable `(items, replica, deadline) -> list`, got "
+                            f"{batch_fn!r}")
         if isinstance(replicas, bool) or not isinstance(replicas, int | list | tuple) or not replicas or (
                 isinstance(replicas, int) and replicas < 1):
             raise ValueError(f"replicas={replicas!r}: give a count >= 1 or a non-empty list of replicas")
@@ -64,17 +69,18 @@ class Batcher:
         self._task: asyncio.Task | None = None
         self._closed = self._closing = self.paused = False
 
-    async def submit(self, item: Any, *, num_tokens: int | None = None, deadline_s: float | None = None,
-                     group: Any = None) -> Any:
-        """Queue ``item``; return its result or raise its exception. ``num_tokens`` is required with
+    async def submit(self, item: ItemT, *, num_tokens: int | None = None, deadline_s: float | None = None,
+                     group: Any = None) -> ResultT:
+        """Queue ``item``; return its result (an item's error too, as ``batch_fn`` gave it), or raise what kept the
+        batcher from getting one (closed, timed out, its batch failed...). ``num_tokens`` is required with
         ``max_batch_tokens``; ``deadline_s`` (seconds from now, waiting or running; None or ``math.inf``: none; 0 or
         less: passed already, a caller's time left that ran out: the request times out at once, counted as any);
         ``group``: siblings' shared key (default: ``item.group``, as ``RMRequest`` has)."""
         if self._closed:
-            self._stats.rejected += 1
+            self._stats.counts.add("rejected")
             raise BatcherClosedError(f"batcher {self._name!r} is closed; it accepts no new requests")
         if not self.usable:
-            self._stats.rejected += 1
+            self._stats.counts.add("rejected")
             raise self._no_replicas_error()
         if num_tokens is not None:
             if num_tokens.__class__ is not int and (isinstance(num_tokens, bool)
@@ -100,7 +106,7 @@ class Batcher:
         now = loop.time()  # type: ignore[union-attr]
         req = Request(self._seq, item, num_tokens, now, loop.create_future(), deadline_s,  # type: ignore[union-attr]
                       getattr(item, "group", None) if group is None else group)
-        self._stats.submitted += 1
+        self._stats.counts.add("submitted")
         self._stats.last_submit = now
         if deadline_s is not None and deadline_s != math.inf:
             req.timer = loop.call_at(now + deadline_s, self._expire, req)  # type: ignore[union-attr]
@@ -245,7 +251,7 @@ class Batcher:
             wake_at = None
             if free and not self.paused:
                 now = loop.time()  # type: ignore[union-attr]
-                reason, wake_at = queue.next_flush(now)
+                reason, wake_at = queue.departure(now)
                 if reason is not None:
                     self._dispatch(reason, now)
                     continue
@@ -316,10 +322,11 @@ class Batcher:
         results: Any = None
         exc: BaseException | None = None
         try:
-            awaitable = self._batch_fn([req.item for req in batch], self.replicas[index])
+            awaitable = self._batch_fn([req.item for req in batch], self.replicas[index], _deadline(batch))
             if not isinstance(awaitable, Awaitable):
                 raise BatchResultError(f"batch_fn returned {type(awaitable).__name__}, not an awaitable: it must be "
-                                       "`async def batch_fn(items, replica)` (a blocking call stalls every caller)")
+                                       "`async def batch_fn(items, replica, deadline)` (a blocking call stalls every "
+                                       "caller)")
             results = await awaitable
         except asyncio.CancelledError:
             if self._closing:
@@ -338,12 +345,12 @@ class Batcher:
         self._stats.exec_s.add(loop.time() - t0)  # type: ignore[union-attr]
         if exc is None:
             if isinstance(results, list | tuple) and len(results) == len(batch):
-                for req, value in zip(batch, results):  # an Exception instance is that item's error
-                    self._resolve(req, value, value if isinstance(value, Exception) else None)
+                for req, value in zip(batch, results):  # an item's error is its result too
+                    self._resolve(req, value, None)
                 return None
             got = f"{len(results)} results" if isinstance(results, list | tuple) else type(results).__name__
             exc = BatchResultError(f"batch_fn returned {got} for a batch of {len(batch)} items; it must return a "
-                                   "list with one entry per item, in order (a result, or an Exception instance)")
+                                   "list with one entry per item, in order")
         if isinstance(exc, ReplicaLostError):
             self._requeue(batch, exc)
             return exc
@@ -390,7 +397,7 @@ class Batcher:
                 req.requeued += 1
                 again.append(req)
         self._queue.requeue(again)
-        self._stats.requeued += len(again)
+        self._stats.counts.add("requeued", len(again))
         self._changed.set()
 
     def _release(self, index: int) -> None:
@@ -441,18 +448,16 @@ class Batcher:
             req.timer = None
         fut, stats = req.future, self._stats
         if fut.done():  # the caller cancelled
-            stats.cancelled += 1
+            stats.counts.add("cancelled")
             return
         stats.last_result = self._loop.time()  # type: ignore[union-attr]
         if exc is None:
             fut.set_result(value)
-            stats.completed += 1
         else:
             fut.set_exception(exc)
-            if isinstance(exc, RequestTimeoutError):
-                stats.timed_out += 1
-            else:
-                stats.failed += 1
+        error = exc if exc is not None else value if isinstance(value, Exception) else None
+        stats.counts.add("completed" if error is None else "timed_out" if isinstance(error, RequestTimeoutError)
+                         else "failed")
 
     def _unqueue(self, req: Request) -> None:
         if req.state == PENDING:
@@ -483,3 +488,10 @@ class Batcher:
     def _closed_error(self) -> BatcherClosedError:
         return BatcherClosedError(f"batcher {self._name!r} was closed while the request's batch was running")
 
+
+
+def _deadline(batch: Sequence[Request]) -> float:
+    """The loop time by which every request of ``batch`` has timed out (``math.inf`` when one has no deadline)."""
+    if any(req.deadline_s is None for req in batch):
+        return math.inf
+    return max(req.t_submit + req.deadline_s for req in batch)  # type: ignore[operator]

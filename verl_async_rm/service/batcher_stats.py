@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from verl_async_rm.percentiles import Samples, Summary
+from verl_async_rm.step_counter import StepCounter
 
 __all__ = ["BatcherStats", "StepStats", "FLUSH_REASONS"]
 
@@ -21,7 +22,7 @@ _STEP_COUNTS = ("submitted", "completed", "failed", "timed_out", "cancelled", "r
 
 @dataclass(frozen=True)
 class StepStats:
-    """One step's figures (:meth:`Batcher.pop_step_stats`): counters as differences; ``rm_utilization``: batch
+    """One step's stats (:meth:`Batcher.pop_step_stats`): counters as differences; ``rm_utilization``: batch
     time / (replicas x elapsed); ``tail_s``: from the step's last submit to its last result."""
 
     submitted: int = 0
@@ -44,20 +45,20 @@ class StepStats:
 
 
 class BatcherStats:
-    """Counters and samples; each request is counted once as completed, failed, timed out or cancelled."""
+    """Counters (:attr:`counts`, each request counted once as completed, failed, timed out or cancelled) and
+    samples."""
 
     def __init__(self, max_batch_size: int) -> None:
         self.max_batch_size = max_batch_size
-        self.submitted = self.completed = self.failed = self.cancelled = self.timed_out = self.rejected = 0
-        self.batches = self.batched_requests = self.loop_restarts = self.requeued = 0
+        self.counts = StepCounter(_STEP_COUNTS)
+        self.batched_requests = self.loop_restarts = 0
         self.real_tokens = self.padded_tokens = 0
         self.flush_reasons = Counter(dict.fromkeys(FLUSH_REASONS, 0))
         self.batch_size, self.wait_s, self.exec_s = Samples(), Samples(), Samples()
-        self._base = self._counts()
         self.step_t0 = self.last_submit = self.last_result = None
 
     def record_batch(self, size: int, lengths: list[int] | None, reason: str) -> None:
-        self.batches += 1
+        self.counts.add("batches")
         self.batched_requests += size
         self.flush_reasons[reason] += 1
         self.batch_size.add(size)
@@ -66,11 +67,7 @@ class BatcherStats:
             self.real_tokens += real
             self.padded_tokens += max(lengths) * size - real
 
-    def _counts(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in _STEP_COUNTS}
-
     def pop_step(self, replicas: int, now: float | None, usable: int, replaced: int) -> StepStats:
-        counts, base, self._base = self._counts(), self._base, self._counts()
         elapsed_s = 0.0 if now is None or self.step_t0 is None else now - self.step_t0
         if now is not None:
             self.step_t0 = now
@@ -78,7 +75,7 @@ class BatcherStats:
         busy = self.exec_s.pop_step()
         submit, result, self.last_submit, self.last_result = self.last_submit, self.last_result, None, None
         return StepStats(
-            **{name: counts[name] - base[name] for name in _STEP_COUNTS}, wait_ms=self.wait_s.pop_step(),
+            **{name: int(n) for name, n in self.counts.pop().items()}, wait_ms=self.wait_s.pop_step(),
             exec_ms=busy, elapsed_s=elapsed_s,
             tail_s=result - submit if submit is not None and result is not None and result >= submit else None,
             mean_batch_size=mean_size, mean_fill=None if mean_size is None else mean_size / self.max_batch_size,
@@ -86,14 +83,15 @@ class BatcherStats:
             usable_replicas=usable, replaced_replicas_total=replaced)
 
     def snapshot(self, live: dict[str, Any]) -> dict[str, Any]:
-        mean_size = self.batched_requests / self.batches if self.batches else None
+        counts = self.counts.totals()
+        batches = counts["batches"]
+        mean_size = self.batched_requests / batches if batches else None
         padded = self.real_tokens + self.padded_tokens
         return {
-            "submitted": self.submitted, "completed": self.completed, "failed": self.failed,
-            "cancelled": self.cancelled, "timed_out": self.timed_out, "rejected": self.rejected, **live,
-            "batches": self.batches, "batch_size": dataclasses.asdict(self.batch_size.summary(1.0)),
+            **{name: int(counts[name]) for name in _STEP_COUNTS if name not in ("batches", "requeued")}, **live,
+            "batches": int(batches), "batch_size": dataclasses.asdict(self.batch_size.summary(1.0)),
             "mean_fill": None if mean_size is None else mean_size / self.max_batch_size,
             "padding_fraction": self.padded_tokens / padded if padded else None,
             "wait_ms": dataclasses.asdict(self.wait_s.summary()), "exec_ms": dataclasses.asdict(self.exec_s.summary()),
-            "flush_reasons": dict(self.flush_reasons), "loop_restarts": self.loop_restarts, "requeued": self.requeued}
-
+            "flush_reasons": dict(self.flush_reasons), "loop_restarts": self.loop_restarts,
+            "requeued": int(counts["requeued"])}

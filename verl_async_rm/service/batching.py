@@ -128,9 +128,9 @@ class RequestQueue:
     def __len__(self) -> int:
         return len(self.pending)
 
-    def next_flush(self, now: float) -> tuple[str | None, float | None]:
-        """``(reason, None)``: form a batch now; ``(None, t)``: not before loop time ``t`` unless the queue changes;
-        ``(None, None)``: the queue is empty."""
+    def departure(self, now: float) -> tuple[str | None, float | None]:
+        """Why the next batch leaves now (``(reason, None)``, a reason of ``FLUSH_REASONS``), else when to look again:
+        ``(None, t)``: not before loop time ``t`` unless the queue changes; ``(None, None)``: the queue is empty."""
         pending, policy = self.pending, self._policy
         if not pending:
             return None, None

@@ -11,9 +11,8 @@ flowing: each group is judged the moment it is complete.
   late members). Open groups are not judged at a step's end: in verl's async trainer modes the next batch's groups are
   filling then, and in the sync ones no group can be open at a step's end, since its members' trajectories hold the
   step.
-- **Re-asks.** A reply that does not read (:class:`JudgeVerdictError` with the reply) is asked again up to
-  ``retries`` times, the reply and why it did not read added to the judge's conversation; then every member gets the
-  error.
+- **One judging per group.** ``judge`` scores the group (the RM service asks again while a reply does not read);
+  every member gets its own score from the :class:`GroupVerdict`, or the error.
 - **Bounds.** A member waits at most its ``deadline_s`` (``RequestTimeoutError``), and leaves its group then, as a
   member whose caller gives up (cancelled) does; the others are judged without it, as soon as the rest have arrived.
   The judge call runs until the latest deadline of the members it scores. Every member resolves exactly once."""
@@ -21,17 +20,16 @@ flowing: each group is judged the moment it is complete.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from verl_async_rm.errors import AsyncRMError, BatcherClosedError, BatchResultError, JudgeVerdictError, \
-    RequestTimeoutError
+from verl_async_rm.errors import AsyncRMError, BatcherClosedError, BatchResultError, RequestTimeoutError
 from verl_async_rm.percentiles import Samples
 from verl_async_rm.request import GroupRequest, GroupVerdict, RMRequest, ScoreResult, Verdict
 from verl_async_rm.scoring.judge import VERDICT_CHARS
+from verl_async_rm.step_counter import StepCounter
 
 logger = logging.getLogger(__name__)
 
@@ -42,20 +40,20 @@ __all__ = ["GroupGate", "GroupStats", "JudgeFn"]
 JudgeFn = Callable[[GroupRequest, "float | None"], Awaitable[ScoreResult]]
 
 
+_COUNTS = ("requests", "scored", "errors", "groups", "partial")
+
+
 @dataclass
 class GroupStats:
-    """One step's figures of the gate (:meth:`GroupGate.pop_step_stats`): trajectories in and their outcome (each
-    counted once), groups judged (``partial``: with fewer members than their ``group_size``), judge calls (re-asks
-    included) and re-asks, the wait from a group's first member to its judging (seconds), and ``tail_s``: from the
-    step's last trajectory in to its last score out."""
+    """One step's stats of the gate (:meth:`GroupGate.pop_step_stats`): trajectories in and their outcome (each
+    counted once), groups judged (``partial``: with fewer members than their ``group_size``), the wait from a group's
+    first member to its judging (seconds), and ``tail_s``: from the step's last trajectory in to its last score out."""
 
     requests: int = 0
     scored: int = 0
     errors: int = 0
     groups: int = 0
     partial: int = 0
-    calls: int = 0
-    reasks: int = 0
     wait_s: Samples = field(default_factory=Samples)
     last_submit: float | None = None
     last_result: float | None = None
@@ -88,23 +86,26 @@ class GroupGate:
     """Holds the members of each group until it is complete (or ``wait_s`` after its last arrival), then scores it
     with one ``judge`` call (see the module doc). Binds to the event loop of its first :meth:`submit`."""
 
-    def __init__(self, judge: JudgeFn, *, wait_s: float, retries: int = 0, name: str = "group_gate") -> None:
+    def __init__(self, judge: JudgeFn, *, wait_s: float, name: str = "group_gate") -> None:
         if not wait_s > 0:
             raise ValueError(f"wait_s must be > 0 seconds, got {wait_s!r}")
-        self._judge, self._wait_s, self._retries, self._name = judge, float(wait_s), int(retries), name
+        self._judge, self._wait_s, self._name = judge, float(wait_s), name
         self._open: dict[str, _Group] = {}
         self._tasks: set[asyncio.Task] = set()
-        self._step = GroupStats()
+        self._counts = StepCounter(_COUNTS)
+        self._wait = Samples()
+        self._last_submit: float | None = None
+        self._last_result: float | None = None
         self._closed = False
 
     async def submit(self, request: RMRequest, deadline_s: float | None = None) -> ScoreResult:
         """Hold ``request`` until its group is judged: its :class:`Verdict` (the judge's number for its label, over
         ``judge_scale``) or the error that kept it from being scored, as a value. ``deadline_s``: seconds from now
         (None: none)."""
-        step, loop = self._step, asyncio.get_running_loop()
+        loop = asyncio.get_running_loop()
         now = loop.time()
-        step.requests += 1
-        step.last_submit = now
+        self._counts.add("requests")
+        self._last_submit = now
         if self._closed:
             return self._result(BatcherClosedError(f"{self._name}: the RM service is closed; it scores no new "
                                                    "trajectory"))
@@ -151,8 +152,10 @@ class GroupGate:
 
     def pop_step_stats(self) -> GroupStats:
         """Figures since the previous call (or the start); starts a new step."""
-        step, self._step = self._step, GroupStats()
-        return step
+        submit, result, self._last_submit, self._last_result = self._last_submit, self._last_result, None, None
+        wait, self._wait = self._wait, Samples()
+        return GroupStats(**{name: int(n) for name, n in self._counts.pop().items()}, wait_s=wait,
+                          last_submit=submit, last_result=result)
 
     def stats(self) -> dict[str, Any]:
         """What waits now: open groups, their members, judge calls running."""
@@ -191,31 +194,19 @@ class GroupGate:
         if not members:
             return
         loop = asyncio.get_running_loop()
-        self._step.groups += 1
-        self._step.partial += group.size is None or len(members) < group.size
-        self._step.wait_s.add(loop.time() - group.first)
+        self._counts.add("groups")
+        self._counts.add("partial", group.size is None or len(members) < group.size)
+        self._wait.add(loop.time() - group.first)
         task = loop.create_task(self._judge_group(group.key, members), name=f"{self._name}-judge-{group.key}")
         self._tasks.add(task)
         task.add_done_callback(self._judged)
 
     async def _judge_group(self, key: str, members: list[_Member]) -> None:
-        """One judge call for ``members`` (more while the reply does not read and re-asks are left), then each
-        member's result."""
+        """The judging of ``members`` (until the latest of their deadlines), then each member's result."""
         request = GroupRequest(key, tuple(m.request for m in members))
         result: Any = None
         try:
-            for asked in range(self._retries + 1):
-                left = self._time_left(members)
-                if left is not None and left <= 0:
-                    result = RequestTimeoutError(f"{self._name}: {request.uid}: every member's deadline passed "
-                                                 "before its judge call could be made")
-                    break
-                result = await self._judge(request, left)
-                self._step.calls += 1
-                if not (isinstance(result, JudgeVerdictError) and result.reply is not None and asked < self._retries):
-                    break
-                self._step.reasks += 1
-                request = dataclasses.replace(request, reask=(result.reply, result.reason or "it does not read"))
+            result = await self._judge(request, self._time_left(members))
         except asyncio.CancelledError:
             result = BatcherClosedError(f"{self._name}: the RM service was closed while {request.uid} was judged")
             raise
@@ -259,11 +250,8 @@ class GroupGate:
         return max(deadlines) - asyncio.get_running_loop().time()  # type: ignore[type-var]
 
     def _result(self, result: ScoreResult) -> ScoreResult:
-        self._step.last_result = asyncio.get_running_loop().time()
-        if isinstance(result, BaseException):
-            self._step.errors += 1
-        else:
-            self._step.scored += 1
+        self._last_result = asyncio.get_running_loop().time()
+        self._counts.add("errors" if isinstance(result, BaseException) else "scored")
         return result
 
     def _judged(self, task: asyncio.Task) -> None:

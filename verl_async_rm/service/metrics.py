@@ -1,4 +1,4 @@
-"""The per-step ``async_rm/*`` metrics: one RM service's step in flat figures (the batcher's step figures and the
+"""The per-step ``async_rm/*`` metrics: one RM service's step as flat metrics (the batcher's step stats and the
 replicas' own counters), then prefixed, with the trajectory counts of the phase, by the manager."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from verl_async_rm.service.batcher_stats import StepStats
 from verl_async_rm.service.group_gate import GroupStats
 
 if TYPE_CHECKING:
-    from verl_async_rm.scoring.scorer import ScorerStats
+    from verl_async_rm.scoring.batch import ScorerStats
 
 __all__ = ["service_step_metrics", "judge_cost", "group_metrics", "step_metrics", "PREFIX", "VAL_PREFIX"]
 
@@ -21,10 +21,11 @@ VAL_PREFIX = "val-async_rm/"
 
 def service_step_metrics(step: StepStats, replica_steps: Sequence[ScorerStats] = (), group: GroupStats | None = None,
                          reasks: int = 0) -> dict[str, float]:
-    """Flat ``{name: number}`` of one step, with the replicas' counters (``RMReplica.pop_step_stats``); figures
-    with no value are left out. ``reward_tail_s``: from the step's last request to its last score, on the service.
-    A group judge's ``group`` (its gate's figures) gives the trajectory counts and tail, the batcher's being its judge
-    calls; a per-response judge's ``reasks`` are batcher requests that are not trajectories."""
+    """Flat ``{name: number}`` of one step, with the replicas' counters (``RMReplica.pop_step_stats``, or an
+    endpoint's slots'); metrics with no value are left out. ``reward_tail_s``: from the step's last request to its last
+    score, on the service. A group judge's ``group`` (its gate's stats) gives the trajectory counts and tail, the
+    batcher's being its judge calls; ``reasks`` (a judge's replies asked again) are batcher requests that are not
+    trajectories."""
     values: dict[str, float | int | None] = {
         "requests": step.submitted - reasks, "scored": step.completed, "errors": step.failed + step.timed_out - reasks,
         "batches": step.batches, "mean_batch_size": step.mean_batch_size, "mean_fill": step.mean_fill,
@@ -34,7 +35,6 @@ def service_step_metrics(step: StepStats, replica_steps: Sequence[ScorerStats] =
         "replicas_replaced_total": step.replaced_replicas_total}
     if group is not None:
         values.update(group_metrics(group))
-        reasks = group.reasks
     if replica_steps:
         values["truncated"] = sum(r.truncated for r in replica_steps)
         values["rm_failed_items"] = sum(r.failed for r in replica_steps)
@@ -44,6 +44,7 @@ def service_step_metrics(step: StepStats, replica_steps: Sequence[ScorerStats] =
         judged = [r for r in replica_steps if r.judge_tokens is not None]  # judges that write their verdict
         if judged:
             values["judge_parse_failures"] = sum(r.judge_parse_failures or 0 for r in judged)
+            values["judge_cut_replies"] = sum(r.judge_cut_replies or 0 for r in judged)
             values["judge_reasks"] = reasks
             values.update(judge_cost(int(values["requests"] or 0), sum(r.requests for r in judged),
                                      sum(r.tokens for r in judged), sum(r.judge_tokens or 0 for r in judged)))
@@ -70,7 +71,7 @@ def group_metrics(group: GroupStats) -> dict[str, float | None]:
 
 
 def step_metrics(service_step: Mapping[str, float], trajectories: Any = None, prefix: str = PREFIX) -> dict[str, float]:
-    """``{prefix + name: number}`` from :meth:`RMService.end_step`'s figures; ``trajectories`` (a ``PhaseRecord``,
+    """``{prefix + name: number}`` from :meth:`RMService.end_step`'s metrics; ``trajectories`` (a ``PhaseRecord``,
     v1) gives ``requests``/``scored``/``errors`` as the agent-loop workers counted them for one phase instead."""
     values = dict(service_step)
     if trajectories is not None:

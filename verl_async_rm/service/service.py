@@ -1,11 +1,12 @@
-"""``RMService``: one RM as a Ray actor that owns its pool, replicas, batcher and statistics. Workers call only
+"""``RMService``: one RM as a Ray actor that owns its replicas, batcher and statistics, for every kind and engine
+alike: its replicas are Ray actors of the rm_wg (:class:`~.actors.ActorReplicas`) or, for an RM at an endpoint, the
+slots of one endpoint client (:class:`~verl_async_rm.remote.slots.EndpointSlots`). Workers call only
 :meth:`RMService.score`; the manager starts the services, marks steps and closes them."""
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import functools
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -13,22 +14,21 @@ from typing import Any
 
 import ray
 
-from verl_async_rm.errors import (AsyncRMError, JudgeVerdictError, ReplicaLostError, ResourcePoolError,
-                                  RewardModelError, remote_cause)
+from verl_async_rm.errors import AsyncRMError, JudgeVerdictError, ReplicaLostError, ResourcePoolError, remote_cause
+from verl_async_rm.remote.slots import EndpointSlots
 from verl_async_rm.request import GroupRequest, RMRequest, ScoreResult
 from verl_async_rm.scoring.rm_config import RMConfig
-from verl_async_rm.scoring.scorer import ScorerStats
+from verl_async_rm.service.actors import ActorReplicas
 from verl_async_rm.service.batcher import Batcher
 from verl_async_rm.service.batching import BatchPolicy
 from verl_async_rm.service.group_gate import GroupGate
 from verl_async_rm.service.metrics import service_step_metrics
-from verl_async_rm.service.placement import (ReplicaFactory, create_rm_worker_group, kill_and_wait, kill_quietly,
-                                             remove_pool_groups, replica_bundle, shutdown_rm_worker_group)
-from verl_async_rm.service.remote_service import RemoteRMService
+from verl_async_rm.service.placement import kill_and_wait, kill_quietly, remove_pool_groups, replica_bundle
+from verl_async_rm.step_counter import StepCounter
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["RMService", "call_replica", "SleepStats", "start_rm_service", "launch_rm_service", "launch_rm_services",
+__all__ = ["RMService", "SleepStats", "start_rm_service", "launch_rm_service", "launch_rm_services",
            "wait_rm_services", "start_timeout_s", "check_pools_fit", "pools_text"]
 
 #: Longest wait for one replica's control answer (step counters, describe) and for killed actors to be gone.
@@ -37,48 +37,19 @@ _POOLS_FIX = ("make a pool smaller (its n_gpus_per_node / nnodes), score with fe
               "the cluster more GPUs")
 
 
-async def call_replica(items: Sequence[RMRequest], replica: Any, *, grace_s: float) -> list[ScoreResult]:
-    """``replica.score(items)``, the RM service's ``batch_fn``: one result per item. The call raises only when the
-    replica cannot answer for the whole batch: a dead one :class:`ReplicaLostError` (the batcher re-queues the batch and
-    replaces it), a typed error as it is, any other as :class:`RewardModelError` (its cause kept). A replica cannot be
-    interrupted: a call the batcher cancelled (timed out) waits ``grace_s`` for its answer, then the replica is
-    lost."""
-    if not items:
-        return []
-    answer = asyncio.wrap_future(replica.score.remote(list(items)).future())
-    try:
-        return await asyncio.shield(answer)
-    except asyncio.CancelledError:
-        done, _ = await asyncio.wait({answer}, timeout=grace_s)
-        if not done:
-            answer.cancel()
-            raise ReplicaLostError(f"RM replica still had not answered a batch of {len(items)} {grace_s:g}s after it "
-                                   "timed out; treating it as lost") from None
-        if not answer.cancelled() and isinstance(answer.exception(), ray.exceptions.RayActorError):
-            raise ReplicaLostError(f"RM replica died during a timed-out call: {answer.exception()}") from None
-        raise
-    except ray.exceptions.RayActorError as err:
-        raise ReplicaLostError(f"RM replica is gone: {err}") from err
-    except ray.exceptions.RayError as err:
-        cause = remote_cause(err)  # Ray's wrapper removed here, once; the cause keeps its own __cause__
-        if isinstance(cause, AsyncRMError):
-            raise cause from cause.__cause__
-        raise RewardModelError(f"RM replica failed on a batch of {len(items)}: {cause!r}") from cause
-
-
 class SleepStats:
-    """Whether the replicas are awake (``placement='policy_pool'``), and the step's sleep and wake figures; time
+    """Whether the replicas are awake (``placement='policy_pool'``), and the step's sleep and wake stats; time
     awake and asleep is split at each :meth:`pop` (a step's end)."""
 
     _FIGURES = ("rm_awake_s", "rm_asleep_s", "sleeps", "wakes", "sleep_s", "wake_s", "sleep_bytes", "wake_bytes")
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock, self.asleep, self._since = clock, False, clock()
-        self._step = dict.fromkeys(self._FIGURES, 0.0)
+        self._counts = StepCounter(self._FIGURES)
 
     def _switch(self, asleep: bool) -> None:
         now = self._clock()
-        self._step["rm_asleep_s" if self.asleep else "rm_awake_s"] += now - self._since
+        self._counts.add("rm_asleep_s" if self.asleep else "rm_awake_s", now - self._since)
         self.asleep, self._since = asleep, now
 
     def slept(self, seconds: float, moved_bytes: float) -> None:
@@ -89,14 +60,12 @@ class SleepStats:
 
     def _add(self, what: str, seconds: float, moved_bytes: float) -> None:
         self._switch(what == "sleep")
-        self._step[f"{what}s"] += 1
-        self._step[f"{what}_s"] += seconds
-        self._step[f"{what}_bytes"] += moved_bytes
+        self._counts.add_all({f"{what}s": 1, f"{what}_s": seconds, f"{what}_bytes": moved_bytes})
 
     def pop(self) -> dict[str, float]:
-        """The step's figures (the ``async_rm/`` metrics of the RM on the policy's GPUs), then starts over."""
+        """The step's metrics (the ``async_rm/`` of the RM on the policy's GPUs), then starts over."""
         self._switch(self.asleep)
-        step, self._step = self._step, dict.fromkeys(self._FIGURES, 0.0)
+        step = {name: float(value) for name, value in self._counts.pop().items()}
         total = step["rm_awake_s"] + step["rm_asleep_s"]
         return {**step, "rm_awake_share": step["rm_awake_s"] / total if total > 0 else 1.0}
 
@@ -105,60 +74,63 @@ class RMService:
     """One RM as a Ray async actor (see :func:`start_rm_service`). ``name`` names the pool's placement groups, the
     replicas and the log lines (a service started again under the same name removes what its dead predecessor left).
     ``replace_replicas``: a new replica in the bundle of one that died, else it is retired. A group judge's requests
-    wait in its :class:`~.group_gate.GroupGate` for their group, which the batcher then sees as one request."""
+    wait in its :class:`~.group_gate.GroupGate` for their group, which the batcher then sees as one request. A judge's
+    reply that does not read is asked again (:meth:`_ask`)."""
 
     def __init__(self, rm: RMConfig, batching: BatchPolicy, *, name: str, replace_replicas: bool = True) -> None:
-        self._rm, self._batching, self._name, self._replace = rm, batching, name, replace_replicas
-        self._group: Any = None
-        self._batcher: Batcher | None = None
-        self._gate = (GroupGate(self._judge_group, wait_s=rm.group_wait_s, retries=rm.judge_retries, name=name)
+        self._rm, self._batching, self._name = rm, batching, name
+        #: The one place that asks where the RM runs: at an endpoint, or on replicas the plugin loads.
+        self._replicas = EndpointSlots(rm, name) if rm.endpoint else ActorReplicas(rm, name, replace_replicas)
+        self._batcher: Batcher[RMRequest | GroupRequest, ScoreResult] | None = None
+        self._gate = (GroupGate(self._judge_group, wait_s=rm.group_wait_s, name=name)
                       if rm.reward_kind == "group_judge" else None)
-        self._reasks = 0  #: this step's re-asks of a per-response judge
-        self._sleep = SleepStats() if rm.placement == "policy_pool" else None
+        self._reasks = StepCounter(["reasks"])
+        self._sleep = SleepStats() if self._replicas.sleeps else None
         #: Replicas that did not answer the sleep, by index: lost at the wake if the index still holds them.
         self._failed_sleep: dict[int, Any] = {}
 
     async def start(self) -> list[dict[str, Any]]:
-        """Reserve the pool, load the RM on every replica and start the batcher; returns each replica's ``describe``
-        (raises what kept them from starting, after releasing what was reserved)."""
-        if self._batcher is not None:
-            return await self.describe()
-        # placement and loading block on Ray calls: a thread keeps this actor's loop free meanwhile
-        self._group = await asyncio.to_thread(create_rm_worker_group, self._rm, None, f"{self._name}_")
-        # a timed-out call gets as long as a replacement replica would take to load before its replica is replaced
-        call = functools.partial(call_replica, grace_s=self._rm.init_timeout_s)
-        self._batcher = Batcher(call, self._batching, replicas=list(self._group.workers), name=self._name,
-                                replace_replica=ReplicaFactory(self._rm, self._group) if self._replace else None)
-        logger.info("RM service %s: %d replica(s) of %s, batching %s", self._name, self._rm.num_replicas,
-                    self._rm.model_path, self._batching)
+        """Start the replicas and the batcher; returns each replica's ``describe`` (raises what kept them from
+        starting, after releasing what was reserved)."""
+        if self._batcher is None:
+            replicas = self._replicas
+            await replicas.start()
+            self._batcher = Batcher(replicas.score, self._batching, replicas=replicas.handles, name=self._name,
+                                    replace_replica=replicas.replace)
+            logger.info("RM service %s: %d replica(s) of %s, batching %s", self._name, len(replicas.handles),
+                        self._rm.endpoint or self._rm.model_path, self._batching)
         return await self.describe()
 
     async def score(self, request: RMRequest, deadline_s: float | None = None) -> ScoreResult:
         """The RM score of one trajectory, or, as a value, the error that kept it from being scored
         (``RequestTimeoutError`` past ``deadline_s``): the call itself raises only if this service is lost. A caller
-        that gives up (``ray.cancel``) takes its request out of the queue (out of its group, for a group judge). A
-        judge's reply that does not read is asked again up to ``judge_retries`` times, with the reply and why it did
-        not read (:attr:`RMRequest.reask`)."""
-        try:
-            batcher = self._require()
-        except AsyncRMError as err:
-            return err
+        that gives up (``ray.cancel``) takes its request out of the queue (out of its group, for a group judge)."""
         if self._gate is not None:
             return await self._gate.submit(request, deadline_s)
+        return await self._ask(request, deadline_s)
+
+    async def _judge_group(self, group: GroupRequest, deadline_s: float | None) -> ScoreResult:
+        """One group's judging (the gate's ``judge``): through the batcher, as one request."""
+        return await self._ask(group, deadline_s)
+
+    async def _ask(self, item: RMRequest | GroupRequest, deadline_s: float | None) -> ScoreResult:
+        """``item``'s result through the batcher, as a value. A judge's reply that does not read (or was cut) is asked
+        again up to ``judge_retries`` times, with the reply and why it did not read (``reask``), while the deadline has
+        not passed: the one rule for every judge, local or remote, per response or per group."""
         loop = asyncio.get_running_loop()
         end = None if deadline_s is None else loop.time() + deadline_s
         retries = self._rm.judge_retries if self._rm.writes else 0
         for asked in range(retries + 1):
-            left = None if end is None else end - loop.time()
             try:
-                result = await batcher.submit(request, num_tokens=request.num_tokens, deadline_s=left)
+                result = await self._require().submit(item, num_tokens=item.num_tokens,
+                                                      deadline_s=None if end is None else end - loop.time())
             except AsyncRMError as err:
-                result = err
+                return err
             if not (isinstance(result, JudgeVerdictError) and result.reply is not None and asked < retries
-                    and (end is None or end > loop.time())):
+                    and (end is None or loop.time() < end)):
                 return result
-            self._reasks += 1
-            request = dataclasses.replace(request, reask=(result.reply, result.reason or "it does not read"))
+            self._reasks.add("reasks")
+            item = dataclasses.replace(item, reask=(result.reply, result.reason or "it does not read"))
         raise AssertionError("unreachable: the last ask returns")
 
     async def withdraw(self, group: str, group_size: int | None) -> None:
@@ -168,19 +140,11 @@ class RMService:
         if self._gate is not None:
             self._gate.withdraw(group, group_size)
 
-    async def _judge_group(self, group: GroupRequest, deadline_s: float | None) -> ScoreResult:
-        """One judge call for a group (the gate's ``judge``): through the batcher, as one request."""
-        try:
-            return await self._require().submit(group, num_tokens=group.num_tokens, deadline_s=deadline_s)
-        except AsyncRMError as err:
-            return err
-
     async def begin_step(self, step_size: int | None = None) -> None:
-        """Start a step: its figures count from here; ``step_size``: see :meth:`flush_after`."""
-        self._require().pop_step_stats()
-        self._reasks = 0
-        if self._gate is not None:
-            self._gate.pop_step_stats()
+        """Start a step: its stats count from here (the replicas' too, so a first step holds no warm-up; the sleep
+        stats run from one step's end to the next: a step's wake comes before its start); ``step_size``: see
+        :meth:`flush_after`."""
+        await self._pop_step(sleep=False)
         if step_size:
             await self.flush_after(int(step_size))
 
@@ -191,18 +155,21 @@ class RMService:
             self._require().flush_after(int(n))
 
     async def end_step(self) -> dict[str, float]:
-        """End a step: flush what waits and return the step's figures (``service_step_metrics``), with the
-        replicas' own counters (a replica that does not answer in time is left out)."""
-        batcher = self._require()
-        batcher.flush()
+        """End a step: flush what waits and return the step's metrics (``service_step_metrics``, with the replicas'
+        own counters and, at an endpoint, the client's)."""
+        self._require().flush()
+        return await self._pop_step()
+
+    async def _pop_step(self, sleep: bool = True) -> dict[str, float]:
+        batcher, replicas = self._require(), self._replicas
         step = batcher.pop_step_stats()
-        answers = await self._each_replica("pop_step_stats", _CONTROL_S)
-        reasks, self._reasks = self._reasks, 0
-        figures = service_step_metrics(step, [a for a in answers if isinstance(a, ScorerStats)],
-                                       None if self._gate is None else self._gate.pop_step_stats(), reasks)
-        if self._sleep is not None:
-            figures.update(self._sleep.pop())
-        return figures
+        metrics = service_step_metrics(step, await replicas.step_stats(batcher.replicas, _CONTROL_S),
+                                       None if self._gate is None else self._gate.pop_step_stats(),
+                                       int(self._reasks.pop()["reasks"]))
+        metrics.update(replicas.step_metrics())
+        if self._sleep is not None and sleep:
+            metrics.update(self._sleep.pop())
+        return metrics
 
     async def sleep(self) -> dict[str, float]:
         """Put the replicas to sleep (``placement='policy_pool'``, before the policy's update): no batch starts, the
@@ -217,7 +184,7 @@ class RMService:
                            self._name)
         replicas = list(batcher.replicas)
         moved = 0.0
-        for index, answer in enumerate(await self._each_replica("sleep", self._rm.init_timeout_s)):
+        for index, answer in enumerate(await self._replicas.each(replicas, "sleep", self._rm.init_timeout_s)):
             if isinstance(answer, dict):
                 moved += answer["bytes"]
             else:
@@ -236,7 +203,7 @@ class RMService:
         start = time.monotonic()
         replicas = list(batcher.replicas)
         moved = 0.0
-        for index, answer in enumerate(await self._each_replica("wake", self._rm.init_timeout_s)):
+        for index, answer in enumerate(await self._replicas.each(replicas, "wake", self._rm.init_timeout_s)):
             if isinstance(answer, dict) and self._failed_sleep.get(index) is not replicas[index]:
                 moved += answer["bytes"]
                 continue
@@ -249,40 +216,30 @@ class RMService:
         return {"bytes": moved, "seconds": time.monotonic() - start}
 
     async def stats(self) -> dict[str, Any]:
-        """The batcher's counters and summaries since start (:meth:`Batcher.stats`), and a group judge's groups
-        waiting (:meth:`GroupGate.stats`)."""
-        return {**self._require().stats(), **({} if self._gate is None else self._gate.stats())}
+        """The batcher's counters and summaries since start (:meth:`Batcher.stats`), a group judge's groups waiting
+        (:meth:`GroupGate.stats`) and, at an endpoint, the client's counters."""
+        return {**self._require().stats(), **({} if self._gate is None else self._gate.stats()),
+                **self._replicas.stats()}
 
     async def describe(self) -> list[dict[str, Any]]:
         """Each current replica's ``describe()``, in order; one that does not answer shows ``{"error": ...}``."""
-        answers = await self._each_replica("describe", _CONTROL_S)
-        return [a if isinstance(a, dict) else {"error": repr(a)} for a in answers]
+        return await self._replicas.describe(self._require().replicas, _CONTROL_S)
 
     async def close(self, grace_s: float = 10.0) -> None:
-        """Fail waiting requests, give running batches ``grace_s``, kill the replicas and release the pool.
-        Idempotent; the actor stays alive (the manager kills it)."""
+        """Fail waiting requests, give running batches ``grace_s``, then stop the replicas (kill them and release the
+        pool, or close the endpoint client). Idempotent; the actor stays alive (the manager kills it)."""
         if self._gate is not None:  # its members fail, its judge calls get grace_s (they are the batcher's requests)
             await self._gate.aclose(grace_s=grace_s)
         batcher, self._batcher = self._batcher, None
         if batcher is not None:
-            replicas = list(batcher.replicas)
+            handles = list(batcher.replicas)
             await batcher.aclose(grace_s=grace_s)
-            await asyncio.to_thread(kill_and_wait, replicas, _CONTROL_S)  # replacements too (not in the rm_wg)
-        group, self._group = self._group, None
-        if group is not None:
-            await asyncio.to_thread(shutdown_rm_worker_group, group)
+            await self._replicas.close(handles, _CONTROL_S)
 
     async def ping(self) -> bool:
         return True
 
-    async def _each_replica(self, method: str, timeout_s: float) -> list[Any]:
-        """``replica.<method>()`` on every replica at once: each answer, or the exception."""
-        async def call(replica: Any) -> Any:
-            return await asyncio.wait_for(getattr(replica, method).remote(), timeout_s)
-
-        return await asyncio.gather(*(call(r) for r in self._require().replicas), return_exceptions=True)
-
-    def _require(self) -> Batcher:
+    def _require(self) -> Batcher[RMRequest | GroupRequest, ScoreResult]:
         if self._batcher is None:
             raise AsyncRMError(f"RM service {self._name!r} is not started, or is closed")
         return self._batcher
@@ -308,8 +265,8 @@ def launch_rm_service(rm: RMConfig, batching: BatchPolicy, *, name: str, replace
     options: dict[str, Any] = {"max_concurrency": max_concurrency, "num_cpus": 0}
     if actor_name is not None:
         options["name"] = actor_name
-    kind = RemoteRMService if rm.remote else RMService
-    service = ray.remote(kind).options(**options).remote(rm, batching, name=name, replace_replicas=replace_replicas)
+    service = ray.remote(RMService).options(**options).remote(rm, batching, name=name,
+                                                               replace_replicas=replace_replicas)
     return service, service.start.remote()
 
 
@@ -358,7 +315,7 @@ def check_pools_fit(entries: Sequence[Any]) -> None:
     """Raise ``ValueError`` when the pools ask more, in total, than the cluster has free now."""
     need: dict[str, float] = {}
     for entry in entries:
-        if entry.rm.placement == "policy_pool" or entry.rm.remote:  # in verl's policy bundles, or served elsewhere
+        if not entry.rm.own_pool:  # in verl's policy bundles, or served elsewhere
             continue
         for resource, amount in replica_bundle(entry.rm.gpus_per_replica, entry.rm.use_gpu).items():
             need[resource] = need.get(resource, 0.0) + amount * entry.rm.num_replicas
@@ -373,7 +330,7 @@ def check_pools_fit(entries: Sequence[Any]) -> None:
 def pools_text(entries: Sequence[Any]) -> str:
     """Each pool by its keys and size, e.g. ``async_rm.models.safety.n_gpus_per_node=1 x nnodes=1 (1 GPU)``."""
     parts = []
-    for e in (e for e in entries if not e.rm.remote):
+    for e in (e for e in entries if e.rm.own_pool):
         unit, n, k = "GPU" if e.rm.use_gpu else "CPU", e.rm.num_replicas, e.rm.gpus_per_replica
         shape = (f"{n} {unit} bundle{'s' if n > 1 else ''}" if k == 1 else
                  f"{n * k} {unit}s: {n} replica{'s' if n > 1 else ''} of "

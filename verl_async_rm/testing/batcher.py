@@ -66,7 +66,7 @@ def run_virtual(main: Callable[[], Coroutine[Any, Any, T]] | Coroutine[Any, Any,
 
 
 class GatedBatchFn:
-    """``async (items, replica) -> list`` that records its calls and waits at a gate before answering.
+    """``async (items, replica, deadline) -> list`` that records its calls and waits at a gate before answering.
 
     Args:
         fn: turns one item into its entry of the result list (a value, or an ``Exception`` instance); default: the
@@ -94,7 +94,7 @@ class GatedBatchFn:
         self._gate: asyncio.Event | None = None
         self._changed: asyncio.Condition | None = None
 
-    async def __call__(self, items: list[Any], replica: Any) -> list[Any]:
+    async def __call__(self, items: list[Any], replica: Any, deadline: float) -> list[Any]:
         self._bind()
         assert self._gate is not None and self._changed is not None
         self.calls.append((list(items), replica))

@@ -95,12 +95,14 @@ class FaultSchedule:
 @dataclass(frozen=True)
 class Completion:
     """A scripted chat answer: ``text``; ``top_logprobs``: per generated token, the candidates (token -> logprob,
-    the chosen token first); token counts for ``usage`` (default: words of the prompt, tokens of the answer)."""
+    the chosen token first); token counts for ``usage`` (default: words of the prompt, tokens of the answer); why it
+    stopped (``"length"``: cut at its token limit)."""
 
     text: str
     top_logprobs: Sequence[Mapping[str, float]] | None = None
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
+    finish_reason: str = "stop"
 
 
 @dataclass(frozen=True)
@@ -346,7 +348,7 @@ class ScriptedUpstream(TestServer):
             answer = Completion(answer)
         tokens = answer.text.split() or [""]
         choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": answer.text},
-                                  "logprobs": None, "finish_reason": "stop"}
+                                  "logprobs": None, "finish_reason": answer.finish_reason}
         if payload.get("logprobs"):
             k = int(payload.get("top_logprobs") or 0)
             steps = answer.top_logprobs or [{t: 0.0} for t in tokens]

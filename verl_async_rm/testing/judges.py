@@ -8,16 +8,17 @@ attention runs them (head dimension 32):
   probabilities differ visibly between judge prompts (the ``logits`` readout's tests).
 - ``digit``: a one-layer ``Qwen2ForCausalLM`` whose next token is a fixed function of the current token, with a
   margin no numerical path can flip: one-hot embeddings, attention and MLP outputs zeroed (the residual stream is the
-  embedding), and LM-head rows that map every other token to a digit (:func:`digit_of`) and each digit to the next
-  one (9 to 0). Greedy, it counts up from the first digit until ``max_tokens`` ("7890..."); which digit comes first
-  depends only on the judge input's last token. Its chat template writes the messages' text as it is, with an empty
+  embedding), and LM-head rows that map every other token to a digit (:func:`digit_of`), each digit to the next one
+  and 9 to the end of the text. Greedy, it counts up from the first digit to 9 and ends ("789"; at most ten digits and
+  the end, cut when ``max_tokens`` is shorter; an input that ends in the digit 9 gets an empty reply); which digit
+  comes first depends only on the judge input's last token. Its chat template writes the messages' text as it is, with an empty
   generation prompt, so that token is the end of ``judge_prompt`` as rendered (the ``generate`` readout's tests:
   verdicts known in advance, and a pattern such as ``^([0-4])`` that leaves some of them unparseable). Its
   :data:`LOGITS_TOKENS` come next, their odds also set by that last token (a logits readout served elsewhere, whose
   top log-probabilities must hold them).
 - ``json``: the ``digit`` judge's shape (one layer, one-hot embeddings, the residual stream is the embedding) whose
-  LM head makes it end a number at once: after a digit it prefers ``}``, then ``,``; after anything else, the digit
-  ``7``. Free, it writes ``7}7}...``; constrained to a group judge's JSON schema (a number per label), it writes
+  LM head makes it end a number at once: after a digit it prefers ``}``, then ``,``; after ``}`` the end of the text;
+  after anything else, the digit ``7``. Free, it writes ``7}`` and ends; constrained to a group judge's JSON schema (a number per label), it writes
   ``{"1":7,"2":7,...}`` and stops (the group judge's tests on vLLM's structured output). ChatML template.
 """
 
@@ -32,7 +33,7 @@ from verl_async_rm.testing.models import _chatml_tokenizer, _special_ids, build_
 
 __all__ = ["TinyJudges", "build_tiny_judges", "digit_of", "RAW_TEMPLATE", "LOGITS_TOKENS", "JSON_DIGIT"]
 
-_RECIPE_VERSION = "4"
+_RECIPE_VERSION = "5"
 #: The number the ``json`` judge gives every label.
 JSON_DIGIT = 7
 #: The ``digit`` judge's two logits-readout tokens: the next token after its digit, their odds set by the input's last
@@ -96,7 +97,8 @@ def _build_into(root: Path, seed: int) -> None:
         layer.mlp.down_proj.weight.zero_()
         head = torch.zeros(vocab, hidden)
         for token in range(vocab):
-            after = digits[(digits.index(token) + 1) % 10] if token in digits else digits[digit_of(token)]
+            after = (tok.eos_token_id if token == digits[9] else digits[digits.index(token) + 1]) \
+                if token in digits else digits[digit_of(token)]
             head[after, token] = 1.0
         # a logits judge's two tokens: always next after the digit (a margin of 0.4 of the digit's logit, so greedy
         # text is unchanged), their odds a fixed function of the input's last token
@@ -134,6 +136,8 @@ def _json_judge(vocab: int, hidden: int, digits: list[int], tok) -> Any:
         for token in digits:
             head[digits[JSON_DIGIT], token] = 0.0
             head[close, token], head[comma, token] = 2.0, 1.5
+        head[digits[JSON_DIGIT], close] = 0.0
+        head[tok.eos_token_id, close] = 1.0
         model.lm_head.weight.copy_(head)
     model.generation_config = GenerationConfig(**_special_ids(tok))
     return model

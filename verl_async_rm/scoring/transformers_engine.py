@@ -23,7 +23,7 @@ from verl_async_rm.scoring.sharing import MIN_SHARED_PREFIX, plan_shared_micro_b
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["HFEngine"]
+__all__ = ["TransformersEngine"]
 
 #: Rows of the load-time packing check (token counts); short, so the check costs one tiny forward per row. The
 #: second row is the first one's sibling: its first 6 tokens, then 3 of its own.
@@ -31,7 +31,7 @@ _CHECK_ROWS = (9, 9, 4, 6)
 _CHECK_GROUPS = ("g", "g", None, None)
 
 
-class HFEngine(Engine):
+class TransformersEngine(Engine):
     """Forward passes of one loaded model. ``head``: the module whose per-token output is read (None: the model's
     pooled ``logits``, padded only); ``share_prompts``: siblings' common prefix run once (``varlen`` kernel; ``auto``:
     on CUDA only, the CPU kernel pads attention); ``on_failure``: a sharded replica's failure agreement; ``transform``
