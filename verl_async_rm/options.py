@@ -107,7 +107,8 @@ class Rule:
                             f"set {{key}} to {self._expected()}")
 
 
-def option(default: Any, help: str, value_type: type | None = None, **rule: Any) -> Any:  # noqa: A002 - the metadata key
+def option(default: Any, help: str, value_type: type | None = None,  # noqa: A002 - help: the metadata key
+           **rule: Any) -> Any:
     """A dataclass field with ``help`` metadata and a :class:`Rule` (``value_type`` defaults to the default's type)."""
     return field(default=default, metadata={"help": help, "rule": Rule(value_type or type(default), **rule)})
 

@@ -139,7 +139,8 @@ def test_the_load_time_check_refuses_a_model_vllm_scores_differently_and_says_wh
 
 
 def test_vllm_refuses_an_rm_it_cannot_run_and_says_why(ray_local, vllm_required, tiny_models, head_dim_16_rm):
-    with pytest.raises(RewardModelError, match=r"engine='vllm'.*vLLM could not run the RM.*Fix: use engine='transformers'"):
+    with pytest.raises(RewardModelError,
+                       match=r"engine='vllm'.*vLLM could not run the RM.*Fix: use engine='transformers'"):
         start(config(head_dim_16_rm, tiny_models.policy, replicas=1, engine="vllm"))
 
 
@@ -153,7 +154,8 @@ def test_settings_vllm_does_not_serve_are_refused_before_any_load(tiny_models):
         config(tiny_models.rm, tiny_models.policy, engine="vllm", reward_kind="process", step_separator="<s>")
     sharded = config(tiny_models.rm, tiny_models.policy, engine="transformers", gpus_per_replica=2)
     assert vllm_unsupported(sharded) is None
-    process = config(tiny_models.rm, tiny_models.policy, engine="transformers", reward_kind="process", step_separator="<s>")
+    process = config(tiny_models.rm, tiny_models.policy, engine="transformers", reward_kind="process",
+                     step_separator="<s>")
     assert "process RMs" in vllm_unsupported(process)
     assert vllm_unsupported(config(tiny_models.rm, tiny_models.policy, engine="transformers")) is None
 

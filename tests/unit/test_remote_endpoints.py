@@ -576,7 +576,8 @@ async def test_resolve_model_requires_endpoint_model_when_a_server_lists_several
         assert await client.resolve_model(None) == "judge"
     assert f"endpoint ['{single.url}']: using model 'judge', the one it lists" in caplog.text
     async with client_for(single.url, other.url) as client:  # one model each, not the same one
-        with pytest.raises(ValueError, match="endpoint_model is not set, which is allowed only when the endpoints list one model, the same"):
+        with pytest.raises(ValueError, match="endpoint_model is not set, which is allowed only when the endpoints "
+                                             "list one model, the same"):
             await client.resolve_model(None)
         with pytest.raises(ValueError, match=rf"endpoint \['{other.url}'\] does not serve model 'judge'"):
             await client.resolve_model("judge")

@@ -83,7 +83,7 @@ def test_a_70b_rm_on_80gb_gpus_is_refused_with_the_size_and_the_gpus_per_replica
     check_replica_memory(rm(path, n_gpus_per_node=8, gpus_per_replica=2), device_bytes=80 * GB)
     with pytest.raises(ValueError, match=r"Fix: set gpus_per_replica=4$"):  # the next k that divides the node
         check_replica_memory(rm(path, n_gpus_per_node=4), device_bytes=48 * GB)
-    with pytest.raises(ValueError, match=r"needs 4 GPUs of this kind per replica, all on one node, and the pool's "
+    with pytest.raises(ValueError, match=r"needs 4 GPUs of this type per replica, all on one node, and the pool's "
                                          r"nodes have n_gpus_per_node=2"):
         check_replica_memory(rm(path, n_gpus_per_node=2, gpus_per_replica=2), device_bytes=48 * GB)
 

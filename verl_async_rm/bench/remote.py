@@ -4,8 +4,9 @@ ways on the same server with the same limits, at each injected fault rate (a ben
 ``--kind judge`` (default), a judge read at its first token:
 
 - ``plugin``: :class:`~verl_async_rm.service.service.RMService` in this process (the code the RM-service actor
-  runs), its replicas the endpoint's slots: one ``score`` call per trajectory, all at once, as the agent-loop workers send them; the endpoint
-  client retries 429s, 5xx, dropped connections and bad bodies within each trajectory's deadline (``--timeout-s``).
+  runs), its replicas the endpoint's slots: one ``score`` call per trajectory, all at once, as the agent-loop workers
+  send them; the endpoint client retries 429s, 5xx, dropped connections and bad bodies within each trajectory's
+  deadline (``--timeout-s``).
 - ``verl``: verl's ``RateLimitedRewardManager`` (``rate_limited``), built by verl's ``load_reward_manager`` from a
   config with ``reward.max_concurrent``, ``reward.max_rpm``, ``reward.max_tpm`` and ``reward.timeout`` (one reward-loop
   worker: verl's limiters are per process); its ``compute_score`` is :func:`judge_score`, a user's async reward
@@ -421,7 +422,8 @@ def format_table(report: dict[str, Any]) -> str:
     if p["repeats"] > 1:
         sides = list(dict.fromkeys(r["side"] for r in report["runs"]))
         for rate in sorted({r["fault_rate"] for r in report["runs"]}):
-            runs = {side: [r for r in report["runs"] if r["side"] == side and r["fault_rate"] == rate] for side in sides}
+            runs = {side: [r for r in report["runs"] if r["side"] == side and r["fault_rate"] == rate]
+                    for side in sides}
             wall, real = ({side: statistics.median(r[key] for r in runs[side]) for side in runs}
                           for key in ("wall_s", "real_scores_per_s"))
             lines.append(f"median at {rate:.0%} faults over {p['repeats']} passes: wall s "

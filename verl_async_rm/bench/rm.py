@@ -4,8 +4,8 @@ bound measured in the same run.
 A random-weight RM is built on the device from a public config shape (``--shape``) or a ``config.json``
 (``--config``); nothing is downloaded. A seeded RL-like workload (prompts 64-512 tokens, responses log-normal with
 median ~400 up to 4096; ``tiny`` divides lengths by 16 so that a CPU run takes seconds) goes through
-:meth:`verl_async_rm.scoring.transformers_engine.TransformersEngine.score_all`, the code each RM replica runs once the inputs are tokenized,
-for every ``--packing`` mode:
+:meth:`verl_async_rm.scoring.transformers_engine.TransformersEngine.score_all`, the code each RM replica runs once the
+inputs are tokenized, for every ``--packing`` mode:
 
 - ``fresh``: the first pass over this workload's lengths (an RL step brings never-seen lengths every time); a warm-up
   pass over another workload comes before it, so it pays no one-off start-up costs;

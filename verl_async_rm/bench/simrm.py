@@ -1,8 +1,9 @@
 """The simulated RM replicas of the overlap benchmark, the clock they run on, and the figures read from their records.
 
 :class:`SimulatedRM` is an ``async batch_fn(items, replica, deadline)``: it sleeps ``RMCostModel.batch_s`` (scaled to
-the clock) and returns each item's index, so a caller that gets another trajectory's answer is caught. It refuses to run two
-batches at once on one replica (a replica is one GPU), records every batch, and stamps each item's batch start.
+the clock) and returns each item's index, so a caller that gets another trajectory's answer is caught. It refuses to
+run two batches at once on one replica (a replica is one GPU), records every batch, and stamps each item's batch
+start.
 
 All times are "workload seconds": :class:`Clock` divides the event loop's time since the start by ``scale`` (real
 seconds per workload second; 1 on the virtual clock).

@@ -8,6 +8,7 @@ client). :func:`probe` is the start-up check the entry points run before anythin
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 from collections.abc import Sequence
 from typing import Any
@@ -18,6 +19,7 @@ from verl_async_rm.remote.engine import EndpointEngine
 from verl_async_rm.remote.limits import RateLimits
 from verl_async_rm.request import ScoreResult
 from verl_async_rm.scoring.batch import KindBatch, ScorerStats, stat_names
+from verl_async_rm.scoring.markup import neutralize_markup, special_token_strings
 from verl_async_rm.scoring.outcome import Kind
 from verl_async_rm.scoring.rm_config import JUDGE_KINDS, RMConfig, kind_class
 from verl_async_rm.step_counter import StepCounter
@@ -105,16 +107,23 @@ def client(rm: RMConfig) -> EndpointClient:
 
 
 def _load_kind(rm: RMConfig) -> Kind:
-    """The RM's kind, reading the served checkpoint's tokenizer and config when it is here (``model_path``)."""
+    """The RM's kind, reading the served checkpoint's tokenizer and config when it is here (``model_path``). The
+    server tokenizes what it gets, special tokens included: every value's markers are broken before it is sent (the
+    tokenizer's own, else the common chat formats')."""
+    tokenizer = kind = None
     if not rm.model_path:
-        return kind_class(rm)(rm, None, None, None)
-    from transformers import AutoConfig
+        kind = kind_class(rm)(rm, None, None, None)
+    else:
+        from transformers import AutoConfig
 
-    from verl_async_rm.scoring.checkpoint import load_tokenizer
+        from verl_async_rm.scoring.checkpoint import load_tokenizer
 
-    tokenizer = load_tokenizer(rm.model_path, "model_path", rm.trust_remote_code)
-    text = AutoConfig.from_pretrained(rm.model_path, trust_remote_code=rm.trust_remote_code).get_text_config()
-    return kind_class(rm)(rm, tokenizer, text, int(text.vocab_size))
+        tokenizer = load_tokenizer(rm.model_path, "model_path", rm.trust_remote_code)
+        text = AutoConfig.from_pretrained(rm.model_path, trust_remote_code=rm.trust_remote_code).get_text_config()
+        kind = kind_class(rm)(rm, tokenizer, text, int(text.vocab_size))
+    markers = special_token_strings(tokenizer) if tokenizer is not None else ()
+    kind.escape = functools.partial(neutralize_markup, special_tokens=markers or None)
+    return kind
 
 
 async def probe(rm: RMConfig, timeout_s: float = _START_S) -> str:

@@ -22,7 +22,7 @@ from verl_async_rm.request import GroupRequest, RMRequest, ScoreResult
 from verl_async_rm.scoring.checkpoint import load_tokenizer
 from verl_async_rm.scoring.inputs import (check_token_ids, conversation_for, prepare_input_ids, strip_trailing,
                                           tokenizers_match)
-from verl_async_rm.scoring.markup import hide_markup, map_strings, neutralize_markup, special_token_strings
+from verl_async_rm.scoring.markup import hide_markup, map_strings
 
 __all__ = ["Kind", "OutcomeKind", "RMInput", "find_head", "policy_side", "estimate_tokens"]
 
@@ -90,12 +90,9 @@ class Kind(Generic[ItemT]):
         #: Ids appended to every input (the reward token of InternLM2-style outcome RMs).
         self.suffix_ids: list[int] = []
         #: How a value (a response, a prompt, a reference) becomes content of the RM's input: its special tokens'
-        #: strings hidden so that the tokenizer here reads them as text, or, where a server tokenizes (an endpoint),
-        #: broken so that it cannot read them as markers (the tokenizer's own, else the common chat formats').
-        self.escape: Callable[[str], str] = (
-            functools.partial(hide_markup, tokenizer=rm_tokenizer) if not config.endpoint else
-            functools.partial(neutralize_markup, special_tokens=special_token_strings(rm_tokenizer) or None
-                              if rm_tokenizer is not None else None))
+        #: strings hidden so that the tokenizer here reads them as text (an engine where a server tokenizes the text
+        #: sets its own: :func:`~.markup.neutralize_markup`).
+        self.escape: Callable[[str], str] = functools.partial(hide_markup, tokenizer=rm_tokenizer)
 
     def _require_chat_template(self) -> None:
         """``ConfigValueError`` unless the RM's tokenizer (here) has a chat template to render the conversation."""

@@ -56,8 +56,9 @@ class RewardModelScorer:
         kind = kind_class(config)
         self.model, self.sharding, agreement = None, {"sharding": "none"}, None
         #: a vLLM pooling RM too large for one device has no transformers reference (see :meth:`_start_vllm`)
-        self.transformers_reference = config.engine == "vllm" and not kind.needs_vllm and fits_one_device(config, self.device)
-        if kind.needs_vllm or (config.engine == "vllm" and not self.transformers_reference):  # no transformers model at all
+        self.transformers_reference = (config.engine == "vllm" and not kind.needs_vllm
+                                       and fits_one_device(config, self.device))
+        if kind.needs_vllm or (config.engine == "vllm" and not self.transformers_reference):  # no transformers model
             from transformers import AutoConfig
 
             model_config = AutoConfig.from_pretrained(config.model_path, trust_remote_code=config.trust_remote_code)
@@ -168,7 +169,8 @@ class RewardModelScorer:
             self.engine_reason = f"{key}={value!r} (vLLM {vllm_version()})"
         else:
             diff = max(abs(a - b) for a, b in zip(got, reference, strict=True))
-            checked = (f"as transformers within {diff:.2g}" if self.transformers_reference else f"finite and alike batched and "
+            checked = (f"as transformers within {diff:.2g}" if self.transformers_reference else
+                       f"finite and alike batched and "
                        f"alone (within {diff:.2g}); no transformers reference: the weights exceed one device")
             self.engine_reason = f"vLLM {vllm_version()} scores the {len(rows)} load-time check inputs {checked}"
         logger.info("RM %s: engine vllm (%s; started in %.1f s)", self.config.model_path, self.engine_reason,
@@ -206,7 +208,8 @@ class RewardModelScorer:
         return {
             "device": str(self.device), "dtype": str(self.dtype), "retemplate": self.kind.retemplate,
             "max_length": self.kind.max_length, "num_labels": self.num_labels,
-            "engine": "transformers" if isinstance(self.engine, TransformersEngine) else "vllm", "engine_reason": self.engine_reason,
+            "engine": "transformers" if isinstance(self.engine, TransformersEngine) else "vllm",
+            "engine_reason": self.engine_reason,
             **({"judge_readout": self.config.judge_readout} if self.config.reward_kind in JUDGE_KINDS else {}),
             **self.sharding, **self.engine.describe()}
 

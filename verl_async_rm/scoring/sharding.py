@@ -105,7 +105,8 @@ class FailureAgreement:
 
 
 def check_same_forward(describe: dict[str, Any]) -> None:
-    """Refuse ranks that chose different forward paths at load (``describe``: this rank's ``TransformersEngine.describe()``):
+    """Refuse ranks that chose different forward paths at load (``describe``: this rank's
+    ``TransformersEngine.describe()``):
     they would issue different collectives. Every rank calls it; every rank raises alike."""
     views: list[Any] = [None] * torch.distributed.get_world_size()
     torch.distributed.all_gather_object(views, {k: v for k, v in describe.items() if not k.endswith("_reason")})

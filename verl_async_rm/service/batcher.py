@@ -43,7 +43,8 @@ class Batcher(Generic[ItemT, ResultT]):
     module doc). ``replace_replica`` replaces a lost replica, else it is retired; with none left requests fail with
     :class:`NoReplicasError`. Binds to the event loop of its first ``submit``."""
 
-    def __init__(self, batch_fn: BatchFn[ItemT, ResultT], policy: BatchPolicy | None = None, *, replicas: int | Sequence[Any] = 1,
+    def __init__(self, batch_fn: BatchFn[ItemT, ResultT], policy: BatchPolicy | None = None, *,
+                 replicas: int | Sequence[Any] = 1,
                  name: str = "batcher", replace_replica: ReplaceFn | None = None) -> None:
         if not callable(batch_fn):
             raise TypeError(f"batch_fn must be an async callable `(items, replica, deadline) -> list`, got "

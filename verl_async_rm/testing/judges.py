@@ -11,15 +11,16 @@ attention runs them (head dimension 32):
   embedding), and LM-head rows that map every other token to a digit (:func:`digit_of`), each digit to the next one
   and 9 to the end of the text. Greedy, it counts up from the first digit to 9 and ends ("789"; at most ten digits and
   the end, cut when ``max_tokens`` is shorter; an input that ends in the digit 9 gets an empty reply); which digit
-  comes first depends only on the judge input's last token. Its chat template writes the messages' text as it is, with an empty
-  generation prompt, so that token is the end of ``judge_prompt`` as rendered (the ``generate`` readout's tests:
-  verdicts known in advance, and a pattern such as ``^([0-4])`` that leaves some of them unparseable). Its
-  :data:`LOGITS_TOKENS` come next, their odds also set by that last token (a logits readout served elsewhere, whose
-  top log-probabilities must hold them).
+  comes first depends only on the judge input's last token. Its chat template writes the messages' text as it is,
+  with an empty generation prompt, so that token is the end of ``judge_prompt`` as rendered (the ``generate``
+  readout's tests: verdicts known in advance, and a pattern such as ``^([0-4])`` that leaves some of them
+  unparseable). Its :data:`LOGITS_TOKENS` come next, their odds also set by that last token (a logits readout served
+  elsewhere, whose top log-probabilities must hold them).
 - ``json``: the ``digit`` judge's shape (one layer, one-hot embeddings, the residual stream is the embedding) whose
   LM head makes it end a number at once: after a digit it prefers ``}``, then ``,``; after ``}`` the end of the text;
-  after anything else, the digit ``7``. Free, it writes ``7}`` and ends; constrained to a group judge's JSON schema (a number per label), it writes
-  ``{"1":7,"2":7,...}`` and stops (the group judge's tests on vLLM's structured output). ChatML template.
+  after anything else, the digit ``7``. Free, it writes ``7}`` and ends; constrained to a group judge's JSON schema (a
+  number per label), it writes ``{"1":7,"2":7,...}`` and stops (the group judge's tests on vLLM's structured output).
+  ChatML template.
 """
 
 from __future__ import annotations
