@@ -153,15 +153,15 @@ class AsyncRMConfig:
             mix_values["rule_weight"] = 1.0  # the user's own reward manager: its reward counts unless told otherwise
         named = [(MAIN, rm), *((e.name, e.rm) for e in extras)]
         token_level = tuple(name for name, c in named if c.token_level)
-        verdict = tuple(name for name, c in named if c.writes)
-        groups = tuple(name for name, c in named if c.reward_kind == "group_judge")
+        verdict = tuple(name for name, c in named if c.writes or c.grouped)
+        groups = tuple(name for name, c in named if c.grouped)
         mix = RewardMix(**mix_values, extra_weights=tuple((e.name, e.weight) for e in extras),
                         token_level_rms=token_level, verdict_rms=verdict, group_rms=groups)
         main = RMEntry(name=MAIN, weight=mix.rm_weight, rm=rm, batching=batching, key="reward.reward_model")
         integration = IntegrationConfig(**sections[IntegrationConfig])
         timeout_s = integration.request_timeout_s
         for entry in (main, *extras):  # a group judge's short groups are judged before their members' deadlines
-            if entry.rm.reward_kind == "group_judge" and entry.rm.group_wait_s >= timeout_s:
+            if entry.rm.grouped and entry.rm.group_wait_s >= timeout_s:
                 raise ConfigValueError(
                     f"{CONFIG_GROUP if entry.name == MAIN else entry.key}.group_wait_s", entry.rm.group_wait_s,
                     "a short group (a sibling that never comes) is judged this long after its last member, past the "

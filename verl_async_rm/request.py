@@ -65,9 +65,9 @@ class RMRequest:
 
 @dataclass(frozen=True)
 class GroupRequest:
-    """One call of a group judge (``reward_kind='group_judge'``): the members of one GRPO group that are scored together
-    (the RM service's group gate builds it), and, when the judge is asked again, its previous reply and why it did not
-    read."""
+    """Members of one GRPO group scored together: a group judge's call (the RM service's group gate builds it), or one
+    comparison of a pairwise judge (two members, in the order shown: A, then B); and, when the judge is asked again,
+    its previous reply and why it did not read."""
 
     group: str
     members: tuple[RMRequest, ...]
@@ -86,12 +86,11 @@ class GroupRequest:
 
 @dataclass(frozen=True)
 class GroupVerdict:
-    """A group judge's answer for one :class:`GroupRequest`: a score per member (in the members' order), the label
-    each member had, and the judge's reply."""
+    """A group's judging, for one :class:`GroupRequest`: each member's score, or the error that kept that member from
+    one (a pairwise judge's response left with no comparison), and the text kept with it, in the members' order."""
 
-    scores: tuple[float, ...]
-    labels: tuple[int, ...]
-    text: str
+    scores: tuple[float | AsyncRMError, ...]
+    texts: tuple[str, ...]
 
 
 @dataclass(frozen=True)

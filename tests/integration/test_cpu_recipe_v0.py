@@ -12,7 +12,11 @@ verl's vLLM rollout, FSDP2 actor with the reference model, the RM on its own poo
   verl_async_rm.testing.vllm_server`` runs the recipe while it serves the judge; ``response_format`` with the JSON
   schema). The judge gives every label :data:`~verl_async_rm.testing.judges.JSON_DIGIT`, so every trajectory's
   ``rm_score_group`` and ``rm_score_served`` are known (verl's ``trainer.rollout_data_dir`` writes each trajectory's
-  ``reward_extra_info``).
+  ``reward_extra_info``);
+- a third extra RM, ``pair``: the same judge as a pairwise judge (``reward_kind=pairwise_judge``, writing its
+  ``{"winner": ...}`` under structured output) on a local vLLM engine, each of a group's 6 pairs asked in both
+  orders. Constrained, the tiny judge names the same position every time, so both orders cancel out: every
+  trajectory's ``rm_score_pair`` is 0.5 (validation with two responses per prompt, so its groups have pairs).
 
 The v1 trainer runs ``main_ppo`` in ``test_demo.py`` (the plugin on its own pool) and in-process in
 ``test_manager_v1.py`` (on the policy's GPUs); v0 on the policy's GPUs with a remote judge:
@@ -33,7 +37,7 @@ pytestmark = pytest.mark.integration
 
 STEPS, TRAJECTORIES, GROUPS = 2, 8 * 4, 8  # the recipe's 8 prompts x 4 responses
 HIDE_V1 = TEST_ASSETS / "hide_verl_v1"
-SCALE, GROUP_W, SERVED_W = 10, 0.1, 0.2
+SCALE, GROUP_W, SERVED_W, PAIR_W = 10, 0.1, 0.2, 0.3
 
 
 def program_command(request) -> Command:
@@ -42,9 +46,13 @@ def program_command(request) -> Command:
     group = [f"+async_rm.models.group.{key}={value}" for key, value in (*keys, ("weight", GROUP_W))]
     served = [f"+async_rm.models.served.{key}={value}" for key, value in
               (*keys, ("weight", SERVED_W), ("endpoint", "{endpoint}"))]
+    pair = [f"+async_rm.models.pair.{key}={value}" for key, value in (
+        ("model_path", judge), ("reward_kind", "pairwise_judge"), ("judge_readout", "generate"),
+        ("judge_max_tokens", 16), ("weight", PAIR_W))]
     path = os.pathsep.join(p for p in (str(HIDE_V1), os.environ.get("PYTHONPATH", "")) if p)
     recipe = recipe_command(request, "cpu_recipe_v0", f"trainer.total_training_steps={STEPS}", "trainer.use_v1=False",
-                            *group, *served, "+trainer.rollout_data_dir=rollouts", env={"PYTHONPATH": path})
+                            *group, *served, *pair, "actor_rollout_ref.rollout.val_kwargs.n=2",
+                            "+trainer.rollout_data_dir=rollouts", env={"PYTHONPATH": path})
     server = [sys.executable, "-m", "verl_async_rm.testing.vllm_server", "--model", str(judge), "--name", "judge",
               "--log-dir", str(recipe.cwd), "--"]
     return Command([*server, *recipe.argv], recipe.cwd, recipe.env, recipe.timeout_s)
@@ -91,4 +99,16 @@ def test_a_group_judge_local_or_served_scores_each_group_in_one_call_with_the_nu
     for row in rows:
         assert row[f"rm_score_{name}"] == pytest.approx(JSON_DIGIT / SCALE)
         assert row["score"] == pytest.approx(
-            row["rm_score"] + GROUP_W * row["rm_score_group"] + SERVED_W * row["rm_score_served"], abs=1e-5)
+            row["rm_score"] + GROUP_W * row["rm_score_group"] + SERVED_W * row["rm_score_served"]
+            + PAIR_W * row["rm_score_pair"], abs=1e-5)
+
+
+def test_a_pairwise_judge_asks_each_pair_in_both_orders_and_a_judge_that_names_one_position_gains_nothing(run):
+    _, steps, rows = run
+    for step in (1, 2):
+        m = {key.removeprefix("timing_s/async_rm/pair/"): value for key, value in steps[step].items()}
+        assert m["requests"] == m["scored"] == TRAJECTORIES and m["errors"] == 0
+        assert m["groups_judged"] == GROUPS and m["comparisons"] == GROUPS * 12  # 6 pairs of 4, both orders
+        assert m["comparisons_per_trajectory"] == 3 and m["comparisons_failed"] == 0
+        assert m["position_flip_rate"] in (0.0, 1.0) and m["judge_calls"] == GROUPS * 12
+    assert {row["rm_score_pair"] for row in rows} == {0.5}

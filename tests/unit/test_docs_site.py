@@ -199,7 +199,9 @@ def _logged_metrics() -> set[str]:
     group = metrics.GroupStats(requests=1, last_submit=1.0, last_result=2.0)  # a group judge's gate, one group
     group.wait_s.add(1.0)
     names = set(metrics.service_step_metrics(_filled(metrics.StepStats), [_filled(ScorerStats)], group))
-    names |= set(SleepStats().pop()) | set(REMOTE_METRICS)
+    from verl_async_rm.service.pairs import PAIR_COUNTS, pair_metrics
+
+    names |= set(SleepStats().pop()) | set(REMOTE_METRICS) | set(pair_metrics(dict.fromkeys(PAIR_COUNTS, 1), 1))
     manager = "".join((REPO_ROOT / "verl_async_rm" / "integration" / name).read_text()
                       for name in ("manager_base.py", "agent_loop_manager.py", "v1.py"))
     added = set(re.findall(r'prefix \+ "(\w+)"', manager)) | set(re.findall(r'"async_rm/(\w+)"', manager))

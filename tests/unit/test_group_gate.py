@@ -1,8 +1,8 @@
 """The group gate (``service/group_gate.py``), on a virtual clock with a judge of the test's own: a complete group makes
 one judge call and each member gets its own score; a short group is judged with the members it has once the wait has
 passed since its last arrival; a judge's error (a reply that does not read, after the RM service's re-asks) reaches
-every member; a member that gives up (cancelled, or past its deadline) leaves its group and the others are judged without
-it, as they are once a sibling that will never come is withdrawn; every member resolves exactly once."""
+every member; a member that gives up (cancelled, or past its deadline) leaves its group and the others are judged
+without it, as they are once a sibling that will never come is withdrawn; every member resolves exactly once."""
 
 from __future__ import annotations
 
@@ -46,7 +46,8 @@ class Judge:
         if self.replies:
             reply = self.replies.pop(0)
             return reply(group) if callable(reply) else reply
-        return GroupVerdict(tuple(score_of(m) for m in group.members), tuple(range(1, len(group.members) + 1)), "{}")
+        return GroupVerdict(tuple(score_of(m) for m in group.members),
+                            tuple(f"[{label}] {{}}" for label in range(1, len(group.members) + 1)))
 
 
 def test_a_complete_group_makes_one_judge_call_and_each_member_gets_its_own_score():
@@ -245,7 +246,8 @@ def test_every_member_resolves_exactly_once_under_random_arrivals_failures_and_c
             return JudgeVerdictError("unreadable", reply="x", reason="no JSON object")
         if roll < 0.3:
             raise RuntimeError("judge bug")
-        return GroupVerdict(tuple(score_of(m) for m in group.members), tuple(range(1, len(group.members) + 1)), "{}")
+        return GroupVerdict(tuple(score_of(m) for m in group.members),
+                            tuple(f"[{label}] {{}}" for label in range(1, len(group.members) + 1)))
 
     async def main():
         judge = Judge([reply] * 10_000)

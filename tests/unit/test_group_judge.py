@@ -72,7 +72,7 @@ def test_keys_a_group_judge_cannot_use_are_refused_naming_the_key(tiny_models, t
 
 @pytest.mark.parametrize("key", ["judge_scale", "judge_seed", "group_wait_s"])
 def test_the_group_keys_are_refused_for_another_kind(tiny_models, key):
-    with pytest.raises(ConfigValueError, match="read only by group judges") as info:
+    with pytest.raises(ConfigValueError, match="read only by reward_kind group_judge") as info:
         RMConfig(model_path=str(tiny_models.rm), policy_tokenizer_path=str(tiny_models.policy), use_gpu=False,
                  **{key: 7})
     assert info.value.key == key
@@ -200,7 +200,7 @@ def test_each_member_gets_its_labels_number_over_the_scale_and_a_bad_reply_fails
     group = group_of(policy_tok, ANSWERS[:3])
     labels = (3, 1, 2)
     verdict = group_verdict(group, labels, json.dumps({"1": 8, "2": 4, "3": 6}), 10.0, "here: ")
-    assert verdict == GroupVerdict((0.6, 0.8, 0.4), labels, '{"1": 8, "2": 4, "3": 6}')
+    assert verdict == GroupVerdict((0.6, 0.8, 0.4), tuple(f'[{label}] {{"1": 8, "2": 4, "3": 6}}' for label in labels))
     failed = group_verdict(group, labels, '{"1": 8}', 10.0, "here: ")
     assert isinstance(failed, JudgeVerdictError) and failed.reply == '{"1": 8}'
     assert failed.reason == "labels 2, 3 are missing"

@@ -10,7 +10,7 @@ import pytest
 
 from verl_async_rm.scoring.pairwise import (bradley_terry, calls_per_group, count_ties, default_plan,
                                             intransitive_rate, intransitive_triples, largest_component,
-                                            log_strengths, ordered_calls, p_first, pair_results, parse_winner,
+                                            log_strengths, ordered_calls, pair_results, parse_winner,
                                             plan_pairs, position_flip_rate, position_flips, win_rate, winner_outcome,
                                             winner_schema)
 
@@ -137,14 +137,10 @@ def test_the_schema_allows_exactly_a_winner_of_three():
     assert list(schema["properties"]) == ["winner"] and schema["properties"]["winner"]["enum"] == ["A", "B", "tie"]
 
 
-def test_outcomes_from_a_winner_and_from_the_labels_probabilities():
+def test_outcomes_from_a_winner():
     assert [winner_outcome(w) for w in ("A", "tie", "B")] == [1.0, 0.5, 0.0]
     with pytest.raises(ValueError, match="read it with parse_winner"):
         winner_outcome("a")
-    assert p_first(0.3, 0.1) == pytest.approx(0.75) and p_first(0.0, 0.2) == 0.0
-    for p_a, p_b in ((0.0, 0.0), (float("nan"), 0.1), (0.2, float("inf")), (-0.1, 0.3)):
-        with pytest.raises(ValueError, match="check judge_tokens"):
-            p_first(p_a, p_b)
 
 
 # ------------------------------------------------------------------------------------------------------ combining

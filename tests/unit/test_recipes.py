@@ -147,6 +147,15 @@ RECIPES: dict[str, Layout] = {
         endpoint="http://judge-node:8000/v1", endpoint_model="judge",
         server=("vllm serve $HOME/models/Qwen2.5-72B-Instruct --tensor-parallel-size 8", "--served-model-name judge",
                 """--structured-outputs-config '{"backend": "xgrammar", "disable_any_whitespace": true}'""")),
+    # a pairwise judge (each pair of a group in both orders) on the policy's 8 GPUs, logits on transformers
+    "grpo_gsm8k_pairwise_judge.sh": Layout(VERL_ENTRY, 1, 8, 8, 1, rm_weight=0.5, rule_weight=1.0,
+                                           rm_hub="Qwen/Qwen2.5-7B-Instruct", rm_env="JUDGE_PATH", policy_pool=True),
+    # the same kind served by vLLM on another node, writing {"winner": ...}: no pool, the policy on 8
+    "grpo_gsm8k_pairwise_judge_remote.sh": Layout(
+        VERL_ENTRY, 1, 8, 0, 0, rm_weight=0.5, rule_weight=1.0, rm_hub="Qwen/Qwen2.5-72B-Instruct", rm_env="JUDGE_URL",
+        endpoint="http://judge-node:8000/v1", endpoint_model="judge",
+        server=("vllm serve $HOME/models/Qwen2.5-72B-Instruct --tensor-parallel-size 8", "--served-model-name judge",
+                """--structured-outputs-config '{"backend": "xgrammar", "disable_any_whitespace": true}'""")),
 }
 
 
@@ -279,8 +288,8 @@ def test_header_names_prerequisites_models_and_the_launch_command(recipe):
         assert all(part in header for part in RECIPES[recipe].server), f"{recipe}: the header lacks its server command"
     elif RECIPES[recipe].remote:  # a hosted API: the variable its key is exported as
         assert f"export {RECIPES[recipe].api_key_env}=" in header
-    else:
-        assert "ForSequenceClassification" in header
+    else:  # the checkpoint's class: a sequence classifier, or a causal LM for a judge
+        assert "ForSequenceClassification" in header or "ForCausalLM" in header
     assert "examples/data_preprocess/gsm8k.py" in header
     assert f"{RECIPES[recipe].nnodes} node{'s' if RECIPES[recipe].nnodes > 1 else ''} x {GPUS_PER_NODE} GPUs" in header
 

@@ -119,7 +119,7 @@ async def test_a_group_judge_makes_one_call_per_group_and_each_response_gets_its
     chats = [s.body for s in up.seen if s.path == "/v1/chat/completions"]
     assert len(chats) == 3  # one call per group
     assert all(c["response_format"] == {"type": "json_schema", "json_schema": {
-        "name": "grades", "schema": reply_schema(4), "strict": True}} and c["temperature"] == 0 for c in chats)
+        "name": "reply", "schema": reply_schema(4), "strict": True}} and c["temperature"] == 0 for c in chats)
     shuffled = 0
     for ms, result_group in zip(groups.values(), [results[i:i + 4] for i in range(0, 12, 4)], strict=True):
         from verl_async_rm.request import GroupRequest

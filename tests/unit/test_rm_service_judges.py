@@ -50,7 +50,7 @@ class ScriptedReplica:
             self.step.judge_tokens += 10
             if isinstance(item, GroupRequest) and (item.reask is not None or not self.group_reasks):
                 out.append(GroupVerdict(tuple(float(m.uid[-1]) for m in item.members),
-                                        tuple(range(1, len(item.members) + 1)), '{"1": 0}'))
+                                        tuple(f'[{label}] {{"1": 0}}' for label in range(1, len(item.members) + 1))))
             elif isinstance(item, GroupRequest):
                 self.step.judge_parse_failures += 1
                 out.append(JudgeVerdictError("label 2 is missing", reply='{"1": 3}', reason="label 2 is missing"))

@@ -110,6 +110,7 @@ def check_verl_config(config: Any) -> AsyncRMConfig:
                 "keep 'none' for an estimator that reads each token's reward (gae, reinforce_plus_plus, remax)",
                 entry.name, estimator, estimator)
     _refuse_column_clashes(config, settings)
+    _refuse_lone_validation_responses(config, settings)
     if settings.rm.remote and settings.rm.placement == "own_pool":
         gpus = f"{_get(config, 'reward.reward_model.n_gpus_per_node')} x {_get(config, 'reward.reward_model.nnodes')}"
         raise ValueError(
@@ -253,6 +254,21 @@ def probe_endpoints(settings: AsyncRMConfig) -> None:
             except ValueError as err:
                 raise ValueError(f"RM {entry.name!r} ({entry.key}.endpoint): {err}") from err.__cause__
         _PROBED.add(entry.rm)
+
+
+def _refuse_lone_validation_responses(config: Any, settings: AsyncRMConfig) -> None:
+    """A pairwise judge compares the responses of a group: validation's groups of one (verl's default
+    ``val_kwargs.n=1``) have nothing to compare, so every validation trajectory would fail."""
+    pairwise = [e for e in settings.models if e.rm.reward_kind == "pairwise_judge"]
+    validates = _get(config, "trainer.val_before_train") or (_get(config, "trainer.test_freq") or -1) > 0
+    n = _get(config, "actor_rollout_ref.rollout.val_kwargs.n") or 1
+    if pairwise and validates and n < 2:
+        raise ValueError(
+            f"{pairwise[0].key} is a pairwise judge (reward_kind=pairwise_judge) and the validation's groups hold "
+            f"actor_rollout_ref.rollout.val_kwargs.n={n} response: a response alone has nothing to be compared with, "
+            "so every validation trajectory would fail. Fix: actor_rollout_ref.rollout.val_kwargs.n=2 or more (with "
+            "val_kwargs.do_sample=True, or greedy copies compare as ties), or no validation "
+            "(trainer.val_before_train=False trainer.test_freq=-1)")
 
 
 #: A Hugging Face Hub id (``owner/name``): verl downloads one for the policy, the RM replicas load local directories.

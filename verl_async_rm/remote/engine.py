@@ -46,7 +46,7 @@ class EndpointEngine:
     def __init__(self, config: RMConfig, client: EndpointClient, model: str) -> None:
         self.config, self.client, self.model = config, client, model
         self.chat = config.reward_kind in JUDGE_KINDS
-        self.logits = config.reward_kind == "judge" and config.judge_readout == "logits"
+        self.logits = self.chat and config.judge_readout == "logits"
         self.max_output = config.judge_max_tokens if config.writes else 1 if self.chat else 0
         self._extra = json.loads(config.judge_request_extra) if config.judge_request_extra else {}
 
@@ -92,7 +92,7 @@ class EndpointEngine:
             payload.update(logprobs=True, top_logprobs=TOP_LOGPROBS)
         if x.schema is not None:
             payload["response_format"] = {"type": "json_schema",
-                                          "json_schema": {"name": "grades", "schema": x.schema, "strict": True}}
+                                          "json_schema": {"name": "reply", "schema": x.schema, "strict": True}}
         reply = await self._post("/chat/completions", payload, x.num_tokens, deadline)
         if isinstance(reply, Exception):
             return reply

@@ -38,7 +38,7 @@ class ScorerStats:
 def stat_names(config: Any) -> tuple[str, ...]:
     """The :class:`ScorerStats` fields an RM of ``config`` counts (the others stay None)."""
     names = ("requests", "failed", "truncated", "tokens", "busy_s")
-    if config.writes:
+    if config.writes or config.reward_kind == "pairwise_judge":
         return (*names, "judge_tokens", "judge_parse_failures", "judge_cut_replies")
     return (*names, "steps_dropped") if config.reward_kind == "process" else names
 

@@ -90,7 +90,7 @@ def check_rm_checkpoint(model_path: str, trust_remote_code: bool, reward_kind: s
                                f"defined by its own Python code (auto_map: {sorted(auto_map)}), which runs only with "
                                "trust_remote_code", _TRUST_FIX)
     architectures = [str(a) for a in config.get("architectures") or []]
-    if reward_kind in ("judge", "group_judge"):
+    if reward_kind in ("judge", "group_judge", "pairwise_judge"):
         if architectures and not any(a.endswith(_GENERATION_HEADS[:3]) for a in architectures) and not (
             {"AutoModelForCausalLM", "AutoModelForImageTextToText"} & set(auto_map)
         ):
@@ -141,7 +141,7 @@ def auto_class_name(config: dict[str, Any], reward_kind: str = "outcome") -> str
     architecture or the checkpoint's code has it, else the checkpoint's own ``AutoModel`` code (InternLM2-Reward)."""
     auto_map = config.get("auto_map") or {}
     architectures = [str(a) for a in config.get("architectures") or []]
-    if reward_kind in ("judge", "group_judge"):
+    if reward_kind in ("judge", "group_judge", "pairwise_judge"):
         return "AutoModelForCausalLM"
     wanted = "AutoModelForTokenClassification" if reward_kind == "process" else "AutoModelForSequenceClassification"
     suffix = "ForTokenClassification" if reward_kind == "process" else "ForSequenceClassification"

@@ -32,7 +32,6 @@ schema as ``response_format``); a reply cut at ``judge_max_tokens`` is never rea
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import math
 import random
@@ -46,6 +45,7 @@ from verl_async_rm.scoring.judge import (VERDICT_CHARS, chat_ids, check_whole, c
                                          prompt_values, response_text)
 from verl_async_rm.scoring.markup import escape_tags
 from verl_async_rm.scoring.outcome import Kind, RMInput
+from verl_async_rm.scoring.pairwise import last_json_object
 
 logger = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ def parse_group_reply(text: str, count: int) -> dict[int, float]:
     """The number the judge gave each label 1..``count``: the last JSON object in ``text`` (code fences and words
     around it are allowed; keys may be written ``"1"`` or ``"[1]"``). ``ValueError`` with the reason when there is no
     object, a label is missing, repeated or unknown, or a value is not a finite number."""
-    pairs = _last_object(text)
+    pairs = last_json_object(text)
     values: dict[int, float] = {}
     for key, value in pairs:
         name = str(key).strip().removeprefix("[").removesuffix("]").strip()
@@ -152,23 +152,6 @@ def parse_group_reply(text: str, count: int) -> dict[int, float]:
     return values
 
 
-def _last_object(text: str) -> list[tuple[Any, Any]]:
-    """The key-value pairs of the last complete top-level JSON object in ``text`` (pairs, so a repeated key shows)."""
-    decoder = json.JSONDecoder(object_pairs_hook=lambda pairs: pairs, parse_constant=float)
-    found, start, last_error = None, text.find("{"), None
-    while start >= 0:
-        try:
-            value, end = decoder.raw_decode(text, start)
-        except json.JSONDecodeError as err:
-            last_error, start = err, text.find("{", start + 1)
-            continue
-        found, start = value, text.find("{", end)
-    if found is None:
-        raise ValueError("there is no JSON object in it" if last_error is None else
-                         f"its JSON object does not parse ({last_error.msg})")
-    return found
-
-
 def group_verdict(group: GroupRequest, labels: Sequence[int], text: str, scale: float, where: str
                   ) -> GroupVerdict | JudgeVerdictError:
     """The group's scores from the judge's reply ``text`` (each label's number / ``scale``, in the members' order), or
@@ -180,7 +163,9 @@ def group_verdict(group: GroupRequest, labels: Sequence[int], text: str, scale: 
         return JudgeVerdictError(f"{where}the judge's reply does not read: {err} (the reply"
                                  f"{' ends' if len(text) > VERDICT_CHARS else ''}: {shown!r})", reply=text,
                                  reason=str(err))
-    return GroupVerdict(tuple(values[label] / scale for label in labels), tuple(labels), text)
+    kept = [f"[{label}] " for label in labels]  # each member's label, then the reply's end
+    return GroupVerdict(tuple(values[label] / scale for label in labels),
+                        tuple(k + text[-(VERDICT_CHARS - len(k)):] for k in kept))
 
 
 class GroupJudgeKind(Kind[GroupRequest]):

@@ -29,7 +29,7 @@ from verl_async_rm.scoring.outcome import OutcomeKind, RMInput
 __all__ = ["JudgeLogitsKind", "JudgeGenerateKind", "Verdict", "compile_prompt", "compile_pattern", "judge_text",
            "response_text", "as_content", "prompt_values", "judge_messages", "verdict_form", "judge_input_ids",
            "chat_ids", "last_user_text", "parse_verdict", "judge_token_ids", "final_norm", "VERDICT_CHARS",
-           "check_whole"]
+           "check_whole", "logits_readout", "verify_logits"]
 
 # each part between tags of its own: a response cannot write the reference's section or another part's
 # (as_content escapes those tags in it), and the instruction comes last, where the judge reads it before it answers
@@ -60,7 +60,8 @@ def compile_prompt(text: str, variables: Sequence[str] = _VARIABLES, key: str = 
     env = ImmutableSandboxedEnvironment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
     fix = f"write it in Jinja with the variables {', '.join(variables)}, e.g. 'Question: {{{{ prompt }}}}'"
     samples = {"prompt": "p", "response": "r", "responses": '<response label="1">\nr\n</response>',
-               "messages": [{"role": "user", "content": "p"}], "ground_truth": "g"}
+               "messages": [{"role": "user", "content": "p"}], "ground_truth": "g", "response_a": "a",
+               "response_b": "b"}
     try:
         template = env.from_string(text)
         template.render(**{name: samples[name] for name in variables})
@@ -247,15 +248,7 @@ class JudgeLogitsKind(OutcomeKind):
         self.room = self.max_length  # the input's tokens at most
 
     def transformers_readout(self, model: Any) -> dict[str, Any]:
-        import inspect
-
-        from verl_async_rm.scoring.readout import JudgeLogits
-
-        self.head_name = "final norm -> judge_tokens"
-        self.token_ids = judge_token_ids(self.rm_tokenizer, self.config.judge_tokens, self.vocab_size,
-                                         self.config.model_path)
-        keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
-        return {"head": final_norm(model), "transform": JudgeLogits(model, self.token_ids), "forward_kwargs": keep}
+        return logits_readout(self, model)
 
     def messages(self, request: RMRequest) -> list[dict[str, str]]:
         """The judge's conversation for ``request`` (:func:`judge_messages`; a re-ask is a generate judge's), its
@@ -277,29 +270,7 @@ class JudgeLogitsKind(OutcomeKind):
                                        max_length=self.room), messages=messages)
 
     def verify(self, engine: Any) -> None:
-        """The readout (final norm, judge tokens' LM-head rows) must give what the model's own next-token logits
-        give, on the load-time rows; else ``ConfigValueError`` (an output scaling the plugin does not know)."""
-        import torch
-
-        from verl_async_rm.scoring.packing import pack_rows
-
-        rows = check_rows(self.vocab_size, (9, 4, 6))
-        got = [float(engine.forward_ids([ids])[0]) for ids in rows]
-        reference = []
-        with torch.no_grad():
-            for ids in rows:
-                kwargs: dict[str, Any] = {"input_ids": torch.tensor([ids], device=engine.device)}
-                if engine.kernel == "varlen":  # the model's attention is the packed kernel now
-                    packed = pack_rows([ids], engine.device)
-                    kwargs = {"input_ids": packed.input_ids, "position_ids": packed.position_ids,
-                              **packed.varlen_kwargs()}
-                chosen = engine.model(**kwargs, use_cache=False).logits[0, -1].float()[self.token_ids]
-                reference.append(float(chosen[0] if len(chosen) == 1 else torch.softmax(chosen, dim=-1)[0]))
-        half = next(engine.model.parameters()).dtype in (torch.bfloat16, torch.float16)
-        problem = differs(got, reference, half, f"reading {type(engine.model).__name__} at its final norm gives")
-        if problem is not None:
-            raise ConfigValueError("judge_readout", "logits", f"{problem}, its own next-token logits (an output "
-                                   "scaling the plugin does not apply)", "use judge_readout='generate'")
+        verify_logits(self, engine)
 
 
 class JudgeGenerateKind(JudgeLogitsKind):
@@ -377,3 +348,43 @@ def final_norm(model: Any) -> Any:
     raise ConfigValueError(
         "judge_readout", "logits", f"{type(model).__name__} has no final norm the plugin knows (norm, ln_f, ...) to "
         "read the hidden state its LM head reads", "use judge_readout='generate'")
+
+
+def logits_readout(kind: Any, model: Any) -> dict[str, Any]:
+    """What the transformers engine reads for a judge read at its next token (``kind``: a judge's or a pairwise
+    judge's): the final norm's output through the LM head's rows of ``judge_tokens``."""
+    import inspect
+
+    from verl_async_rm.scoring.readout import JudgeLogits
+
+    kind.head_name = "final norm -> judge_tokens"
+    kind.token_ids = judge_token_ids(kind.rm_tokenizer, kind.config.judge_tokens, kind.vocab_size,
+                                     kind.config.model_path)
+    keep = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    return {"head": final_norm(model), "transform": JudgeLogits(model, kind.token_ids), "forward_kwargs": keep}
+
+
+def verify_logits(kind: Any, engine: Any) -> None:
+    """The readout of :func:`logits_readout` must give what the model's own next-token logits give, on the load-time
+    rows; else ``ConfigValueError`` (an output scaling the plugin does not know)."""
+    import torch
+
+    from verl_async_rm.scoring.packing import pack_rows
+
+    rows = check_rows(kind.vocab_size, (9, 4, 6))
+    got = [float(engine.forward_ids([ids])[0]) for ids in rows]
+    reference = []
+    with torch.no_grad():
+        for ids in rows:
+            kwargs: dict[str, Any] = {"input_ids": torch.tensor([ids], device=engine.device)}
+            if engine.kernel == "varlen":  # the model's attention is the packed kernel now
+                packed = pack_rows([ids], engine.device)
+                kwargs = {"input_ids": packed.input_ids, "position_ids": packed.position_ids,
+                          **packed.varlen_kwargs()}
+            chosen = engine.model(**kwargs, use_cache=False).logits[0, -1].float()[kind.token_ids]
+            reference.append(float(chosen[0] if len(chosen) == 1 else torch.softmax(chosen, dim=-1)[0]))
+    half = next(engine.model.parameters()).dtype in (torch.bfloat16, torch.float16)
+    problem = differs(got, reference, half, f"reading {type(engine.model).__name__} at its final norm gives")
+    if problem is not None:
+        raise ConfigValueError("judge_readout", "logits", f"{problem}, its own next-token logits (an output "
+                               "scaling the plugin does not apply)", "use judge_readout='generate'")

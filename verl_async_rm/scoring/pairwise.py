@@ -4,7 +4,8 @@ order, e.g. sorted by id): no model, no I/O.
 
 An ordered call ``(a, b)`` shows response ``a`` first (``{{ response_a }}``) and ``b`` second. Its outcome is a number
 in [0, 1] from the first position's point of view: 1 when the first wins, 0.5 for a tie, 0 when the second wins
-(:func:`winner_outcome`); the logits readout gives P(first wins) (:func:`p_first`). A failed call's outcome is None.
+(:func:`winner_outcome`); the logits readout gives P(first wins) = p(A) / (p(A) + p(B)). A failed call's outcome is
+None.
 
 Formulas (``r_ij``: P(i beats j) for a compared pair, from :func:`pair_results`; ``C_i``: the responses i was compared
 with)::
@@ -38,8 +39,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = ["PLANS", "ORDERS", "REPLY_FORM", "default_plan", "plan_pairs", "calls_per_group", "ordered_calls",
-           "winner_schema", "parse_winner", "winner_outcome", "p_first", "pair_results", "win_rate",
-           "largest_component", "log_strengths", "bradley_terry", "position_flips", "position_flip_rate",
+           "winner_schema", "parse_winner", "last_json_object", "winner_outcome", "pair_results",
+           "win_rate", "largest_component", "log_strengths", "bradley_terry", "position_flips", "position_flip_rate",
            "intransitive_triples", "intransitive_rate", "count_ties"]
 
 PLANS = ("all_pairs", "circular", "random_k")
@@ -143,7 +144,7 @@ def parse_winner(text: str) -> str:
     """``"A"``, ``"B"`` or ``"tie"``: the ``winner`` of the last JSON object in ``text`` (words and code fences around
     it allowed; the value's case and surrounding spaces ignored). ``ValueError`` with the reason, in a few words, when
     there is no JSON object, its keys are not exactly ``winner``, or the value is not one of the three."""
-    pairs = _last_object(text)
+    pairs = last_json_object(text)
     keys = [key for key, _ in pairs]
     if keys != ["winner"]:
         raise ValueError("its JSON object gives the winner twice" if keys.count("winner") > 1 else
@@ -155,20 +156,22 @@ def parse_winner(text: str) -> str:
     return winner
 
 
-def _last_object(text: str) -> list[tuple[Any, Any]]:
-    """The key-value pairs of the last complete top-level JSON object in ``text`` (pairs, so a repeated key shows)."""
+def last_json_object(text: str) -> list[tuple[Any, Any]]:
+    """The key-value pairs of the last complete top-level JSON object in ``text`` (pairs, so a repeated key shows):
+    a judge's reply read as a group or pairwise judge reads it. ``ValueError`` with the reason when there is none (an
+    object nested too deep to parse counts as one that does not parse)."""
     decoder = json.JSONDecoder(object_pairs_hook=lambda pairs: pairs)
     found, start, last_error = None, text.find("{"), None
     while start >= 0:
         try:
             value, end = decoder.raw_decode(text, start)
-        except json.JSONDecodeError as err:
+        except (json.JSONDecodeError, RecursionError) as err:
             last_error, start = err, text.find("{", start + 1)
             continue
         found, start = value, text.find("{", end)
     if found is None:
         raise ValueError("there is no JSON object in it" if last_error is None else
-                         f"its JSON object does not parse ({last_error.msg})")
+                         f"its JSON object does not parse ({getattr(last_error, 'msg', 'nested too deep')})")
     return found
 
 
@@ -177,15 +180,6 @@ def winner_outcome(winner: str) -> float:
     if winner not in _OUTCOMES:
         raise ValueError(f"winner={winner!r} is not one of 'A', 'B', 'tie'; read it with parse_winner")
     return _OUTCOMES[winner]
-
-
-def p_first(p_a: float, p_b: float) -> float:
-    """The logits readout's outcome: P(first wins) = p_a / (p_a + p_b), from the first token's probabilities of the
-    two labels. ``ValueError`` when either is negative or not finite, or both are 0."""
-    if not (math.isfinite(p_a) and math.isfinite(p_b)) or p_a < 0 or p_b < 0 or p_a + p_b <= 0:
-        raise ValueError(f"p_a={p_a!r}, p_b={p_b!r}: the labels' probabilities must be finite, >= 0 and not both 0 "
-                         "(the judge put no mass on either label; check judge_tokens)")
-    return p_a / (p_a + p_b)
 
 
 # --------------------------------------------------------------------------------------------------- combining

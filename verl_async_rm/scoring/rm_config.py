@@ -11,28 +11,35 @@ from verl_async_rm.options import check_options, option
 from verl_async_rm.scoring import vllm_engine
 from verl_async_rm.scoring.group_judge import GroupJudgeKind
 from verl_async_rm.scoring.judge import JudgeGenerateKind, JudgeLogitsKind
-from verl_async_rm.scoring.outcome import OutcomeKind
+from verl_async_rm.scoring.outcome import Kind, OutcomeKind
+from verl_async_rm.scoring.pairwise import ORDERS, PLANS
+from verl_async_rm.scoring.pairwise_judge import PairwiseGenerateKind, PairwiseLogitsKind
 from verl_async_rm.scoring.process import ProcessKind
 
-__all__ = ["RMConfig", "PLACEMENTS", "KINDS", "JUDGE_KINDS", "kind_class", "LOADED_ONLY_KEYS", "REMOTE_ONLY_KEYS"]
+__all__ = ["RMConfig", "PLACEMENTS", "KINDS", "JUDGE_KINDS", "GROUPED_KINDS", "kind_class", "LOADED_ONLY_KEYS",
+           "REMOTE_ONLY_KEYS"]
 
 #: Where the replicas run: ``own_pool`` (a reward pool of their own, ``reward.reward_model.enable_resource_pool=True``)
 #: or ``policy_pool`` (the bundles of verl's actor/rollout pool, asleep while the policy trains; ``=False``).
 PLACEMENTS = ("own_pool", "policy_pool")
 
 #: The kind of each ``(reward_kind, judge_readout)``; ``judge_readout`` only tells judges apart.
-KINDS: dict[tuple[str, str | None], type[OutcomeKind]] = {
+KINDS: dict[tuple[str, str | None], type[Kind]] = {
     ("outcome", None): OutcomeKind, ("process", None): ProcessKind, ("judge", "logits"): JudgeLogitsKind,
-    ("judge", "generate"): JudgeGenerateKind, ("group_judge", None): GroupJudgeKind}
+    ("judge", "generate"): JudgeGenerateKind, ("group_judge", None): GroupJudgeKind,
+    ("pairwise_judge", "logits"): PairwiseLogitsKind, ("pairwise_judge", "generate"): PairwiseGenerateKind}
 #: The kinds that ask a causal LM (the judge_* keys).
-JUDGE_KINDS = ("judge", "group_judge")
+JUDGE_KINDS = ("judge", "group_judge", "pairwise_judge")
+#: The kinds whose trajectories wait for their GRPO group (the group gate).
+GROUPED_KINDS = ("group_judge", "pairwise_judge")
 _JUDGE_KEYS = ("judge_prompt", "judge_tokens", "judge_pattern", "judge_labels", "judge_readout", "judge_request_extra")
-#: Keys only a group judge reads.
-_GROUP_KEYS = ("judge_scale", "judge_seed", "group_wait_s")
+#: Keys only the judges of a group read (a group judge's, a pairwise judge's), and those only a group judge reads.
+_GROUP_KEYS = ("judge_seed", "group_wait_s")
+_PAIR_KEYS = ("pair_plan", "pair_k", "pair_orders", "pair_aggregate")
 #: Keys that only some kinds read: an extra RM of another kind than the main one does not take them from the top.
 KIND_KEYS = ("score_index", "score_reduction", "score_head", "score_output_field", *_JUDGE_KEYS, "judge_max_tokens",
-             "judge_retries", "judge_temperature", *_GROUP_KEYS, "step_delimiter", "step_separator", "process_label_index",
-             "process_reduction")
+             "judge_retries", "judge_temperature", "judge_scale", *_GROUP_KEYS, *_PAIR_KEYS, "step_delimiter",
+             "step_separator", "process_label_index", "process_reduction")
 _POOL_FIX = "set {key} to a positive integer (one RM replica on one GPU: n_gpus_per_node=1, nnodes=1)"
 _SECONDS = {"above": 0, "why": "must be a positive number of seconds", "fix": "set {key}=300"}
 
@@ -79,8 +86,10 @@ class RMConfig:
     reward_kind: str = option(
         "outcome", "'outcome': one score per trajectory; 'process': a PRM scoring every step at a separator token "
         "(step_* and process_* keys); 'judge': a causal LM asked about the trajectory (judge_* keys); 'group_judge': "
-        "a causal LM asked once about every response of a GRPO group, replying with a JSON number per response.",
-        choices=("outcome", "process", "judge", "group_judge"), why="unknown kind")
+        "a causal LM asked once about every response of a GRPO group, replying with a JSON number per response; "
+        "'pairwise_judge': a causal LM asked which of two responses of a group is better, the group's comparisons "
+        "turned into a reward per response (pair_* keys).",
+        choices=("outcome", "process", "judge", "group_judge", "pairwise_judge"), why="unknown kind")
     judge_prompt: str | None = option(
         None, "Judges: Jinja with prompt, response, messages, ground_truth, the user turn of the judge's chat "
         "template (group judges: responses, the group's responses each in a block <response label='n'>, instead of "
@@ -89,11 +98,12 @@ class RMConfig:
         str, optional=True, fix="write it in Jinja, e.g. 'Question: {{ prompt }} Answer: {{ response }} Correct?'")
     judge_readout: str | None = option(
         None, "Judges: 'logits' (one forward, read at the next token: judge_tokens) or 'generate' (greedy on "
-        "vLLM, at most judge_max_tokens, parsed by judge_pattern). None: 'logits' (a group judge always writes).",
+        "vLLM, at most judge_max_tokens, parsed by judge_pattern; a pairwise judge's {\"winner\": ...}). None: "
+        "'logits' (a group judge always writes).",
         str, optional=True, choices=("logits", "generate"), why="unknown readout")
     judge_tokens: tuple[str, ...] | None = option(
         None, "judge_readout='logits': next-token strings, one token each; two or more: the first one's probability "
-        "among them; one: its raw logit. None: [Yes,No].", tuple, optional=True,
+        "among them; one: its raw logit. None: [Yes,No] (a pairwise judge: two, [A,B]).", tuple, optional=True,
         fix="e.g. +async_rm.judge_tokens='[Yes,No]'")
     judge_pattern: str | None = option(
         None, "judge_readout='generate': a regex with one group; its last match is the verdict, a number or one of "
@@ -110,14 +120,31 @@ class RMConfig:
         1.0, "group_judge: each response's score is the number the judge gives its label divided by this (10 turns a "
         "0-10 grade into 0-1).", above=0, fix="e.g. +{key}=10")
     judge_seed: int = option(
-        0, "group_judge: with the group's id, seeds which response gets which label (the same in every run).",
+        0, "group_judge, pairwise_judge: with the group's id, seeds which response gets which label, or which pairs "
+        "(pair_plan=random_k) and orders (pair_orders=one) are asked (the same in every run).",
         least=0, fix="use 0, or another non-negative integer")
     group_wait_s: float = option(
-        300.0, "group_judge: a group is judged when its rollout.n responses have arrived, or with those that have "
+        300.0, "group_judge, pairwise_judge: a group is judged when its rollout.n responses have arrived, or with "
+        "those that have "
         "when this long has passed since its last one arrived (a sibling whose agent loop failed is withdrawn at "
         "once; this wait is for one that is lost). "
         "Must exceed the longest gap between two siblings' ends and stay below request_timeout_s.",
         above=0, why="must be a positive number of seconds", fix="set e.g. {key}=300")
+    pair_plan: str | None = option(
+        None, "pairwise_judge: which pairs of a group are compared: 'all_pairs' (n(n-1)/2), 'circular' (each response "
+        "with its next, n), 'random_k' (each with pair_k others). None: all_pairs up to 8 responses, else circular.",
+        str, optional=True, choices=PLANS, why="unknown plan")
+    pair_k: int | None = option(
+        None, "pair_plan='random_k': how many others each response is compared with.", int, optional=True, least=1,
+        fix="set e.g. {key}=3 with pair_plan=random_k")
+    pair_orders: str = option(
+        "both", "pairwise_judge: 'both' asks each pair as (a, b) and (b, a) and averages the two answers (a judge "
+        "that prefers a position gains nothing); 'one' asks one order, chosen by judge_seed.", choices=ORDERS,
+        why="unknown order")
+    pair_aggregate: str = option(
+        "win_rate", "pairwise_judge: a response's reward from its comparisons: 'win_rate' (its mean result, a tie "
+        "0.5) or 'bradley_terry' (maximum-likelihood strengths scaled to [0, 1] within the group).",
+        choices=("win_rate", "bradley_terry"), why="unknown aggregate")
     step_delimiter: str = option(
         "\n\n", "Process RMs: how the response splits into steps; '\\n' and '\\t' on the command line mean "
         "newline and tab.", fix="use the default '\\n\\n'")
@@ -132,7 +159,8 @@ class RMConfig:
         "each step's score on the response token where it ends, their sum the trajectory's score.",
         choices=("min", "mean", "last", "product", "none"), why="unknown reduction")
     engine: str = option(
-        "transformers", "What runs the forwards: 'transformers' or 'vllm' (a vLLM pooling engine in each replica, outcome "
+        "transformers", "What runs the forwards: 'transformers' or 'vllm' (a vLLM pooling engine in each replica, "
+        "outcome "
         "RMs, tensor parallel over gpus_per_replica GPUs, checked against transformers at load). Judges that write "
         "run on vLLM.",
         choices=("transformers", "vllm"), why="unknown engine",
@@ -247,11 +275,17 @@ class RMConfig:
         if self.reward_kind not in JUDGE_KINDS and self.judge_temperature != defaults["judge_temperature"]:
             raise ConfigValueError("judge_temperature", self.judge_temperature, "it is read only by judges that write, "
                                    f"and reward_kind is {self.reward_kind!r}", "remove it")
-        if self.reward_kind != "group_judge" and (key := next((k for k in _GROUP_KEYS
-                                                               if getattr(self, k) != defaults[k]), None)) is not None:
-            raise ConfigValueError(key, getattr(self, key), f"it is read only by group judges, and reward_kind is "
-                                   f"{self.reward_kind!r}", "set reward_kind='group_judge', or remove the key")
-        if self.reward_kind == "judge" and self.judge_readout is None:
+        for keys, kinds in ((("judge_scale",), ("group_judge",)), (_GROUP_KEYS, GROUPED_KINDS),
+                            (_PAIR_KEYS, ("pairwise_judge",))):
+            if self.reward_kind not in kinds and (key := next((k for k in keys if getattr(self, k) != defaults[k]),
+                                                              None)) is not None:
+                raise ConfigValueError(key, getattr(self, key), f"it is read only by reward_kind "
+                                       f"{' or '.join(kinds)}, and reward_kind is {self.reward_kind!r}",
+                                       f"set reward_kind to {' or '.join(kinds)}, or remove the key")
+        if (self.pair_plan == "random_k") != (self.pair_k is not None):
+            raise ConfigValueError("pair_k", self.pair_k, "it is the k of pair_plan=random_k, and goes with it only",
+                                   "set both pair_plan=random_k and pair_k, or neither")
+        if self.reward_kind in ("judge", "pairwise_judge") and self.judge_readout is None:
             object.__setattr__(self, "judge_readout", "logits")
         kind_class(self).check(self)
         if self.endpoint is not None:
@@ -307,7 +341,14 @@ class RMConfig:
     def writes(self) -> bool:
         """True for a judge that writes (``judge_readout='generate'``, or a group judge): vLLM generate in the replicas,
         chat completions at an endpoint."""
-        return self.reward_kind == "group_judge" or (self.reward_kind == "judge" and self.judge_readout == "generate")
+        return self.reward_kind == "group_judge" or (self.reward_kind in ("judge", "pairwise_judge")
+                                                     and self.judge_readout == "generate")
+
+    @property
+    def grouped(self) -> bool:
+        """True for a judge of a whole GRPO group (a group judge, a pairwise judge): its trajectories wait for their
+        group."""
+        return self.reward_kind in GROUPED_KINDS
 
     @property
     def on_vllm(self) -> bool:
@@ -324,9 +365,10 @@ class RMConfig:
         return self.replicas_per_node * self.nnodes
 
 
-def kind_class(config: RMConfig) -> type[OutcomeKind]:
+def kind_class(config: RMConfig) -> type[Kind]:
     """The kind of an RM: outcome, process, or a judge read at its next token or by the verdict it writes."""
-    return KINDS[(config.reward_kind, config.judge_readout if config.reward_kind == "judge" else None)]
+    readout = config.judge_readout if config.reward_kind in ("judge", "pairwise_judge") else None
+    return KINDS[(config.reward_kind, readout)]
 
 
 #: Settings that only mean something for an RM the plugin loads, with their defaults: refused with ``endpoint``.

@@ -57,7 +57,7 @@ def unsupported(config: Any) -> str | None:
     if config.placement == "policy_pool":
         return ("the RM on the policy's GPUs sleeps while the policy trains, its weights moved by the plugin's "
                 "transformers path (a vLLM engine in the replica is not put to sleep)")
-    if config.reward_kind in ("judge", "group_judge"):
+    if config.reward_kind in ("judge", "group_judge", "pairwise_judge"):
         return None if config.writes else (
             "a judge's logits readout runs on transformers (judge_readout='generate' runs on vLLM)")
     if config.reward_kind != "outcome":
@@ -120,7 +120,7 @@ class VLLMEngine(Engine):
             options.update(tensor_parallel_size=k, distributed_executor_backend="mp")
         from vllm import LLM, PoolingParams, SamplingParams
 
-        if config.reward_kind == "group_judge":
+        if config.reward_kind in ("group_judge", "pairwise_judge"):  # replies constrained to a JSON schema
             options["structured_outputs_config"] = dict(STRUCTURED_OUTPUTS)
         self.config, self.generate = config, generate
         start = time.perf_counter()

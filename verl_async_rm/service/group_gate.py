@@ -28,7 +28,6 @@ from typing import Any
 from verl_async_rm.errors import AsyncRMError, BatcherClosedError, BatchResultError, RequestTimeoutError
 from verl_async_rm.percentiles import Samples
 from verl_async_rm.request import GroupRequest, GroupVerdict, RMRequest, ScoreResult, Verdict
-from verl_async_rm.scoring.judge import VERDICT_CHARS
 from verl_async_rm.step_counter import StepCounter
 
 logger = logging.getLogger(__name__)
@@ -226,9 +225,8 @@ class GroupGate:
             if member.future.done():
                 continue
             if isinstance(result, GroupVerdict):
-                label = f"[{result.labels[i]}] "
-                member.future.set_result(Verdict(result.scores[i],
-                                                 label + result.text[-(VERDICT_CHARS - len(label)):]))
+                score = result.scores[i]
+                member.future.set_result(score if isinstance(score, BaseException) else Verdict(score, result.texts[i]))
             elif isinstance(result, BaseException):
                 member.future.set_result(result)
             else:

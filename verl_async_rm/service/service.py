@@ -23,6 +23,7 @@ from verl_async_rm.service.batcher import Batcher
 from verl_async_rm.service.batching import BatchPolicy
 from verl_async_rm.service.group_gate import GroupGate
 from verl_async_rm.service.metrics import service_step_metrics
+from verl_async_rm.service.pairs import PAIR_COUNTS, judge_pairs, pair_metrics
 from verl_async_rm.service.placement import kill_and_wait, kill_quietly, remove_pool_groups, replica_bundle
 from verl_async_rm.step_counter import StepCounter
 
@@ -83,8 +84,10 @@ class RMService:
         self._replicas = EndpointSlots(rm, name) if rm.endpoint else ActorReplicas(rm, name, replace_replicas)
         self._batcher: Batcher[RMRequest | GroupRequest, ScoreResult] | None = None
         self._gate = (GroupGate(self._judge_group, wait_s=rm.group_wait_s, name=name)
-                      if rm.reward_kind == "group_judge" else None)
+                      if rm.grouped else None)
         self._reasks = StepCounter(["reasks"])
+        #: A pairwise judge's comparisons this step (:mod:`.pairs`).
+        self._pairs = StepCounter(PAIR_COUNTS) if rm.reward_kind == "pairwise_judge" else None
         self._sleep = SleepStats() if self._replicas.sleeps else None
         #: Replicas that did not answer the sleep, by index: lost at the wake if the index still holds them.
         self._failed_sleep: dict[int, Any] = {}
@@ -110,7 +113,10 @@ class RMService:
         return await self._ask(request, deadline_s)
 
     async def _judge_group(self, group: GroupRequest, deadline_s: float | None) -> ScoreResult:
-        """One group's judging (the gate's ``judge``): through the batcher, as one request."""
+        """One group's judging (the gate's ``judge``): through the batcher, as one request, or for a pairwise judge
+        as one request per comparison (:func:`~.pairs.judge_pairs`)."""
+        if self._pairs is not None:
+            return await judge_pairs(group, self._ask, self._rm, deadline_s, self._pairs)
         return await self._ask(group, deadline_s)
 
     async def _ask(self, item: RMRequest | GroupRequest, deadline_s: float | None) -> ScoreResult:
@@ -163,9 +169,12 @@ class RMService:
     async def _pop_step(self, sleep: bool = True) -> dict[str, float]:
         batcher, replicas = self._require(), self._replicas
         step = batcher.pop_step_stats()
-        metrics = service_step_metrics(step, await replicas.step_stats(batcher.replicas, _CONTROL_S),
-                                       None if self._gate is None else self._gate.pop_step_stats(),
+        group = None if self._gate is None else self._gate.pop_step_stats()
+        metrics = service_step_metrics(step, await replicas.step_stats(batcher.replicas, _CONTROL_S), group,
                                        int(self._reasks.pop()["reasks"]))
+        if self._pairs is not None:
+            metrics.update({k: float(v) for k, v in pair_metrics(self._pairs.pop(), group.requests).items()
+                            if v is not None})
         metrics.update(replicas.step_metrics())
         if self._sleep is not None and sleep:
             metrics.update(self._sleep.pop())
