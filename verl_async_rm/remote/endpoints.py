@@ -338,7 +338,7 @@ class EndpointClient:
         """The counters of :meth:`stats` since the previous call (or the start), the step's latency p50/p99 (ms, None
         without requests) and the endpoints out now; starts a new step."""
         latency = self._latency.pop_step()
-        return {**self._counts.pop(), "latency_ms_p50": latency.p50,
+        return {**self._counts.pop_step(), "latency_ms_p50": latency.p50,
                 "latency_ms_p99": latency.p99, "endpoints_out": sum(ep.out_until > self._now() for ep in
                                                                     self._endpoints)}
 

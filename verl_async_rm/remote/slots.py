@@ -73,7 +73,7 @@ class EndpointSlots:
 
     async def step_stats(self, handles: Sequence[Any], timeout_s: float) -> list[ScorerStats]:
         """The step's counters of every slot together (since the last call)."""
-        return [ScorerStats(**self._counts.pop())]
+        return [ScorerStats(**self._counts.pop_step())]
 
     def step_metrics(self) -> dict[str, float]:
         """The endpoint client's step stats (:data:`REMOTE_METRICS`), since the last call."""

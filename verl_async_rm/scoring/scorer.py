@@ -240,7 +240,7 @@ class RewardModelScorer:
 
     def pop_step_stats(self) -> ScorerStats:
         """Counters since the last call (one training step); truncations are logged here, once; then reset."""
-        step = ScorerStats(**self._counts.pop())
+        step = ScorerStats(**self._counts.pop_step())
         if step.truncated:
             logger.warning("RM step: %d of %d inputs truncated to max_length=%s (prompt start cut, response end "
                            "kept); %d failed", step.truncated, step.requests, self.kind.max_length, step.failed)

@@ -59,6 +59,7 @@ class Batcher(Generic[ItemT, ResultT]):
         self._free: deque[int] = deque(range(len(self.replicas)))
         self._counts = Counter(lost=0, replaced=0, replace_failed=0, timed_out=0)
         self._stats = BatcherStats(self.policy.max_batch_size)
+        self._requests = self._stats.counts  # each request's outcome (counted into twice per request)
         self._queue = RequestQueue(self.policy)
         self._running: dict[asyncio.Task, list[Request]] = {}  # batch task -> its requests
         self._tasks: set[asyncio.Task] = set()  # replacements under way
@@ -78,10 +79,10 @@ class Batcher(Generic[ItemT, ResultT]):
         less: passed already, a caller's time left that ran out: the request times out at once, counted as any);
         ``group``: siblings' shared key (default: ``item.group``, as ``RMRequest`` has)."""
         if self._closed:
-            self._stats.counts.add("rejected")
+            self._requests.rejected += 1
             raise BatcherClosedError(f"batcher {self._name!r} is closed; it accepts no new requests")
         if not self.usable:
-            self._stats.counts.add("rejected")
+            self._requests.rejected += 1
             raise self._no_replicas_error()
         if num_tokens is not None:
             if num_tokens.__class__ is not int and (isinstance(num_tokens, bool)
@@ -107,7 +108,7 @@ class Batcher(Generic[ItemT, ResultT]):
         now = loop.time()  # type: ignore[union-attr]
         req = Request(self._seq, item, num_tokens, now, loop.create_future(), deadline_s,  # type: ignore[union-attr]
                       getattr(item, "group", None) if group is None else group)
-        self._stats.counts.add("submitted")
+        self._requests.submitted += 1
         self._stats.last_submit = now
         if deadline_s is not None and deadline_s != math.inf:
             req.timer = loop.call_at(now + deadline_s, self._expire, req)  # type: ignore[union-attr]
@@ -398,7 +399,7 @@ class Batcher(Generic[ItemT, ResultT]):
                 req.requeued += 1
                 again.append(req)
         self._queue.requeue(again)
-        self._stats.counts.add("requeued", len(again))
+        self._requests.requeued += len(again)
         self._changed.set()
 
     def _release(self, index: int) -> None:
@@ -447,18 +448,23 @@ class Batcher(Generic[ItemT, ResultT]):
         if req.timer is not None:
             req.timer.cancel()
             req.timer = None
-        fut, stats = req.future, self._stats
+        fut = req.future
         if fut.done():  # the caller cancelled
-            stats.counts.add("cancelled")
+            self._requests.cancelled += 1
             return
-        stats.last_result = self._loop.time()  # type: ignore[union-attr]
+        self._stats.last_result = self._loop.time()  # type: ignore[union-attr]
         if exc is None:
             fut.set_result(value)
+            if not isinstance(value, Exception):
+                self._requests.completed += 1
+                return
+            exc = value  # an item's error, resolved as its result: counted as a failure
         else:
             fut.set_exception(exc)
-        error = exc if exc is not None else value if isinstance(value, Exception) else None
-        stats.counts.add("completed" if error is None else "timed_out" if isinstance(error, RequestTimeoutError)
-                         else "failed")
+        if isinstance(exc, RequestTimeoutError):
+            self._requests.timed_out += 1
+        else:
+            self._requests.failed += 1
 
     def _unqueue(self, req: Request) -> None:
         if req.state == PENDING:
@@ -493,6 +499,10 @@ class Batcher(Generic[ItemT, ResultT]):
 
 def _deadline(batch: Sequence[Request]) -> float:
     """The loop time by which every request of ``batch`` has timed out (``math.inf`` when one has no deadline)."""
-    if any(req.deadline_s is None for req in batch):
-        return math.inf
-    return max(req.t_submit + req.deadline_s for req in batch)  # type: ignore[operator]
+    latest = -math.inf
+    for req in batch:  # once per request: comparisons, no call
+        if req.deadline_s is None:
+            return math.inf
+        if req.t_submit + req.deadline_s > latest:
+            latest = req.t_submit + req.deadline_s
+    return latest

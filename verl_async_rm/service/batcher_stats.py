@@ -58,7 +58,7 @@ class BatcherStats:
         self.step_t0 = self.last_submit = self.last_result = None
 
     def record_batch(self, size: int, lengths: list[int] | None, reason: str) -> None:
-        self.counts.add("batches")
+        self.counts.batches += 1
         self.batched_requests += size
         self.flush_reasons[reason] += 1
         self.batch_size.add(size)
@@ -75,7 +75,7 @@ class BatcherStats:
         busy = self.exec_s.pop_step()
         submit, result, self.last_submit, self.last_result = self.last_submit, self.last_result, None, None
         return StepStats(
-            **{name: int(n) for name, n in self.counts.pop().items()}, wait_ms=self.wait_s.pop_step(),
+            **{name: int(n) for name, n in self.counts.pop_step().items()}, wait_ms=self.wait_s.pop_step(),
             exec_ms=busy, elapsed_s=elapsed_s,
             tail_s=result - submit if submit is not None and result is not None and result >= submit else None,
             mean_batch_size=mean_size, mean_fill=None if mean_size is None else mean_size / self.max_batch_size,

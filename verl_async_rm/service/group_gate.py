@@ -153,7 +153,7 @@ class GroupGate:
         """Figures since the previous call (or the start); starts a new step."""
         submit, result, self._last_submit, self._last_result = self._last_submit, self._last_result, None, None
         wait, self._wait = self._wait, Samples()
-        return GroupStats(**{name: int(n) for name, n in self._counts.pop().items()}, wait_s=wait,
+        return GroupStats(**{name: int(n) for name, n in self._counts.pop_step().items()}, wait_s=wait,
                           last_submit=submit, last_result=result)
 
     def stats(self) -> dict[str, Any]:

@@ -66,7 +66,7 @@ class SleepStats:
     def pop(self) -> dict[str, float]:
         """The step's metrics (the ``async_rm/`` of the RM on the policy's GPUs), then starts over."""
         self._switch(self.asleep)
-        step = {name: float(value) for name, value in self._counts.pop().items()}
+        step = {name: float(value) for name, value in self._counts.pop_step().items()}
         total = step["rm_awake_s"] + step["rm_asleep_s"]
         return {**step, "rm_awake_share": step["rm_awake_s"] / total if total > 0 else 1.0}
 
@@ -171,9 +171,9 @@ class RMService:
         step = batcher.pop_step_stats()
         group = None if self._gate is None else self._gate.pop_step_stats()
         metrics = service_step_metrics(step, await replicas.step_stats(batcher.replicas, _CONTROL_S), group,
-                                       int(self._reasks.pop()["reasks"]))
+                                       int(self._reasks.pop_step()["reasks"]))
         if self._pairs is not None:
-            metrics.update({k: float(v) for k, v in pair_metrics(self._pairs.pop(), group.requests).items()
+            metrics.update({k: float(v) for k, v in pair_metrics(self._pairs.pop_step(), group.requests).items()
                             if v is not None})
         metrics.update(replicas.step_metrics())
         if self._sleep is not None and sleep:
