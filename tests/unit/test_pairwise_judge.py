@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import re
 
 import pytest
@@ -115,6 +116,48 @@ async def test_a_failed_comparison_leaves_the_others_and_a_response_with_none_fa
     assert isinstance(results[1], RewardModelError) and "none of its comparisons" in str(results[1])
     assert "content refused" in str(results[1])
     assert (metrics["comparisons"], metrics["comparisons_failed"], metrics["errors"]) == (6, 4, 1)
+
+
+@pytest.mark.asyncio
+async def test_a_response_with_no_comparison_answered_is_told_its_own_comparisons_error(tiny_models, policy_tok):
+    def refuses(payload):
+        content = payload["messages"][0]["content"]
+        if "answer 99" in content:
+            return Raw(400, {"error": {"message": "content refused"}})
+        return Raw(400, {"error": {"message": "pair too long"}})
+
+    group = [member(policy_tok, "e", j, f"answer {n}", 3) for j, n in enumerate([4, 6, 99])]
+    with ScriptedUpstream(chat=refuses) as up:
+        results, _ = await scored(config(tiny_models, up.url), group)
+    assert "pair too long" in str(results[0]) and "content refused" in str(results[2])
+    assert "pair too long" not in str(results[2])
+
+
+@pytest.mark.asyncio
+async def test_under_all_pairs_the_intransitive_rate_counts_the_triples_whose_pairs_all_answered(tiny_models,
+                                                                                                 policy_tok):
+    def one_pair_fails(payload):
+        content = payload["messages"][0]["content"]
+        if "answer 2" in content and "answer 8" in content:
+            return Raw(400, {"error": {"message": "refused"}})
+        return larger_wins(payload)
+
+    group = [member(policy_tok, "t", j, f"answer {n}") for j, n in enumerate([2, 8, 5, 7])]
+    with ScriptedUpstream(chat=one_pair_fails) as up:
+        results, metrics = await scored(config(tiny_models, up.url), group)
+    assert all(isinstance(r, Verdict) for r in results) and metrics["comparisons_failed"] == 2
+    assert metrics["intransitive_rate"] == 0.0  # the 2 triples without the failed pair, both transitive
+
+
+def test_a_logits_comparison_that_is_not_a_probability_fails_as_a_value():
+    from verl_async_rm.errors import NonFiniteScoreError
+    from verl_async_rm.scoring.pairwise_judge import PairwiseLogitsKind
+
+    kind = PairwiseLogitsKind.__new__(PairwiseLogitsKind)  # read() needs no setting
+    pair = GroupRequest("g", ())
+    assert kind.read(pair, 0.25, None) == 0.25
+    for value in (math.nan, 1.5, -0.1):
+        assert isinstance(kind.read(pair, value, None), NonFiniteScoreError)
 
 
 @pytest.mark.asyncio

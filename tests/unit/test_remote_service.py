@@ -282,6 +282,86 @@ async def test_an_outcome_rms_batch_goes_to_the_endpoint_in_one_classify_request
 
 
 @pytest.mark.asyncio
+async def test_a_batch_over_max_tpm_goes_in_requests_within_it_and_waits_for_the_budget(tiny_models, policy_tok):
+    """One ``/classify`` request may reserve at most ``max_tpm``: a batch whose tokens together exceed it (each
+    input alone fits) goes in as few requests as stay within it, in order (:func:`_within`); the first goes at once
+    and the rest wait for the minute's budget (here past a short deadline: the batch's rows time out together),
+    instead of every row failing at once as too large (``TokenLimitError``, before)."""
+    from verl_async_rm.errors import TokenLimitError
+
+    with ScriptedUpstream(classify=lambda item: [len(item) / 10.0], models=("rm",)) as up:
+        reqs = [request(policy_tok, i) for i in range(6)]
+        cfg = config(tiny_models, up.url, model_path=str(tiny_models.rm))
+        sizes = [len(ids) for ids in service_kind_ids(cfg, reqs)]
+        cfg = config(tiny_models, up.url, model_path=str(tiny_models.rm), max_tpm=2.5 * max(sizes))
+        service = RMService(cfg, BatchPolicy(max_batch_size=6, max_wait_ms=1000), name="tpm")
+        await service.start()
+        try:
+            results = await asyncio.gather(*(service.score(r, 2.0) for r in reqs))
+        finally:
+            await service.close()
+    posts = [s.body["input"] for s in up.seen if s.path == "/classify"]
+    assert [len(batch) for batch in posts] == [2] and posts[0] == service_kind_ids(cfg, reqs)[:2]
+    assert all(isinstance(r, RequestTimeoutError) and not isinstance(r, TokenLimitError) for r in results), results
+
+
+def test_a_batchs_inputs_are_cut_in_order_into_runs_within_the_token_budget():
+    from types import SimpleNamespace
+
+    from verl_async_rm.remote.engine import _within
+
+    inputs = [SimpleNamespace(num_tokens=n) for n in (4, 5, 2, 12, 3, 3)]
+    runs = _within(inputs, 10)
+    assert [[x.num_tokens for x in run] for run in runs] == [[4, 5], [2], [12], [3, 3]]  # 12 alone, to be refused
+    assert _within(inputs, None) == [inputs]
+
+
+@pytest.mark.asyncio
+async def test_a_request_without_a_deadline_is_scored_at_an_endpoint(tiny_models, policy_tok):
+    """``RMService.score(request)`` takes no deadline (the workers always give one): the endpoint's slots bound its
+    retries by ``NO_DEADLINE_S`` rather than refusing an infinite deadline."""
+    with ScriptedUpstream(chat=lambda p: "Verdict: 6") as up:
+        cfg = config(tiny_models, up.url, reward_kind="judge", judge_readout="generate")
+        service = RMService(cfg, BatchPolicy(max_wait_ms=0), name="no_deadline")
+        await service.start()
+        try:
+            assert await service.score(request(policy_tok, 0)) == Verdict(6.0, "Verdict: 6")
+        finally:
+            await service.close()
+
+
+@pytest.mark.asyncio
+async def test_a_kind_that_raises_on_a_batch_fails_its_trajectories_as_values_with_the_cause(tiny_models, policy_tok,
+                                                                                              monkeypatch):
+    """Whatever goes wrong inside a slot's batch (here a stand-in: the kind's read raises ``TypeError``, as a bug
+    would) reaches each trajectory as a ``RewardModelError`` value with its cause, never an exception out of the
+    service, as a replica's failure does."""
+    from verl_async_rm.scoring.judge import JudgeGenerateKind
+
+    def broken(self, item, value, built):
+        raise TypeError("a bug in read")
+
+    monkeypatch.setattr(JudgeGenerateKind, "read", broken)
+    with ScriptedUpstream(chat=lambda p: "Verdict: 6") as up:
+        cfg = config(tiny_models, up.url, reward_kind="judge", judge_readout="generate")
+        results, figures, _ = await scored(cfg, [request(policy_tok, i) for i in range(2)])
+    assert all(isinstance(r, RewardModelError) and isinstance(r.__cause__, TypeError) for r in results)
+    assert figures["errors"] == 2
+
+
+@pytest.mark.asyncio
+async def test_a_start_that_fails_closes_the_endpoint_client(tiny_models):
+    """A server listing several models with no ``endpoint_model`` fails the start; the client it opened is closed."""
+    from verl_async_rm.remote.slots import EndpointSlots
+
+    with ScriptedUpstream(models=("judge", "judge-lora")) as up:
+        slots = EndpointSlots(config(tiny_models, up.url, reward_kind="judge", judge_readout="generate"), "start")
+        with pytest.raises(ValueError, match="endpoint_model"):
+            await slots.start()
+    assert slots._client is None and slots.stats() == {}
+
+
+@pytest.mark.asyncio
 async def test_a_request_that_crosses_a_step_boundary_counts_in_the_step_it_ends_in(tiny_models, policy_tok):
     """verl's async trainer modes end a step while another step's trajectories are still being scored: a remote
     RM's figures (reported as they are for an extra RM, ``async_rm/<name>/*``) count each trajectory once, in the step

@@ -228,13 +228,14 @@ PRESETS: dict[str, dict[str, tuple[Any, str]]] = {
         "prompt_median": (256, _WORKLOAD), "prompt_sigma": (0.5, _WORKLOAD), "prompt_max": (2048, _WORKLOAD),
         "response_median": (512, _WORKLOAD), "response_sigma": (1.0, _WORKLOAD), "response_max": (4096, _WORKLOAD),
         "seed": (0, _WORKLOAD),
-        "policy_prefill_tok_s": (30000, "assumed: a 7B policy prefills about as fast as the 8B RM measured in gpu.md"),
+        "policy_prefill_tok_s": (30000, "assumed: a 7B policy prefills about as fast as the 8B RM scorer (rm_tok_s)"),
         "decode_tok_s": (12000, "assumed: vLLM, 7B bf16 on one H100, ~128 sequences of ~1k tokens, ~10 ms per step"),
         "saturation_batch": (96, "assumed: a lone sequence decodes at T/S = 125 tokens/s (8 ms per token)"),
         "update_s": (30.0, ("assumed: GRPO update of ~1.1M tokens on 7B (fwd+bwd, old log-probs) at ~35% MFU on 8 "
                             "H100s, plus weight sync")),
-        "rm_tok_s": (30500, ("measured (gpu.md): the package's RM scorer, Llama-3.1-8B shape, H100, bf16, steady "
-                             "(first pass 26.9k-28.3k, packed varlen 34.3k-34.8k)")),
+        "rm_tok_s": (30500, ("assumed: the package's RM scorer, Llama-3.1-8B shape, H100, bf16, steady, as the "
+                             "project's design notes report it (first pass 26.9k-28.3k, packed varlen 34.3k-34.8k); "
+                             "no H100 run of it is in this repository")),
         "rm_call_ms": (30.0, "assumed: bench's RMCostModel fixed cost per call"),
         "rm_weight_gb": (_RM_GB, "computed: Llama-3.1-8B seq-cls shape (SHAPES['llama8b']), 7.505e9 parameters, bf16"),
         "host_gbps": (25.0, "assumed: pinned copies over PCIe Gen5 x16 with 8 GPUs copying at once (one alone: ~50)"),

@@ -3,8 +3,8 @@ read as they read the vLLM engine's (:mod:`verl_async_rm.scoring`):
 
 - an outcome RM: vLLM's classify endpoint (``/classify``, at the server's root), the head's raw outputs
   (``use_activation=False``) reduced by ``score_reduction`` / ``score_index`` (:func:`~.readout.reduce_row`); the
-  inputs of a batch go in one request when they are token ids (``model_path`` given: the kind builds them as locally),
-  one request per conversation otherwise (the server renders it);
+  inputs of a batch go in one request when they are token ids (``model_path`` given: the kind builds them as locally;
+  in as few requests as keep each under ``max_tpm``), one request per conversation otherwise (the server renders it);
 - a judge read at its first token (``judge_readout='logits'``): chat completions of one token with the first token's
   log-probabilities (``top_logprobs``): the first judge token's probability among ``judge_tokens`` (a softmax over
   their log-probabilities equals one over their logits, as the local readout computes it);
@@ -55,7 +55,10 @@ class EndpointEngine:
         if self.chat:
             return list(await asyncio.gather(*(self._chat(x, deadline) for x in inputs)))
         if inputs and all(x.ids is not None for x in inputs):
-            return await self._classify([x.ids for x in inputs], sum(x.num_tokens for x in inputs), deadline)
+            parts = _within(inputs, self.config.max_tpm)
+            answers = await asyncio.gather(*(self._classify([x.ids for x in part], sum(x.num_tokens for x in part),
+                                                            deadline) for part in parts))
+            return [value for answer in answers for value in answer]
         answers = await asyncio.gather(*(self._classify(x.messages, x.num_tokens, deadline) for x in inputs))
         return [answer[0] for answer in answers]
 
@@ -147,6 +150,22 @@ class EndpointEngine:
         shown = self.client.scrub(repr(reply.body))
         return EndpointError(f"{reply.endpoint}: the answer has no {what}: {shown[:300]}"
                              f"{'...' if len(shown) > 300 else ''}", endpoint=reply.endpoint, status=200)
+
+
+def _within(inputs: Sequence[RMInput], max_tokens: float | None) -> list[Sequence[RMInput]]:
+    """``inputs`` in order, in as few runs as keep each run's tokens within ``max_tokens`` (one request may not
+    reserve more than a minute's budget); an input over it alone, for the limiter to refuse."""
+    if max_tokens is None:
+        return [inputs]
+    parts: list[list[RMInput]] = [[]]
+    used = 0
+    for x in inputs:
+        if parts[-1] and used + x.num_tokens > max_tokens:
+            parts.append([])
+            used = 0
+        parts[-1].append(x)
+        used += x.num_tokens
+    return parts
 
 
 def _field(reply: Reply, name: str) -> Any:

@@ -13,7 +13,7 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from verl_async_rm.errors import AsyncRMError
+from verl_async_rm.errors import AsyncRMError, RewardModelError
 from verl_async_rm.remote.endpoints import EndpointClient
 from verl_async_rm.remote.engine import EndpointEngine
 from verl_async_rm.remote.limits import RateLimits
@@ -24,13 +24,15 @@ from verl_async_rm.scoring.outcome import Kind
 from verl_async_rm.scoring.rm_config import JUDGE_KINDS, RMConfig, kind_class
 from verl_async_rm.step_counter import StepCounter
 
-__all__ = ["EndpointSlots", "probe", "SLOTS_PER_ENDPOINT", "REMOTE_METRICS"]
+__all__ = ["EndpointSlots", "probe", "SLOTS_PER_ENDPOINT", "REMOTE_METRICS", "NO_DEADLINE_S"]
 
 #: Batches in flight at once per base URL: enough that a server always has the next batch while it answers one
 #: (vLLM batches the requests it holds), few enough that a backlog forms batches instead of single requests.
 SLOTS_PER_ENDPOINT = 8
 #: Longest wait for the endpoints' model lists, and for the start-up check's one request.
 _START_S = 30.0
+#: A request sent with no deadline (the agent-loop workers always give ``request_timeout_s``) is retried this long.
+NO_DEADLINE_S = 3600.0
 #: A remote RM's step metrics from its endpoint client (``async_rm/[<name>/]<metric>``): that name, and the client's.
 REMOTE_METRICS = {"endpoint_requests": "attempts", "endpoint_retries": "retries", "endpoint_429s": "status_429",
                   "endpoint_errors": "endpoint_errors", "endpoint_latency_ms/p50": "latency_ms_p50",
@@ -56,18 +58,32 @@ class EndpointSlots:
         """Open the client, find the model, load what builds each input (the tokenizers)."""
         rm = self.rm
         self._client = client(rm)
-        model = await self._client.resolve_model(rm.endpoint_model, timeout_s=_START_S)
-        self._kind = await asyncio.to_thread(_load_kind, rm)
+        try:
+            model = await self._client.resolve_model(rm.endpoint_model, timeout_s=_START_S)
+            self._kind = await asyncio.to_thread(_load_kind, rm)
+        except BaseException:
+            await self.close(self.handles, _START_S)
+            raise
         self._engine = EndpointEngine(rm, self._client, model)
 
     async def score(self, items: Sequence[Any], slot: Any, deadline: float) -> list[ScoreResult]:
-        """One result per item (a trajectory, or a group for a group judge): its score or its error, as a value."""
+        """One result per item (a trajectory, or a group for a group judge): its score or its error, as a value; a
+        batch with no deadline (``math.inf``: a caller gave none) is bounded by :data:`NO_DEADLINE_S`. Raises, for
+        the whole batch, only a typed error: any other as :class:`RewardModelError` (its cause kept), as a replica's
+        call does."""
         if self._engine is None:
             raise AsyncRMError(f"RM service {self.name!r}: the endpoint client is not started, or is closed")
         loop = asyncio.get_running_loop()
         start = loop.time()
-        batch = KindBatch(self._kind, items)
-        results, counts = batch.read(await self._engine.score_all(batch.inputs, deadline))
+        try:
+            batch = KindBatch(self._kind, items)
+            raws = await self._engine.score_all(batch.inputs, min(deadline, start + NO_DEADLINE_S))
+            results, counts = batch.read(raws)
+        except AsyncRMError:
+            raise
+        except Exception as err:
+            raise RewardModelError(f"RM service {self.name!r}: a batch of {len(items)} failed at the endpoint: "
+                                   f"{err!r}") from err
         self._counts.add_all({**counts, "busy_s": loop.time() - start})
         return results
 

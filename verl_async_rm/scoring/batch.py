@@ -30,9 +30,9 @@ class ScorerStats:
     tokens: int = 0  #: RM input tokens built (estimated for a server that renders the input)
     busy_s: float = 0.0  #: seconds inside score()
     steps_dropped: int | None = None  #: process RMs only: leading steps left unscored (input beyond max_length)
-    judge_tokens: int | None = None  #: judges that write their verdict only: tokens the judge wrote
-    judge_parse_failures: int | None = None  #: judges that write their verdict only: replies that did not read
-    judge_cut_replies: int | None = None  #: judges that write their verdict only: replies cut at judge_max_tokens
+    judge_tokens: int | None = None  #: judges that write, and pairwise judges: tokens the judge wrote
+    judge_parse_failures: int | None = None  #: judges that write, and pairwise judges: replies that did not read
+    judge_cut_replies: int | None = None  #: judges that write, and pairwise judges: replies cut at judge_max_tokens
 
 
 def stat_names(config: Any) -> tuple[str, ...]:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl_async_rm.errors import ConfigValueError, JudgeVerdictError
+from verl_async_rm.errors import ConfigValueError, JudgeVerdictError, NonFiniteScoreError
 from verl_async_rm.request import GroupRequest, ScoreResult
 from verl_async_rm.scoring.engine import Generated
 from verl_async_rm.scoring.judge import (as_content, check_whole, compile_prompt, judge_input_ids, judge_messages,
@@ -111,8 +111,12 @@ class PairwiseLogitsKind(Kind[GroupRequest]):
         return RMInput(ids, schema=schema, messages=messages)
 
     def read(self, pair: GroupRequest, value: Any, built: RMInput) -> ScoreResult:
-        """P(A wins): the logits readout's probability, as the engine gives it."""
-        return float(value)
+        """P(A wins): the logits readout's probability, as the engine gives it (a value that is not one, a NaN from an
+        overflowed forward say, is this comparison's error)."""
+        value = float(value)
+        if not 0.0 <= value <= 1.0:  # NaN fails both
+            return NonFiniteScoreError(f"comparison {pair.uid}: the judge's readout gave P(A wins) = {value}")
+        return value
 
     def transformers_readout(self, model: Any) -> dict[str, Any]:
         return logits_readout(self, model)

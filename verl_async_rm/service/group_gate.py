@@ -1,12 +1,12 @@
-"""The group gate of a group judge's RM service (``reward_kind='group_judge'``; pure asyncio, no Ray): a trajectory's
-request is held until its group (verl's prompt ``uid``, ``RMRequest.group``) has ``group_size`` members
-(``rollout.n``), then ONE judge call scores the whole group and each member gets its own score. Other groups keep
-flowing: each group is judged the moment it is complete.
+"""The group gate of a group or pairwise judge's RM service (``reward_kind='group_judge'`` or ``'pairwise_judge'``;
+pure asyncio, no Ray): a trajectory's request is held until its group (verl's prompt ``uid``, ``RMRequest.group``) has
+``group_size`` members (``rollout.n``), then the group is judged (one judge call, or its comparisons) and each member
+gets its own score. Other groups keep flowing: each group is judged the moment it is complete.
 
 - **Partial groups.** A sibling that will never come (its agent loop failed, or scored itself) is withdrawn by its
   worker (:meth:`GroupGate.withdraw`): its group is judged as soon as the rest have arrived. A group that stays short
   otherwise is judged with the members it has once ``wait_s`` has passed since its last member arrived; a request
-  without ``group_size`` is judged that way too. Never a stand-in score: each member gets the judge's number for its own
+  without ``group_size`` is judged that way too. Never a stand-in score: each member gets the judge's score for its own
   response, or an error. A member that arrives after its group was judged starts its group again (judged with the other
   late members). Open groups are not judged at a step's end: in verl's async trainer modes the next batch's groups are
   filling then, and in the sync ones no group can be open at a step's end, since its members' trajectories hold the
@@ -98,9 +98,9 @@ class GroupGate:
         self._closed = False
 
     async def submit(self, request: RMRequest, deadline_s: float | None = None) -> ScoreResult:
-        """Hold ``request`` until its group is judged: its :class:`Verdict` (the judge's number for its label, over
-        ``judge_scale``) or the error that kept it from being scored, as a value. ``deadline_s``: seconds from now
-        (None: none)."""
+        """Hold ``request`` until its group is judged: its score (a group judge's number for its label over
+        ``judge_scale``, a pairwise judge's aggregate) or the error that kept it from being scored, as a value.
+        ``deadline_s``: seconds from now (None: none)."""
         loop = asyncio.get_running_loop()
         now = loop.time()
         self._counts.add("requests")

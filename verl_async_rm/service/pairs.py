@@ -31,8 +31,8 @@ async def judge_pairs(group: GroupRequest, ask: Ask, rm: Any, deadline_s: float 
     order = sorted(range(len(group.members)), key=lambda i: group.members[i].uid)  # stable, whatever the arrival
     members = [group.members[i] for i in order]
     n = len(members)
-    pairs = pairwise.plan_pairs(n, rm.pair_plan or pairwise.default_plan(n), k=rm.pair_k, group=group.group,
-                                seed=rm.judge_seed)
+    plan = rm.pair_plan or pairwise.default_plan(n)
+    pairs = pairwise.plan_pairs(n, plan, k=rm.pair_k, group=group.group, seed=rm.judge_seed)
     calls = pairwise.ordered_calls(pairs, rm.pair_orders, group=group.group, seed=rm.judge_seed)
     answers = await asyncio.gather(*(ask(GroupRequest(group.group, (members[a], members[b])), deadline_s)
                                      for a, b in calls))
@@ -41,16 +41,17 @@ async def judge_pairs(group: GroupRequest, ask: Ask, rm: Any, deadline_s: float 
     aggregate = pairwise.win_rate if rm.pair_aggregate == "win_rate" else pairwise.bradley_terry
     values = aggregate(n, results)
     flipped, both = pairwise.position_flips(calls, outcomes)
-    cyclic, triples = pairwise.intransitive_triples(n, results) if len(results) == n * (n - 1) // 2 else (0, 0)
+    cyclic, triples = pairwise.intransitive_triples(n, results) if plan == "all_pairs" else (0, 0)
     counts.add_all({"comparisons": len(calls), "comparisons_failed": outcomes.count(None),
                     "ties": pairwise.count_ties(outcomes), "flipped": flipped, "both_orders": both, "cyclic": cyclic,
                     "triples": triples})
-    failure = next((a for a in answers if isinstance(a, AsyncRMError)), None)
     scores: list[float | AsyncRMError] = [0.0] * n
     texts = [""] * n
     for i, value in enumerate(values):
         compared = [pair for pair in results if i in pair]
         if value is None:
+            failure = next((a for (x, y), a in zip(calls, answers) if i in (x, y) and isinstance(a, AsyncRMError)),
+                           None)
             scores[order[i]] = _unscored(group, members[i].uid, compared, rm.pair_aggregate, failure)
         else:
             scores[order[i]] = value
@@ -60,8 +61,11 @@ async def judge_pairs(group: GroupRequest, ask: Ask, rm: Any, deadline_s: float 
 
 def _unscored(group: GroupRequest, uid: str, compared: list, aggregate: str, failure: AsyncRMError | None
               ) -> AsyncRMError:
-    """Why a member got no reward: no comparison of it answered (the first error), or (``bradley_terry``) its part
-    of the comparison graph is not the one scored."""
+    """Why a member got no reward: alone in its group, no comparison of it answered (its first error), or
+    (``bradley_terry``) its part of the comparison graph is not the one scored."""
+    if len(group.members) == 1:
+        return RewardModelError(f"trajectory {uid}: the only response of its group to reach the pairwise judge, with "
+                                "none to compare it with (its siblings failed or were withdrawn)")
     if not compared:
         err = RewardModelError(f"trajectory {uid}: none of its comparisons in {group.uid} was answered"
                                + (f"; the first error: {failure}" if failure is not None else ""))

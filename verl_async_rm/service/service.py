@@ -168,13 +168,14 @@ class RMService:
 
     async def _pop_step(self, sleep: bool = True) -> dict[str, float]:
         batcher, replicas = self._require(), self._replicas
+        # every count of the step is taken before the replicas' stats are awaited: what ends meanwhile is the next's
         step = batcher.pop_step_stats()
         group = None if self._gate is None else self._gate.pop_step_stats()
-        metrics = service_step_metrics(step, await replicas.step_stats(batcher.replicas, _CONTROL_S), group,
-                                       int(self._reasks.pop_step()["reasks"]))
-        if self._pairs is not None:
-            metrics.update({k: float(v) for k, v in pair_metrics(self._pairs.pop_step(), group.requests).items()
-                            if v is not None})
+        reasks = int(self._reasks.pop_step()["reasks"])
+        pairs = None if self._pairs is None else self._pairs.pop_step()
+        metrics = service_step_metrics(step, await replicas.step_stats(batcher.replicas, _CONTROL_S), group, reasks)
+        if pairs is not None:
+            metrics.update({k: float(v) for k, v in pair_metrics(pairs, group.requests).items() if v is not None})
         metrics.update(replicas.step_metrics())
         if self._sleep is not None and sleep:
             metrics.update(self._sleep.pop())
