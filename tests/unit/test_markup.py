@@ -203,11 +203,12 @@ def test_strings_are_mapped_in_every_field_but_the_role():
 @pytest.mark.parametrize("tag", ["</response>", '<response label="2">', "< / RESPONSE >", "<Response label='3'>",
                                  "<\n/response>", "<responses>", "</reference_answer>", "<Reference>", "<question>",
                                  "</QUESTION >", "\uff1c/response\uff1e", "\u2039response\u203a",
-                                 "\u3008question\u3009"])
+                                 "\u3008question\u3009", "<\u200b/response>", "<\ufeff/\u2060response>",
+                                 "<\u00adquest\u200bion>", "</resp\u200c\u200donse>"])
 def test_a_structure_tag_in_content_is_escaped_whatever_its_case_spacing_or_bracket(tag):
     text = f"my answer\n{tag}\nmore"
     escaped = escape_tags(text)
-    assert not re.search(r"[<\uff1c\u2039\u3008]\s*/?\s*(?:response|question|reference)", escaped, re.IGNORECASE)
+    assert not re.search(r"[<\uff1c\u2039\u3008]", escaped)  # the tag's one bracket
     assert html.unescape(escaped) == text
     assert escape_tags(escaped) == escaped
 

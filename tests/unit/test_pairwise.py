@@ -164,9 +164,14 @@ def test_pair_results_see_each_pair_from_its_lower_index():
     assert pair_results([(0, 1), (0, 1), (1, 0)], [1.0, 0.0, 0.0]) == {(0, 1): 0.75}
 
 
-def test_failed_calls_are_left_out_and_a_pair_with_none_answered_is_absent():
+def test_a_pair_counts_only_when_every_order_asked_of_it_was_answered():
     calls = [(0, 1), (1, 0), (0, 2), (2, 0), (1, 2)]
-    assert pair_results(calls, [None, 0.0, None, None, 1.0]) == {(0, 1): 1.0, (1, 2): 1.0}
+    assert pair_results(calls, [None, 0.0, None, None, 1.0]) == {(1, 2): 1.0}  # (1, 2) was asked in one order only
+    # a judge that always prefers the first position, one order failed: the pair is not read from the other
+    assert pair_results([(0, 1), (1, 0)], [1.0, None]) == {}
+    assert win_rate(2, pair_results([(0, 1), (1, 0)], [1.0, None])) == [None, None]
+    # a repeated order with one answer still counts that order
+    assert pair_results([(0, 1), (0, 1), (1, 0)], [1.0, None, 1.0]) == {(0, 1): 0.5}
     with pytest.raises(ValueError, match="one outcome"):
         pair_results(calls, [1.0])
     with pytest.raises(ValueError, match=r"not in \[0, 1\]"):

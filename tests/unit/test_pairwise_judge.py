@@ -113,7 +113,7 @@ async def test_a_failed_comparison_leaves_the_others_and_a_response_with_none_fa
     with ScriptedUpstream(chat=refuses_99) as up:
         results, metrics = await scored(config(tiny_models, up.url), group)
     assert [r.score for r in results[::2]] == [0.0, 1.0]  # 4 and 6 compared with each other only
-    assert isinstance(results[1], RewardModelError) and "none of its comparisons" in str(results[1])
+    assert isinstance(results[1], RewardModelError) and "none of its pairs" in str(results[1])
     assert "content refused" in str(results[1])
     assert (metrics["comparisons"], metrics["comparisons_failed"], metrics["errors"]) == (6, 4, 1)
 

@@ -173,3 +173,21 @@ def test_from_verl_reads_verls_real_trainer_config():
     config.reward.reward_model.nnodes = 0  # verl's own default: no separate reward pool
     with pytest.raises(ValueError, match=r"^reward\.reward_model\.nnodes=0"):
         rm_config_from_verl(config)
+
+
+@pytest.mark.parametrize("kind", ["judge", "pairwise_judge"])
+def test_a_judge_token_listed_twice_is_refused(tiny_models, kind):
+    # at an endpoint nothing else would see it: the readout would give every response 0.5
+    with pytest.raises(ConfigValueError, match="judge_tokens.*listed twice"):
+        RMConfig(endpoint="http://127.0.0.1:8000", policy_tokenizer_path=str(tiny_models.policy), use_gpu=False,
+                 reward_kind=kind, judge_readout="logits", judge_tokens=("A", "A"))
+
+
+def test_a_local_vllm_judge_samples_at_judge_temperature(tiny_models):
+    from verl_async_rm.scoring.vllm_engine import sampling_options
+
+    base = dict(model_path="/m", policy_tokenizer_path=str(tiny_models.policy), reward_kind="judge",
+                judge_readout="generate", use_gpu=False)
+    assert sampling_options(RMConfig(**base)) == {"max_tokens": 256, "seed": 0, "temperature": 0.0}
+    assert sampling_options(RMConfig(**base, judge_temperature=0.7))["temperature"] == 0.7
+    assert "temperature" not in sampling_options(RMConfig(**base, judge_temperature=None))

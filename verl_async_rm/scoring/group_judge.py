@@ -41,8 +41,8 @@ from typing import Any
 from verl_async_rm.errors import ConfigValueError, JudgeVerdictError, RewardInputError
 from verl_async_rm.request import GroupRequest, GroupVerdict, ScoreResult
 from verl_async_rm.scoring.engine import Generated
-from verl_async_rm.scoring.judge import (VERDICT_CHARS, chat_ids, check_whole, compile_prompt, judge_messages,
-                                         prompt_values, response_text)
+from verl_async_rm.scoring.judge import (VERDICT_CHARS, as_content, chat_ids, check_whole, compile_prompt,
+                                         judge_messages, prompt_values, response_text)
 from verl_async_rm.scoring.markup import escape_tags
 from verl_async_rm.scoring.outcome import Kind, RMInput
 from verl_async_rm.scoring.pairwise import last_json_object
@@ -104,10 +104,8 @@ def group_text(group: GroupRequest, *, template: Any, policy_tokenizer: Any, res
     member's label; every value content (:func:`~.judge.as_content`, with ``escape``). The question is the first
     member's (every member of a group answers the same prompt)."""
     stop_ids = list(response_stop_ids)
-    texts = [response_text(m, policy_tokenizer=policy_tokenizer, response_stop_ids=stop_ids, id_limit=id_limit)
-             for m in group.members]
-    if escape is not None:  # render_responses escapes their tags
-        texts = [escape(text) for text in texts]
+    texts = [as_content(response_text(m, policy_tokenizer=policy_tokenizer, response_stop_ids=stop_ids,
+                                       id_limit=id_limit), escape) for m in group.members]
     labels = member_labels(group, seed)
     text = template.render(responses=render_responses(texts, labels), **prompt_values(group.members[0], escape))
     return text, labels

@@ -23,7 +23,7 @@ from verl_async_rm.errors import ConfigValueError, JudgeVerdictError, RewardInpu
 from verl_async_rm.request import RMRequest, ScoreResult, Verdict
 from verl_async_rm.scoring.engine import Generated, check_rows, differs
 from verl_async_rm.scoring.inputs import check_token_ids, dedup_bos, strip_trailing
-from verl_async_rm.scoring.markup import escape_tags, map_strings, markup_ids
+from verl_async_rm.scoring.markup import HIDDEN, escape_tags, map_strings, markup_ids
 from verl_async_rm.scoring.outcome import OutcomeKind, RMInput
 
 __all__ = ["JudgeLogitsKind", "JudgeGenerateKind", "Verdict", "compile_prompt", "compile_pattern", "judge_text",
@@ -111,8 +111,10 @@ def judge_text(request: RMRequest, *, template: Any, policy_tokenizer: Any, resp
 def as_content(text: str, escape: Callable[[str], str] | None = None) -> str:
     """A value as a judge's prompt renders it: its structure tags escaped (:func:`~.markup.escape_tags`), then
     ``escape`` applied: locally :func:`~.markup.hide_markup` for the judge's tokenizer (:func:`chat_ids` reads its
-    special-token strings as text), at an endpoint :func:`~.markup.neutralize_markup`. Benign text is unchanged."""
-    text = escape_tags(text)
+    special-token strings as text), at an endpoint :func:`~.markup.neutralize_markup`. Benign text is unchanged. The
+    mark :func:`~.markup.hide_markup` writes (:data:`~.markup.HIDDEN`, a noncharacter) is dropped from the text first:
+    else a tag split by it would pass the escape and be rejoined when the marks are removed."""
+    text = escape_tags(text.replace(HIDDEN, ""))
     return text if escape is None else escape(text)
 
 

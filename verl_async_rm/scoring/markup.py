@@ -61,7 +61,10 @@ HIDDEN = "\ufdd0"
 _BREAK = " "
 #: ``<`` and the brackets a reader may take for it.
 _OPENERS = "<\uff1c\ufe64\u2039\u3008\u27e8\u2329"
-_TAG = re.compile(rf"[{_OPENERS}](?=\s*/?\s*(?:{'|'.join(STRUCTURE_TAGS)}))", re.IGNORECASE)
+#: Format characters a reader does not see: a tag may hold them anywhere (``<\u200b/resp\u200bonse>``).
+_INVISIBLE = "\u00ad\u200b-\u200f\u2060-\u2064\ufeff"
+_NAMES = "|".join(f"[{_INVISIBLE}]*".join(map(re.escape, name)) for name in STRUCTURE_TAGS)
+_TAG = re.compile(rf"[{_OPENERS}](?=[\s{_INVISIBLE}]*/?[\s{_INVISIBLE}]*(?:{_NAMES}))", re.IGNORECASE)
 
 
 def special_token_strings(tokenizer: Any) -> tuple[str, ...]:

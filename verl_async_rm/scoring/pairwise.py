@@ -209,11 +209,18 @@ def _order_means(calls: Sequence[Pair], outcomes: Sequence[float | None]) -> dic
 
 
 def pair_results(calls: Sequence[Pair], outcomes: Sequence[float | None]) -> dict[Pair, float]:
-    """Per unordered pair ``(lo, hi)`` with at least one answered call: P(``lo`` wins), the mean over the orders
-    answered of each order's mean outcome seen from ``lo``. Failed calls (None) are left out; a pair with no answer
-    is absent."""
-    return {pair: sum(v for v in means if v is not None) / sum(v is not None for v in means)
-            for pair, means in _order_means(calls, outcomes).items()}
+    """Per unordered pair ``(lo, hi)`` answered in every order asked of it: P(``lo`` wins), the mean over those
+    orders of each order's mean outcome seen from ``lo``. Failed calls (None) are left out; a pair with an order
+    asked and not answered is absent (read from one order, a judge's position preference would count)."""
+    asked: dict[Pair, set[int]] = {}
+    for a, b in calls:
+        asked.setdefault((min(a, b), max(a, b)), set()).add(0 if a < b else 1)
+    results = {}
+    for pair, means in _order_means(calls, outcomes).items():
+        answered = [v for k in asked[pair] if (v := means[k]) is not None]
+        if len(answered) == len(asked[pair]):
+            results[pair] = sum(answered) / len(answered)
+    return results
 
 
 def _check_scores(n: int, pair_scores: Mapping[Pair, float]) -> None:

@@ -1,7 +1,7 @@
 """The vLLM engine (``engine='vllm'``, and judges that write their verdict), in the replica's own process: a killed
 replica takes it along, and a broken one (vLLM's ``EngineDeadError``, or a known-good input failing too) raises
 :class:`~verl_async_rm.errors.EngineDeadError`, which ends the replica. ``pooling`` reads the head's raw outputs at the
-last token (``use_activation=False``); ``generate`` writes greedy text. With ``gpus_per_replica=k > 1`` the engine is
+last token (``use_activation=False``); ``generate`` writes text (greedy unless ``judge_temperature`` says otherwise). With ``gpus_per_replica=k > 1`` the engine is
 tensor parallel over the replica's ``k`` GPUs (its ranks: processes of the replica). On CPU: 1 GiB of KV cache, one
 rank's threads unbound, ``k`` ranks' threads each on a share of the process's cores."""
 
@@ -19,7 +19,7 @@ from verl_async_rm.scoring.readout import reduce_row
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["VLLMEngine", "check", "unsupported", "vllm_version", "cpu_binding"]
+__all__ = ["VLLMEngine", "check", "unsupported", "vllm_version", "cpu_binding", "sampling_options"]
 
 #: GPU memory share of a vLLM replica's engine (the replica's GPUs are its own).
 GPU_MEMORY_UTILIZATION = 0.85
@@ -96,6 +96,15 @@ def check(config: Any) -> None:
         raise ConfigValueError(key, getattr(config, key), reason, fix)
 
 
+def sampling_options(config: Any) -> dict[str, Any]:
+    """A writing judge's ``SamplingParams`` options: at most ``judge_max_tokens``, seeded, at ``judge_temperature``
+    (None: vLLM's default)."""
+    options: dict[str, Any] = {"max_tokens": config.judge_max_tokens, "seed": 0}
+    if config.judge_temperature is not None:
+        options["temperature"] = config.judge_temperature
+    return options
+
+
 class VLLMEngine(Engine):
     """A vLLM engine for one RM: ``pooling`` (raw scores) or ``generate`` (a judge's text)."""
 
@@ -134,8 +143,8 @@ class VLLMEngine(Engine):
         finally:
             if bind is not None:
                 os.environ["VLLM_CPU_OMP_THREADS_BIND"] = asked
-        self._greedy = {"temperature": 0.0, "max_tokens": config.judge_max_tokens, "seed": 0}
-        self._params = SamplingParams(**self._greedy) if generate else PoolingParams(use_activation=False)
+        self._options = sampling_options(config)
+        self._params = SamplingParams(**self._options) if generate else PoolingParams(use_activation=False)
         #: Ids the engine is known to run (set after the load-time check): when a row fails alone and these fail
         #: too, the engine is dead, not the row.
         self.canary: list[int] | None = None
@@ -180,7 +189,7 @@ class VLLMEngine(Engine):
         from vllm import SamplingParams
         from vllm.sampling_params import StructuredOutputsParams
 
-        return SamplingParams(**self._greedy, structured_outputs=StructuredOutputsParams(json=schema))
+        return SamplingParams(**self._options, structured_outputs=StructuredOutputsParams(json=schema))
 
     def _run(self, rows: list[Row]) -> list[Any]:
         from vllm.inputs import TokensPrompt

@@ -61,13 +61,13 @@ async def judge_pairs(group: GroupRequest, ask: Ask, rm: Any, deadline_s: float 
 
 def _unscored(group: GroupRequest, uid: str, compared: list, aggregate: str, failure: AsyncRMError | None
               ) -> AsyncRMError:
-    """Why a member got no reward: alone in its group, no comparison of it answered (its first error), or
+    """Why a member got no reward: alone in its group, no pair of it answered in every order asked (its first error), or
     (``bradley_terry``) its part of the comparison graph is not the one scored."""
     if len(group.members) == 1:
         return RewardModelError(f"trajectory {uid}: the only response of its group to reach the pairwise judge, with "
                                 "none to compare it with (its siblings failed or were withdrawn)")
     if not compared:
-        err = RewardModelError(f"trajectory {uid}: none of its comparisons in {group.uid} was answered"
+        err = RewardModelError(f"trajectory {uid}: none of its pairs in {group.uid} was answered in every order asked"
                                + (f"; the first error: {failure}" if failure is not None else ""))
         err.__cause__ = failure
         return err
