@@ -416,6 +416,18 @@ async def test_a_reply_cut_at_judge_max_tokens_is_asked_again_saying_so_then_fai
 
 
 @pytest.mark.asyncio
+async def test_a_reply_with_no_finish_reason_that_used_every_token_is_read_as_cut(tiny_models, policy_tok):
+    answers = iter([Completion("The grade is 10 because. Verdict: 1", completion_tokens=16, finish_reason=None),
+                    Completion("Verdict: 8", completion_tokens=4, finish_reason=None)])
+    with ScriptedUpstream(chat=lambda p: next(answers)) as up:
+        cfg = config(tiny_models, up.url, reward_kind="judge", judge_readout="generate", judge_max_tokens=16)
+        results, figures, _ = await scored(cfg, [request(policy_tok, 0)])
+        read, _, _ = await scored(cfg, [request(policy_tok, 1)])
+    assert isinstance(results[0], JudgeVerdictError) and "judge_max_tokens=16" in str(results[0])
+    assert figures["judge_cut_replies"] == 1 and read == [Verdict(8.0, "Verdict: 8")]
+
+
+@pytest.mark.asyncio
 async def test_a_cut_group_reply_is_never_read_even_when_it_echoed_a_whole_object_first(tiny_models, policy_tok):
     echoed = 'The format is {"1": 0, "2": 0}. My grades: {"1": 9, "2'
     with ScriptedUpstream(chat=lambda p: Completion(echoed, finish_reason="length")) as up:
@@ -493,3 +505,50 @@ async def test_what_is_sent_to_a_server_holds_no_chat_marker_a_response_spelled(
     text = sent["messages"][0]["content"]
     assert "<|im_start|>" in markers and not [m for m in markers if m in text]
     assert "Grade 10." in text and results == [Verdict(1.0, "Verdict: 1")]
+
+
+async def _serve(cfg: RMConfig, policy: BatchPolicy, requests):
+    service = RMService(cfg, policy, name="remote_test")
+    await service.start()
+    try:
+        results = await asyncio.gather(*(service.score(r, 30.0) for r in requests))
+        return results, await service.stats()
+    finally:
+        await service.close()
+
+
+@pytest.mark.asyncio
+async def test_a_wait_at_the_job_wide_limits_is_not_a_batch_timeout(tiny_models, policy_tok):
+    # one request in flight at a time, 0.2 s each: the sixth waits about 1 s at the limiter, past batch_timeout_s,
+    # well within its deadline
+    with ScriptedUpstream(chat=lambda p: "Verdict: 7", latency_s=0.2) as up:
+        cfg = config(tiny_models, up.url, reward_kind="judge", judge_readout="generate", max_concurrency=1)
+        results, _ = await _serve(cfg, BatchPolicy(max_batch_size=4, batch_timeout_s=0.5),
+                                  [request(policy_tok, i) for i in range(6)])
+    assert [r.score for r in results] == [7.0] * 6
+
+
+@pytest.mark.asyncio
+async def test_a_judges_requests_go_one_per_slot_and_the_clients_counts_stay_apart(tiny_models, policy_tok):
+    # each is its own HTTP request: in a batch of several, the fast replies would wait for the slowest
+    with ScriptedUpstream(chat=lambda p: "Verdict: 7") as up:
+        cfg = config(tiny_models, up.url, reward_kind="judge", judge_readout="generate")
+        results, stats = await _serve(cfg, BatchPolicy(max_batch_size=32), [request(policy_tok, i) for i in range(40)])
+    assert [r.score for r in results] == [7.0] * 40
+    assert stats["batches"] == 40 and stats["batch_size"]["max"] == 1
+    assert stats["completed"] == 40 and stats["endpoint"]["requests"] == 40  # trajectories; HTTP requests
+
+
+@pytest.mark.asyncio
+async def test_an_outcome_rms_batch_is_one_request_and_the_counts_say_which_is_which(tiny_models, policy_tok):
+    with ScriptedUpstream(classify=lambda item: [0.25]) as up:
+        cfg = config(tiny_models, up.url, model_path=str(tiny_models.rm))
+        service = RMService(cfg, BatchPolicy(max_batch_size=16, max_wait_ms=50), name="remote_test")
+        await service.start()
+        try:
+            results = await asyncio.gather(*(service.score(request(policy_tok, i), 30.0) for i in range(16)))
+            stats = await service.stats()
+        finally:
+            await service.close()
+    assert all(not isinstance(r, Exception) for r in results)
+    assert stats["completed"] == 16 and stats["endpoint"]["requests"] == stats["batches"] < 16

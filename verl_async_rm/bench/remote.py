@@ -300,7 +300,7 @@ async def _watch_cooldowns(service: Any, seen: set[float], every_s: float = 0.05
     out a cool-down that starts while a ``Retry-After`` keeps the endpoint out."""
     loop = asyncio.get_running_loop()
     while True:
-        for endpoint in (await service.stats())["endpoints"].values():
+        for endpoint in (await service.stats())["endpoint"]["endpoints"].values():
             if endpoint["out_reason"] == "cool-down":
                 seen.add(round(loop.time() + endpoint["out_for_s"], 1))
         await asyncio.sleep(every_s)

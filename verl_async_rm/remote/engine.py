@@ -105,10 +105,11 @@ class EndpointEngine:
         message = choice.get("message") if isinstance(choice, dict) else None
         content = message.get("content") if isinstance(message, dict) else None
         finish = choice.get("finish_reason") if isinstance(choice, dict) else None
-        usage = reply.usage
+        tokens = reply.usage.completion_tokens if reply.usage else 0
+        if not isinstance(finish, str):  # a server that does not say why it stopped: cut if it wrote all it could
+            finish = "length" if tokens >= self.max_output else None
         if isinstance(content, str) or (content is None and finish == "length"):  # cut before it wrote any content
-            return Generated(content or "", usage.completion_tokens if usage else 0,
-                             finish if isinstance(finish, str) else None)
+            return Generated(content or "", tokens, finish)
         return self._unreadable(reply, "choices[0].message.content, the judge's text")
 
     def _first_token(self, reply: Reply, choice: Any) -> Any:

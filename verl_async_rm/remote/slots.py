@@ -1,5 +1,5 @@
 """The replicas of an RM at an endpoint (``endpoint``), for its RM service: :data:`SLOTS_PER_ENDPOINT` slots per base
-URL, each taking one batch at a time from the service's batcher, over one :class:`~.endpoints.EndpointClient` whose
+URL (a judge's: :data:`CHAT_SLOTS_PER_ENDPOINT`), each taking one batch at a time from the service's batcher, over one :class:`~.endpoints.EndpointClient` whose
 limits hold for the whole job (every agent-loop worker calls the one service). A slot's batch is built and read by the
 RM's kind and sent by the :class:`~.engine.EndpointEngine`, as a replica's batch is built, run on its local engine and
 read; nothing is placed, nothing sleeps, nothing is replaced (a failed attempt is retried on another endpoint by the
@@ -8,6 +8,7 @@ client). :func:`probe` is the start-up check the entry points run before anythin
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 from collections.abc import Sequence
@@ -24,11 +25,15 @@ from verl_async_rm.scoring.outcome import Kind
 from verl_async_rm.scoring.rm_config import JUDGE_KINDS, RMConfig, kind_class
 from verl_async_rm.step_counter import StepCounter
 
-__all__ = ["EndpointSlots", "probe", "SLOTS_PER_ENDPOINT", "REMOTE_METRICS", "NO_DEADLINE_S"]
+__all__ = ["EndpointSlots", "probe", "SLOTS_PER_ENDPOINT", "CHAT_SLOTS_PER_ENDPOINT", "REMOTE_METRICS",
+           "NO_DEADLINE_S"]
 
 #: Batches in flight at once per base URL: enough that a server always has the next batch while it answers one
 #: (vLLM batches the requests it holds), few enough that a backlog forms batches instead of single requests.
 SLOTS_PER_ENDPOINT = 8
+#: A judge's requests in flight at once per base URL (one per slot): enough that the job-wide limits
+#: (``max_concurrency``) bound them, not the slots.
+CHAT_SLOTS_PER_ENDPOINT = 256
 #: Longest wait for the endpoints' model lists, and for the start-up check's one request.
 _START_S = 30.0
 #: A request sent with no deadline (the agent-loop workers always give ``request_timeout_s``) is retried this long.
@@ -48,11 +53,19 @@ class EndpointSlots:
 
     def __init__(self, rm: RMConfig, name: str) -> None:
         self.rm, self.name = rm, name
-        self.handles: list[Any] = list(range(SLOTS_PER_ENDPOINT * len(rm.endpoint or ())))
+        self._chat = rm.reward_kind in JUDGE_KINDS
+        per_url = CHAT_SLOTS_PER_ENDPOINT if self._chat else SLOTS_PER_ENDPOINT
+        self.handles: list[Any] = list(range(per_url * len(rm.endpoint or ())))
         self._counts = StepCounter(stat_names(rm))
         self._client: EndpointClient | None = None
         self._kind: Kind | None = None
         self._engine: EndpointEngine | None = None
+
+    def batching(self, policy: Any) -> Any:
+        """How the batcher feeds the slots (``policy``: the service's ``BatchPolicy``): no ``batch_timeout_s`` (a slot's call waits at the job-wide limits and
+        retries; each attempt is bounded by ``attempt_timeout_s``, each request by its deadline); a judge's items one
+        per slot (each is its own request: in a batch the fast replies would wait for the slowest)."""
+        return dataclasses.replace(policy, batch_timeout_s=None, **({"max_batch_size": 1} if self._chat else {}))
 
     async def start(self) -> None:
         """Open the client, find the model, load what builds each input (the tokenizers)."""
@@ -97,8 +110,9 @@ class EndpointSlots:
         return {name: step[key] for name, key in REMOTE_METRICS.items() if step.get(key) is not None}
 
     def stats(self) -> dict[str, Any]:
-        """The endpoint client's counters since the start (:meth:`EndpointClient.stats`)."""
-        return self._client.stats() if self._client is not None else {}
+        """``{"endpoint": the endpoint client's counters since the start}`` (:meth:`EndpointClient.stats`: HTTP
+        requests, beside the batcher's trajectories)."""
+        return {"endpoint": self._client.stats()} if self._client is not None else {}
 
     async def describe(self, handles: Sequence[Any], timeout_s: float) -> list[dict[str, Any]]:
         """What serves the RM: the endpoints, the model, the kind (the key is never shown)."""

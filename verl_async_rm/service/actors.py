@@ -16,6 +16,7 @@ from verl_async_rm.errors import AsyncRMError, ReplicaLostError, RewardModelErro
 from verl_async_rm.request import RMRequest, ScoreResult
 from verl_async_rm.scoring.batch import ScorerStats
 from verl_async_rm.scoring.rm_config import RMConfig
+from verl_async_rm.service.batching import BatchPolicy
 from verl_async_rm.service.placement import (ReplicaFactory, create_rm_worker_group, kill_and_wait,
                                              shutdown_rm_worker_group)
 
@@ -66,6 +67,10 @@ class ActorReplicas:
         self._group: Any = None
         # a timed-out call gets as long as a replacement replica would take to load before its replica is replaced
         self.score = functools.partial(call_replica, grace_s=rm.init_timeout_s)
+
+    def batching(self, policy: BatchPolicy) -> BatchPolicy:
+        """How the batcher feeds the replicas: as ``policy`` says (a call that hangs ends at ``batch_timeout_s``)."""
+        return policy
 
     async def start(self) -> None:
         """Reserve the pool and load the RM on every replica (raises what kept them from starting, after releasing

@@ -40,7 +40,8 @@ class BatchPolicy:
         fix="set how long the oldest request may wait for a batch to fill (ms), e.g. 20")
     batch_timeout_s: float | None = option(
         600.0, "Longest one RM call may run: then its requests fail (RequestTimeoutError) and the replica takes no "
-        "batch until the call ends (replaced if silent init_timeout_s more). None: no limit.", float,
+        "batch until the call ends (replaced if silent init_timeout_s more). None: no limit. Not a remote RM's: its "
+        "attempts are bounded by attempt_timeout_s, its requests by request_timeout_s.", float,
         optional=True, above=0, fix="give a positive number of seconds, or None for no limit")
     group_by_length: bool = option(
         True, "Fill a batch (after the oldest request) with the closest lengths, overdue ones first, to cut "

@@ -98,10 +98,11 @@ class RMService:
         if self._batcher is None:
             replicas = self._replicas
             await replicas.start()
-            self._batcher = Batcher(replicas.score, self._batching, replicas=replicas.handles, name=self._name,
+            batching = replicas.batching(self._batching)
+            self._batcher = Batcher(replicas.score, batching, replicas=replicas.handles, name=self._name,
                                     replace_replica=replicas.replace)
             logger.info("RM service %s: %d replica(s) of %s, batching %s", self._name, len(replicas.handles),
-                        self._rm.endpoint or self._rm.model_path, self._batching)
+                        self._rm.endpoint or self._rm.model_path, batching)
         return await self.describe()
 
     async def score(self, request: RMRequest, deadline_s: float | None = None) -> ScoreResult:
@@ -227,7 +228,7 @@ class RMService:
 
     async def stats(self) -> dict[str, Any]:
         """The batcher's counters and summaries since start (:meth:`Batcher.stats`), a group judge's groups waiting
-        (:meth:`GroupGate.stats`) and, at an endpoint, the client's counters."""
+        (:meth:`GroupGate.stats`) and, at an endpoint, the client's counters under ``endpoint``."""
         return {**self._require().stats(), **({} if self._gate is None else self._gate.stats()),
                 **self._replicas.stats()}
 
