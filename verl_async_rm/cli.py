@@ -42,7 +42,10 @@ _BENCH_HELP = """benchmarks (each takes --help):
   bench judge          a judge's two readouts (logits, generate) on one model
   bench group-judge    a group judge against a per-response judge on the same trajectories
   bench layout         where to put the RM: a model of one step per layout (modelled, not measured)
-  bench remote         a judge at an endpoint: the plugin against verl's rate_limited manager, with faults"""
+  bench remote         a judge at an endpoint: the plugin against verl's rate_limited manager, with faults
+                       (--kind outcome: an outcome RM's batched /classify against one request per trajectory)
+  bench pairwise       a pairwise judge's plans and aggregates against a per-response and a group judge
+                       (a simulated judge: no model runs)"""
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -64,10 +67,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
-    from verl_async_rm.doctor import quiet_verl, report
+    from verl_async_rm.doctor import report
 
-    with quiet_verl():  # verl's optional-engine warnings, on import, are not the doctor's findings
-        status, text = report(overrides=args.overrides)
+    status, text = report(overrides=args.overrides)
     print(text)
     return status
 
@@ -98,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "(no Ray, no weights loaded); exit status 1 on a problem",
         description="Versions, CUDA and GPUs, vLLM's build, the varlen kernel, and every touch point of verl the "
                     "plugin uses. With the overrides of a `python -m verl.trainer.main_ppo` command (as you would "
-                    "type them), that command's config is composed and checked by verl's validate_config and the "
+                    "type them, --config-path and --config-name included), that command's config is composed and checked by verl's validate_config and the "
                     "plugin's checks, each problem printed with its fix; nothing starts Ray, loads weights or asks "
                     "an endpoint.")
     doctor.add_argument("overrides", nargs=argparse.REMAINDER, metavar="OVERRIDE",
@@ -109,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["doctor"] and not {"-h", "--help"} & set(argv[1:]):  # a command's words, Hydra's flags included
+        return _cmd_doctor(argparse.Namespace(overrides=argv[1:]))
     args = build_parser().parse_args(argv)
     return int(args.func(args) or 0)
 

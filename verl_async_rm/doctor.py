@@ -17,6 +17,7 @@ import difflib
 import importlib
 import io
 import logging
+import os
 import platform
 import re
 import warnings
@@ -103,17 +104,31 @@ class Problem:
         return [f"problem {number} ({self.source}): {self.message}", f"  fix: {self.fix}"]
 
 
+#: Hydra's command-line flags for the config to compose, as ``main_ppo`` takes them.
+_HYDRA_FLAGS = {"--config-name": "name", "-cn": "name", "--config-path": "path", "-cp": "path"}
+
+
 def _compose(overrides: Sequence[str]) -> Any:
-    """verl's ``ppo_trainer`` config with ``overrides``, composed as ``main_ppo``'s ``@hydra.main`` composes it."""
+    """verl's config (``ppo_trainer``, or what ``--config-name`` / ``--config-path`` among ``overrides`` name) with the
+    other overrides, composed as ``main_ppo``'s ``@hydra.main`` composes it: a relative config path is read from
+    verl's ``verl/trainer``, as Hydra reads it beside the main module."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     from verl_async_rm.main_ppo import _verl_config_dir
 
+    chosen, rest, words = {"name": "ppo_trainer", "path": _verl_config_dir()}, [], iter(overrides)
+    for word in words:
+        flag, has_value, value = word.partition("=")
+        if flag in _HYDRA_FLAGS:
+            chosen[_HYDRA_FLAGS[flag]] = value if has_value else next(words, "")
+        else:
+            rest.append(word)
+    path = os.path.join(os.path.dirname(_verl_config_dir()), chosen["path"])  # an absolute path stays itself
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=_verl_config_dir(), version_base=None):
-            return compose(config_name="ppo_trainer", overrides=list(overrides))
+        with initialize_config_dir(config_dir=os.path.abspath(path), version_base=None):
+            return compose(config_name=chosen["name"].removesuffix(".yaml"), overrides=rest)
     finally:
         GlobalHydra.instance().clear()
 
@@ -186,6 +201,27 @@ class _Records(logging.Handler):
         self.messages.append(record.getMessage())
 
 
+_MANAGER_KEY = "actor_rollout_ref.rollout.agent.agent_loop_manager_class"
+
+
+def _manager_problems(fqn: str) -> list[Problem]:
+    """The agent-loop manager class as verl's task runner loads it (``load_class_from_fqn``, after Ray starts)."""
+    from verl.utils.import_utils import load_class_from_fqn
+
+    from verl_async_rm.integration.agent_loop_manager import AsyncRMAgentLoopManager
+    from verl_async_rm.integration.manager_base import AsyncRMManagerBase
+
+    fix = f"+{_MANAGER_KEY}=verl_async_rm.AsyncRMAgentLoopManager"
+    try:
+        manager = load_class_from_fqn(fqn, "AgentLoopManager")
+    except Exception as exc:  # noqa: BLE001 - an import error, a missing attribute, verl's ValueError
+        return [Problem("verl", f"{_MANAGER_KEY}={fqn} does not load: {exc}", fix)]
+    if fqn.startswith("verl_async_rm.") and not (isinstance(manager, type) and issubclass(
+            manager, (AsyncRMAgentLoopManager, AsyncRMManagerBase))):
+        return [Problem("verl_async_rm", f"{_MANAGER_KEY}={fqn} is not the plugin's agent-loop manager", fix)]
+    return []
+
+
 def check_command(overrides: Sequence[str]) -> tuple[list[Problem], list[str]]:
     """``(problems, notes)`` of the ``main_ppo`` command with ``overrides``: Hydra's composition, verl's
     ``validate_config`` and the plugin's checks, each problem with its fix (module doc). Nothing starts Ray, loads
@@ -224,8 +260,10 @@ def check_command(overrides: Sequence[str]) -> tuple[list[Problem], list[str]]:
             problems.append(_verl_problem(exc, config))
     notes += [f"verl says: {line.strip()}" for line in printed.getvalue().splitlines()
               if line.strip() and "All configuration checks passed" not in line]
-    if select(config, "reward.reward_manager.name") != "async_rm" and not str(
-            select(config, "actor_rollout_ref.rollout.agent.agent_loop_manager_class") or "").startswith(
+    manager = select(config, _MANAGER_KEY)
+    if manager:
+        problems += _manager_problems(str(manager))
+    if select(config, "reward.reward_manager.name") != "async_rm" and not str(manager or "").startswith(
             "verl_async_rm."):
         notes.append("the command does not opt into the plugin (no +actor_rollout_ref.rollout.agent."
                      "agent_loop_manager_class=verl_async_rm.AsyncRMAgentLoopManager, no "
@@ -236,7 +274,7 @@ def check_command(overrides: Sequence[str]) -> tuple[list[Problem], list[str]]:
     plugin_logger.addHandler(warned)
     propagate, plugin_logger.propagate = plugin_logger.propagate, False  # reported below, not printed twice
     try:
-        settings = check_verl_config(config)
+        settings = check_verl_config.__wrapped__(config)  # not the process's cache: its warnings are wanted again
     except Exception as exc:  # noqa: BLE001 - ValueError for the user's keys; verl's own errors as they come
         problems.append(_plugin_problem(exc))
         settings = None

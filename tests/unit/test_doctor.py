@@ -126,3 +126,38 @@ def test_the_cli_keeps_verls_engine_warnings_out_and_exits_with_the_verdict(tiny
     assert [line.split()[0] for line in out[:10]] == ["verl-async-rm", "Python", "verl", "Ray", "torch",
                                                       "transformers", "vLLM", "CUDA", "vLLM", "varlen"]
     assert out[-1] == "1 problem in the command"
+
+
+def test_a_manager_class_that_does_not_load_is_a_problem(tiny_models, touch_points_ok):
+    # verl's task runner loads it only after Ray starts: the doctor loads it as verl does
+    overrides = [*GRPO, *opt_in(tiny_models, gpus=8)]
+    for wrong, says in [("verl_async_rm.AsyncRMAgentLoopManagr", "does not load"),
+                        ("verl_async_rm.config.AsyncRMConfig", "is not the plugin's agent-loop manager")]:
+        problems, _ = doctor.check_command([o.replace("verl_async_rm.AsyncRMAgentLoopManager", wrong)
+                                            for o in overrides])
+        assert [p.fix for p in problems if says in p.message] == [
+            "+actor_rollout_ref.rollout.agent.agent_loop_manager_class=verl_async_rm.AsyncRMAgentLoopManager"]
+
+
+def test_a_command_checked_twice_gets_its_warnings_twice(tiny_models, touch_points_ok):
+    overrides = [*GRPO, *opt_in(tiny_models, gpus=8), "+async_rm.models.safety.model_path=/nowhere/rm"]
+    notes = [doctor.check_command(overrides)[1] for _ in range(2)]
+    assert notes[0] == notes[1] and any("/nowhere/rm is not a directory" in n for n in notes[1])
+
+
+def test_hydras_config_flags_choose_the_config_as_main_ppo_reads_them(tmp_path):
+    from omegaconf import OmegaConf
+
+    megatron = doctor._compose(["--config-name", "ppo_megatron_trainer", "trainer.n_gpus_per_node=6"])
+    assert megatron.actor_rollout_ref.actor.strategy == "megatron" and megatron.trainer.n_gpus_per_node == 6
+    assert doctor._compose(["--config-path=config", "-cn=ppo_trainer.yaml"]).actor_rollout_ref.actor.strategy == "fsdp"
+    (tmp_path / "mine.yaml").write_text(OmegaConf.to_yaml({"trainer": {"total_epochs": 3}}))
+    assert doctor._compose([f"--config-path={tmp_path}", "--config-name=mine"]).trainer.total_epochs == 3
+
+
+def test_the_cli_takes_hydras_flags_among_the_overrides(touch_points_ok, capsys):
+    from verl_async_rm.cli import main as cli_main
+
+    cli_main(["doctor", "--config-name=ppo_trainer", "trainer.n_gpus_per_node=6"])
+    out = capsys.readouterr().out
+    assert "the command" in out and "unrecognized arguments" not in out
