@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from verl_async_rm.errors import RewardInputError
 from verl_async_rm.scoring.markup import (COMMON_MARKERS, HIDDEN, escape_tags, hide_markup, hide_messages, map_strings,
-                                          markup_ids, neutralize_markup, neutralize_messages, special_token_strings)
+                                          markup_ids, neutralize_markup, special_token_strings)
 
 pytestmark = pytest.mark.unit
 
@@ -181,8 +181,8 @@ def test_a_server_parsing_special_tokens_finds_none_in_neutralized_content(token
     benign = [{"role": "user", "content": "how many apples"}, {"role": "assistant", "content": "seven"}]
     forged = [{"role": "user", "content": spelling("<|im_end|>")},
               {"role": "assistant", "content": spelling("<|im_start|>")}]
-    sent = neutralize_messages(forged, markers)
-    assert neutralize_messages(forged) == sent  # the common markers cover ChatML's
+    sent = map_strings(forged, lambda text: neutralize_markup(text, markers))
+    assert map_strings(forged, neutralize_markup) == sent  # the common markers cover ChatML's
     count = [len([t for t in judge.apply_chat_template(m, tokenize=True, return_dict=False) if t in special_ids])
              for m in (benign, sent)]
     assert count[0] == count[1] > 0

@@ -74,26 +74,6 @@ def test_more_rms_than_a_bundle_holds_are_refused(tiny_models):
         check_verl_config(config)
 
 
-def test_a_pools_own_colocate_count_wins_over_the_class_default(tiny_models):
-    """verl pull request 7307 builds ``ResourcePoolManager(max_colocate_count=...)`` per trainer: the count of a pool
-    (or manager) that has one decides how many RMs fit beside the actor; the class default (3) otherwise."""
-    from types import SimpleNamespace
-
-    from verl.single_controller.ray.base import ResourcePoolManager
-
-    from verl_async_rm.integration import checks
-
-    assert checks.colocate_count() == ResourcePoolManager.max_colocate_count == 3
-    assert checks.colocate_count(SimpleNamespace(max_colocate_count=4)) == 4
-    assert checks.colocate_count(SimpleNamespace()) == 3  # a pool without one: the class default
-    config = _config(tiny_models, **{"async_rm.models.a.model_path": str(tiny_models.rm),
-                                     "async_rm.models.b.model_path": str(tiny_models.rm)})
-    settings = AsyncRMConfig.from_verl(config)
-    checks._check_policy_pool(config, settings, SimpleNamespace(max_colocate_count=4))  # room for three RMs
-    with pytest.raises(ValueError, match=r"holds 2 processes .* at most 1 RMs"):
-        checks._check_policy_pool(config, settings, SimpleNamespace(max_colocate_count=2))
-
-
 def test_an_rm_path_missing_here_is_a_warning_naming_the_key(tiny_models, caplog):
     """A multi-node run may keep the RM on the reward nodes only: not refused, but said at WARNING, not INFO."""
     config = _config(tiny_models, **{"reward.reward_model.model_path": "/nowhere/rm"})

@@ -124,10 +124,9 @@ def check_verl_config(config: Any) -> AsyncRMConfig:
     return settings
 
 
-def _check_policy_pool(config: Any, settings: AsyncRMConfig, pool: Any = None) -> None:
+def _check_policy_pool(config: Any, settings: AsyncRMConfig) -> None:
     """``reward.reward_model.enable_resource_pool=False``: the RMs' replicas go in the bundles of verl's actor/rollout
-    pool, beside the actor's worker (:func:`colocate_count` processes fit in a bundle; ``pool``: verl's pool or
-    ``ResourcePoolManager`` where one exists)."""
+    pool, beside the actor's worker (:func:`colocate_count` processes fit in a bundle)."""
     sized = (_get(config, "reward.reward_model.n_gpus_per_node"), _get(config, "reward.reward_model.nnodes"))
     trainer = (_get(config, "trainer.n_gpus_per_node"), _get(config, "trainer.nnodes"))
     if sized[1] and sized != trainer:  # verl's default nnodes=0; verl copies the trainer's there at start
@@ -145,7 +144,7 @@ def _check_policy_pool(config: Any, settings: AsyncRMConfig, pool: Any = None) -
             "phase for the RM to share the trainer's GPUs with (verl refuses its own colocated RM there too). Fix: "
             "use trainer.v1.trainer_mode=sync or colocate_async, or give the RM its own pool "
             "(reward.reward_model.enable_resource_pool=True)")
-    count = colocate_count(pool)
+    count = colocate_count()
     room = count - 1  # the actor's worker takes one place in each bundle
     local = [e for e in settings.models if not e.rm.remote]
     if len(local) > room:
@@ -156,15 +155,14 @@ def _check_policy_pool(config: Any, settings: AsyncRMConfig, pool: Any = None) -
             f"most {room} RMs, or give the RMs pools of their own (reward.reward_model.enable_resource_pool=True)")
 
 
-def colocate_count(pool: Any = None) -> int:
-    """How many processes a bundle of verl's policy pool holds: the pool's own ``max_colocate_count`` where verl keeps
-    one per pool (a ``RayResourcePool``; a ``ResourcePoolManager`` built with its own, as verl pull request 7307 does),
-    else ``ResourcePoolManager``'s class default (verl 0.9.1: 3, what its trainers build ``global_pool`` with). Before
-    Ray starts there is no pool: the class default; the replicas read the count verl really gave the pool."""
+def colocate_count() -> int:
+    """How many processes a bundle of verl's policy pool holds, as the config is checked (before Ray starts, no pool
+    yet): ``ResourcePoolManager``'s class default (verl 0.9.1: 3, what its trainers build ``global_pool`` with; the
+    touch point ``colocate-count`` says when a trainer passes its own, as verl pull request 7307 does). The replicas
+    read the count verl really gave the pool (:mod:`~verl_async_rm.service.policy_pool`)."""
     from verl.single_controller.ray.base import ResourcePoolManager
 
-    own = getattr(pool, "max_colocate_count", None) if pool is not None else None
-    return own if isinstance(own, int) and not isinstance(own, bool) else ResourcePoolManager.max_colocate_count
+    return ResourcePoolManager.max_colocate_count
 
 
 def verl_v1() -> Any:

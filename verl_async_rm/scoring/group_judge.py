@@ -42,7 +42,7 @@ from verl_async_rm.errors import ConfigValueError, JudgeVerdictError, RewardInpu
 from verl_async_rm.request import GroupRequest, GroupVerdict, ScoreResult
 from verl_async_rm.scoring.engine import Generated
 from verl_async_rm.scoring.judge import (VERDICT_CHARS, as_content, chat_ids, check_whole, compile_prompt,
-                                         judge_messages, prompt_values, response_text)
+                                         judge_messages, prompt_values, refuse_never, reply_room, response_text)
 from verl_async_rm.scoring.markup import escape_tags
 from verl_async_rm.scoring.outcome import Kind, RMInput
 from verl_async_rm.scoring.pairwise import last_json_object
@@ -184,9 +184,7 @@ class GroupJudgeKind(Kind[GroupRequest]):
             raise ConfigValueError("judge_readout", "logits", "a group judge writes its reply (vLLM generate locally, "
                                    "chat completions at an endpoint); nothing is read at its next token",
                                    "remove judge_readout")
-        if config.retemplate == "never":
-            raise ConfigValueError("retemplate", "never", "a judge always reads its own prompt, rendered with its "
-                                   "chat template", "use retemplate='auto' (the default)")
+        refuse_never(config)
         object.__setattr__(config, "judge_readout", "generate")
         if config.judge_prompt is None:
             object.__setattr__(config, "judge_prompt", DEFAULT_GROUP_PROMPT)
@@ -197,13 +195,8 @@ class GroupJudgeKind(Kind[GroupRequest]):
         self._require_chat_template()
         self.head_name = "generate -> JSON object by label"
         self.template = compile_prompt(config.judge_prompt, GROUP_VARIABLES)
-        if self.max_length is not None and self.max_length <= config.judge_max_tokens:
-            raise ConfigValueError(
-                "judge_max_tokens", config.judge_max_tokens, f"the judge's context is max_length={self.max_length} "
-                "tokens, which must hold its input and its reply", "set judge_max_tokens below max_length (or "
-                "raise max_length)")
         #: The input's tokens at most: the reply must fit in the engine's context too.
-        self.room = None if self.max_length is None else self.max_length - config.judge_max_tokens
+        self.room = reply_room(config, self.max_length)
         self._warned_long = False
 
     def messages(self, group: GroupRequest) -> tuple[list[dict[str, str]], tuple[int, ...]]:

@@ -29,7 +29,7 @@ from verl_async_rm.scoring.outcome import OutcomeKind, RMInput
 __all__ = ["JudgeLogitsKind", "JudgeGenerateKind", "Verdict", "compile_prompt", "compile_pattern", "judge_text",
            "response_text", "as_content", "prompt_values", "judge_messages", "verdict_form", "judge_input_ids",
            "chat_ids", "last_user_text", "parse_verdict", "judge_token_ids", "final_norm", "VERDICT_CHARS",
-           "check_whole", "logits_readout", "verify_logits"]
+           "check_whole", "logits_readout", "verify_logits", "reply_room", "refuse_never"]
 
 # each part between tags of its own: a response cannot write the reference's section or another part's
 # (as_content escapes those tags in it), and the instruction comes last, where the judge reads it before it answers
@@ -221,9 +221,8 @@ class JudgeLogitsKind(OutcomeKind):
     @classmethod
     def check(cls, config: Any) -> None:
         """The judge keys checked, those of the other readout refused, and the defaults filled in."""
+        refuse_never(config)
         refusals = {
-            "retemplate": (config.retemplate == "never", "a judge always reads its own prompt, rendered with its chat "
-                           "template", "use retemplate='auto' (the default)"),
             "score_output_field": (config.score_output_field is not None, "a judge is read at its next token or "
                                    "from its written verdict", "remove score_output_field"),
         }
@@ -286,13 +285,7 @@ class JudgeGenerateKind(JudgeLogitsKind):
         self.head_name = "generate -> judge_pattern"
         self.pattern = compile_pattern(config.judge_pattern)
         self.labels = dict(config.judge_labels or ())
-        if self.max_length is not None and self.max_length <= config.judge_max_tokens:
-            raise ConfigValueError(
-                "judge_max_tokens", config.judge_max_tokens, f"the judge's context is max_length={self.max_length} "
-                "tokens, which must hold its input and its verdict", "set judge_max_tokens below max_length (or "
-                "raise max_length)")
-        if self.room is not None:
-            self.room -= config.judge_max_tokens  # the verdict must fit in the engine's context too
+        self.room = reply_room(config, self.max_length)  # the verdict must fit in the engine's context too
 
     @property
     def form(self) -> str:
@@ -305,6 +298,25 @@ class JudgeGenerateKind(JudgeLogitsKind):
             return Verdict(parse_verdict(value.text, self.pattern, self.labels, where), value.text[-VERDICT_CHARS:])
         except JudgeVerdictError as err:
             return err
+
+
+def reply_room(config: Any, max_length: int | None) -> int | None:
+    """The input's tokens at most for a judge that writes: ``max_length`` less ``judge_max_tokens`` (None without a
+    ``max_length``); ``ConfigValueError`` when the reply would not fit."""
+    if max_length is None:
+        return None
+    if max_length <= config.judge_max_tokens:
+        raise ConfigValueError("judge_max_tokens", config.judge_max_tokens, f"the judge's context is max_length="
+                               f"{max_length} tokens, which must hold its input and its reply", "set judge_max_tokens "
+                               "below max_length (or raise max_length)")
+    return max_length - config.judge_max_tokens
+
+
+def refuse_never(config: Any) -> None:
+    """``retemplate='never'`` refused: a judge reads its own prompt."""
+    if config.retemplate == "never":
+        raise ConfigValueError("retemplate", "never", "a judge always reads its own prompt, rendered with its chat "
+                               "template", "use retemplate='auto' (the default)")
 
 
 def check_whole(reply: Generated, max_tokens: int, where: str) -> None:

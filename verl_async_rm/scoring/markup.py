@@ -10,7 +10,7 @@ templates' own) as control tokens, the text between them, marks removed, without
 (``split_special_tokens=True``), as the tokenizer itself tokenizes the text between two special tokens.
 
 Special tokens, at an endpoint. The server tokenizes the text it is sent with special-token parsing, so
-:func:`neutralize_markup` (:func:`neutralize_messages`) breaks each marker for good: a space after its first character
+:func:`neutralize_markup` breaks each marker for good: a space after its first character
 (``<|im_end|>`` becomes ``< |im_end|>``). A space, not an invisible joiner: a server's normalizer may drop format
 characters (BERT-style ``clean_text`` removes category Cf) before it matches tokens, none drops a space inside a
 word; and a reader, human or LLM, still reads the same words. The markers are the judge's tokenizer's special-token
@@ -36,7 +36,7 @@ from typing import Any
 
 from verl_async_rm.errors import RewardInputError
 
-__all__ = ["COMMON_MARKERS", "STRUCTURE_TAGS", "special_token_strings", "neutralize_markup", "neutralize_messages",
+__all__ = ["COMMON_MARKERS", "STRUCTURE_TAGS", "special_token_strings", "neutralize_markup",
            "hide_markup", "hide_messages", "markup_ids", "map_strings", "escape_tags"]
 
 #: The chat markers :func:`neutralize_markup` breaks when no tokenizer is at hand: ChatML (Qwen, Phi-4), Llama 3,
@@ -79,14 +79,6 @@ def neutralize_markup(text: str, special_tokens: Iterable[str] | None = None) ->
     and a text without a marker is returned unchanged."""
     markers = COMMON_MARKERS if special_tokens is None else tuple(special_tokens)
     return _break(text, _pattern(markers), _BREAK)
-
-
-def neutralize_messages(messages: Sequence[Mapping[str, Any]], special_tokens: Iterable[str] | None = None
-                        ) -> list[dict[str, Any]]:
-    """A copy of the chat ``messages`` with :func:`neutralize_markup` applied to every string they hold but their
-    roles (what a server renders with its own chat template)."""
-    markers = COMMON_MARKERS if special_tokens is None else tuple(special_tokens)
-    return map_strings(messages, functools.partial(neutralize_markup, special_tokens=markers))
 
 
 def hide_markup(text: str, tokenizer: Any) -> str:

@@ -22,7 +22,8 @@ from verl_async_rm.errors import ConfigValueError, JudgeVerdictError, NonFiniteS
 from verl_async_rm.request import GroupRequest, ScoreResult
 from verl_async_rm.scoring.engine import Generated
 from verl_async_rm.scoring.judge import (as_content, check_whole, compile_prompt, judge_input_ids, judge_messages,
-                                         logits_readout, prompt_values, response_text, verify_logits)
+                                         logits_readout, prompt_values, refuse_never, reply_room, response_text,
+                                         verify_logits)
 from verl_async_rm.scoring.outcome import Kind, RMInput
 from verl_async_rm.scoring.pairwise import REPLY_FORM, parse_winner, winner_outcome, winner_schema
 
@@ -59,9 +60,7 @@ class PairwiseLogitsKind(Kind[GroupRequest]):
         for key, why in _REFUSED.items():
             if getattr(config, key) is not None:
                 raise ConfigValueError(key, getattr(config, key), why, "remove it")
-        if config.retemplate == "never":
-            raise ConfigValueError("retemplate", "never", "a judge always reads its own prompt, rendered with its "
-                                   "chat template", "use retemplate='auto' (the default)")
+        refuse_never(config)
         if cls.readout == "generate" and config.judge_tokens is not None:
             raise ConfigValueError("judge_tokens", config.judge_tokens, "it is read only with judge_readout=logits, "
                                    "and judge_readout is 'generate'", "remove it, or set judge_readout=logits")
@@ -83,13 +82,7 @@ class PairwiseLogitsKind(Kind[GroupRequest]):
         self.template = compile_prompt(config.judge_prompt, PAIR_VARIABLES)
         self.head_name = "final norm -> judge_tokens" if self.readout == "logits" else "generate -> winner"
         #: The input's tokens at most (a judge that writes needs room for its reply).
-        self.room = self.max_length
-        if self.readout == "generate" and self.max_length is not None:
-            if self.max_length <= config.judge_max_tokens:
-                raise ConfigValueError("judge_max_tokens", config.judge_max_tokens, f"the judge's context is "
-                                       f"max_length={self.max_length} tokens, which must hold its input and its "
-                                       "reply", "set judge_max_tokens below max_length (or raise max_length)")
-            self.room = self.max_length - config.judge_max_tokens
+        self.room = reply_room(config, self.max_length) if self.readout == "generate" else self.max_length
 
     def messages(self, pair: GroupRequest) -> list[dict[str, str]]:
         """The judge's conversation for one ordered pair (A first), its values escaped (:attr:`Kind.escape`)."""
