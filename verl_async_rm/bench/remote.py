@@ -26,7 +26,8 @@ first (it also warms the server up); then, per fault rate, the plugin's pass and
 ``--kind outcome``, the tiny sequence-classification RM at vLLM's ``/classify`` (``--server vllm``; ``scripted``: a
 scripted server scoring each input by its length), through the plugin's RM service both ways, with the served
 checkpoint as ``model_path``: ``batched`` (the default batching: one request carries a batch's token ids) and
-``one per trajectory`` (``max_batch_size=1``: one request per trajectory, the path before the one RM service).
+``one per trajectory`` (``max_batch_size=1``: one request per trajectory, as the path before the one RM service sent
+them, but at most 8 in flight, the slots of one endpoint, where that path sent up to ``max_concurrency``).
 
 Prints a table; ``--out`` gets ``remote.json`` (and the vLLM server's log)."""
 
