@@ -69,15 +69,14 @@ def stop(ray, service) -> None:
 def test_many_callers_share_one_service_and_its_step_figures_count_them(rm_config, tiny_models, policy_tok):
     import ray
 
-    service = start_rm_service(rm_config, BatchPolicy(max_batch_size=16, max_wait_ms=20), name="svc_many",
-                               actor_name="svc_many")
+    service = start_rm_service(rm_config, BatchPolicy(max_batch_size=16, max_wait_ms=20), name="svc_many")
     local, remote = trajectories(policy_tok, 300, "l"), [trajectories(policy_tok, 100, f"r{k}") for k in range(2)]
     bad = RMRequest(uid="bad/0", prompt_ids=[1, 2], response_ids=[10**7])  # an id no tokenizer has
 
     async def main():
         await service.begin_step.remote(len(local) + 1)
-        same = ray.get_actor("svc_many")
-        callers = [ray.remote(Caller).options(num_cpus=0).remote(same) for _ in remote]
+        # each caller gets the service's handle, as verl's agent-loop workers do
+        callers = [ray.remote(Caller).options(num_cpus=0).remote(service) for _ in remote]
         runs = [c.run.remote(batch) for c, batch in zip(callers, remote, strict=True)]
         mine = asyncio.gather(*(score_with_timeout(service, r, timeout_s=CALL_TIMEOUT_S) for r in local))
         scores, *theirs = await asyncio.wait_for(asyncio.gather(mine, *runs), CALL_TIMEOUT_S * 2)

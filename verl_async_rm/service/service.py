@@ -269,15 +269,12 @@ def start_rm_service(rm: RMConfig, batching: BatchPolicy, *, name: str, **option
 
 
 def launch_rm_service(rm: RMConfig, batching: BatchPolicy, *, name: str, replace_replicas: bool = True,
-                      max_concurrency: int = 100_000, actor_name: str | None = None) -> tuple[Any, Any]:
+                      max_concurrency: int = 100_000) -> tuple[Any, Any]:
     """Create an :class:`RMService` actor and call its ``start`` without waiting: ``(handle, start's ObjectRef)``.
     ``max_concurrency``: how many calls may wait in the actor at once (each waiting ``score`` holds one)."""
     # num_cpus=0: it only runs an event loop, and must not wait for a CPU that placement groups have reserved
-    options: dict[str, Any] = {"max_concurrency": max_concurrency, "num_cpus": 0}
-    if actor_name is not None:
-        options["name"] = actor_name
-    service = ray.remote(RMService).options(**options).remote(rm, batching, name=name,
-                                                               replace_replicas=replace_replicas)
+    service = ray.remote(RMService).options(max_concurrency=max_concurrency, num_cpus=0).remote(
+        rm, batching, name=name, replace_replicas=replace_replicas)
     return service, service.start.remote()
 
 
