@@ -100,9 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "(no Ray, no weights loaded); exit status 1 on a problem",
         description="Versions, CUDA and GPUs, vLLM's build, the varlen kernel, and every touch point of verl the "
                     "plugin uses. With the overrides of a `python -m verl.trainer.main_ppo` command (as you would "
-                    "type them, --config-path and --config-name included), that command's config is composed and checked by verl's validate_config and the "
-                    "plugin's checks, each problem printed with its fix; nothing starts Ray, loads weights or asks "
-                    "an endpoint.")
+                    "type them, --config-path and --config-name included), that command's config is composed and "
+                    "checked by verl's validate_config and the plugin's checks, each problem printed with its fix; "
+                    "nothing starts Ray, loads weights or asks an endpoint.")
     doctor.add_argument("overrides", nargs=argparse.REMAINDER, metavar="OVERRIDE",
                         help="the command's Hydra overrides, e.g. trainer.n_gpus_per_node=6 "
                              "reward.reward_model.model_path=/models/rm")

@@ -1,6 +1,7 @@
 """The replicas of an RM at an endpoint (``endpoint``), for its RM service: :data:`SLOTS_PER_ENDPOINT` slots per base
-URL (a judge's: :data:`CHAT_SLOTS_PER_ENDPOINT`), each taking one batch at a time from the service's batcher, over one :class:`~.endpoints.EndpointClient` whose
-limits hold for the whole job (every agent-loop worker calls the one service). A slot's batch is built and read by the
+URL (a judge's: :data:`CHAT_SLOTS_PER_ENDPOINT`), each taking one batch at a time from the service's batcher, over
+one :class:`~.endpoints.EndpointClient` whose limits hold for the whole job (every agent-loop worker calls the one
+service). A slot's batch is built and read by the
 RM's kind and sent by the :class:`~.engine.EndpointEngine`, as a replica's batch is built, run on its local engine and
 read; nothing is placed, nothing sleeps, nothing is replaced (a failed attempt is retried on another endpoint by the
 client). :func:`probe` is the start-up check the entry points run before anything starts."""
@@ -62,9 +63,10 @@ class EndpointSlots:
         self._engine: EndpointEngine | None = None
 
     def batching(self, policy: Any) -> Any:
-        """How the batcher feeds the slots (``policy``: the service's ``BatchPolicy``): no ``batch_timeout_s`` (a slot's call waits at the job-wide limits and
-        retries; each attempt is bounded by ``attempt_timeout_s``, each request by its deadline); a judge's items one
-        per slot (each is its own request: in a batch the fast replies would wait for the slowest)."""
+        """How the batcher feeds the slots (``policy``: the service's ``BatchPolicy``): no ``batch_timeout_s`` (a slot's
+        call waits at the job-wide limits and retries; each attempt is bounded by ``attempt_timeout_s``, each request
+        by its deadline); a judge's items one per slot (each is its own request: in a batch the fast replies would
+        wait for the slowest)."""
         return dataclasses.replace(policy, batch_timeout_s=None, **({"max_batch_size": 1} if self._chat else {}))
 
     async def start(self) -> None:

@@ -283,8 +283,9 @@ class RMConfig:
                                        f"{' or '.join(kinds)}, and reward_kind is {self.reward_kind!r}",
                                        f"set reward_kind to {' or '.join(kinds)}, or remove the key")
         if self.judge_tokens is not None and len(set(self.judge_tokens)) < len(self.judge_tokens):
-            raise ConfigValueError("judge_tokens", list(self.judge_tokens), "a token is listed twice: the readout would "
-                                   "split its probability and score every response alike", "list each token once")
+            raise ConfigValueError("judge_tokens", list(self.judge_tokens), "a token is listed twice: the readout "
+                                   "would split its probability and score every response alike",
+                                   "list each token once")
         if (self.pair_plan == "random_k") != (self.pair_k is not None):
             raise ConfigValueError("pair_k", self.pair_k, "it is the k of pair_plan=random_k, and goes with it only",
                                    "set both pair_plan=random_k and pair_k, or neither")

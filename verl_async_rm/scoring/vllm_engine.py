@@ -1,9 +1,10 @@
 """The vLLM engine (``engine='vllm'``, and judges that write their verdict), in the replica's own process: a killed
 replica takes it along, and a broken one (vLLM's ``EngineDeadError``, or a known-good input failing too) raises
 :class:`~verl_async_rm.errors.EngineDeadError`, which ends the replica. ``pooling`` reads the head's raw outputs at the
-last token (``use_activation=False``); ``generate`` writes text (greedy unless ``judge_temperature`` says otherwise). With ``gpus_per_replica=k > 1`` the engine is
-tensor parallel over the replica's ``k`` GPUs (its ranks: processes of the replica). On CPU: 1 GiB of KV cache, one
-rank's threads unbound, ``k`` ranks' threads each on a share of the process's cores."""
+last token (``use_activation=False``); ``generate`` writes text (greedy unless ``judge_temperature`` says
+otherwise). With ``gpus_per_replica=k > 1`` the engine is tensor parallel over the replica's ``k`` GPUs (its ranks:
+processes of the replica). On CPU: 1 GiB of KV cache, one rank's threads unbound, ``k`` ranks' threads each on a share
+of the process's cores."""
 
 from __future__ import annotations
 

@@ -61,8 +61,8 @@ async def judge_pairs(group: GroupRequest, ask: Ask, rm: Any, deadline_s: float 
 
 def _unscored(group: GroupRequest, uid: str, compared: list, aggregate: str, failure: AsyncRMError | None
               ) -> AsyncRMError:
-    """Why a member got no reward: alone in its group, no pair of it answered in every order asked (its first error), or
-    (``bradley_terry``) its part of the comparison graph is not the one scored."""
+    """Why a member got no reward: alone in its group, no pair of it answered in every order asked (its first
+    error), or (``bradley_terry``) its part of the comparison graph is not the one scored."""
     if len(group.members) == 1:
         return RewardModelError(f"trajectory {uid}: the only response of its group to reach the pairwise judge, with "
                                 "none to compare it with (its siblings failed or were withdrawn)")
